@@ -1,0 +1,81 @@
+"""memable: durable execution for plain synchronous Python functions.
+
+Steps are memoised by explicit keys into SQLite, so a workflow that crashed,
+failed or was suspended runs again without repeating a completed step.
+
+>>> import memable
+>>> from memable import Engine
+>>> engine = Engine.in_memory()
+>>> engine.register("hello", lambda ctx: ctx.step("greet:v1").run(lambda: "hello"))
+>>> with engine:
+...     engine.invoke("hello").result()
+'hello'
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+
+from ._context import Context
+from ._engine import Engine, EngineBuilder
+from ._errors import (
+    AlreadyStarted,
+    DuplicateStepKey,
+    EngineError,
+    InstanceFinished,
+    InstanceNotFound,
+    InvalidKey,
+    NotStarted,
+    SerializationError,
+    SignalRejected,
+    StepTimeout,
+    StorageError,
+    WorkflowFailed,
+    WorkflowNotFound,
+)
+from ._invocation import Invocation
+from ._records import MetadataStatus, StepRecord, WorkflowMetadata
+from ._states import (
+    Cancelled,
+    Completed,
+    Failed,
+    InProgress,
+    Started,
+    Suspended,
+    WorkflowState,
+)
+from ._step_error import StepError
+
+try:
+    __version__ = version("memable-engine")
+except PackageNotFoundError:  # running from a source tree that is not installed
+    __version__ = "0+unknown"
+
+__all__ = [
+    "AlreadyStarted",
+    "Cancelled",
+    "Completed",
+    "Context",
+    "DuplicateStepKey",
+    "Engine",
+    "EngineBuilder",
+    "EngineError",
+    "Failed",
+    "InProgress",
+    "InstanceFinished",
+    "InstanceNotFound",
+    "InvalidKey",
+    "Invocation",
+    "MetadataStatus",
+    "NotStarted",
+    "SerializationError",
+    "SignalRejected",
+    "Started",
+    "StepError",
+    "StepRecord",
+    "StepTimeout",
+    "StorageError",
+    "Suspended",
+    "WorkflowFailed",
+    "WorkflowMetadata",
+    "WorkflowNotFound",
+    "WorkflowState",
+]

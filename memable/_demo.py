@@ -1,0 +1,94 @@
+"""The demo behind ``python -m memable demo``: a failure, then a resume."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+
+import attrs
+
+from ._context import Context
+from ._engine import Engine
+
+
+@attrs.frozen
+class Order:
+    """The demo workflow's input."""
+
+    id: int
+    items: tuple[str, ...]
+    total: float
+
+
+@attrs.frozen
+class Receipt:
+    """The demo workflow's output."""
+
+    order_id: int
+    charged: float
+
+
+class _Shop:
+    """Step functions that say when they execute; charging fails once per order."""
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        self._say = say
+        # _lock guards executions and _charged: step functions run on worker threads.
+        self._lock = threading.Lock()
+        self.executions: list[str] = []
+        self._charged: set[int] = set()
+
+    def fetch(self, order: Order) -> str:
+        with self._lock:
+            self.executions.append("fetch:v1")
+        self._say(f"  executing fetch:v1   -> order #{order.id}: {', '.join(order.items)}")
+        return f"order #{order.id}"
+
+    def charge(self, order: Order) -> float:
+        with self._lock:
+            self.executions.append("charge:v1")
+            first_attempt = order.id not in self._charged
+            self._charged.add(order.id)
+        if first_attempt:
+            self._say("  executing charge:v1  -> payment gateway timed out (simulated, once)")
+            raise ConnectionError("payment gateway timed out")
+        self._say(f"  executing charge:v1  -> charged {order.total:.2f}")
+        return order.total
+
+
+def run_demo(path: str | os.PathLike[str], say: Callable[[str], None] = print) -> int:
+    """Run the demo on the store at ``path``; return 0 if it went as it should."""
+    shop = _Shop(say)
+
+    def checkout(ctx: Context, order: Order) -> Receipt:
+        ctx.set_status("fetching the order")
+        ctx.step("fetch:v1").run(shop.fetch, order)
+        ctx.set_status("charging the card")
+        charged = ctx.step("charge:v1").run(shop.charge, order)
+        return Receipt(order.id, charged)
+
+    engine = Engine.open(path)
+    engine.register("checkout", checkout)
+    with engine:
+        earlier = len(engine.list_instances("checkout"))
+        order = Order(earlier + 1, ("tea", "cups"), 19.5)
+        say(f"memable demo on {os.path.abspath(path)} ({earlier} earlier demo instances)")
+        say("run 1: invoke 'checkout'")
+        inv = engine.invoke("checkout", order)
+        say(f"  instance {inv.instance_id} ended {inv.wait()}")
+        say("run 2: resume the same instance")
+        resumed = engine.resume("checkout", inv.instance_id)
+        state = resumed.wait()
+        fetched_again = shop.executions.count("fetch:v1") > 1
+        say("  fetch:v1 " + ("EXECUTED AGAIN" if fetched_again else "served from the store"))
+        say(f"  ended {state}; result {resumed.result()!r}")
+        say("stored steps:")
+        for step in engine.steps("checkout", inv.instance_id):
+            say(
+                f"  {step.key:<10} {step.state:<9} attempts={step.attempts} "
+                f"status={step.status!r} result={step.result!r}"
+            )
+    ok = not fetched_again and shop.executions == ["fetch:v1", "charge:v1", "charge:v1"]
+    say("the demo went as it should" if ok else "the demo did NOT go as it should")
+    return 0 if ok else 1

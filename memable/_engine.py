@@ -1,0 +1,685 @@
+"""The engine: registry of workflows, the worker pool, and the life of each run."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import secrets
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from types import TracebackType
+from typing import Any, Literal, TypeVar
+
+import attrs
+
+from ._context import Context, check_key
+from ._errors import (
+    AlreadyStarted,
+    InstanceFinished,
+    InstanceNotFound,
+    NotStarted,
+    SerializationError,
+    WorkflowNotFound,
+)
+from ._invocation import Invocation, Watch
+from ._records import StepRecord, WorkflowMetadata
+from ._serde import decode_for, encode_for, hints_of, return_hint
+from ._sqlite import SQLiteStore, Synchronous
+from ._states import Completed, Failed, WorkflowState
+from ._store import InstanceRow, Store, metadata_of, utcnow
+
+log = logging.getLogger("memable")
+
+F = TypeVar("F", bound=Callable[..., Any])
+_Phase = Literal["new", "started", "stopped", "closed"]
+
+
+@attrs.frozen
+class _Options:
+    max_workers: int = 8
+    synchronous: Synchronous = "full"
+    poll_interval: float = 1.0
+
+    def __attrs_post_init__(self) -> None:
+        if not isinstance(self.max_workers, int) or self.max_workers < 1:
+            raise ValueError(f"max_workers must be a positive int, not {self.max_workers!r}")
+        if self.synchronous not in ("full", "normal"):
+            raise ValueError(f"synchronous must be 'full' or 'normal', not {self.synchronous!r}")
+        if not self.poll_interval > 0:
+            raise ValueError(f"poll_interval must be > 0, not {self.poll_interval!r}")
+
+
+@attrs.frozen
+class _Workflow:
+    name: str
+    fn: Callable[..., Any]
+    takes_input: bool
+    input_hint: Any
+    output_hint: Any
+
+    @classmethod
+    def of(cls, name: str, fn: Callable[..., Any]) -> _Workflow:
+        params = [
+            p for p in inspect.signature(fn).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+        if not 1 <= len(params) <= 2:
+            raise TypeError(
+                f"workflow {name!r} must take (ctx) or (ctx, input), "
+                f"not {len(params)} positional parameters"
+            )
+        hints = hints_of(fn)
+        input_hint = hints.get(params[1].name) if len(params) == 2 else None
+        return cls(name, fn, len(params) == 2, input_hint, return_hint(fn))
+
+
+@attrs.define
+class _Run:
+    """One execution of an instance's workflow function, from submit to end."""
+
+    workflow: _Workflow
+    instance_id: str
+    watch: Watch
+    # For a run of an instance created by this invoke: the input, already
+    # validated; the run then needs to read nothing from the store.
+    fresh_input: tuple[Any] | None = None
+
+
+def _new_instance_id() -> str:
+    # Time-ordered (lists read oldest first) and random enough that several
+    # processes on one file do not collide.
+    return f"{int(time.time() * 1000):013d}-{secrets.token_hex(6)}"
+
+
+class Engine:
+    """The durable execution engine: registered workflows, run on a thread pool.
+
+    Build it with ``Engine.in_memory()``, ``Engine.open(path)`` or
+    ``Engine.builder()``; register workflows; ``start()``; invoke them by
+    name; ``wait_all()`` or ``stop()``, then ``close()``. ``with engine:``
+    starts it, and on exit drains and closes it.
+
+    >>> from memable import Completed, Context, Engine
+    >>> def greet(ctx: Context) -> str:
+    ...     name = ctx.step("fetch-name:v1").run(lambda: "world")
+    ...     return f"hello {name}"
+    >>> engine = Engine.in_memory()
+    >>> engine.register("greet", greet)
+    >>> with engine:
+    ...     inv = engine.invoke("greet")
+    ...     print(inv.wait(), inv.result())
+    completed hello world
+    """
+
+    def __init__(self, store: Store, options: _Options) -> None:
+        """Use ``Engine.in_memory``, ``Engine.open`` or ``Engine.builder`` instead."""
+        self._store = store
+        self._options = options
+        self._poll_interval = options.poll_interval
+        # _lock guards every field below it: the phase, the registry, the
+        # active runs and the watches. Lock order: _lock, then a Watch's cond,
+        # then the store's lock; never the other way round.
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # notified when _active empties
+        self._phase: _Phase = "new"
+        self._accepting = False  # user calls (invoke, resume) are taken
+        self._workflows: dict[str, _Workflow] = {}
+        self._active: dict[tuple[str, str], _Run] = {}
+        self._watches: weakref.WeakValueDictionary[tuple[str, str], Watch] = (
+            weakref.WeakValueDictionary()
+        )
+        self._executor: ThreadPoolExecutor | None = None
+
+    def __repr__(self) -> str:
+        return f"<Engine {self._phase} workflows={sorted(self._workflows)}>"
+
+    # ------------------------------------------------------------------ construction
+
+    @staticmethod
+    def builder() -> EngineBuilder:
+        """Start configuring an engine: ``.in_memory()`` or ``.open(path)``, then ``.build()``.
+
+        >>> from memable import Engine
+        >>> engine = Engine.builder().in_memory().max_workers(2).build()
+        >>> engine
+        <Engine new workflows=[]>
+        """
+        return EngineBuilder()
+
+    @classmethod
+    def in_memory(cls, *, max_workers: int = 8, poll_interval: float = 1.0) -> Engine:
+        """An engine on an in-memory store: nothing survives the process. For tests.
+
+        >>> from memable import Engine
+        >>> engine = Engine.in_memory(max_workers=4)
+        >>> engine.list_instances("anything")
+        []
+        """
+        return EngineBuilder().in_memory().max_workers(max_workers).poll_interval(
+            poll_interval
+        ).build()
+
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        max_workers: int = 8,
+        synchronous: Synchronous = "full",
+        poll_interval: float = 1.0,
+    ) -> Engine:
+        """An engine on the SQLite file at ``path``, created if missing.
+
+        Raise ``StorageError`` if the file is not a memable store or has a
+        newer schema; such a file is left as it was.
+
+        >>> import os, tempfile
+        >>> from memable import Engine
+        >>> path = os.path.join(tempfile.mkdtemp(), "workflows.db")
+        >>> engine = Engine.open(path, synchronous="normal")
+        >>> engine.close()
+        >>> os.path.exists(path)
+        True
+        """
+        return (
+            EngineBuilder()
+            .open(path)
+            .max_workers(max_workers)
+            .synchronous(synchronous)
+            .poll_interval(poll_interval)
+            .build()
+        )
+
+    # ------------------------------------------------------------------ registry
+
+    def register(self, name: str, fn: Callable[..., Any]) -> None:
+        """Register ``fn`` as the workflow ``name``; ``fn`` is ``fn(ctx)`` or ``fn(ctx, input)``.
+
+        The input's annotation types the stored input, the return
+        annotation the stored output. Raise ``AlreadyStarted`` after
+        ``start()``.
+
+        >>> from memable import Engine
+        >>> def my_workflow(ctx, order_id: int) -> str:
+        ...     return f"order {order_id}"
+        >>> engine = Engine.in_memory()
+        >>> engine.register("my-workflow", my_workflow)
+        >>> with engine:
+        ...     engine.invoke("my-workflow", 7).result()
+        'order 7'
+        """
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"a workflow name is a non-empty str, not {name!r}")
+        if not callable(fn):
+            raise TypeError(f"workflow {name!r} must be callable, not {fn!r}")
+        workflow = _Workflow.of(name, fn)
+        with self._lock:
+            if self._phase != "new":
+                raise AlreadyStarted(name)
+            if name in self._workflows:
+                raise ValueError(f"workflow {name!r} is already registered")
+            self._workflows[name] = workflow
+
+    def workflow(self, name: str) -> Callable[[F], F]:
+        """Register the decorated function as the workflow ``name``.
+
+        >>> from memable import Engine
+        >>> engine = Engine.in_memory()
+        >>> @engine.workflow("hello")
+        ... def hello(ctx) -> str:
+        ...     return "hi"
+        >>> with engine:
+        ...     engine.invoke("hello").result()
+        'hi'
+        """
+
+        def decorate(fn: F) -> F:
+            self.register(name, fn)
+            return fn
+
+        return decorate
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Start the worker pool; from now on invocations are taken.
+
+        Raise ``AlreadyStarted`` if called twice.
+
+        >>> from memable import Engine
+        >>> engine = Engine.in_memory()
+        >>> engine.start()
+        >>> engine
+        <Engine started workflows=[]>
+        >>> engine.close()
+        """
+        with self._lock:
+            if self._phase != "new":
+                raise AlreadyStarted()
+            self._executor = ThreadPoolExecutor(
+                max_workers=self._options.max_workers, thread_name_prefix="memable-worker"
+            )
+            self._phase = "started"
+            self._accepting = True
+        log.info("engine started", extra={"workflows": sorted(self._workflows)})
+
+    def wait_all(self) -> None:
+        """Take no new invocations, wait until no run is active, then ``stop()``.
+
+        >>> from memable import Engine
+        >>> done = []
+        >>> engine = Engine.in_memory()
+        >>> engine.register("wf", lambda ctx: done.append(ctx.instance_id))
+        >>> engine.start()
+        >>> for _ in range(3):
+        ...     _ = engine.invoke("wf")
+        >>> engine.wait_all()
+        >>> len(done)
+        3
+        """
+        with self._lock:
+            self._accepting = False
+            self._idle.wait_for(lambda: not self._active)
+        self.stop()
+
+    def stop(self) -> None:
+        """Take no new work, let active runs end, and join every engine thread.
+
+        The store stays open for reads; idempotent.
+
+        >>> import threading
+        >>> from memable import Engine
+        >>> engine = Engine.in_memory()
+        >>> engine.start()
+        >>> engine.stop()
+        >>> [t.name for t in threading.enumerate() if t.name.startswith("memable")]
+        []
+        """
+        with self._lock:
+            self._accepting = False
+            if self._phase != "started":
+                if self._phase == "new":
+                    self._phase = "stopped"
+                return
+            self._phase = "stopped"
+            executor = self._executor
+        # Runs submitted before the phase changed still run; shutdown waits for
+        # them and joins the worker threads.
+        if executor is not None:
+            executor.shutdown(wait=True)
+        log.info("engine stopped")
+
+    def close(self) -> None:
+        """Stop the engine and close its store; idempotent.
+
+        >>> from memable import Engine
+        >>> engine = Engine.in_memory()
+        >>> engine.close()
+        >>> engine.close()
+        """
+        self.stop()
+        with self._lock:
+            if self._phase == "closed":
+                return
+            self._phase = "closed"
+        self._store.close()
+
+    def __enter__(self) -> Engine:
+        with self._lock:
+            new = self._phase == "new"
+        if new:
+            self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.wait_all()
+        self.close()
+
+    # ------------------------------------------------------------------ invoking
+
+    def invoke(
+        self, name: str, input: Any = None, *, instance_id: str | None = None
+    ) -> Invocation:
+        """Create an instance of workflow ``name`` with ``input`` and start running it.
+
+        The input is stored with the instance and typed by the workflow's
+        annotation. With ``instance_id`` given and already stored, return
+        that instance's Invocation and start nothing (the stored input
+        stands). Raise ``SerializationError`` (storing nothing) for an input
+        that cannot be stored.
+
+        >>> from memable import Engine
+        >>> runs = []
+        >>> engine = Engine.in_memory()
+        >>> engine.register("once", lambda ctx: runs.append(1))
+        >>> with engine:
+        ...     a = engine.invoke("once", instance_id="order-1")
+        ...     _ = a.wait()
+        ...     b = engine.invoke("once", instance_id="order-1")
+        >>> b.instance_id, len(runs)
+        ('order-1', 1)
+        """
+        workflow = self._workflow(name)
+        self._require_accepting(name)
+        if instance_id is None:
+            instance_id = _new_instance_id()
+        else:
+            check_key(instance_id, name, instance_id)
+        if input is not None and not workflow.takes_input:
+            raise TypeError(f"workflow {name!r} takes no input, got {type(input).__name__}")
+        text, tag = encode_for(name, instance_id, "input", input)
+        value = decode_for(name, instance_id, "input", text, tag, workflow.input_hint)
+        now = utcnow().isoformat()
+        row = InstanceRow(
+            workflow=name, instance_id=instance_id, status="running", message=None,
+            input=text, input_type=tag, output=None, output_type=None,
+            created_at=now, updated_at=now, completed_at=None,
+        )
+        if not self._store.create_instance(row):
+            return self.invocation(name, instance_id)
+        log.debug("invoked", extra={"workflow": name, "instance": instance_id})
+        return Invocation(self, self._start_run(workflow, instance_id, (value,)))
+
+    def resume(self, name: str, instance_id: str) -> Invocation:
+        """Run an instance again: stored steps return their results, the rest execute.
+
+        A Completed instance replays to Completed, a Failed or Suspended one
+        continues, a running one just returns its Invocation. Raise
+        ``InstanceNotFound`` for an unknown id.
+
+        >>> from memable import Engine
+        >>> attempts = []
+        >>> def flaky() -> str:
+        ...     attempts.append(1)
+        ...     if len(attempts) == 1:
+        ...         raise ConnectionError("try again")
+        ...     return "ok"
+        >>> def wf(ctx) -> str:
+        ...     return ctx.step("call:v1").run(flaky)
+        >>> engine = Engine.in_memory()
+        >>> engine.register("wf", wf)
+        >>> with engine:
+        ...     inv = engine.invoke("wf")
+        ...     print(inv.wait())
+        ...     print(engine.resume("wf", inv.instance_id).result())
+        failed: step 'call:v1' failed: ConnectionError: try again
+        ok
+        """
+        workflow = self._workflow(name)
+        self._require_accepting(name)
+        row = self._stored_row(name, instance_id)
+        if row.status == "cancelled":
+            raise InstanceFinished(name, instance_id, "it is cancelled")
+        return Invocation(self, self._start_run(workflow, instance_id, None))
+
+    def invocation(self, name: str, instance_id: str) -> Invocation:
+        """An Invocation of a stored instance, e.g. to follow it from another request.
+
+        >>> from memable import Engine
+        >>> engine = Engine.in_memory()
+        >>> engine.register("wf", lambda ctx: 5)
+        >>> with engine:
+        ...     _ = engine.invoke("wf", instance_id="job-1").wait()
+        ...     engine.invocation("wf", "job-1").result()
+        5
+        """
+        self._stored_row(name, instance_id)
+        with self._lock:
+            watch = self._watch(name, instance_id)
+        return Invocation(self, watch)
+
+    # ------------------------------------------------------------------ reading
+
+    def get_metadata(self, name: str, instance_id: str) -> WorkflowMetadata | None:
+        """The stored status and timestamps of an instance, or None if unknown.
+
+        >>> from memable import Engine
+        >>> Engine.in_memory().get_metadata("wf", "no-such-id") is None
+        True
+        """
+        row = self._store.get_instance(name, instance_id)
+        return None if row is None else metadata_of(row)
+
+    def list_instances(self, name: str) -> list[tuple[str, WorkflowMetadata]]:
+        """Every stored instance of workflow ``name`` as (id, metadata), oldest first.
+
+        >>> from memable import Engine
+        >>> engine = Engine.in_memory()
+        >>> engine.register("wf", lambda ctx: None)
+        >>> with engine:
+        ...     _ = engine.invoke("wf", instance_id="a").wait()
+        ...     _ = engine.invoke("wf", instance_id="b").wait()
+        ...     [instance_id for instance_id, _ in engine.list_instances("wf")]
+        ['a', 'b']
+        """
+        return [(row.instance_id, metadata_of(row)) for row in self._store.list_instances(name)]
+
+    def steps(self, name: str, instance_id: str) -> list[StepRecord]:
+        """The stored keys of an instance, in the order first reached.
+
+        Raise ``InstanceNotFound`` for an unknown instance.
+
+        >>> from memable import Engine
+        >>> def wf(ctx):
+        ...     ctx.step("a").run(lambda: 1)
+        ...     ctx.step("b").run(lambda: 2)
+        >>> engine = Engine.in_memory()
+        >>> engine.register("wf", wf)
+        >>> with engine:
+        ...     _ = engine.invoke("wf", instance_id="x").wait()
+        ...     [(s.key, s.result) for s in engine.steps("wf", "x")]
+        [('a', 1), ('b', 2)]
+        """
+        self._stored_row(name, instance_id)
+        return self._store.list_steps(name, instance_id)
+
+    # ------------------------------------------------------------------ Invocation host
+
+    def _stored_row(self, workflow: str, instance_id: str) -> InstanceRow:
+        """The instance's row; raise InstanceNotFound if there is none."""
+        row = self._store.get_instance(workflow, instance_id)
+        if row is None:
+            raise InstanceNotFound(workflow, instance_id)
+        return row
+
+    def _decode_output(self, row: InstanceRow) -> Any:
+        """The stored output of a Completed instance, rebuilt as its workflow returns it."""
+        registered = self._workflows.get(row.workflow)
+        hint = registered.output_hint if registered is not None else None
+        return decode_for(
+            row.workflow, row.instance_id, "output", row.output or "null", row.output_type, hint
+        )
+
+    # ------------------------------------------------------------------ runs
+
+    def _workflow(self, name: str) -> _Workflow:
+        workflow = self._workflows.get(name)
+        if workflow is None:
+            raise WorkflowNotFound(name)
+        return workflow
+
+    def _require_accepting(self, name: str) -> None:
+        with self._lock:
+            if not self._accepting:
+                raise NotStarted(name)
+
+    def _watch(self, workflow: str, instance_id: str) -> Watch:
+        # Caller holds _lock.
+        key = (workflow, instance_id)
+        watch = self._watches.get(key)
+        if watch is None:
+            watch = Watch(workflow, instance_id)
+            self._watches[key] = watch
+        return watch
+
+    def _start_run(
+        self, workflow: _Workflow, instance_id: str, fresh_input: tuple[Any] | None
+    ) -> Watch:
+        """Submit a run of the instance unless one is active; return its Watch."""
+        key = (workflow.name, instance_id)
+        with self._lock:
+            if not self._accepting or self._executor is None:
+                raise NotStarted(workflow.name)
+            active = self._active.get(key)
+            if active is not None:  # at most one run per instance
+                return active.watch
+            watch = self._watch(*key)
+            run = _Run(workflow, instance_id, watch, fresh_input)
+            self._active[key] = run
+            watch.begin()
+            self._executor.submit(self._execute, run)
+        return watch
+
+    def _execute(self, run: _Run) -> None:
+        """Worker thread: run the workflow function and record how it ended."""
+        state: WorkflowState = Failed("the run did not start")
+        try:
+            state = self._run_workflow(run)
+        except BaseException as exc:  # the store failed while recording the end
+            log.exception(
+                "run could not be recorded",
+                extra={"workflow": run.workflow.name, "instance": run.instance_id},
+            )
+            state = Failed(f"the run could not be recorded: {type(exc).__name__}: {exc}")
+        finally:
+            with self._lock:
+                del self._active[(run.workflow.name, run.instance_id)]
+                run.watch.finish(state)
+                if not self._active:
+                    self._idle.notify_all()
+
+    def _run_workflow(self, run: _Run) -> WorkflowState:
+        workflow, instance_id = run.workflow, run.instance_id
+        name = workflow.name
+        if run.fresh_input is not None:
+            input_value, memo = run.fresh_input[0], {}
+        else:
+            snapshot = self._store.begin_run(name, instance_id, now=utcnow().isoformat())
+            if snapshot is None:
+                return Failed(str(InstanceNotFound(name, instance_id)))
+            memo = snapshot.steps
+            try:
+                input_value = decode_for(
+                    name, instance_id, "input", snapshot.instance.input,
+                    snapshot.instance.input_type, workflow.input_hint,
+                )
+            except SerializationError as exc:
+                return self._fail(run, f"{type(exc).__name__}: {exc}")
+        ctx = Context(
+            workflow=name, instance_id=instance_id, input=input_value, store=self._store,
+            memo=memo, publish=run.watch.publish,
+        )
+        log.debug("run started", extra={"workflow": name, "instance": instance_id})
+        try:
+            value = workflow.fn(ctx, input_value) if workflow.takes_input else workflow.fn(ctx)
+        except BaseException as exc:  # whatever user code raises ends the run Failed
+            return self._fail(run, ctx._failure_message(exc))
+        ctx._end_replay()
+        try:
+            output = encode_for(name, instance_id, "output", value)
+        except SerializationError as exc:
+            return self._fail(run, f"{type(exc).__name__}: {exc}")
+        self._store.finish(
+            name, instance_id, status="completed", message=None, output=output,
+            now=utcnow().isoformat(),
+        )
+        log.info("completed", extra={"workflow": name, "instance": instance_id})
+        return Completed()
+
+    def _fail(self, run: _Run, message: str) -> Failed:
+        self._store.finish(
+            run.workflow.name, run.instance_id, status="failed", message=message, output=None,
+            now=utcnow().isoformat(),
+        )
+        log.info(
+            "failed: %s", message,
+            extra={"workflow": run.workflow.name, "instance": run.instance_id},
+        )
+        return Failed(message)
+
+
+@attrs.frozen
+class EngineBuilder:
+    """Configures an ``Engine``; each method returns a new builder.
+
+    >>> from memable import Engine
+    >>> engine = Engine.builder().in_memory().max_workers(4).build()
+    >>> engine.close()
+    """
+
+    _path: str | os.PathLike[str] | None = None
+    _memory: bool = False
+    _options: _Options = _Options()
+
+    def in_memory(self) -> EngineBuilder:
+        """Use an in-memory store (nothing survives the process).
+
+        >>> from memable import Engine
+        >>> Engine.builder().in_memory().build().close()
+        """
+        return attrs.evolve(self, path=None, memory=True)
+
+    def open(self, path: str | os.PathLike[str]) -> EngineBuilder:
+        """Use the SQLite file at ``path`` (created if missing, opened at ``build()``).
+
+        >>> import os, tempfile
+        >>> from memable import Engine
+        >>> path = os.path.join(tempfile.mkdtemp(), "workflows.db")
+        >>> Engine.builder().open(path).build().close()
+        """
+        return attrs.evolve(self, path=path, memory=False)
+
+    def max_workers(self, n: int) -> EngineBuilder:
+        """Run workflows on ``n`` worker threads (default 8).
+
+        >>> from memable import Engine
+        >>> Engine.builder().in_memory().max_workers(2).build().close()
+        """
+        return attrs.evolve(self, options=attrs.evolve(self._options, max_workers=n))
+
+    def synchronous(self, mode: Synchronous) -> EngineBuilder:
+        """Set SQLite ``synchronous``: ``"full"`` (default) or the faster ``"normal"``.
+
+        ``"full"`` loses nothing acknowledged even on power loss.
+
+        ``"normal"`` may lose the last commits on power loss or an OS crash,
+        never on a process crash.
+
+        >>> from memable import Engine
+        >>> Engine.builder().in_memory().synchronous("normal").build().close()
+        """
+        return attrs.evolve(self, options=attrs.evolve(self._options, synchronous=mode))
+
+    def poll_interval(self, seconds: float) -> EngineBuilder:
+        """Seconds between looks at the store for what other processes wrote (default 1).
+
+        ``Invocation.result()`` re-reads the store this often while it waits.
+
+        >>> from memable import Engine
+        >>> Engine.builder().in_memory().poll_interval(0.5).build().close()
+        """
+        return attrs.evolve(self, options=attrs.evolve(self._options, poll_interval=seconds))
+
+    def build(self) -> Engine:
+        """Open the store and build the engine; raise ``StorageError`` if it cannot open.
+
+        >>> from memable import Engine
+        >>> Engine.builder().build()
+        Traceback (most recent call last):
+        ...
+        ValueError: Engine.builder() needs .in_memory() or .open(path) before .build()
+        """
+        if self._path is None and not self._memory:
+            raise ValueError("Engine.builder() needs .in_memory() or .open(path) before .build()")
+        return Engine(SQLiteStore(self._path, self._options.synchronous), self._options)
+

@@ -1,0 +1,263 @@
+"""Everything memable raises on purpose.
+
+Each constructor takes the facts (workflow, instance, key) and builds the
+message from them, so every message names what it is about.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._states import WorkflowState
+
+
+def _where(workflow: str | None, instance_id: str | None, key: str | None) -> str:
+    parts = []
+    if workflow is not None:
+        parts.append(f"workflow {workflow!r}")
+    if instance_id is not None:
+        parts.append(f"instance {instance_id!r}")
+    if key is not None:
+        parts.append(f"step {key!r}")
+    return ", ".join(parts)
+
+
+class EngineError(Exception):
+    """Base class of every error memable raises on purpose.
+
+    ``workflow``, ``instance_id`` and ``key`` hold the facts the message names
+    (None where they do not apply).
+
+    >>> from memable import EngineError, InstanceNotFound
+    >>> err = InstanceNotFound("ship", "order-1")
+    >>> isinstance(err, EngineError), err.instance_id
+    (True, 'order-1')
+    >>> str(err)
+    "no stored instance: workflow 'ship', instance 'order-1'"
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        workflow: str | None = None,
+        instance_id: str | None = None,
+        key: str | None = None,
+    ) -> None:
+        where = _where(workflow, instance_id, key)
+        super().__init__(f"{message}: {where}" if where else message)
+        self.workflow = workflow
+        self.instance_id = instance_id
+        self.key = key
+
+
+class NotStarted(EngineError):
+    """The engine is not running: ``start()`` was not called, or it stopped.
+
+    >>> from memable import Engine, NotStarted
+    >>> engine = Engine.in_memory()
+    >>> engine.register("noop", lambda ctx: None)
+    >>> try:
+    ...     engine.invoke("noop")
+    ... except NotStarted as err:
+    ...     print(err)
+    the engine is not running (call start() first): workflow 'noop'
+    """
+
+    def __init__(self, workflow: str | None = None) -> None:
+        super().__init__("the engine is not running (call start() first)", workflow=workflow)
+
+
+class AlreadyStarted(EngineError):
+    """``start()`` was called twice, or ``register`` after ``start()``.
+
+    >>> from memable import AlreadyStarted, Engine
+    >>> with Engine.in_memory() as engine:
+    ...     try:
+    ...         engine.register("late", lambda ctx: None)
+    ...     except AlreadyStarted as err:
+    ...         print(err)
+    the engine has already been started: workflow 'late'
+    """
+
+    def __init__(self, workflow: str | None = None) -> None:
+        super().__init__("the engine has already been started", workflow=workflow)
+
+
+class WorkflowNotFound(EngineError):
+    """No workflow is registered under that name.
+
+    >>> from memable import Engine, WorkflowNotFound
+    >>> with Engine.in_memory() as engine:
+    ...     try:
+    ...         engine.invoke("nonexistent")
+    ...     except WorkflowNotFound as err:
+    ...         print(err)
+    no workflow registered under this name: workflow 'nonexistent'
+    """
+
+    def __init__(self, workflow: str) -> None:
+        super().__init__("no workflow registered under this name", workflow=workflow)
+
+
+class InstanceNotFound(EngineError):
+    """No instance with that id is stored for that workflow.
+
+    >>> from memable import Engine, InstanceNotFound
+    >>> engine = Engine.in_memory()
+    >>> engine.register("wf", lambda ctx: None)
+    >>> with engine:
+    ...     try:
+    ...         engine.resume("wf", "no-such-id")
+    ...     except InstanceNotFound as err:
+    ...         print(err)
+    no stored instance: workflow 'wf', instance 'no-such-id'
+    """
+
+    def __init__(self, workflow: str, instance_id: str) -> None:
+        super().__init__("no stored instance", workflow=workflow, instance_id=instance_id)
+
+
+class InstanceFinished(EngineError):
+    """The instance has ended and cannot take what was asked of it.
+
+    A Failed instance takes ``resume``, not signals; a Cancelled one takes
+    neither.
+
+    >>> from memable import InstanceFinished
+    >>> print(InstanceFinished("ship", "order-1", "it is cancelled"))
+    instance has finished (it is cancelled): workflow 'ship', instance 'order-1'
+    """
+
+    def __init__(self, workflow: str, instance_id: str, why: str) -> None:
+        super().__init__(
+            f"instance has finished ({why})", workflow=workflow, instance_id=instance_id
+        )
+
+
+class SignalRejected(EngineError):
+    """A signal cannot be delivered, e.g. its key already holds a value.
+
+    >>> from memable import SignalRejected
+    >>> print(SignalRejected("ship", "order-1", "approval:v1", "the key holds a value"))
+    ... # doctest: +NORMALIZE_WHITESPACE
+    signal rejected (the key holds a value): workflow 'ship', instance 'order-1',
+    step 'approval:v1'
+    """
+
+    def __init__(self, workflow: str, instance_id: str, key: str, why: str) -> None:
+        super().__init__(
+            f"signal rejected ({why})", workflow=workflow, instance_id=instance_id, key=key
+        )
+
+
+class InvalidKey(EngineError):
+    """A step key (or instance id) is empty, not a ``str``, or reserved.
+
+    Keys starting with ``_`` are reserved for the engine.
+
+    >>> from memable import Engine, InvalidKey
+    >>> print(InvalidKey(42, "keys must be non-empty str", workflow="wf", instance_id="i-1"))
+    invalid key 42 (keys must be non-empty str): workflow 'wf', instance 'i-1'
+    """
+
+    def __init__(
+        self,
+        key: object,
+        why: str,
+        *,
+        workflow: str | None = None,
+        instance_id: str | None = None,
+    ) -> None:
+        super().__init__(
+            f"invalid key {key!r} ({why})", workflow=workflow, instance_id=instance_id
+        )
+        self.key = key if isinstance(key, str) else None
+
+
+class DuplicateStepKey(EngineError):
+    """A step key was used twice in one run of an instance.
+
+    >>> from memable import DuplicateStepKey, Engine, Failed
+    >>> def twice(ctx):
+    ...     ctx.step("a").run(lambda: 1)
+    ...     ctx.step("a").run(lambda: 2)
+    >>> engine = Engine.in_memory()
+    >>> engine.register("twice", twice)
+    >>> with engine:
+    ...     print(engine.invoke("twice").wait().message)  # doctest: +ELLIPSIS
+    step 'a' failed: DuplicateStepKey: step key used twice in one run: ...
+    """
+
+    def __init__(self, workflow: str, instance_id: str, key: str) -> None:
+        super().__init__(
+            "step key used twice in one run", workflow=workflow, instance_id=instance_id, key=key
+        )
+
+
+class StorageError(EngineError):
+    """The store cannot be opened, read or written.
+
+    Raised, among others, for a file that is not a memable store or has a
+    newer schema version; such a file is left as it was.
+
+    >>> import os, tempfile
+    >>> from memable import Engine, StorageError
+    >>> path = os.path.join(tempfile.mkdtemp(), "notes.txt")
+    >>> with open(path, "w") as f:
+    ...     _ = f.write("not a database")
+    >>> try:
+    ...     Engine.open(path)
+    ... except StorageError as err:
+    ...     print("refused")
+    refused
+    """
+
+
+class SerializationError(EngineError):
+    """A value cannot be stored, or a stored value no longer fits its type.
+
+    ``key`` names the step, or ``"input"`` / ``"output"``.
+
+    >>> from memable import SerializationError
+    >>> print(SerializationError("cannot store function", workflow="wf", key="s1"))
+    cannot store function: workflow 'wf', step 's1'
+    """
+
+
+class StepTimeout(EngineError):
+    """A step ran past its timeout.
+
+    >>> from memable import StepTimeout
+    >>> print(StepTimeout("wf", "i-1", "slow", 0.5))
+    timed out after 0.5 s: workflow 'wf', instance 'i-1', step 'slow'
+    """
+
+    def __init__(self, workflow: str, instance_id: str, key: str, seconds: float) -> None:
+        super().__init__(
+            f"timed out after {seconds:g} s", workflow=workflow, instance_id=instance_id, key=key
+        )
+
+
+class WorkflowFailed(EngineError):
+    """``Invocation.result()`` found the instance Failed or Cancelled.
+
+    ``state`` is the final state.
+
+    >>> from memable import Engine, Failed, WorkflowFailed
+    >>> def boom(ctx):
+    ...     raise RuntimeError("boom")
+    >>> engine = Engine.in_memory()
+    >>> engine.register("boom", boom)
+    >>> with engine:
+    ...     try:
+    ...         engine.invoke("boom").result()
+    ...     except WorkflowFailed as err:
+    ...         print(type(err.state).__name__, "boom" in str(err))
+    Failed True
+    """
+
+    def __init__(self, workflow: str, instance_id: str, state: WorkflowState) -> None:
+        super().__init__(f"instance ended {state}", workflow=workflow, instance_id=instance_id)
+        self.state = state
