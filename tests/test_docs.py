@@ -1,0 +1,102 @@
+"""The documentation is executable: docstring and docs examples run as doctests."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import inspect
+import pkgutil
+import re
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+
+import memable
+
+ROOT = Path(__file__).resolve().parent.parent
+FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
+MODULES = ["memable"] + [
+    f"memable.{info.name}" for info in pkgutil.iter_modules(memable.__path__)
+    if info.name != "__main__"
+]
+
+
+def _docstring_tests() -> list[doctest.DocTest]:
+    finder = doctest.DocTestFinder(exclude_empty=True)
+    found = []
+    for name in MODULES:
+        found.extend(t for t in finder.find(importlib.import_module(name)) if t.examples)
+    return found
+
+
+DOCSTRING_TESTS = _docstring_tests()
+DOC_FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def _run(test: doctest.DocTest) -> None:
+    runner = doctest.DocTestRunner(optionflags=FLAGS)
+    runner.run(test)
+    result = runner.summarize(verbose=False)
+    assert result.failed == 0, f"{result.failed} of {result.attempted} examples failed"
+
+
+@pytest.mark.parametrize("test", DOCSTRING_TESTS, ids=[t.name for t in DOCSTRING_TESTS])
+def test_docstring_examples_run(test: doctest.DocTest) -> None:
+    """Every example in a docstring of the package runs and prints what it says."""
+    _run(test)
+
+
+@pytest.mark.parametrize("path", DOC_FILES, ids=[p.name for p in DOC_FILES])
+def test_docs_examples_run(path: Path) -> None:
+    """Every `>>>` example in README.md and docs/*.md runs and prints what it says."""
+    text = path.read_text()
+    test = doctest.DocTestParser().get_doctest(text, {}, path.name, str(path), 0)
+    _run(test)
+
+
+def _public_members(obj: object) -> list[tuple[str, object]]:
+    members = [(obj.__qualname__, obj)]  # type: ignore[attr-defined]
+    if inspect.isclass(obj):
+        for name, member in vars(obj).items():
+            if name.startswith("_") or name in {"args", "with_traceback", "add_note"}:
+                continue
+            if isinstance(member, (staticmethod, classmethod)):
+                member = member.__func__
+            if isinstance(member, property) or inspect.isfunction(member):
+                members.append((f"{obj.__qualname__}.{name}", member))
+    return members
+
+
+@pytest.mark.parametrize("name", memable.__all__)
+def test_every_public_name_has_a_runnable_example(name: str) -> None:
+    """Each name in __all__, and each public method or property on it, shows an example."""
+    missing = [
+        qualname
+        for qualname, member in _public_members(getattr(memable, name))
+        if ">>>" not in (inspect.getdoc(member) or "")
+    ]
+    assert missing == []
+
+
+def test_all_is_sorted_and_importable() -> None:
+    """__all__ is sorted and names only what the package really exports."""
+    assert memable.__all__ == sorted(memable.__all__)
+    assert all(hasattr(memable, name) for name in memable.__all__)
+
+
+def test_every_public_name_is_in_the_api_reference() -> None:
+    """docs/api.md documents every name in __all__."""
+    api = (ROOT / "docs" / "api.md").read_text()
+    documented = set(re.findall(r"\.\. auto\w+:: memable\.(\w+)", api))
+    assert sorted(set(memable.__all__) - documented) == []
+
+
+def test_version_matches_the_installed_distribution() -> None:
+    """memable.__version__ is the version pip installed."""
+    assert memable.__version__ == version("memable-engine")
+
+
+def test_package_ships_py_typed() -> None:
+    """The installed package carries py.typed, so type checkers use its hints."""
+    assert (Path(memable.__file__).parent / "py.typed").is_file()

@@ -1,0 +1,401 @@
+"""Engine lifecycle, invocation handles, keys and the errors bad calls get."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from memable import (
+    AlreadyStarted,
+    Completed,
+    Context,
+    DuplicateStepKey,
+    Engine,
+    Failed,
+    InProgress,
+    InstanceNotFound,
+    InvalidKey,
+    MetadataStatus,
+    NotStarted,
+    Started,
+    WorkflowFailed,
+    WorkflowNotFound,
+)
+
+
+def engine_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("memable")]
+
+
+def noop(ctx: Context) -> None:
+    """A workflow with nothing to do."""
+
+
+def test_register_after_start_raises_already_started(engine: Engine) -> None:
+    """register() on a started engine raises AlreadyStarted naming the workflow."""
+    engine.start()
+    with pytest.raises(AlreadyStarted, match="'late'"):
+        engine.register("late", noop)
+
+
+def test_second_start_raises_already_started(engine: Engine) -> None:
+    """start() twice raises AlreadyStarted, and so does start() after stop()."""
+    engine.start()
+    with pytest.raises(AlreadyStarted):
+        engine.start()
+    engine.stop()
+    with pytest.raises(AlreadyStarted):
+        engine.start()
+
+
+def test_register_same_name_twice_raises(engine: Engine) -> None:
+    """A second workflow under a taken name is refused, not silently swapped in."""
+    engine.register("wf", noop)
+    with pytest.raises(ValueError, match="'wf' is already registered"):
+        engine.register("wf", noop)
+
+
+def test_register_rejects_a_function_of_the_wrong_shape(engine: Engine) -> None:
+    """A workflow takes (ctx) or (ctx, input); three parameters are refused."""
+    with pytest.raises(TypeError, match="must take"):
+        engine.register("wf", lambda ctx, a, b: None)
+
+
+def test_decorator_registers_and_returns_the_function(engine: Engine) -> None:
+    """@engine.workflow(name) registers the function and leaves it callable as before."""
+
+    @engine.workflow("twice")
+    def twice(ctx: Context, n: int) -> int:
+        return n * 2
+
+    with engine:
+        assert engine.invoke("twice", 4).result(timeout=10) == 8
+    assert twice.__name__ == "twice"
+
+
+def test_resume_and_invoke_before_start_raise_not_started(engine: Engine) -> None:
+    """invoke() and resume() before start() raise NotStarted naming the workflow."""
+    engine.register("wf", noop)
+    with pytest.raises(NotStarted, match="'wf'"):
+        engine.resume("wf", "some-id")
+
+
+def test_resume_unknown_instance_raises_instance_not_found(engine: Engine) -> None:
+    """resume() of an id never stored raises InstanceNotFound naming workflow and id."""
+    engine.register("wf", noop)
+    with engine, pytest.raises(InstanceNotFound, match=r"'wf'.*'nope'"):
+        engine.resume("wf", "nope")
+
+
+def test_resume_unknown_workflow_raises_workflow_not_found(engine: Engine) -> None:
+    """resume() of an unregistered workflow raises WorkflowNotFound."""
+    with engine, pytest.raises(WorkflowNotFound, match="'ghost'"):
+        engine.resume("ghost", "x")
+
+
+def test_invoke_with_existing_instance_id_runs_nothing_new(engine: Engine) -> None:
+    """invoke(instance_id=existing) returns that instance and keeps its stored input."""
+    seen: list[int] = []
+
+    def record(ctx: Context, n: int) -> int:
+        seen.append(n)
+        return n
+
+    engine.register("record", record)
+    with engine:
+        first = engine.invoke("record", 1, instance_id="order-1")
+        assert first.result(timeout=10) == 1
+        again = engine.invoke("record", 2, instance_id="order-1")
+        assert again.instance_id == "order-1"
+        assert again.result(timeout=10) == 1
+    assert seen == [1]
+
+
+def test_input_to_a_workflow_without_input_is_refused(engine: Engine) -> None:
+    """A workflow fn(ctx) given an input raises TypeError and stores nothing."""
+    engine.register("wf", noop)
+    with engine:
+        with pytest.raises(TypeError, match="takes no input"):
+            engine.invoke("wf", 5)
+        assert engine.list_instances("wf") == []
+
+
+@pytest.mark.parametrize(
+    ("key", "why"),
+    [("", "non-empty"), (42, "non-empty str"), ("_internal", "reserved")],
+)
+def test_invalid_step_keys_fail_the_run(engine: Engine, key: object, why: str) -> None:
+    """Empty, non-str and '_'-prefixed keys raise InvalidKey, which fails the run."""
+    def wf(ctx: Context) -> None:
+        ctx.step(key).run(lambda: 1)  # type: ignore[arg-type]
+
+    engine.register("wf", wf)
+    with engine:
+        inv = engine.invoke("wf")
+        state = inv.wait(timeout=10)
+        assert isinstance(state, Failed)
+        assert "InvalidKey" in state.message
+        assert why in state.message
+        assert inv.instance_id in state.message
+        assert engine.steps("wf", inv.instance_id) == []
+
+
+def test_invalid_instance_id_is_refused(engine: Engine) -> None:
+    """invoke(instance_id="") raises InvalidKey and stores nothing."""
+    engine.register("wf", noop)
+    with engine:
+        with pytest.raises(InvalidKey):
+            engine.invoke("wf", instance_id="")
+        assert engine.list_instances("wf") == []
+
+
+def test_duplicate_step_key_fails_the_run_and_keeps_the_first(engine: Engine) -> None:
+    """A key used twice in one run raises DuplicateStepKey; the first result stays stored."""
+    caught: list[DuplicateStepKey] = []
+
+    def wf(ctx: Context) -> None:
+        ctx.step("a").run(lambda: 1)
+        try:
+            ctx.step("a").run(lambda: 2)
+        except DuplicateStepKey as exc:
+            caught.append(exc)
+            raise
+
+    engine.register("wf", wf)
+    with engine:
+        inv = engine.invoke("wf")
+        state = inv.wait(timeout=10)
+        assert isinstance(state, Failed)
+        assert state.message.startswith("step 'a' failed: DuplicateStepKey")
+        [exc] = caught
+        assert (exc.workflow, exc.instance_id, exc.key) == ("wf", inv.instance_id, "a")
+        [record] = engine.steps("wf", inv.instance_id)
+        assert (record.key, record.state, record.result) == ("a", "completed", 1)
+
+
+def test_failed_message_names_the_step_and_the_error(engine: Engine) -> None:
+    """A step that raises fails the run with a message naming its key and the error."""
+    def wf(ctx: Context) -> None:
+        ctx.step("charge:v1").run(lambda: {}["missing"])
+
+    engine.register("wf", wf)
+    with engine:
+        inv = engine.invoke("wf")
+        assert inv.wait(timeout=10) == Failed("step 'charge:v1' failed: KeyError: 'missing'")
+        [record] = engine.steps("wf", inv.instance_id)
+        assert (record.state, record.result, record.error, record.attempts) == (
+            "failed", None, "KeyError: 'missing'", 1,
+        )
+
+
+def test_error_outside_a_step_fails_the_run(engine: Engine) -> None:
+    """An exception raised by the workflow body itself fails the run and says so."""
+    def wf(ctx: Context) -> None:
+        raise RuntimeError("no step involved")
+
+    engine.register("wf", wf)
+    with engine:
+        state = engine.invoke("wf").wait(timeout=10)
+    assert state == Failed("workflow raised RuntimeError: no step involved")
+
+
+def test_result_raises_workflow_failed_with_the_final_state(engine: Engine) -> None:
+    """result() of a failed instance raises WorkflowFailed carrying the Failed state."""
+    def wf(ctx: Context) -> None:
+        ctx.step("s").run(lambda: 1 / 0)
+
+    engine.register("wf", wf)
+    with engine:
+        inv = engine.invoke("wf")
+        with pytest.raises(WorkflowFailed) as info:
+            inv.result(timeout=10)
+    assert info.value.state == Failed("step 's' failed: ZeroDivisionError: division by zero")
+    assert info.value.instance_id == inv.instance_id
+
+
+def test_wait_and_result_time_out_while_a_run_is_blocked(engine: Engine) -> None:
+    """wait(timeout) and result(timeout) raise TimeoutError while the run has not ended."""
+    release = threading.Event()
+    engine.register("blocked", lambda ctx: release.wait())
+    with engine:
+        inv = engine.invoke("blocked")
+        with pytest.raises(TimeoutError, match="did not end"):
+            inv.wait(timeout=0.05)
+        with pytest.raises(TimeoutError, match="not terminal"):
+            inv.result(timeout=0.05)
+        release.set()
+        assert inv.wait(timeout=10) == Completed()
+
+
+def test_resume_of_a_running_instance_starts_no_second_run(engine: Engine) -> None:
+    """resume() while a run is active returns an Invocation of it; nothing runs twice."""
+    entered = threading.Event()
+    release = threading.Event()
+    runs: list[str] = []
+
+    def wf(ctx: Context) -> str:
+        runs.append(ctx.instance_id)
+        entered.set()
+        release.wait()
+        return "done"
+
+    engine.register("wf", wf)
+    with engine:
+        inv = engine.invoke("wf")
+        assert entered.wait(10)
+        again = engine.resume("wf", inv.instance_id)
+        assert again.state == Started()
+        release.set()
+        assert again.result(timeout=10) == "done"
+        assert inv.wait(timeout=10) == Completed()
+    assert runs == [inv.instance_id]
+
+
+def test_state_is_live_while_running_and_stored_after(engine: Engine) -> None:
+    """Invocation.state shows the live status during a run and the stored state after."""
+    at_step = threading.Event()
+    release = threading.Event()
+
+    def wf(ctx: Context) -> None:
+        ctx.set_status("working")
+        at_step.set()
+        release.wait()
+
+    engine.register("wf", wf)
+    with engine:
+        inv = engine.invoke("wf")
+        assert at_step.wait(10)
+        assert inv.state == InProgress("working")
+        assert engine.get_metadata("wf", inv.instance_id).status == MetadataStatus.Running()  # type: ignore[union-attr]
+        release.set()
+        assert inv.wait(timeout=10) == Completed()
+        assert inv.state == Completed()
+
+
+def test_invocation_of_a_stored_instance_follows_it(engine: Engine) -> None:
+    """engine.invocation() gives a handle on an instance created elsewhere."""
+    engine.register("wf", lambda ctx: 41 + 1)
+    with engine:
+        engine.invoke("wf", instance_id="job-1").wait(timeout=10)
+        assert engine.invocation("wf", "job-1").result(timeout=10) == 42
+        with pytest.raises(InstanceNotFound):
+            engine.invocation("wf", "job-2")
+
+
+def test_updates_of_an_ended_run_yield_its_state_once(engine: Engine) -> None:
+    """updates() on a run that already ended yields the stored state, once."""
+    engine.register("wf", noop)
+    with engine:
+        inv = engine.invoke("wf")
+        inv.wait(timeout=10)
+        assert list(inv.updates()) == [Completed()]
+
+
+def test_updates_yield_each_live_transition_then_the_end(engine: Engine) -> None:
+    """updates() subscribed before the run reports yields every status, then Completed."""
+    go = threading.Event()
+
+    def wf(ctx: Context) -> None:
+        go.wait()
+        ctx.set_status("one")
+        ctx.step("s1").run(lambda: 1)
+        ctx.set_status("two")
+
+    engine.register("wf", wf)
+    with engine:
+        inv = engine.invoke("wf")
+        updates = inv.updates()
+        go.set()
+        assert list(updates) == [InProgress("one"), InProgress("two"), Completed()]
+
+
+def test_stop_waits_for_active_runs_and_joins_threads(engine: Engine) -> None:
+    """stop() lets the active run finish, then no engine thread is left."""
+    before = engine_threads()
+    started = threading.Event()
+
+    def wf(ctx: Context) -> str:
+        started.set()
+        return ctx.step("s").run(lambda: "finished")
+
+    engine.register("wf", wf)
+    engine.start()
+    inv = engine.invoke("wf")
+    assert started.wait(10)
+    engine.stop()
+    assert engine_threads() == before
+    assert inv.state == Completed()
+    with pytest.raises(NotStarted):
+        engine.invoke("wf")
+
+
+def test_wait_all_leaves_no_engine_thread(engine: Engine) -> None:
+    """After wait_all() every run has ended and no engine thread is alive."""
+    before = engine_threads()
+    engine.register("wf", lambda ctx: ctx.step("s").run(lambda: 1))
+    engine.start()
+    invocations = [engine.invoke("wf") for _ in range(20)]
+    engine.wait_all()
+    assert engine_threads() == before
+    assert [inv.state for inv in invocations] == [Completed()] * 20
+
+
+def test_stop_wait_all_and_close_are_idempotent(engine: Engine) -> None:
+    """stop, wait_all and close may be called repeatedly and in any order."""
+    engine.start()
+    engine.stop()
+    engine.wait_all()
+    engine.stop()
+    engine.close()
+    engine.close()
+    engine.stop()
+
+
+def test_reads_work_after_stop_but_not_after_close(engine: Engine) -> None:
+    """stop() keeps the store open for reads; close() closes it."""
+    from memable import StorageError
+
+    engine.register("wf", noop)
+    engine.start()
+    inv = engine.invoke("wf")
+    engine.stop()
+    assert engine.get_metadata("wf", inv.instance_id) is not None
+    engine.close()
+    with pytest.raises(StorageError, match="closed"):
+        engine.get_metadata("wf", inv.instance_id)
+
+
+def test_context_manager_stops_without_draining_on_error(engine: Engine) -> None:
+    """Leaving `with engine:` by an exception stops and closes it, and re-raises."""
+    before = engine_threads()
+    engine.register("wf", noop)
+
+    def leave_with_an_error() -> None:
+        with engine:
+            engine.invoke("wf")
+            raise KeyError("boom")
+
+    with pytest.raises(KeyError):
+        leave_with_an_error()
+    assert engine_threads() == before
+    with pytest.raises(NotStarted):
+        engine.invoke("wf")
+
+
+def test_builder_needs_a_store() -> None:
+    """build() without .in_memory() or .open(path) says what is missing."""
+    with pytest.raises(ValueError, match="in_memory"):
+        Engine.builder().build()
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"max_workers": 0}, {"synchronous": "off"}, {"poll_interval": 0}],
+)
+def test_bad_options_are_refused(options: dict[str, object], tmp_path: Path) -> None:
+    """Options out of range raise ValueError before any file is created."""
+    with pytest.raises(ValueError, match=next(iter(options))):
+        Engine.open(tmp_path / "x.db", **options)  # type: ignore[arg-type]
+    assert list(tmp_path.iterdir()) == []
