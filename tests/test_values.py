@@ -1,0 +1,358 @@
+"""Typed values: step results, input and output survive the store with their type."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+
+from memable import (
+    Completed,
+    Context,
+    Engine,
+    Failed,
+    MetadataStatus,
+    SerializationError,
+    WorkflowFailed,
+)
+
+
+@attrs.frozen
+class Order:
+    id: int
+    total: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Invoice:
+    id: int
+    total: float
+
+
+class Colour(enum.Enum):
+    RED = "red"
+    GREEN = "green"
+
+
+# (value, the annotation a typed function would declare for it)
+VALUES = [
+    pytest.param(Order(1, 9.5), Order, id="attrs"),
+    pytest.param(Invoice(2, 12.25), Invoice, id="dataclass"),
+    pytest.param(Colour.GREEN, Colour, id="enum"),
+    pytest.param(
+        datetime(2026, 3, 4, 5, 6, 7, 890123, tzinfo=timezone(timedelta(hours=2))),
+        datetime,
+        id="aware-datetime",
+    ),
+    pytest.param(
+        {"a": [1, 2.5, {"b": None}], "c": {"d": [True, "x", []]}},
+        dict[str, Any],
+        id="nested-list-dict",
+    ),
+    pytest.param(None, int | None, id="none"),
+    pytest.param(True, bool, id="bool"),
+    pytest.param(42, int, id="int"),
+    pytest.param(2.5, float, id="float"),
+    pytest.param("zwölf €", str, id="str"),
+]
+TYPING = pytest.mark.parametrize("annotated", [False, True], ids=["by-tag", "by-annotation"])
+
+
+def _producer(value: Any, hint: Any, annotated: bool, calls: list[int]) -> Callable[[], Any]:
+    """A step function returning ``value``; its return annotation is ``hint`` if annotated."""
+
+    def produce():  # type: ignore[no-untyped-def]  # unannotated on purpose: the tag rebuilds
+        calls.append(1)
+        return value
+
+    if annotated:
+        produce.__annotations__["return"] = hint
+    return produce
+
+
+@pytest.fixture(params=["lambda", "open-file"])
+def unstorable(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Any, str]]:
+    """A value no converter can store, and the type name an error should give for it."""
+    if request.param == "lambda":
+        yield (lambda: 1), "function"
+    else:
+        with (tmp_path / "handle.txt").open("w") as handle:
+            yield handle, "TextIOWrapper"
+
+
+# ---------------------------------------------------------------------- step results
+
+
+@pytest.mark.parametrize(("value", "hint"), VALUES)
+@TYPING
+def test_step_result_replays_equal_and_same_type(
+    engine: Engine, value: Any, hint: Any, annotated: bool
+) -> None:
+    """A replayed step result equals the first run's and has its type; the step ran once."""
+    calls: list[int] = []
+    seen: list[Any] = []
+    produce = _producer(value, hint, annotated, calls)
+
+    def wf(ctx: Context) -> None:
+        seen.append(ctx.step("value:v1").run(produce))
+
+    engine.register("values", wf)
+    engine.start()
+    assert engine.invoke("values", instance_id="v-1").wait() == Completed()
+    assert engine.resume("values", "v-1").wait() == Completed()
+
+    first, replayed = seen
+    assert first == value
+    assert type(first) is type(value)
+    assert replayed == first
+    assert type(replayed) is type(first)
+    assert calls == [1]
+
+
+@pytest.mark.parametrize(("value", "hint"), VALUES)
+@TYPING
+def test_workflow_input_round_trips(
+    engine: Engine, value: Any, hint: Any, annotated: bool
+) -> None:
+    """Every run of an instance gets its stored input back equal and of the same type."""
+    seen: list[Any] = []
+
+    def wf(ctx: Context, data):  # type: ignore[no-untyped-def]  # typed below, or not
+        seen.append(data)
+        seen.append(ctx.input)
+
+    if annotated:
+        wf.__annotations__["data"] = hint
+    engine.register("inputs", wf)
+    engine.start()
+    assert engine.invoke("inputs", value, instance_id="i-1").wait() == Completed()
+    assert engine.resume("inputs", "i-1").wait() == Completed()
+
+    assert len(seen) == 4
+    for got in seen:
+        assert got == value
+        assert type(got) is type(value)
+
+
+@pytest.mark.parametrize(("value", "hint"), VALUES)
+@TYPING
+def test_workflow_output_round_trips(
+    engine: Engine, value: Any, hint: Any, annotated: bool
+) -> None:
+    """``Invocation.result()`` equals what the workflow returned and has its type."""
+
+    def wf(ctx: Context):  # type: ignore[no-untyped-def]  # typed below, or not
+        return value
+
+    if annotated:
+        wf.__annotations__["return"] = hint
+    engine.register("outputs", wf)
+    engine.start()
+    result = engine.invoke("outputs", instance_id="o-1").result()
+    again = engine.invocation("outputs", "o-1").result()
+
+    assert result == value
+    assert type(result) is type(value)
+    assert again == value
+    assert type(again) is type(value)
+
+
+def ship(ctx: Context, order: Order) -> Order:
+    """A workflow with a typed input and output (string annotations, PEP 563)."""
+    return ctx.step("reprice:v1").run(lambda: Order(order.id, order.total * 2))
+
+
+def test_annotated_input_and_output_round_trip(engine: Engine) -> None:
+    """``fn(ctx, order: Order) -> Order`` gets an Order in and gives an Order out."""
+    engine.register("ship", ship)
+    engine.start()
+    inv = engine.invoke("ship", Order(7, 4.25), instance_id="s-1")
+
+    assert inv.result() == Order(7, 8.5)
+    assert type(inv.result()) is Order
+    replayed = engine.resume("ship", "s-1").result()
+    assert replayed == Order(7, 8.5)
+    assert type(replayed) is Order
+
+
+def test_returns_overrides_the_annotation(engine: Engine) -> None:
+    """``.returns(T)`` rebuilds the stored result as T, over the function's annotation."""
+    seen: list[Any] = []
+
+    def invoice() -> Invoice:
+        return Invoice(3, 9.5)
+
+    def wf(ctx: Context) -> None:
+        seen.append(ctx.step("as-order:v1").returns(Order).run(invoice))
+        seen.append(ctx.step("as-invoice:v1").run(invoice))
+
+    engine.register("override", wf)
+    engine.start()
+    assert engine.invoke("override", instance_id="r-1").wait() == Completed()
+    assert engine.resume("override", "r-1").wait() == Completed()
+
+    assert seen == [Invoice(3, 9.5), Invoice(3, 9.5), Order(3, 9.5), Invoice(3, 9.5)]
+    assert [type(v) for v in seen] == [Invoice, Invoice, Order, Invoice]
+
+
+def make_orders(calls: list[int]) -> list[Order]:
+    """A step function whose (string) return annotation is the only source of its type."""
+    calls.append(1)
+    return [Order(1, 1.5), Order(2, 2.5)]
+
+
+def test_string_annotations_resolve(engine: Engine) -> None:
+    """A ``from __future__ import annotations`` return hint (``list[Order]``) types the replay."""
+    assert make_orders.__annotations__["return"] == "list[Order]"  # really a string here
+    calls: list[int] = []
+    seen: list[Any] = []
+
+    def wf(ctx: Context) -> None:
+        seen.append(ctx.step("orders:v1").run(make_orders, calls))
+
+    engine.register("orders", wf)
+    engine.start()
+    assert engine.invoke("orders", instance_id="so-1").wait() == Completed()
+    assert engine.resume("orders", "so-1").wait() == Completed()
+
+    first, replayed = seen
+    assert replayed == first == [Order(1, 1.5), Order(2, 2.5)]
+    assert [type(o) for o in replayed] == [Order, Order]
+    assert calls == [1]
+
+
+# ---------------------------------------------------------------------- unstorable values
+
+
+def test_unstorable_step_result_fails_and_reruns_on_resume(
+    engine: Engine, unstorable: tuple[Any, str]
+) -> None:
+    """An unstorable step result fails the run, is stored as failed, and runs again on resume."""
+    value, type_name = unstorable
+    outcomes = [value, "stored"]
+    calls: list[int] = []
+    caught: list[SerializationError] = []
+
+    def produce():  # type: ignore[no-untyped-def]  # returns either outcome
+        calls.append(1)
+        return outcomes[len(calls) - 1]
+
+    def wf(ctx: Context) -> str:
+        try:
+            return ctx.step("pack:v1").run(produce)
+        except SerializationError as exc:
+            caught.append(exc)
+            raise
+
+    engine.register("pack", wf)
+    engine.start()
+    state = engine.invoke("pack", instance_id="p-1").wait()
+
+    assert isinstance(state, Failed)
+    assert "'pack:v1'" in state.message
+    assert "SerializationError" in state.message
+    assert [exc.key for exc in caught] == ["pack:v1"]
+    assert engine.get_metadata("pack", "p-1").status == MetadataStatus.Failed(state.message)
+    [record] = engine.steps("pack", "p-1")
+    assert (record.key, record.kind, record.state, record.result, record.attempts) == (
+        "pack:v1", "step", "failed", None, 1,
+    )
+    assert record.completed_at is None
+    assert type_name in record.error
+
+    assert engine.resume("pack", "p-1").result() == "stored"
+    assert calls == [1, 1]
+    [record] = engine.steps("pack", "p-1")
+    assert (record.key, record.state, record.result, record.attempts) == (
+        "pack:v1", "completed", "stored", 2,
+    )
+
+
+def test_unstorable_input_raises_and_stores_nothing(
+    engine: Engine, unstorable: tuple[Any, str]
+) -> None:
+    """An unstorable input makes ``invoke`` raise SerializationError keyed "input"; none stored."""
+    value, _ = unstorable
+    engine.register("takes", lambda ctx, data: None)
+    engine.start()
+
+    with pytest.raises(SerializationError) as info:
+        engine.invoke("takes", value, instance_id="t-1")
+
+    assert info.value.key == "input"
+    assert engine.list_instances("takes") == []
+    assert engine.get_metadata("takes", "t-1") is None
+
+
+def test_unstorable_output_fails_the_workflow(
+    engine: Engine, unstorable: tuple[Any, str]
+) -> None:
+    """A workflow returning an unstorable value ends Failed with a message naming "output"."""
+    value, _ = unstorable
+    engine.register("gives", lambda ctx: value)
+    engine.start()
+    inv = engine.invoke("gives", instance_id="g-1")
+
+    state = inv.wait()
+    assert isinstance(state, Failed)
+    assert "'output'" in state.message
+    assert "SerializationError" in state.message
+    with pytest.raises(WorkflowFailed) as info:
+        inv.result()
+    assert info.value.state == state
+    assert engine.get_metadata("gives", "g-1").status == MetadataStatus.Failed(state.message)
+
+
+# ---------------------------------------------------------------------- stored value, new type
+
+
+@pytest.mark.parametrize("typed_by", ["annotation", "returns"])
+def test_stored_value_that_no_longer_fits_fails_and_keeps_the_row(
+    tmp_path: Path, typed_by: str
+) -> None:
+    """A stored result that no longer fits its type fails the run and leaves the row as it was."""
+    path = tmp_path / "memable.db"
+    old = Engine.open(path)
+    try:
+        old.register("label", lambda ctx: ctx.step("label:v1").run(lambda: "abc"))
+        old.start()
+        assert old.invoke("label", instance_id="l-1").result() == "abc"
+        before = old.steps("label", "l-1")
+    finally:
+        old.close()
+
+    calls: list[int] = []
+
+    def count() -> int:
+        calls.append(1)
+        return 3
+
+    def count_untyped():  # type: ignore[no-untyped-def]  # only .returns types it
+        calls.append(1)
+        return 3
+
+    def wf(ctx: Context) -> None:
+        if typed_by == "annotation":
+            ctx.step("label:v1").run(count)
+        else:
+            ctx.step("label:v1").returns(int).run(count_untyped)
+
+    new = Engine.open(path)
+    try:
+        new.register("label", wf)
+        new.start()
+        state = new.resume("label", "l-1").wait()
+
+        assert isinstance(state, Failed)
+        assert "'label:v1'" in state.message
+        assert "SerializationError" in state.message
+        assert new.steps("label", "l-1") == before
+        assert calls == []
+    finally:
+        new.close()
