@@ -9,7 +9,7 @@ from typing import Any, ParamSpec, TypeVar
 import attrs
 
 from ._errors import DuplicateStepKey, EngineError, InvalidKey
-from ._serde import decode_for, encode_for, return_hint
+from ._serde import decode_for, return_hint, store_form
 from ._states import InProgress, WorkflowState
 from ._store import StepWrite, Store, StoredStep, utcnow
 
@@ -210,8 +210,9 @@ class Context:
         self._end_replay()
         seq = stored.seq if stored is not None else self._take_seq()
         try:
-            value = fn(*args, **kwargs)
-            text, tag = encode_for(self._workflow, self._instance_id, key, value)
+            text, tag, value = store_form(
+                self._workflow, self._instance_id, key, fn(*args, **kwargs), hint
+            )
         except Exception as exc:
             self._failure = (key, exc)
             self._store.save_step(self._write(key, seq, "failed", error=exc))
@@ -288,7 +289,11 @@ class Step:
     def run(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
         """Return the stored result of this key, or run ``fn(*args, **kwargs)`` and store it.
 
-        The result is stored, in its own transaction, before ``run`` returns.
+        The result is stored, in its own transaction, before ``run`` returns,
+        and ``run`` returns it as the store rebuilds it: the first run sees
+        what every replay will see. The type it is rebuilt as comes from
+        ``.returns(T)``, else ``fn``'s return annotation, else the class the
+        value had.
         If ``fn`` raises, or returns a value that cannot be stored
         (``SerializationError``), the step is recorded as failed, nothing is
         stored as completed, and the error propagates; a later run of the

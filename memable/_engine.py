@@ -27,7 +27,7 @@ from ._errors import (
 )
 from ._invocation import Invocation, Watch
 from ._records import StepRecord, WorkflowMetadata
-from ._serde import decode_for, encode_for, hints_of, return_hint
+from ._serde import decode_for, hints_of, return_hint, store_form
 from ._sqlite import SQLiteStore, Synchronous
 from ._states import Completed, Failed, WorkflowState
 from ._store import InstanceRow, Store, metadata_of, utcnow
@@ -147,6 +147,7 @@ class Engine:
         >>> engine = Engine.builder().in_memory().max_workers(2).build()
         >>> engine
         <Engine new workflows=[]>
+        >>> engine.close()
         """
         return EngineBuilder()
 
@@ -158,6 +159,7 @@ class Engine:
         >>> engine = Engine.in_memory(max_workers=4)
         >>> engine.list_instances("anything")
         []
+        >>> engine.close()
         """
         return EngineBuilder().in_memory().max_workers(max_workers).poll_interval(
             poll_interval
@@ -280,6 +282,7 @@ class Engine:
         >>> engine.wait_all()
         >>> len(done)
         3
+        >>> engine.close()
         """
         with self._lock:
             self._accepting = False
@@ -298,6 +301,7 @@ class Engine:
         >>> engine.stop()
         >>> [t.name for t in threading.enumerate() if t.name.startswith("memable")]
         []
+        >>> engine.close()
         """
         with self._lock:
             self._accepting = False
@@ -377,8 +381,7 @@ class Engine:
             check_key(instance_id, name, instance_id)
         if input is not None and not workflow.takes_input:
             raise TypeError(f"workflow {name!r} takes no input, got {type(input).__name__}")
-        text, tag = encode_for(name, instance_id, "input", input)
-        value = decode_for(name, instance_id, "input", text, tag, workflow.input_hint)
+        text, tag, value = store_form(name, instance_id, "input", input, workflow.input_hint)
         now = utcnow().isoformat()
         row = InstanceRow(
             workflow=name, instance_id=instance_id, status="running", message=None,
@@ -444,8 +447,10 @@ class Engine:
         """The stored status and timestamps of an instance, or None if unknown.
 
         >>> from memable import Engine
-        >>> Engine.in_memory().get_metadata("wf", "no-such-id") is None
+        >>> engine = Engine.in_memory()
+        >>> engine.get_metadata("wf", "no-such-id") is None
         True
+        >>> engine.close()
         """
         row = self._store.get_instance(name, instance_id)
         return None if row is None else metadata_of(row)
@@ -574,7 +579,7 @@ class Engine:
                     snapshot.instance.input_type, workflow.input_hint,
                 )
             except SerializationError as exc:
-                return self._fail(run, f"{type(exc).__name__}: {exc}")
+                return self._fail(run, f"input failed: {type(exc).__name__}: {exc}")
         ctx = Context(
             workflow=name, instance_id=instance_id, input=input_value, store=self._store,
             memo=memo, publish=run.watch.publish,
@@ -586,11 +591,11 @@ class Engine:
             return self._fail(run, ctx._failure_message(exc))
         ctx._end_replay()
         try:
-            output = encode_for(name, instance_id, "output", value)
+            text, tag, _ = store_form(name, instance_id, "output", value, workflow.output_hint)
         except SerializationError as exc:
-            return self._fail(run, f"{type(exc).__name__}: {exc}")
+            return self._fail(run, f"output failed: {type(exc).__name__}: {exc}")
         self._store.finish(
-            name, instance_id, status="completed", message=None, output=output,
+            name, instance_id, status="completed", message=None, output=(text, tag),
             now=utcnow().isoformat(),
         )
         log.info("completed", extra={"workflow": name, "instance": instance_id})

@@ -12,7 +12,9 @@ if TYPE_CHECKING:
     from ._states import WorkflowState
 
 
-def _where(workflow: str | None, instance_id: str | None, key: str | None) -> str:
+def _where(
+    workflow: str | None, instance_id: str | None, key: str | None, part: str | None
+) -> str:
     parts = []
     if workflow is not None:
         parts.append(f"workflow {workflow!r}")
@@ -20,6 +22,8 @@ def _where(workflow: str | None, instance_id: str | None, key: str | None) -> st
         parts.append(f"instance {instance_id!r}")
     if key is not None:
         parts.append(f"step {key!r}")
+    if part is not None:
+        parts.append(part)
     return ", ".join(parts)
 
 
@@ -27,7 +31,8 @@ class EngineError(Exception):
     """Base class of every error memable raises on purpose.
 
     ``workflow``, ``instance_id`` and ``key`` hold the facts the message names
-    (None where they do not apply).
+    (None where they do not apply); for an error about an instance's input or
+    output, ``key`` is ``"input"`` or ``"output"``.
 
     >>> from memable import EngineError, InstanceNotFound
     >>> err = InstanceNotFound("ship", "order-1")
@@ -44,12 +49,13 @@ class EngineError(Exception):
         workflow: str | None = None,
         instance_id: str | None = None,
         key: str | None = None,
+        part: str | None = None,
     ) -> None:
-        where = _where(workflow, instance_id, key)
+        where = _where(workflow, instance_id, key, part)
         super().__init__(f"{message}: {where}" if where else message)
         self.workflow = workflow
         self.instance_id = instance_id
-        self.key = key
+        self.key = key if part is None else part
 
 
 class NotStarted(EngineError):
@@ -63,6 +69,7 @@ class NotStarted(EngineError):
     ... except NotStarted as err:
     ...     print(err)
     the engine is not running (call start() first): workflow 'noop'
+    >>> engine.close()
     """
 
     def __init__(self, workflow: str | None = None) -> None:
@@ -218,11 +225,19 @@ class StorageError(EngineError):
 class SerializationError(EngineError):
     """A value cannot be stored, or a stored value no longer fits its type.
 
-    ``key`` names the step, or ``"input"`` / ``"output"``.
+    ``key`` names the step, or ``"input"`` / ``"output"``. A value is
+    refused too when it would not come back equal, so that a replay never
+    sees something else than the first run did.
 
-    >>> from memable import SerializationError
-    >>> print(SerializationError("cannot store function", workflow="wf", key="s1"))
-    cannot store function: workflow 'wf', step 's1'
+    >>> from memable import Engine, SerializationError
+    >>> engine = Engine.in_memory()
+    >>> engine.register("wf", lambda ctx, numbers: None)
+    >>> with engine:
+    ...     try:
+    ...         engine.invoke("wf", {1: "one"}, instance_id="i-1")
+    ...     except SerializationError as err:
+    ...         print(err.key, "|", err)  # doctest: +ELLIPSIS
+    input | a dict would not come back equal (...): workflow 'wf', instance 'i-1', input
     """
 
 

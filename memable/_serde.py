@@ -4,30 +4,42 @@ A stored value is a pair: the JSON text, and a type tag naming the class the
 value had when it was stored (None for values JSON rebuilds by itself: dict,
 list, str, int, float, bool, None). On the way back the type is, in order:
 an explicit ``returns``, the function's return annotation, the tag.
+
+The first run gets the value back as the store rebuilds it, so it sees what
+every replay will see (an ``int`` from a step annotated ``-> float`` is
+``0.0`` on every run). A value that would not come back equal is refused
+rather than mangled: ``{1: "a"}`` without an annotation (JSON keys are
+strings) raises SerializationError.
 """
 
 from __future__ import annotations
 
-import functools
-import importlib
 import json
+import sys
 import threading
 import typing
+import weakref
 from collections.abc import Callable
+from decimal import Decimal
 from typing import Any
+from uuid import UUID
 
 from cattrs.preconf.json import make_converter
 
 from ._errors import SerializationError
 
 converter = make_converter()
+converter.register_unstructure_hook(UUID, str)
+converter.register_structure_hook(UUID, lambda value, _: UUID(value))
+converter.register_unstructure_hook(Decimal, str)
+converter.register_structure_hook(Decimal, lambda value, _: Decimal(value))
 
 #: Types JSON rebuilds exactly, so they need no tag.
 _NATIVE: frozenset[type] = frozenset({dict, list, str, int, float, bool, type(None)})
 
 # Classes seen when storing, by tag, so that classes defined inside functions
 # (which no import can reach) still rebuild in this process. Guarded by
-# _types_lock; written rarely (once per class), read on every tagged decode.
+# _types_lock; written once per class, read on every tagged decode.
 _types_lock = threading.Lock()
 _types_by_tag: dict[str, type] = {}
 
@@ -41,7 +53,14 @@ def _type_for_tag(tag: str) -> type:
     if cls is not None:
         return cls
     module_name, _, qualname = tag.partition(":")
-    obj: Any = importlib.import_module(module_name)
+    # Only modules already imported: a tag read from a store file must not
+    # make us import (and run) arbitrary code.
+    obj: Any = sys.modules.get(module_name)
+    if obj is None:
+        raise TypeError(
+            f"class {tag} is stored, but module {module_name!r} is not imported; "
+            "import it, or give the type with an annotation or .returns()"
+        )
     for part in qualname.split("."):
         obj = getattr(obj, part)
     if not isinstance(obj, type):
@@ -61,33 +80,54 @@ def encode(value: Any) -> tuple[str, str | None]:
         if tag not in _types_by_tag:
             with _types_lock:
                 _types_by_tag[tag] = cls
-    text = json.dumps(converter.unstructure(value), ensure_ascii=False, separators=(",", ":"))
+    data = converter.unstructure(value)
+    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     return text, tag
 
 
 def decode(text: str, tag: str | None, hint: Any = None) -> Any:
     """Rebuild a stored value: by ``hint`` when given, else by its tag."""
     data = json.loads(text)
-    if hint is None or hint is Any:
+    if hint is None or hint is Any or hint is object:  # no type to go by: use the tag
         if tag is None:
             return data
         hint = _type_for_tag(tag)
     return converter.structure(data, hint)
 
 
-def encode_for(
-    workflow: str, instance_id: str | None, key: str, value: Any
-) -> tuple[str, str | None]:
-    """``encode``, raising SerializationError that names where the value was going."""
+def _where(key: str) -> dict[str, str]:
+    # "input" and "output" are parts of the instance, not step keys.
+    return {"part": key} if key in ("input", "output") else {"key": key}
+
+
+def store_form(
+    workflow: str, instance_id: str | None, key: str, value: Any, hint: Any = None
+) -> tuple[str, str | None, Any]:
+    """Encode ``value`` for the store; return (JSON text, tag, the value as rebuilt).
+
+    Raise SerializationError naming where the value was going if it cannot
+    be stored, or would not come back equal to itself.
+    """
     try:
-        return encode(value)
+        text, tag = encode(value)
     except (TypeError, ValueError, OverflowError, RecursionError) as exc:
         raise SerializationError(
             f"cannot store a value of type {type(value).__qualname__} ({exc})",
-            workflow=workflow,
-            instance_id=instance_id,
-            key=key,
+            workflow=workflow, instance_id=instance_id, **_where(key),
         ) from exc
+    try:
+        rebuilt = decode(text, tag, hint)
+        same = bool(rebuilt == value)
+    except Exception as exc:
+        same, rebuilt = False, exc
+    if not same:
+        raise SerializationError(
+            f"a {type(value).__qualname__} would not come back equal "
+            f"(stored as {text[:60]}, rebuilt as {rebuilt!r:.60}); give its type "
+            "with a return annotation or .returns()",
+            workflow=workflow, instance_id=instance_id, **_where(key),
+        )
+    return text, tag, rebuilt
 
 
 def decode_for(
@@ -99,26 +139,39 @@ def decode_for(
     except Exception as exc:
         raise SerializationError(
             f"stored value does not fit its type {hint or tag} ({type(exc).__name__}: {exc})",
-            workflow=workflow,
-            instance_id=instance_id,
-            key=key,
+            workflow=workflow, instance_id=instance_id, **_where(key),
         ) from exc
 
 
-@functools.lru_cache(maxsize=1024)
-def _hints(fn: Callable[..., Any]) -> dict[str, Any]:
-    try:
-        return typing.get_type_hints(fn)
-    except Exception:  # unresolvable forward references, builtins without hints
-        return {}
+# Resolved annotations of functions that have any, weakly keyed so that a
+# cache entry never keeps a step closure alive. Guarded by _hints_lock.
+_hints_lock = threading.Lock()
+_hints_cache: weakref.WeakKeyDictionary[Callable[..., Any], dict[str, Any]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def hints_of(fn: Callable[..., Any]) -> dict[str, Any]:
-    """The resolved annotations of ``fn``, cached; {} where there are none."""
+    """The resolved annotations of ``fn``; {} where there are none."""
+    if not getattr(fn, "__annotations__", None):
+        return {}  # lambdas and unannotated functions: nothing to resolve
     try:
-        return _hints(fn)
-    except TypeError:  # unhashable callable: resolve without caching
-        return _hints.__wrapped__(fn)
+        with _hints_lock:
+            cached = _hints_cache.get(fn)
+    except TypeError:  # not weakly referenceable: resolve without caching
+        cached = None
+    if cached is not None:
+        return cached
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # unresolvable forward references
+        hints = {}
+    try:
+        with _hints_lock:
+            _hints_cache[fn] = hints
+    except TypeError:
+        pass
+    return hints
 
 
 def return_hint(fn: Callable[..., Any]) -> Any:

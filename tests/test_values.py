@@ -6,8 +6,10 @@ import dataclasses
 import enum
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 import attrs
 import pytest
@@ -185,20 +187,87 @@ def test_returns_overrides_the_annotation(engine: Engine) -> None:
     """``.returns(T)`` rebuilds the stored result as T, over the function's annotation."""
     seen: list[Any] = []
 
-    def invoice() -> Invoice:
-        return Invoice(3, 9.5)
+    def orders() -> list[Any]:  # too loose to rebuild Orders: alone, it is refused
+        return [Order(3, 9.5)]
 
     def wf(ctx: Context) -> None:
-        seen.append(ctx.step("as-order:v1").returns(Order).run(invoice))
-        seen.append(ctx.step("as-invoice:v1").run(invoice))
+        seen.append(ctx.step("typed:v1").returns(list[Order]).run(orders))
+        ctx.step("loose:v1").run(orders)
 
     engine.register("override", wf)
     engine.start()
-    assert engine.invoke("override", instance_id="r-1").wait() == Completed()
-    assert engine.resume("override", "r-1").wait() == Completed()
+    state = engine.invoke("override", instance_id="r-1").wait()
+    assert isinstance(state, Failed)
+    assert state.message.startswith("step 'loose:v1' failed: SerializationError")
+    assert "would not come back equal" in state.message
+    assert engine.resume("override", "r-1").wait() == state
 
-    assert seen == [Invoice(3, 9.5), Invoice(3, 9.5), Order(3, 9.5), Invoice(3, 9.5)]
-    assert [type(v) for v in seen] == [Invoice, Invoice, Order, Invoice]
+    assert seen == [[Order(3, 9.5)], [Order(3, 9.5)]]
+    assert [type(v[0]) for v in seen] == [Order, Order]
+    records = engine.steps("override", "r-1")
+    assert [(r.key, r.state, r.attempts) for r in records] == [
+        ("typed:v1", "completed", 1),
+        ("loose:v1", "failed", 2),
+    ]
+
+
+def test_first_run_sees_the_value_as_replays_will(engine: Engine) -> None:
+    """An int from a step annotated ``-> float`` is 0.0 on the first run as on replays."""
+    seen: list[Any] = []
+
+    def zero() -> float:
+        return 0
+
+    engine.register("wf", lambda ctx: seen.append(ctx.step("z").run(zero)))
+    engine.start()
+    assert engine.invoke("wf", instance_id="z-1").wait() == Completed()
+    assert engine.resume("wf", "z-1").wait() == Completed()
+    assert [(v, type(v)) for v in seen] == [(0.0, float), (0.0, float)]
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        pytest.param({1: "a"}, id="int-keys"),
+        pytest.param([(1, 2)], id="tuple-in-list"),
+        pytest.param({"at": datetime(2026, 1, 1, tzinfo=timezone.utc)}, id="datetime-in-dict"),
+        pytest.param(float("nan"), id="nan"),
+    ],
+)
+def test_values_that_would_change_in_the_store_are_refused(engine: Engine, value: Any) -> None:
+    """A value JSON would not give back equal fails its step instead of replaying changed."""
+    engine.register("wf", lambda ctx: ctx.step("lossy").run(lambda: value))
+    engine.start()
+    inv = engine.invoke("wf")
+    state = inv.wait()
+    assert isinstance(state, Failed)
+    assert state.message.startswith("step 'lossy' failed: SerializationError")
+    [record] = engine.steps("wf", inv.instance_id)
+    assert (record.state, record.result) == ("failed", None)
+
+
+@pytest.mark.parametrize(
+    ("value", "hint"),
+    [
+        pytest.param(UUID("12345678-1234-5678-1234-567812345678"), UUID, id="uuid"),
+        pytest.param(Decimal("19.99"), Decimal, id="decimal"),
+        pytest.param({1: "a"}, dict[int, str], id="int-keys-annotated"),
+    ],
+)
+def test_more_values_round_trip(engine: Engine, value: Any, hint: Any) -> None:
+    """UUID and Decimal store, and an annotation makes int dict keys storable."""
+    seen: list[Any] = []
+
+    def produce() -> Any:
+        return value
+
+    produce.__annotations__["return"] = hint
+    engine.register("wf", lambda ctx: seen.append(ctx.step("v").run(produce)))
+    engine.start()
+    assert engine.invoke("wf", instance_id="v-1").wait() == Completed()
+    assert engine.resume("wf", "v-1").wait() == Completed()
+    assert seen == [value, value]
+    assert type(seen[1]) is type(value)
 
 
 def make_orders(calls: list[int]) -> list[Order]:
@@ -301,7 +370,7 @@ def test_unstorable_output_fails_the_workflow(
 
     state = inv.wait()
     assert isinstance(state, Failed)
-    assert "'output'" in state.message
+    assert state.message.startswith("output failed: SerializationError")
     assert "SerializationError" in state.message
     with pytest.raises(WorkflowFailed) as info:
         inv.result()
