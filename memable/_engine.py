@@ -152,8 +152,17 @@ class Engine:
         return EngineBuilder()
 
     @classmethod
-    def in_memory(cls, *, max_workers: int = 8, poll_interval: float = 1.0) -> Engine:
+    def in_memory(
+        cls,
+        *,
+        max_workers: int = 8,
+        synchronous: Synchronous = "full",
+        poll_interval: float = 1.0,
+    ) -> Engine:
         """An engine on an in-memory store: nothing survives the process. For tests.
+
+        Takes the same options as ``Engine.open`` (``synchronous`` has no
+        effect on a store that never touches a disk).
 
         >>> from memable import Engine
         >>> engine = Engine.in_memory(max_workers=4)
@@ -161,9 +170,14 @@ class Engine:
         []
         >>> engine.close()
         """
-        return EngineBuilder().in_memory().max_workers(max_workers).poll_interval(
-            poll_interval
-        ).build()
+        return (
+            EngineBuilder()
+            .in_memory()
+            .max_workers(max_workers)
+            .synchronous(synchronous)
+            .poll_interval(poll_interval)
+            .build()
+        )
 
     @classmethod
     def open(
