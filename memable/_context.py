@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+import threading
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, ParamSpec, TypeVar
 
 import attrs
 
-from ._errors import DuplicateStepKey, EngineError, InvalidKey
+from . import _clock
+from ._errors import DuplicateStepKey, EngineError, InvalidKey, StepTimeout
+from ._records import StepKind
 from ._serde import decode_for, return_hint, store_form
 from ._states import InProgress, WorkflowState
 from ._store import StepWrite, Store, StoredStep, utcnow
@@ -29,9 +33,26 @@ def check_key(key: object, workflow: str, instance_id: str) -> str:
     return key
 
 
-def seconds_of(duration: float | timedelta) -> float:
-    """A duration given as float seconds or a timedelta, in seconds."""
-    return duration.total_seconds() if isinstance(duration, timedelta) else float(duration)
+def seconds_of(duration: float | timedelta, what: str = "duration") -> float:
+    """A duration given as float seconds or a timedelta, in seconds; never negative."""
+    seconds = duration.total_seconds() if isinstance(duration, timedelta) else float(duration)
+    if not seconds >= 0:
+        raise ValueError(f"a {what} is >= 0 seconds, not {duration!r}")
+    return seconds
+
+
+class Suspension(BaseException):
+    """Unwinds a workflow that must wait for a signal or a timer.
+
+    A BaseException, not an Exception, so that ``except Exception`` in user
+    code cannot swallow it and run past a point it has to wait at. The
+    engine catches it and ends the run Suspended.
+    """
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(key, message)
+        self.key = key
+        self.message = message
 
 
 class Context:
@@ -65,6 +86,7 @@ class Context:
         store: Store,
         memo: dict[str, StoredStep],
         publish: Callable[[WorkflowState], None],
+        timer_armed: Callable[[float], None] = lambda deadline: None,
     ) -> None:
         self._workflow = workflow
         self._instance_id = instance_id
@@ -72,6 +94,7 @@ class Context:
         self._store = store
         self._memo = memo
         self._publish = publish
+        self._timer_armed = timer_armed
         self._seen: set[str] = set()
         self._next_seq = max((s.seq for s in memo.values()), default=-1) + 1
         # Replaying while the run reaches stored keys; live from the start if none.
@@ -166,6 +189,78 @@ class Context:
         """
         return Step(self, check_key(key, self._workflow, self._instance_id))
 
+    def suspend(self, key: str, status: str | None = None, returns: Any = None) -> Any:
+        """Return the payload signalled to ``key``; until there is one, suspend the instance.
+
+        Suspending ends the run ``Suspended(status)`` (``Suspended(key)``
+        without a status) and frees its worker thread;
+        ``engine.signal(name, id, key, payload)`` stores the payload and runs
+        the instance again, and this call then returns it, rebuilt as
+        ``returns`` if given. A signal sent while the instance is still busy
+        before this point is kept for when it gets here.
+
+        >>> from memable import Engine, Suspended
+        >>> def approval(ctx) -> str:
+        ...     approved = ctx.suspend("approval:v1", status="waiting for a manager")
+        ...     return "shipped" if approved else "cancelled"
+        >>> engine = Engine.in_memory()
+        >>> engine.register("approval", approval)
+        >>> with engine:
+        ...     inv = engine.invoke("approval")
+        ...     print(inv.wait())
+        ...     print(engine.signal("approval", inv.instance_id, "approval:v1", True).result())
+        suspended: waiting for a manager
+        shipped
+        """
+        key = check_key(key, self._workflow, self._instance_id)
+        self._claim(key)
+        stored = self._memo.get(key)
+        if stored is None or stored.state != "completed":
+            # The signal may have arrived since this run read its steps.
+            stored = self._store.await_signal(self._waiting(key, "signal", stored))
+        if stored is None:
+            self._end_replay()
+            raise Suspension(key, key if status is None else status)
+        return self._replayed(key, stored, returns)
+
+    def timer(self, key: str, duration: float | timedelta) -> None:
+        """Wait ``duration`` (seconds or a timedelta) durably: return once the timer has fired.
+
+        The first time the instance reaches ``key`` the deadline (now +
+        duration, wall clock) is stored and the run ends
+        ``Suspended("timer <key>")``, freeing its worker thread; the engine's
+        timer thread runs the instance again when it is due. Later runs do
+        not move the deadline.
+
+        >>> from memable import Engine
+        >>> def reminder(ctx) -> str:
+        ...     ctx.timer("cool-off:v1", 0)
+        ...     return "reminded"
+        >>> engine = Engine.in_memory()
+        >>> engine.register("reminder", reminder)
+        >>> with engine:
+        ...     inv = engine.invoke("reminder")
+        ...     print(inv.wait())
+        ...     print(inv.result(timeout=10))
+        suspended: timer cool-off:v1
+        reminded
+        """
+        key = check_key(key, self._workflow, self._instance_id)
+        seconds = seconds_of(duration, "timer duration")
+        self._claim(key)
+        stored = self._memo.get(key)
+        if stored is not None and stored.state == "completed":
+            self._replayed(key, stored, None)
+            return
+        deadline = self._store.arm_timer(
+            self._waiting(key, "timer", stored), _clock.wall() + seconds
+        )
+        if deadline is None:  # fired since this run read its steps
+            return
+        self._end_replay()
+        self._timer_armed(deadline)
+        raise Suspension(key, f"timer {key}")
+
     # ------------------------------------------------------------------ engine side
 
     def _end_replay(self) -> None:
@@ -197,28 +292,70 @@ class Context:
         stored = self._memo.get(key)
         hint = step.result_type if step.result_type is not None else return_hint(fn)
         if stored is not None and stored.state == "completed":
-            if stored.status is not None:
-                self._status = stored.status  # restored silently, like the replayed set_status
-            try:
-                return decode_for(
-                    self._workflow, self._instance_id, key, stored.result or "null",
-                    stored.result_type, hint,
-                )
-            except EngineError as exc:
-                self._failure = (key, exc)
-                raise
+            return self._replayed(key, stored, hint)
         self._end_replay()
         seq = stored.seq if stored is not None else self._take_seq()
         try:
-            text, tag, value = store_form(
-                self._workflow, self._instance_id, key, fn(*args, **kwargs), hint
-            )
+            if step.timeout_seconds is None:
+                result = fn(*args, **kwargs)
+            else:
+                result = self._call_with_timeout(key, step.timeout_seconds, fn, args, kwargs)
+            text, tag, value = store_form(self._workflow, self._instance_id, key, result, hint)
         except Exception as exc:
             self._failure = (key, exc)
             self._store.save_step(self._write(key, seq, "failed", error=exc))
             raise
         self._store.save_step(self._write(key, seq, "completed", result=(text, tag)))
         return value
+
+    def _replayed(self, key: str, stored: StoredStep, hint: Any) -> Any:
+        if stored.status is not None:
+            self._status = stored.status  # restored silently, like the replayed set_status
+        try:
+            return decode_for(
+                self._workflow, self._instance_id, key, stored.result or "null",
+                stored.result_type, hint,
+            )
+        except EngineError as exc:
+            self._failure = (key, exc)
+            raise
+
+    def _call_with_timeout(
+        self,
+        key: str,
+        seconds: float,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        # A thread of its own per call: a function past its timeout cannot be
+        # killed, so it must not hold a pooled thread or block interpreter
+        # exit. It is a daemon, finishes on its own, and its late result goes
+        # nowhere: only this thread stores, and it has stopped waiting.
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+        def call() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except BaseException as exc:
+                future.set_exception(exc)
+
+        threading.Thread(
+            target=call,
+            name=f"memable-step {self._workflow}/{self._instance_id}/{key}",
+            daemon=True,
+        ).start()
+        try:
+            return future.result(timeout=seconds)
+        except concurrent.futures.TimeoutError:
+            raise StepTimeout(self._workflow, self._instance_id, key, seconds) from None
+
+    def _waiting(self, key: str, kind: StepKind, stored: StoredStep | None) -> StepWrite:
+        seq = stored.seq if stored is not None else self._take_seq()
+        write = self._write(key, seq, "waiting")
+        return attrs.evolve(write, kind=kind)
 
     def _take_seq(self) -> int:
         seq = self._next_seq
@@ -270,6 +407,7 @@ class Step:
     _ctx: Context = attrs.field(repr=False)
     key: str
     result_type: Any = None
+    timeout_seconds: float | None = None
 
     def returns(self, result_type: Any) -> Step:
         """Rebuild the stored result as ``result_type`` (over the function's annotation).
@@ -285,6 +423,31 @@ class Step:
         datetime.date(2026, 12, 2)
         """
         return attrs.evolve(self, result_type=result_type)
+
+    def timeout(self, duration: float | timedelta) -> Step:
+        """Fail the step with ``StepTimeout`` if ``fn`` runs longer than the given duration.
+
+        ``fn`` then runs on a thread of its own and the workflow waits on
+        its future; a result that arrives after the deadline is never
+        stored, so a later run executes the step again. A stored step returns
+        at once, whatever its timeout.
+
+        >>> import threading
+        >>> from memable import Engine
+        >>> release = threading.Event()
+        >>> def wf(ctx):
+        ...     ctx.step("slow:v1").timeout(0.05).run(release.wait)
+        >>> engine = Engine.in_memory()
+        >>> engine.register("wf", wf)
+        >>> with engine:
+        ...     print(engine.invoke("wf").wait())  # doctest: +ELLIPSIS
+        failed: step 'slow:v1' failed: StepTimeout: timed out after 0.05 s: ...
+        >>> release.set()
+        """
+        seconds = seconds_of(duration, "step timeout")
+        if seconds == 0:
+            raise ValueError("a step timeout is > 0 seconds")
+        return attrs.evolve(self, timeout_seconds=seconds)
 
     def run(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
         """Return the stored result of this key, or run ``fn(*args, **kwargs)`` and store it.

@@ -16,7 +16,8 @@ from typing import Any, Literal, TypeVar
 
 import attrs
 
-from ._context import Context, check_key
+from . import _clock
+from ._context import Context, Suspension, check_key
 from ._errors import (
     AlreadyStarted,
     InstanceFinished,
@@ -25,12 +26,13 @@ from ._errors import (
     SerializationError,
     WorkflowNotFound,
 )
-from ._invocation import Invocation, Watch
+from ._invocation import Invocation, Watch, state_of
 from ._records import StepRecord, WorkflowMetadata
 from ._serde import decode_for, hints_of, return_hint, store_form
 from ._sqlite import SQLiteStore, Synchronous
-from ._states import Completed, Failed, WorkflowState
-from ._store import InstanceRow, Store, metadata_of, utcnow
+from ._states import Completed, Failed, Suspended, WorkflowState
+from ._store import InstanceRow, StepWrite, Store, metadata_of, utcnow
+from ._timers import TimerThread
 
 log = logging.getLogger("memable")
 
@@ -87,6 +89,11 @@ class _Run:
     # For a run of an instance created by this invoke: the input, already
     # validated; the run then needs to read nothing from the store.
     fresh_input: tuple[Any] | None = None
+    # Runs started by a timer or signal claim only a suspended instance.
+    only_if_suspended: bool = False
+    # Set (under Engine._lock) when a signal or timer completed a key while
+    # this run was active: if it ends Suspended, run the instance again.
+    rerun: bool = False
 
 
 def _new_instance_id() -> str:
@@ -133,6 +140,8 @@ class Engine:
             weakref.WeakValueDictionary()
         )
         self._executor: ThreadPoolExecutor | None = None
+        self._timers: TimerThread | None = None
+        self._firing = 0  # timer firings and wakes under way outside _lock
 
     def __repr__(self) -> str:
         return f"<Engine {self._phase} workflows={sorted(self._workflows)}>"
@@ -279,8 +288,12 @@ class Engine:
             self._executor = ThreadPoolExecutor(
                 max_workers=self._options.max_workers, thread_name_prefix="memable-worker"
             )
+            self._timers = TimerThread(self, self._options.poll_interval)
             self._phase = "started"
             self._accepting = True
+        # Its first tick fires what fell due while no engine ran, and resumes
+        # instances whose awaited signal or timer arrived meanwhile.
+        self._timers.start()
         log.info("engine started", extra={"workflows": sorted(self._workflows)})
 
     def wait_all(self) -> None:
@@ -300,7 +313,15 @@ class Engine:
         """
         with self._lock:
             self._accepting = False
-            self._idle.wait_for(lambda: not self._active)
+            started = self._phase == "started"
+        while started:
+            with self._lock:
+                self._idle.wait_for(lambda: not self._active and not self._firing)
+            # Timers that fell due meanwhile start runs too; drain those as well.
+            self._tick(poll=False)
+            with self._lock:
+                if not self._active and not self._firing:
+                    break
         self.stop()
 
     def stop(self) -> None:
@@ -324,7 +345,9 @@ class Engine:
                     self._phase = "stopped"
                 return
             self._phase = "stopped"
-            executor = self._executor
+            executor, timers = self._executor, self._timers
+        if timers is not None:
+            timers.stop()
         # Runs submitted before the phase changed still run; shutdown waits for
         # them and joins the worker threads.
         if executor is not None:
@@ -439,6 +462,82 @@ class Engine:
             raise InstanceFinished(name, instance_id, "it is cancelled")
         return Invocation(self, self._start_run(workflow, instance_id, None))
 
+    def signal(self, name: str, instance_id: str, key: str, payload: Any) -> Invocation:
+        """Store ``payload`` as the value of the suspend point ``key`` and run the instance.
+
+        The instance's ``ctx.suspend(key)`` returns the payload. A signal
+        that arrives while the instance is running is kept: the run uses it
+        when it reaches ``key``, or a run starts right after it suspends.
+        An engine without the workflow registered only stores the signal;
+        the engine that has it picks it up within its poll interval. Raise
+        ``InstanceNotFound``, ``InstanceFinished`` (Completed, Cancelled, or
+        Failed: resume that instead), ``SignalRejected`` (``key`` already
+        holds a value) or ``SerializationError``; each writes nothing.
+
+        >>> from memable import Engine, SignalRejected
+        >>> def wf(ctx) -> int:
+        ...     return ctx.suspend("answer:v1") + 1
+        >>> engine = Engine.in_memory()
+        >>> engine.register("wf", wf)
+        >>> with engine:
+        ...     inv = engine.invoke("wf")
+        ...     _ = inv.wait()
+        ...     print(engine.signal("wf", inv.instance_id, "answer:v1", 41).result())
+        ...     try:
+        ...         engine.signal("wf", inv.instance_id, "answer:v1", 0)
+        ...     except Exception as err:
+        ...         print(type(err).__name__)
+        42
+        InstanceFinished
+        """
+        self._require_accepting(name)
+        check_key(key, name, instance_id)
+        text, tag, _ = store_form(name, instance_id, key, payload)
+        self._store.deliver_signal(
+            StepWrite(
+                workflow=name, instance_id=instance_id, key=key, seq=0, kind="signal",
+                state="completed", result=text, result_type=tag, status=None, error=None,
+                at=utcnow().isoformat(),
+            )
+        )
+        log.info("signal stored", extra={"workflow": name, "instance": instance_id, "key": key})
+        with self._lock:
+            watch = self._watch(name, instance_id)
+        self._wake(name, instance_id)
+        return Invocation(self, watch)
+
+    def fire_due_timers(self) -> int:
+        """Fire every timer due now (wall clock) and start the runs they resume.
+
+        The timer thread does this by itself; call it in tests that move the
+        clock with freezegun. Return how many timers fired; the resumed runs
+        are started, not waited for.
+
+        >>> from datetime import datetime, timedelta, timezone
+        >>> from freezegun import freeze_time
+        >>> from memable import Engine
+        >>> def wf(ctx) -> str:
+        ...     ctx.timer("cool-off:v1", timedelta(days=3))
+        ...     return "done"
+        >>> engine = Engine.in_memory(poll_interval=60)
+        >>> engine.register("wf", wf)
+        >>> with freeze_time(datetime(2026, 1, 1, tzinfo=timezone.utc)) as clock, engine:
+        ...     inv = engine.invoke("wf")
+        ...     print(inv.wait())
+        ...     _ = clock.tick(timedelta(days=2))
+        ...     print(engine.fire_due_timers())
+        ...     _ = clock.tick(timedelta(days=1))
+        ...     _ = engine.fire_due_timers()
+        ...     print(inv.result(timeout=10))
+        suspended: timer cool-off:v1
+        0
+        done
+        """
+        with self._lock:
+            if self._phase != "started":
+                raise NotStarted()
+        return self._fire_due()
+
     def invocation(self, name: str, instance_id: str) -> Invocation:
         """An Invocation of a stored instance, e.g. to follow it from another request.
 
@@ -542,22 +641,79 @@ class Engine:
         return watch
 
     def _start_run(
-        self, workflow: _Workflow, instance_id: str, fresh_input: tuple[Any] | None
+        self,
+        workflow: _Workflow,
+        instance_id: str,
+        fresh_input: tuple[Any] | None,
+        *,
+        only_if_suspended: bool = False,
     ) -> Watch:
-        """Submit a run of the instance unless one is active; return its Watch."""
-        key = (workflow.name, instance_id)
+        """Submit a run the user asked for, unless one is active; return its Watch.
+
+        User calls need the engine accepting; runs that timers and signals
+        start (``_wake``) only need it started: they go on while wait_all drains.
+        """
         with self._lock:
-            if not self._accepting or self._executor is None:
+            if not self._accepting:
                 raise NotStarted(workflow.name)
-            active = self._active.get(key)
-            if active is not None:  # at most one run per instance
-                return active.watch
-            watch = self._watch(*key)
-            run = _Run(workflow, instance_id, watch, fresh_input)
-            self._active[key] = run
-            watch.begin()
-            self._executor.submit(self._execute, run)
+            return self._submit(workflow, instance_id, fresh_input, only_if_suspended)
+
+    def _submit(
+        self,
+        workflow: _Workflow,
+        instance_id: str,
+        fresh_input: tuple[Any] | None,
+        only_if_suspended: bool,
+    ) -> Watch:
+        # Caller holds _lock and has checked that the engine is started.
+        assert self._executor is not None
+        key = (workflow.name, instance_id)
+        active = self._active.get(key)
+        if active is not None:  # at most one run per instance
+            return active.watch
+        watch = self._watch(*key)
+        run = _Run(workflow, instance_id, watch, fresh_input, only_if_suspended)
+        self._active[key] = run
+        watch.begin()
+        self._executor.submit(self._execute, run)
         return watch
+
+    def _wake(self, name: str, instance_id: str) -> None:
+        """A key the instance may wait on completed: run it, now or when its run ends."""
+        workflow = self._workflows.get(name)
+        with self._lock:
+            active = self._active.get((name, instance_id))
+            if active is not None:
+                active.rerun = True
+            elif workflow is not None and self._phase == "started":
+                self._submit(workflow, instance_id, None, True)
+            # Else another engine has the workflow, or this one stopped: the
+            # instance stays suspended with its key completed, and the poll of
+            # whichever engine runs it next picks it up.
+
+    def _fire_due(self) -> int:
+        with self._lock:
+            self._firing += 1
+        try:
+            fired = self._store.fire_due_timers(_clock.wall(), utcnow().isoformat())
+            for name, instance_id, key in fired:
+                where = {"workflow": name, "instance": instance_id, "key": key}
+                log.info("timer fired", extra=where)
+                self._wake(name, instance_id)
+            return len(fired)
+        finally:
+            with self._lock:
+                self._firing -= 1
+                if not self._firing and not self._active:
+                    self._idle.notify_all()
+
+    def _tick(self, *, poll: bool) -> float | None:
+        """Timer thread, wait_all: fire due timers; with ``poll``, resume what others wrote."""
+        self._fire_due()
+        if poll:
+            for name, instance_id in self._store.ready_to_resume(sorted(self._workflows)):
+                self._wake(name, instance_id)
+        return self._store.next_deadline()
 
     def _execute(self, run: _Run) -> None:
         """Worker thread: run the workflow function and record how it ended."""
@@ -574,7 +730,10 @@ class Engine:
             with self._lock:
                 del self._active[(run.workflow.name, run.instance_id)]
                 run.watch.finish(state)
-                if not self._active:
+                if run.rerun and isinstance(state, Suspended) and self._phase == "started":
+                    # A signal or timer arrived while it ran: go on right away.
+                    self._submit(run.workflow, run.instance_id, None, True)
+                if not self._active and not self._firing:
                     self._idle.notify_all()
 
     def _run_workflow(self, run: _Run) -> WorkflowState:
@@ -583,9 +742,15 @@ class Engine:
         if run.fresh_input is not None:
             input_value, memo = run.fresh_input[0], {}
         else:
-            snapshot = self._store.begin_run(name, instance_id, now=utcnow().isoformat())
-            if snapshot is None:
-                return Failed(str(InstanceNotFound(name, instance_id)))
+            snapshot = self._store.begin_run(
+                name, instance_id, now=utcnow().isoformat(),
+                only_if_suspended=run.only_if_suspended,
+            )
+            if snapshot is None:  # gone, or not suspended any more: nothing to run
+                row = self._store.get_instance(name, instance_id)
+                if row is None:
+                    return Failed(str(InstanceNotFound(name, instance_id)))
+                return state_of(row)
             memo = snapshot.steps
             try:
                 input_value = decode_for(
@@ -594,14 +759,26 @@ class Engine:
                 )
             except SerializationError as exc:
                 return self._fail(run, f"input failed: {type(exc).__name__}: {exc}")
+        timers = self._timers
         ctx = Context(
             workflow=name, instance_id=instance_id, input=input_value, store=self._store,
             memo=memo, publish=run.watch.publish,
+            timer_armed=timers.armed if timers is not None else lambda deadline: None,
         )
         log.debug("run started", extra={"workflow": name, "instance": instance_id})
         try:
             value = workflow.fn(ctx, input_value) if workflow.takes_input else workflow.fn(ctx)
-        except BaseException as exc:  # whatever user code raises ends the run Failed
+        except Suspension as suspension:
+            self._store.finish(
+                name, instance_id, status="suspended", message=suspension.message,
+                waiting_for=suspension.key, now=utcnow().isoformat(),
+            )
+            log.info(
+                "suspended: %s", suspension.message,
+                extra={"workflow": name, "instance": instance_id, "key": suspension.key},
+            )
+            return Suspended(suspension.message)
+        except BaseException as exc:  # whatever else user code raises ends the run Failed
             return self._fail(run, ctx._failure_message(exc))
         ctx._end_replay()
         try:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections import deque
 from collections.abc import Iterator
 from typing import Any, Protocol
 
+from . import _clock
 from ._errors import WorkflowFailed
 from ._states import (
     Cancelled,
@@ -207,10 +207,10 @@ class Invocation:
         6
         """
         watch = self._watch
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = None if timeout is None else _clock.monotonic() + timeout
 
         def remaining() -> float | None:
-            return None if deadline is None else max(0.0, deadline - time.monotonic())
+            return None if deadline is None else max(0.0, deadline - _clock.monotonic())
 
         while True:
             with watch.cond:

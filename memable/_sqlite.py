@@ -23,12 +23,12 @@ from typing import Any, Literal, TypeVar
 import cattrs
 import sqlite_utils
 
-from ._errors import StorageError
+from ._errors import InstanceFinished, InstanceNotFound, SignalRejected, StorageError
 from ._records import StatusName, StepRecord
 from ._store import InstanceRow, RunSnapshot, StepWrite, StoredStep
 
 #: The schema this code writes; ``PRAGMA user_version`` of every store.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 #: Seconds a statement waits for another process's lock before failing.
 BUSY_TIMEOUT = 5.0
 
@@ -46,7 +46,11 @@ _INSTANCE_COLUMNS = {
     "created_at": str,
     "updated_at": str,
     "completed_at": str,
+    "waiting_for": str,  # v2: the signal or timer key a suspended instance waits on
 }
+#: Columns every memable store has had since version 1: what a file must show
+#: before we migrate it.
+_V1_INSTANCE_COLUMNS = {c: t for c, t in _INSTANCE_COLUMNS.items() if c != "waiting_for"}
 _STEP_COLUMNS = {
     "workflow": str,
     "instance_id": str,
@@ -62,13 +66,11 @@ _STEP_COLUMNS = {
     "completed_at": str,
 }
 
+_TIMER_COLUMNS = {"workflow": str, "instance_id": str, "key": str, "deadline": float}
+
 _rows = cattrs.Converter()
 _rows.register_structure_hook(datetime, lambda value, _: datetime.fromisoformat(value))
 
-_INSERT_INSTANCE = (
-    f"INSERT OR IGNORE INTO instances ({', '.join(_INSTANCE_COLUMNS)}) "
-    f"VALUES ({', '.join('?' * len(_INSTANCE_COLUMNS))})"
-)
 # A completed step is never overwritten: that is the exactly-once record.
 _UPSERT_STEP = """
 INSERT INTO steps (workflow, instance_id, key, seq, kind, state, result, result_type,
@@ -84,13 +86,21 @@ _SELECT_RUN_STEPS = (
     "SELECT key, seq, kind, state, result, result_type, status, attempts "
     "FROM steps WHERE workflow = ? AND instance_id = ?"
 )
+_SELECT_STEP = _SELECT_RUN_STEPS + " AND key = ?"
+# A waiting row marks a suspend point or timer reached; it never replaces a row.
+_INSERT_WAITING = """
+INSERT INTO steps (workflow, instance_id, key, seq, kind, state, status, attempts)
+VALUES (?, ?, ?, ?, ?, 'waiting', ?, 0)
+ON CONFLICT (workflow, instance_id, key) DO NOTHING
+"""
+_INSTANCE_RETURNING = ", ".join(_INSTANCE_COLUMNS)
 
 T = TypeVar("T")
 
 
 def _migrate_to_1(db: sqlite_utils.Database) -> None:
     db["instances"].create(  # type: ignore[union-attr]
-        _INSTANCE_COLUMNS,
+        _V1_INSTANCE_COLUMNS,
         pk=("workflow", "instance_id"),
         not_null={"status", "input", "created_at", "updated_at"},
     )
@@ -104,8 +114,21 @@ def _migrate_to_1(db: sqlite_utils.Database) -> None:
     )
 
 
+def _migrate_to_2(db: sqlite_utils.Database) -> None:
+    db["instances"].add_column("waiting_for", str)  # type: ignore[union-attr]
+    db["instances"].create_index(  # type: ignore[union-attr]
+        ["status"], index_name="instances_by_status"
+    )
+    db["timers"].create(  # type: ignore[union-attr]
+        _TIMER_COLUMNS,
+        pk=("workflow", "instance_id", "key"),
+        not_null={"deadline"},
+    )
+    db["timers"].create_index(["deadline"], index_name="timers_by_deadline")  # type: ignore[union-attr]
+
+
 #: Migration to version N is _MIGRATIONS[N - 1]; each runs in the opening transaction.
-_MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_migrate_to_1]
+_MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_migrate_to_1, _migrate_to_2]
 
 
 class SQLiteStore:
@@ -173,7 +196,7 @@ class SQLiteStore:
         return int(version), tables
 
     def _check_columns(self, tables: set[str]) -> None:
-        for table, columns in (("instances", _INSTANCE_COLUMNS), ("steps", _STEP_COLUMNS)):
+        for table, columns in (("instances", _V1_INSTANCE_COLUMNS), ("steps", _STEP_COLUMNS)):
             have = (
                 {c.name for c in self._db[table].columns} if table in tables else set()
             )
@@ -220,29 +243,49 @@ class SQLiteStore:
                     workflow=workflow, instance_id=instance_id, key=key,
                 ) from exc
 
-    # ------------------------------------------------------------------ writes
-
-    def create_instance(self, row: InstanceRow) -> bool:
-        values = tuple(_rows.unstructure(row).values())
-        with self._using("create the instance", row.workflow, row.instance_id) as conn:
-            return conn.execute(_INSERT_INSTANCE, values).rowcount == 1
-
-    def begin_run(self, workflow: str, instance_id: str, *, now: str) -> RunSnapshot | None:
-        with self._using("start a run", workflow, instance_id) as conn:
+    @contextmanager
+    def _atomic(
+        self, what: str, workflow: str | None = None, instance_id: str | None = None,
+        key: str | None = None,
+    ) -> Iterator[sqlite3.Connection]:
+        """``_using`` inside BEGIN IMMEDIATE ... COMMIT; any exception rolls back."""
+        with self._using(what, workflow, instance_id, key) as conn:
             conn.execute("BEGIN IMMEDIATE")
             try:
-                found = conn.execute(
-                    "UPDATE instances SET status = 'running', message = NULL, "
-                    "updated_at = ?, completed_at = NULL "
-                    "WHERE workflow = ? AND instance_id = ? RETURNING *",
-                    (now, workflow, instance_id),
-                ).fetchone()
-                steps = conn.execute(_SELECT_RUN_STEPS, (workflow, instance_id)).fetchall()
-                conn.execute("COMMIT")
+                yield conn
             except BaseException:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
+            conn.execute("COMMIT")
+
+    # ------------------------------------------------------------------ writes
+
+    def create_instance(self, row: InstanceRow) -> bool:
+        values = _rows.unstructure(row)
+        sql = (
+            f"INSERT OR IGNORE INTO instances ({', '.join(values)}) "
+            f"VALUES ({', '.join('?' * len(values))})"
+        )
+        with self._using("create the instance", row.workflow, row.instance_id) as conn:
+            return conn.execute(sql, tuple(values.values())).rowcount == 1
+
+    def begin_run(
+        self, workflow: str, instance_id: str, *, now: str, only_if_suspended: bool
+    ) -> RunSnapshot | None:
+        claim = " AND status = 'suspended'" if only_if_suspended else ""
+        with self._atomic("start a run", workflow, instance_id) as conn:
+            found = conn.execute(
+                "UPDATE instances SET status = 'running', message = NULL, waiting_for = NULL, "
+                "updated_at = ?, completed_at = NULL "
+                f"WHERE workflow = ? AND instance_id = ?{claim} RETURNING {_INSTANCE_RETURNING}",
+                (now, workflow, instance_id),
+            ).fetchone()
+            steps = (
+                conn.execute(_SELECT_RUN_STEPS, (workflow, instance_id)).fetchall()
+                if found is not None
+                else []
+            )
         if found is None:
             return None
         instance = InstanceRow(*found)
@@ -260,6 +303,89 @@ class SQLiteStore:
                 ),
             )
 
+    def await_signal(self, write: StepWrite) -> StoredStep | None:
+        where = (write.workflow, write.instance_id, write.key)
+        with self._atomic("wait for a signal", *where) as conn:
+            done = self._completed_step(conn, write)
+            if done is None:
+                self._insert_waiting(conn, write)
+        return done
+
+    def arm_timer(self, write: StepWrite, deadline: float) -> float | None:
+        with self._atomic("arm the timer", write.workflow, write.instance_id, write.key) as conn:
+            if self._completed_step(conn, write) is not None:
+                return None
+            self._insert_waiting(conn, write)
+            # The first arming sets the deadline; runs after it do not move it.
+            conn.execute(
+                "INSERT OR IGNORE INTO timers (workflow, instance_id, key, deadline) "
+                "VALUES (?, ?, ?, ?)",
+                (write.workflow, write.instance_id, write.key, deadline),
+            )
+            row = conn.execute(
+                "SELECT deadline FROM timers WHERE workflow = ? AND instance_id = ? AND key = ?",
+                (write.workflow, write.instance_id, write.key),
+            ).fetchone()
+        return float(row[0])
+
+    def deliver_signal(self, write: StepWrite) -> None:
+        workflow, instance_id, key = write.workflow, write.instance_id, write.key
+        with self._atomic("deliver the signal", workflow, instance_id, key) as conn:
+            row = conn.execute(
+                "SELECT status FROM instances WHERE workflow = ? AND instance_id = ?",
+                (workflow, instance_id),
+            ).fetchone()
+            if row is None:
+                raise InstanceNotFound(workflow, instance_id)
+            if row[0] in ("completed", "failed", "cancelled"):
+                raise InstanceFinished(
+                    workflow, instance_id,
+                    f"it is {row[0]}" + ("; resume it instead" if row[0] == "failed" else ""),
+                )
+            stored = conn.execute(_SELECT_STEP, (workflow, instance_id, key)).fetchone()
+            if stored is not None:
+                step = StoredStep(*stored)
+                if step.state == "completed":
+                    why = "the key already holds a value"
+                    raise SignalRejected(workflow, instance_id, key, why)
+                if step.kind != "signal":
+                    why = f"the key is a {step.kind}, not a suspend point"
+                    raise SignalRejected(workflow, instance_id, key, why)
+                seq = step.seq
+            else:
+                seq = conn.execute(
+                    "SELECT COALESCE(MAX(seq), -1) + 1 FROM steps "
+                    "WHERE workflow = ? AND instance_id = ?",
+                    (workflow, instance_id),
+                ).fetchone()[0]
+            conn.execute(
+                _UPSERT_STEP,
+                (
+                    workflow, instance_id, key, seq, "signal", "completed", write.result,
+                    write.result_type, None, None, write.at,
+                ),
+            )
+
+    def fire_due_timers(self, now: float, at: str) -> list[tuple[str, str, str]]:
+        with self._using("look for due timers") as conn:
+            # Most looks find nothing due: answer those without taking the write lock.
+            due = conn.execute("SELECT 1 FROM timers WHERE deadline <= ? LIMIT 1", (now,))
+            if due.fetchone() is None:
+                return []
+        with self._atomic("fire due timers") as conn:
+            due = conn.execute(
+                "DELETE FROM timers WHERE deadline <= ? RETURNING workflow, instance_id, key",
+                (now,),
+            ).fetchall()
+            for workflow, instance_id, key in due:
+                conn.execute(
+                    "UPDATE steps SET state = 'completed', result = 'null', result_type = NULL, "
+                    "attempts = attempts + 1, completed_at = ? "
+                    "WHERE workflow = ? AND instance_id = ? AND key = ? AND state != 'completed'",
+                    (at, workflow, instance_id, key),
+                )
+        return [(w, i, k) for w, i, k in due]
+
     def finish(
         self,
         workflow: str,
@@ -267,7 +393,8 @@ class SQLiteStore:
         *,
         status: StatusName,
         message: str | None,
-        output: tuple[str, str | None] | None,
+        output: tuple[str, str | None] | None = None,
+        waiting_for: str | None = None,
         now: str,
     ) -> None:
         terminal = status in ("completed", "failed", "cancelled")
@@ -275,10 +402,24 @@ class SQLiteStore:
         with self._using(f"record the run as {status}", workflow, instance_id) as conn:
             conn.execute(
                 "UPDATE instances SET status = ?, message = ?, output = ?, output_type = ?, "
-                "updated_at = ?, completed_at = ? WHERE workflow = ? AND instance_id = ?",
-                (status, message, text, tag, now, now if terminal else None, workflow,
-                 instance_id),
+                "waiting_for = ?, updated_at = ?, completed_at = ? "
+                "WHERE workflow = ? AND instance_id = ?",
+                (status, message, text, tag, waiting_for, now, now if terminal else None,
+                 workflow, instance_id),
             )
+
+    @staticmethod
+    def _completed_step(conn: sqlite3.Connection, write: StepWrite) -> StoredStep | None:
+        row = conn.execute(_SELECT_STEP, (write.workflow, write.instance_id, write.key)).fetchone()
+        step = None if row is None else StoredStep(*row)
+        return step if step is not None and step.state == "completed" else None
+
+    @staticmethod
+    def _insert_waiting(conn: sqlite3.Connection, write: StepWrite) -> None:
+        conn.execute(
+            _INSERT_WAITING,
+            (write.workflow, write.instance_id, write.key, write.seq, write.kind, write.status),
+        )
 
     # ------------------------------------------------------------------ reads
 
@@ -299,6 +440,26 @@ class SQLiteStore:
                 )
             )
         return [_rows.structure(row, InstanceRow) for row in rows]
+
+    def next_deadline(self) -> float | None:
+        with self._using("read the next timer deadline") as conn:
+            row = conn.execute("SELECT MIN(deadline) FROM timers").fetchone()
+        return None if row[0] is None else float(row[0])
+
+    def ready_to_resume(self, workflows: list[str]) -> list[tuple[str, str]]:
+        if not workflows:
+            return []
+        marks = ", ".join("?" * len(workflows))
+        with self._using("look for instances to resume") as conn:
+            rows = conn.execute(
+                "SELECT i.workflow, i.instance_id FROM instances AS i JOIN steps AS s "
+                "ON s.workflow = i.workflow AND s.instance_id = i.instance_id "
+                "AND s.key = i.waiting_for "
+                "WHERE i.status = 'suspended' AND s.state = 'completed' "
+                f"AND i.workflow IN ({marks})",
+                workflows,
+            ).fetchall()
+        return [(w, i) for w, i in rows]
 
     def list_steps(self, workflow: str, instance_id: str) -> list[StepRecord]:
         with self._using("read the steps", workflow, instance_id):

@@ -2,8 +2,10 @@
 
 SQLite (``_sqlite.SQLiteStore``) is the only implementation; the interface is
 kept this small so that a PostgreSQL store can stand beside it later. Only a
-store speaks SQL, and a store raises only ``StorageError`` (naming workflow,
-instance and key) for what goes wrong below it.
+store speaks SQL. What goes wrong below it reaches the engine as
+``StorageError`` (naming workflow, instance and key); the checks a store
+makes inside a transaction (a signal to a finished instance, say) raise the
+matching ``EngineError``, and the transaction writes nothing.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class InstanceRow:
     created_at: str
     updated_at: str
     completed_at: str | None
+    waiting_for: str | None = None
 
 
 @attrs.frozen
@@ -83,11 +86,39 @@ class Store(Protocol):
     def create_instance(self, row: InstanceRow) -> bool:
         """Insert ``row``; False (and nothing written) if the instance exists."""
 
-    def begin_run(self, workflow: str, instance_id: str, *, now: str) -> RunSnapshot | None:
-        """Mark the instance running and read its input and steps; None if unknown."""
+    def begin_run(
+        self, workflow: str, instance_id: str, *, now: str, only_if_suspended: bool
+    ) -> RunSnapshot | None:
+        """Claim the instance for a run (only a suspended one if so asked).
+
+        Mark it running and read its input and steps in one transaction;
+        None (and nothing written) if it is unknown or not claimable.
+        """
 
     def save_step(self, write: StepWrite) -> None:
         """Store one step outcome; never overwrites a completed step."""
+
+    def await_signal(self, write: StepWrite) -> StoredStep | None:
+        """The key's completed row if it was signalled, else mark it waiting; one transaction."""
+
+    def arm_timer(self, write: StepWrite, deadline: float) -> float | None:
+        """None if the timer already fired; else arm it (once) and return its deadline."""
+
+    def deliver_signal(self, write: StepWrite) -> None:
+        """Store a signal payload as its key's completed value.
+
+        Raise InstanceNotFound, InstanceFinished or SignalRejected (writing
+        nothing) when the instance cannot take it.
+        """
+
+    def fire_due_timers(self, now: float, at: str) -> list[tuple[str, str, str]]:
+        """Claim every timer due at ``now`` and complete its key; return (workflow, id, key)s."""
+
+    def next_deadline(self) -> float | None:
+        """The earliest armed timer deadline, or None."""
+
+    def ready_to_resume(self, workflows: list[str]) -> list[tuple[str, str]]:
+        """Suspended instances of these workflows whose awaited key has completed."""
 
     def finish(
         self,
@@ -96,10 +127,11 @@ class Store(Protocol):
         *,
         status: StatusName,
         message: str | None,
-        output: tuple[str, str | None] | None,
+        output: tuple[str, str | None] | None = None,
+        waiting_for: str | None = None,
         now: str,
     ) -> None:
-        """Record how a run ended (and the output, when it completed)."""
+        """Record how a run ended: with the output if completed, the awaited key if suspended."""
 
     def get_instance(self, workflow: str, instance_id: str) -> InstanceRow | None:
         """The instance's row, or None."""
