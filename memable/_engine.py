@@ -536,7 +536,8 @@ class Engine:
         with self._lock:
             if self._phase != "started":
                 raise NotStarted()
-        return self._fire_due()
+        fired, _ = self._fire_due()
+        return fired
 
     def invocation(self, name: str, instance_id: str) -> Invocation:
         """An Invocation of a stored instance, e.g. to follow it from another request.
@@ -691,16 +692,19 @@ class Engine:
             # instance stays suspended with its key completed, and the poll of
             # whichever engine runs it next picks it up.
 
-    def _fire_due(self) -> int:
+    def _fire_due(self) -> tuple[int, float]:
+        """Fire the timers due now; return how many, and the wall-clock time used."""
         with self._lock:
             self._firing += 1
         try:
-            fired = self._store.fire_due_timers(_clock.wall(), utcnow().isoformat())
+            # Read here, not higher up: see TimerThread on freezegun and call depth.
+            now = _clock.wall()
+            fired = self._store.fire_due_timers(now, utcnow().isoformat())
             for name, instance_id, key in fired:
                 where = {"workflow": name, "instance": instance_id, "key": key}
                 log.info("timer fired", extra=where)
                 self._wake(name, instance_id)
-            return len(fired)
+            return len(fired), now
         finally:
             with self._lock:
                 self._firing -= 1
@@ -708,12 +712,13 @@ class Engine:
                     self._idle.notify_all()
 
     def _tick(self, *, poll: bool) -> float | None:
-        """Timer thread, wait_all: fire due timers; with ``poll``, resume what others wrote."""
-        self._fire_due()
+        """Fire due timers, and resume what others wrote; return seconds to the next deadline."""
+        _, now = self._fire_due()
         if poll:
             for name, instance_id in self._store.ready_to_resume(sorted(self._workflows)):
                 self._wake(name, instance_id)
-        return self._store.next_deadline()
+        deadline = self._store.next_deadline()
+        return None if deadline is None else deadline - now
 
     def _execute(self, run: _Run) -> None:
         """Worker thread: run the workflow function and record how it ended."""

@@ -345,11 +345,11 @@ class SQLiteStore:
             stored = conn.execute(_SELECT_STEP, (workflow, instance_id, key)).fetchone()
             if stored is not None:
                 step = StoredStep(*stored)
-                if step.state == "completed":
-                    why = "the key already holds a value"
-                    raise SignalRejected(workflow, instance_id, key, why)
                 if step.kind != "signal":
                     why = f"the key is a {step.kind}, not a suspend point"
+                    raise SignalRejected(workflow, instance_id, key, why)
+                if step.state == "completed":
+                    why = "the key already holds a value"
                     raise SignalRejected(workflow, instance_id, key, why)
                 seq = step.seq
             else:
@@ -369,8 +369,8 @@ class SQLiteStore:
     def fire_due_timers(self, now: float, at: str) -> list[tuple[str, str, str]]:
         with self._using("look for due timers") as conn:
             # Most looks find nothing due: answer those without taking the write lock.
-            due = conn.execute("SELECT 1 FROM timers WHERE deadline <= ? LIMIT 1", (now,))
-            if due.fetchone() is None:
+            any_due = conn.execute("SELECT 1 FROM timers WHERE deadline <= ? LIMIT 1", (now,))
+            if any_due.fetchone() is None:
                 return []
         with self._atomic("fire due timers") as conn:
             due = conn.execute(

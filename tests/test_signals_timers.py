@@ -1,0 +1,478 @@
+"""Suspend, signal, timers and step timeouts beyond the seed: races, clocks, other engines."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from freezegun import freeze_time
+
+from memable import (
+    Completed,
+    Context,
+    Engine,
+    Failed,
+    InstanceFinished,
+    InstanceNotFound,
+    InvalidKey,
+    SerializationError,
+    SignalRejected,
+    StepTimeout,
+    Suspended,
+)
+
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def dump(engine: Engine) -> list[str]:
+    """Every row of the store, as SQL text (private connection on purpose: a full snapshot)."""
+    with engine._store._lock:  # type: ignore[attr-defined]
+        return list(engine._store._conn.iterdump())  # type: ignore[attr-defined]
+
+
+class RunProbe:
+    """Counts runs of a workflow in progress at once; remembers the most it saw."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # guards _now and most
+        self._now = 0
+        self.most = 0
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        with self._lock:
+            self._now += 1
+            self.most = max(self.most, self._now)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._now -= 1
+
+
+def timer_done(engine: Engine, name: str, instance_id: str, key: str) -> bool:
+    return any(
+        s.key == key and s.state == "completed" for s in engine.steps(name, instance_id)
+    )
+
+
+# ---------------------------------------------------------------------- signals while running
+
+
+@pytest.mark.parametrize("round_", range(10))
+def test_signal_during_an_earlier_step_is_kept_and_runs_stay_single(
+    engine: Engine, round_: int
+) -> None:
+    """A signal sent while a step before the suspend point runs is used; never two runs."""
+    probe = RunProbe()
+    in_step = threading.Event()
+    release = threading.Event()
+
+    def wf(ctx: Context) -> str:
+        with probe.running():
+            ctx.step("slow").run(lambda: in_step.set() or release.wait(10))
+            payload: str = ctx.suspend("go:v1")
+            return payload.upper()
+
+    engine.register("wf", wf)
+    with engine:
+        inv = engine.invoke("wf")
+        assert in_step.wait(10)
+        engine.signal("wf", inv.instance_id, "go:v1", "payload")
+        release.set()
+        assert inv.result(timeout=10) == "PAYLOAD"
+    assert probe.most == 1
+
+
+def test_signal_right_after_suspension_starts_one_more_run(engine: Engine) -> None:
+    """A signal racing the end of a suspending run still completes it, with one run at a time."""
+    probe = RunProbe()
+    before_suspend = threading.Event()
+    release = threading.Event()
+
+    def wf(ctx: Context) -> int:
+        with probe.running():
+            if not release.is_set():
+                before_suspend.set()
+                release.wait(10)
+            return int(ctx.suspend("n:v1")) * 2
+
+    engine.register("wf", wf)
+    with engine:
+        inv = engine.invoke("wf")
+        assert before_suspend.wait(10)
+        signalled = threading.Thread(
+            target=engine.signal, args=("wf", inv.instance_id, "n:v1", 21)
+        )
+        signalled.start()
+        release.set()
+        signalled.join()
+        assert inv.result(timeout=10) == 42
+    assert probe.most == 1
+
+
+# ---------------------------------------------------------------------- BaseException
+
+
+def test_except_exception_around_suspend_still_suspends(engine: Engine) -> None:
+    """User code catching Exception around ctx.suspend does not swallow the suspension."""
+    def wf(ctx: Context) -> str:
+        try:
+            return str(ctx.suspend("gate:v1"))
+        except Exception:
+            return "swallowed"
+
+    engine.register("wf", wf)
+    with engine:
+        inv = engine.invoke("wf")
+        assert inv.wait(timeout=10) == Suspended("gate:v1")
+        assert engine.signal("wf", inv.instance_id, "gate:v1", "opened").result(10) == "opened"
+
+
+def test_except_exception_around_timer_still_suspends(engine: Engine) -> None:
+    """User code catching Exception around ctx.timer does not swallow the suspension."""
+    def wf(ctx: Context) -> str:
+        try:
+            ctx.timer("later:v1", timedelta(hours=1))
+        except Exception:
+            return "swallowed"
+        return "waited"
+
+    engine.register("wf", wf)
+    with engine:
+        inv = engine.invoke("wf")
+        assert inv.wait(timeout=10) == Suspended("timer later:v1")
+
+
+# ---------------------------------------------------------------------- timer clock
+
+
+def test_zero_timer_fires_at_once_even_with_a_long_poll_interval(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """The timer thread sleeps to the deadline, not to a poll tick: 60 s poll, done in < 2 s."""
+    engine = make_engine(poll_interval=60)
+    engine.register("wf", lambda ctx: ctx.timer("now:v1", 0) or "fired")
+    with engine:
+        assert engine.invoke("wf").result(timeout=2) == "fired"
+
+
+def test_a_resume_before_the_deadline_does_not_move_it(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """Resuming an instance waiting on a timer keeps the deadline it was first given."""
+    engine = make_engine(poll_interval=60)
+    engine.register("wf", lambda ctx: ctx.timer("hour:v1", timedelta(hours=1)) or "done")
+    with freeze_time(T0) as clock, engine:
+        inv = engine.invoke("wf")
+        assert inv.wait(timeout=10) == Suspended("timer hour:v1")
+        clock.move_to(T0 + timedelta(minutes=30))
+        assert engine.resume("wf", inv.instance_id).wait(timeout=10) == Suspended(
+            "timer hour:v1"
+        )
+        clock.move_to(T0 + timedelta(minutes=59))
+        assert engine.fire_due_timers() == 0
+        clock.move_to(T0 + timedelta(hours=1))
+        fired = engine.fire_due_timers()
+        assert fired == 1 or timer_done(engine, "wf", inv.instance_id, "hour:v1")
+        assert inv.result(timeout=10) == "done"
+
+
+def test_freezegun_three_day_timer(make_engine: Callable[..., Engine]) -> None:
+    """Under freezegun a 3-day timer fires nothing at +2 days and completes at +3 days."""
+    after: list[str] = []
+    engine = make_engine(poll_interval=60)
+
+    def wf(ctx: Context) -> str:
+        ctx.timer("cool-off:v1", timedelta(days=3))
+        return ctx.step("after").run(lambda: after.append("ran") or "done")
+
+    engine.register("wf", wf)
+    with freeze_time(T0) as clock, engine:
+        inv = engine.invoke("wf")
+        assert inv.wait(timeout=10) == Suspended("timer cool-off:v1")
+        clock.move_to(T0 + timedelta(days=2))
+        assert engine.fire_due_timers() == 0
+        assert inv.state == Suspended("timer cool-off:v1")
+        assert after == []
+        clock.move_to(T0 + timedelta(days=3))
+        fired = engine.fire_due_timers()
+        assert fired == 1 or timer_done(engine, "wf", inv.instance_id, "cool-off:v1")
+        assert inv.result(timeout=10) == "done"
+    assert after == ["ran"]
+
+
+def test_a_timer_that_fires_while_its_instance_runs_is_not_lost(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """A timer due while a later run is busy before it: that run goes past the timer."""
+    engine = make_engine(poll_interval=60)
+    gate = threading.Event()
+    at_gate = threading.Event()
+    runs: list[str] = []
+
+    def wf(ctx: Context) -> str:
+        runs.append("run")
+        if len(runs) == 2:
+            at_gate.set()
+            gate.wait(10)
+        ctx.timer("t:v1", timedelta(hours=1))
+        return ctx.step("after").run(lambda: "past the timer")
+
+    engine.register("wf", wf)
+    with freeze_time(T0) as clock, engine:
+        inv = engine.invoke("wf")
+        assert inv.wait(timeout=10) == Suspended("timer t:v1")
+        resumed = engine.resume("wf", inv.instance_id)
+        assert at_gate.wait(10)
+        clock.move_to(T0 + timedelta(hours=1))
+        fired = engine.fire_due_timers()
+        assert fired == 1 or timer_done(engine, "wf", inv.instance_id, "t:v1")
+        gate.set()
+        assert resumed.result(timeout=10) == "past the timer"
+    assert runs == ["run", "run"]
+
+
+# ---------------------------------------------------------------------- timeouts
+
+
+def test_a_timed_out_step_stores_nothing_even_when_it_returns_later(engine: Engine) -> None:
+    """The late result of a timed-out step is never stored; resume runs the step again."""
+    release = threading.Event()
+    returned = threading.Event()
+    calls: list[int] = []
+
+    def slow() -> str:
+        calls.append(1)
+        if len(calls) == 1:
+            release.wait(10)
+            returned.set()
+            return "late"
+        return "in time"
+
+    def wf(ctx: Context) -> str:
+        return ctx.step("slow:v1").timeout(0.05).run(slow)
+
+    engine.register("wf", wf)
+    with engine:
+        inv = engine.invoke("wf")
+        state = inv.wait(timeout=10)
+        assert isinstance(state, Failed)
+        assert "StepTimeout" in state.message
+        assert "timed out" in state.message
+        release.set()
+        assert returned.wait(10)
+        [record] = engine.steps("wf", inv.instance_id)
+        assert (record.state, record.result, record.attempts) == ("failed", None, 1)
+        assert record.error is not None
+        assert record.error.startswith("StepTimeout")
+        assert engine.resume("wf", inv.instance_id).result(timeout=10) == "in time"
+        [record] = engine.steps("wf", inv.instance_id)
+        assert (record.state, record.result, record.attempts) == ("completed", "in time", 2)
+    assert calls == [1, 1]
+
+
+def test_hung_steps_do_not_starve_the_worker_pool(make_engine: Callable[..., Engine]) -> None:
+    """Eight steps hung past their timeouts leave the 8 workers free for a ninth workflow."""
+    engine = make_engine(max_workers=8)
+    release = threading.Event()
+
+    def hang(ctx: Context) -> None:
+        ctx.step("hang").timeout(0.05).run(release.wait, 30)
+
+    engine.register("hang", hang)
+    engine.register("quick", lambda ctx: ctx.step("q").run(lambda: "quick"))
+    try:
+        with engine:
+            hung = [engine.invoke("hang") for _ in range(8)]
+            for inv in hung:
+                state = inv.wait(timeout=10)
+                assert isinstance(state, Failed)
+                assert "timed out" in state.message
+            assert engine.invoke("quick").result(timeout=10) == "quick"
+            alive = [t for t in threading.enumerate() if t.name.startswith("memable-step")]
+            assert len(alive) == 8
+            assert all(t.daemon for t in alive)
+    finally:
+        release.set()
+
+
+def test_a_step_timeout_error_names_the_step(engine: Engine) -> None:
+    """StepTimeout reaching user code names workflow, instance and key."""
+    release = threading.Event()
+    caught: list[StepTimeout] = []
+
+    def wf(ctx: Context) -> str:
+        try:
+            ctx.step("slow:v1").timeout(timedelta(milliseconds=50)).run(release.wait, 10)
+        except StepTimeout as exc:
+            caught.append(exc)
+        return "handled"
+
+    engine.register("wf", wf)
+    try:
+        with engine:
+            inv = engine.invoke("wf", instance_id="t-1")
+            assert inv.result(timeout=10) == "handled"
+    finally:
+        release.set()
+    [exc] = caught
+    assert (exc.workflow, exc.instance_id, exc.key) == ("wf", "t-1", "slow:v1")
+
+
+@pytest.mark.parametrize("bad", [0, -1, timedelta(seconds=-1)])
+def test_a_timeout_must_be_positive(engine: Engine, bad: float | timedelta) -> None:
+    """.timeout(0) or a negative duration is refused before anything runs."""
+    def wf(ctx: Context) -> None:
+        ctx.step("s").timeout(bad).run(lambda: 1)
+
+    engine.register("wf", wf)
+    with engine:
+        state = engine.invoke("wf").wait(timeout=10)
+    assert isinstance(state, Failed)
+    assert "ValueError" in state.message
+    assert "timeout" in state.message
+
+
+# ---------------------------------------------------------------------- other engines
+
+
+def test_a_signal_stored_by_another_engine_is_run_by_this_one_once(tmp_path: Path) -> None:
+    """An engine without the workflow stores the signal; the one with it runs it, once."""
+    after: list[str] = []
+
+    def wf(ctx: Context) -> str:
+        payload = ctx.suspend("go:v1")
+        return ctx.step("after").run(lambda: after.append(payload) or f"got {payload}")
+
+    first = Engine.open(tmp_path / "shared.db", poll_interval=0.05)
+    first.register("wf", wf)
+    second = Engine.open(tmp_path / "shared.db", poll_interval=0.05)
+    with first, second:
+        inv = first.invoke("wf")
+        assert inv.wait(timeout=10) == Suspended("go:v1")
+        second.signal("wf", inv.instance_id, "go:v1", "hello")
+        assert inv.result(timeout=5) == "got hello"
+    assert after == ["hello"]
+
+
+def test_a_timer_armed_by_another_engine_is_fired_by_this_one_once(tmp_path: Path) -> None:
+    """A timer armed by an engine that then closed is fired by another on the file, once."""
+    after: list[str] = []
+
+    def wf(ctx: Context) -> str:
+        ctx.timer("soon:v1", 0.2)
+        return ctx.step("after").run(lambda: after.append("ran") or "fired")
+
+    first = Engine.open(tmp_path / "shared.db", poll_interval=0.05)
+    first.register("wf", wf)
+    second = Engine.open(tmp_path / "shared.db", poll_interval=0.05)
+    second.register("wf", wf)
+    with first:
+        with second:
+            inv = second.invoke("wf")
+            assert inv.wait(timeout=10) == Suspended("timer soon:v1")
+        # second is closed before the deadline: only first is left to fire it.
+        assert first.invocation("wf", inv.instance_id).result(timeout=5) == "fired"
+    assert after == ["ran"]
+
+
+@pytest.mark.parametrize("round_", range(5))
+def test_two_engines_with_the_workflow_fire_a_timer_once(tmp_path: Path, round_: int) -> None:
+    """Two started engines on one file: a due timer is fired by one, and run once."""
+    after: list[str] = []
+    lock = threading.Lock()  # guards after: both engines' workers may run the step
+
+    def record() -> str:
+        with lock:
+            after.append("ran")
+        return "fired"
+
+    def wf(ctx: Context) -> str:
+        ctx.timer("soon:v1", 0.05)
+        return ctx.step("after").run(record)
+
+    engines = [Engine.open(tmp_path / "shared.db", poll_interval=0.02) for _ in range(2)]
+    for engine in engines:
+        engine.register("wf", wf)
+    with engines[0], engines[1]:
+        inv = engines[0].invoke("wf")
+        assert engines[1].invocation("wf", inv.instance_id).result(timeout=5) == "fired"
+    assert after == ["ran"]
+
+
+# ---------------------------------------------------------------------- draining
+
+
+def test_wait_all_waits_for_runs_that_timers_and_signals_start(engine: Engine) -> None:
+    """wait_all() returns only after timer- and signal-started runs have ended too."""
+    def timed(ctx: Context) -> str:
+        ctx.timer("zero:v1", 0)
+        return ctx.step("after").run(lambda: "timer done")
+
+    engine.register("timed", timed)
+    engine.register("signalled", lambda ctx: ctx.suspend("go:v1"))
+    engine.start()
+    waiting = engine.invoke("signalled")
+    assert waiting.wait(timeout=10) == Suspended("go:v1")
+    timed_inv = engine.invoke("timed")
+    engine.signal("signalled", waiting.instance_id, "go:v1", "signal done")
+    engine.wait_all()
+    assert timed_inv.state == Completed()
+    assert waiting.state == Completed()
+    assert timed_inv.result(timeout=0) == "timer done"
+    assert waiting.result(timeout=0) == "signal done"
+
+
+def test_after_stop_only_abandoned_step_threads_live(engine: Engine) -> None:
+    """After stop() the only memable threads alive are daemons of timed-out steps."""
+    release = threading.Event()
+    engine.register("hang", lambda ctx: ctx.step("h").timeout(0.05).run(release.wait, 30))
+    engine.register("timed", lambda ctx: ctx.timer("later", timedelta(hours=1)))
+    try:
+        engine.start()
+        hung = engine.invoke("hang")
+        engine.invoke("timed").wait(timeout=10)
+        assert isinstance(hung.wait(timeout=10), Failed)
+        engine.stop()
+        alive = [t for t in threading.enumerate() if t.name.startswith("memable")]
+        assert [t.name.split()[0] for t in alive] == ["memable-step"]
+        assert all(t.daemon for t in alive)
+    finally:
+        release.set()
+
+
+# ---------------------------------------------------------------------- bad signals
+
+
+def test_bad_signals_raise_and_change_no_row(engine: Engine) -> None:
+    """Unknown or finished instances, used keys and unstorable payloads change nothing."""
+    engine.register("wait", lambda ctx: [ctx.step("s").run(lambda: 1), ctx.suspend("go:v1")])
+    engine.register("done", lambda ctx: "done")
+    engine.register("boom", lambda ctx: 1 / 0)
+    with engine:
+        waiting = engine.invoke("wait", instance_id="w-1")
+        assert waiting.wait(timeout=10) == Suspended("go:v1")
+        engine.invoke("done", instance_id="d-1").wait(timeout=10)
+        engine.invoke("boom", instance_id="b-1").wait(timeout=10)
+        engine.signal("wait", "w-1", "early:v1", "kept for later").wait(timeout=10)
+        before = dump(engine)
+
+        cases: list[tuple[type[Exception], Callable[[], object], str]] = [
+            (InstanceNotFound, lambda: engine.signal("wait", "nope", "go:v1", 1), "'nope'"),
+            (InstanceFinished, lambda: engine.signal("done", "d-1", "go:v1", 1), "completed"),
+            (InstanceFinished, lambda: engine.signal("boom", "b-1", "go:v1", 1), "resume"),
+            (SignalRejected, lambda: engine.signal("wait", "w-1", "early:v1", 2), "holds"),
+            (SignalRejected, lambda: engine.signal("wait", "w-1", "s", 2), "is a step"),
+            (SerializationError, lambda: engine.signal("wait", "w-1", "go:v1", len), "go:v1"),
+            (InvalidKey, lambda: engine.signal("wait", "w-1", "_go", 1), "reserved"),
+        ]
+        for error, call, words in cases:
+            with pytest.raises(error, match=words):
+                call()
+        assert dump(engine) == before
+        assert waiting.state == Suspended("go:v1")
