@@ -426,7 +426,7 @@ def test_timer_with_steps_before_and_after(engine: Engine) -> None:
 
     inv = engine.invoke("multi-timer")
     assert _end_of_held_run(inv, release) == [Suspended("timer t1:v1")]
-    assert calls == ["before"]
+    # No look at `calls` here: the zero timer may already have started "between".
 
     assert inv.result(TIMEOUT) == [1, 2, 3]
     assert _metadata_status(engine, "multi-timer", inv.instance_id) == MetadataStatus.Completed()
