@@ -13,9 +13,10 @@ from typing import Any
 
 import attrs
 import pytest
+import sqlite_utils
 
 from memable import Completed, Context, Engine, Failed, MetadataStatus, StorageError
-from memable._sqlite import SCHEMA_VERSION
+from memable._sqlite import SCHEMA_VERSION, _migrate_to_1
 
 # Several tests look at the engine's own connection (``engine._store._conn``):
 # PRAGMA synchronous is per connection, and the statement trace is the only way
@@ -344,3 +345,29 @@ def test_reading_a_closed_engine_raises_storage_error(
 
     with pytest.raises(StorageError, match="closed"):
         read(engine)
+
+
+def test_a_version_1_store_is_migrated_and_keeps_its_rows(tmp_path: Path) -> None:
+    """A store written at schema version 1 opens at the current version with its rows."""
+    path = tmp_path / "v1.db"
+    with closing(sqlite3.connect(path)) as conn:
+        db = sqlite_utils.Database(conn)
+        _migrate_to_1(db)
+        conn.execute("PRAGMA user_version = 1")
+        now = "2026-01-01T00:00:00+00:00"
+        db["instances"].insert(  # type: ignore[union-attr]
+            {"workflow": "wf", "instance_id": "old", "status": "completed", "input": "null",
+             "output": '"kept"', "created_at": now, "updated_at": now, "completed_at": now}
+        )
+        conn.commit()
+    engine = Engine.open(path)
+    engine.register("wf", lambda ctx: "new")
+    try:
+        with engine:
+            assert engine.invocation("wf", "old").result(timeout=10) == "kept"
+            assert engine.invoke("wf").result(timeout=10) == "new"
+    finally:
+        engine.close()
+    assert _sqlite(path, "PRAGMA user_version") == [(SCHEMA_VERSION,)]
+    tables = {row[0] for row in _sqlite(path, "SELECT name FROM sqlite_master")}
+    assert {"instances", "steps", "timers"} <= tables
