@@ -33,6 +33,7 @@ from ._errors import (
 )
 from ._invocation import Invocation
 from ._records import MetadataStatus, StepRecord, WorkflowMetadata
+from ._retry import Retry
 from ._states import (
     Cancelled,
     Completed,
@@ -66,6 +67,7 @@ __all__ = [
     "Invocation",
     "MetadataStatus",
     "NotStarted",
+    "Retry",
     "SerializationError",
     "SignalRejected",
     "Started",

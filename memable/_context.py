@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, ParamSpec, TypeVar
@@ -13,6 +14,7 @@ import attrs
 from . import _clock
 from ._errors import DuplicateStepKey, EngineError, InvalidKey, StepTimeout
 from ._records import StepKind
+from ._retry import Retry
 from ._serde import decode_for, return_hint, store_form
 from ._states import InProgress, WorkflowState
 from ._store import StepWrite, Store, StoredStep, utcnow
@@ -39,6 +41,13 @@ def seconds_of(duration: float | timedelta, what: str = "duration") -> float:
     if not seconds >= 0:
         raise ValueError(f"a {what} is >= 0 seconds, not {duration!r}")
     return seconds
+
+
+class RunCancelled(BaseException):
+    """Unwinds a workflow whose instance was cancelled, at its next step boundary.
+
+    A BaseException for the same reason as ``Suspension``.
+    """
 
 
 class Suspension(BaseException):
@@ -87,6 +96,9 @@ class Context:
         memo: dict[str, StoredStep],
         publish: Callable[[WorkflowState], None],
         timer_armed: Callable[[float], None] = lambda deadline: None,
+        cancelled: Callable[[], bool] = lambda: False,
+        retry: Retry | None = None,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self._workflow = workflow
         self._instance_id = instance_id
@@ -95,13 +107,16 @@ class Context:
         self._memo = memo
         self._publish = publish
         self._timer_armed = timer_armed
+        self._cancelled = cancelled
+        self._retry = retry
+        self._sleep = sleep
         self._seen: set[str] = set()
         self._next_seq = max((s.seq for s in memo.values()), default=-1) + 1
         # Replaying while the run reaches stored keys; live from the start if none.
         self._replaying = bool(memo)
         self._status: str | None = None
-        # The key and exception of the step that failed last, to name it in Failed.
-        self._failure: tuple[str, BaseException] | None = None
+        # The key, exception and attempts of the step that failed last, for Failed.
+        self._failure: tuple[str, BaseException, int | None] | None = None
 
     def __repr__(self) -> str:
         return f"<Context workflow={self._workflow!r} instance_id={self._instance_id!r}>"
@@ -213,6 +228,7 @@ class Context:
         shipped
         """
         key = check_key(key, self._workflow, self._instance_id)
+        self._boundary()
         self._claim(key)
         stored = self._memo.get(key)
         if stored is None or stored.state != "completed":
@@ -247,6 +263,7 @@ class Context:
         """
         key = check_key(key, self._workflow, self._instance_id)
         seconds = seconds_of(duration, "timer duration")
+        self._boundary()
         self._claim(key)
         stored = self._memo.get(key)
         if stored is not None and stored.state == "completed":
@@ -274,13 +291,15 @@ class Context:
         """The Failed message for ``exc`` escaping the workflow: step key and error."""
         error = f"{type(exc).__name__}: {exc}"
         if self._failure is not None and self._failure[1] is exc:
-            return f"step {self._failure[0]!r} failed: {error}"
+            key, _, attempts = self._failure
+            after = "" if attempts is None else f" after {attempts} attempts"
+            return f"step {key!r} failed{after}: {error}"
         return f"workflow raised {error}"
 
     def _claim(self, key: str) -> None:
         if key in self._seen:
             exc = DuplicateStepKey(self._workflow, self._instance_id, key)
-            self._failure = (key, exc)
+            self._failure = (key, exc, None)
             raise exc
         self._seen.add(key)
 
@@ -288,6 +307,7 @@ class Context:
         self, step: Step, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         key = step.key
+        self._boundary()
         self._claim(key)
         stored = self._memo.get(key)
         hint = step.result_type if step.result_type is not None else return_hint(fn)
@@ -295,18 +315,33 @@ class Context:
             return self._replayed(key, stored, hint)
         self._end_replay()
         seq = stored.seq if stored is not None else self._take_seq()
-        try:
-            if step.timeout_seconds is None:
-                result = fn(*args, **kwargs)
-            else:
-                result = self._call_with_timeout(key, step.timeout_seconds, fn, args, kwargs)
-            text, tag, value = store_form(self._workflow, self._instance_id, key, result, hint)
-        except Exception as exc:
-            self._failure = (key, exc)
-            self._store.save_step(self._write(key, seq, "failed", error=exc))
-            raise
-        self._store.save_step(self._write(key, seq, "completed", result=(text, tag)))
-        return value
+        policy = step.retry_policy if step.retry_policy is not None else self._retry
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                if step.timeout_seconds is None:
+                    result = fn(*args, **kwargs)
+                else:
+                    result = self._call_with_timeout(key, step.timeout_seconds, fn, args, kwargs)
+                text, tag, value = store_form(
+                    self._workflow, self._instance_id, key, result, hint
+                )
+            except Exception as exc:
+                self._store.save_step(self._write(key, seq, "failed", error=exc))
+                if policy is not None and policy.should_retry(attempt, exc):
+                    self._sleep(policy.delay(attempt))
+                    self._boundary()  # a cancel during the backoff stops the retries
+                    continue
+                self._failure = (key, exc, None if policy is None else attempt)
+                raise
+            self._store.save_step(self._write(key, seq, "completed", result=(text, tag)))
+            return value
+
+    def _boundary(self) -> None:
+        """Between steps: stop here if the instance was cancelled."""
+        if self._cancelled():
+            raise RunCancelled()
 
     def _replayed(self, key: str, stored: StoredStep, hint: Any) -> Any:
         if stored.status is not None:
@@ -317,7 +352,7 @@ class Context:
                 stored.result_type, hint,
             )
         except EngineError as exc:
-            self._failure = (key, exc)
+            self._failure = (key, exc, None)
             raise
 
     def _call_with_timeout(
@@ -408,6 +443,7 @@ class Step:
     key: str
     result_type: Any = None
     timeout_seconds: float | None = None
+    retry_policy: Retry | None = None
 
     def returns(self, result_type: Any) -> Step:
         """Rebuild the stored result as ``result_type`` (over the function's annotation).
@@ -448,6 +484,27 @@ class Step:
         if seconds == 0:
             raise ValueError("a step timeout is > 0 seconds")
         return attrs.evolve(self, timeout_seconds=seconds)
+
+    def retry(self, policy: Retry) -> Step:
+        """Retry the step by ``policy`` when it fails (over the engine's ``retry`` option).
+
+        Each failed attempt is recorded (``StepRecord.attempts``, ``error``);
+        the error that ends the retries fails the workflow, and its message
+        gives the number of attempts. ``StepError.permanent`` is not retried.
+
+        >>> from memable import Engine, Retry, StepError
+        >>> def wf(ctx):
+        ...     ctx.step("charge:v1").retry(Retry(max_attempts=4, initial_delay=0)).run(
+        ...         lambda: 1 / 0)
+        >>> engine = Engine.in_memory()
+        >>> engine.register("wf", wf)
+        >>> with engine:
+        ...     print(engine.invoke("wf").wait())
+        failed: step 'charge:v1' failed after 4 attempts: ZeroDivisionError: division by zero
+        """
+        if not isinstance(policy, Retry):
+            raise TypeError(f"retry takes a Retry, not {type(policy).__name__}")
+        return attrs.evolve(self, retry_policy=policy)
 
     def run(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
         """Return the stored result of this key, or run ``fn(*args, **kwargs)`` and store it.

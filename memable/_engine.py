@@ -6,18 +6,20 @@ import inspect
 import logging
 import os
 import secrets
+import socket
 import threading
 import time
 import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
 import attrs
 
 from . import _clock
-from ._context import Context, Suspension, check_key
+from ._context import Context, RunCancelled, Suspension, check_key, seconds_of
 from ._errors import (
     AlreadyStarted,
     InstanceFinished,
@@ -27,11 +29,13 @@ from ._errors import (
     WorkflowNotFound,
 )
 from ._invocation import Invocation, Watch, state_of
-from ._records import StepRecord, WorkflowMetadata
+from ._records import StatusName, StepRecord, WorkflowMetadata
+from ._retry import Retry
+from ._schema import Synchronous
 from ._serde import decode_for, hints_of, return_hint, store_form
-from ._sqlite import SQLiteStore, Synchronous
-from ._states import Completed, Failed, Suspended, WorkflowState
-from ._store import InstanceRow, StepWrite, Store, metadata_of, utcnow
+from ._sqlite import SQLiteStore
+from ._states import Cancelled, Completed, Failed, Suspended, WorkflowState
+from ._store import Claim, InstanceRow, LostInstance, StepWrite, Store, metadata_of, utcnow
 from ._timers import TimerThread
 
 log = logging.getLogger("memable")
@@ -45,6 +49,11 @@ class _Options:
     max_workers: int = 8
     synchronous: Synchronous = "full"
     poll_interval: float = 1.0
+    lease: float = 15.0
+    recover: bool = True
+    retry: Retry | None = None
+    # Retry backoff sleeps through this, so that tests need not wait for real time.
+    sleep: Callable[[float], None] = time.sleep
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.max_workers, int) or self.max_workers < 1:
@@ -53,6 +62,10 @@ class _Options:
             raise ValueError(f"synchronous must be 'full' or 'normal', not {self.synchronous!r}")
         if not self.poll_interval > 0:
             raise ValueError(f"poll_interval must be > 0, not {self.poll_interval!r}")
+        if not self.lease > 0:
+            raise ValueError(f"lease must be > 0, not {self.lease!r}")
+        if self.retry is not None and not isinstance(self.retry, Retry):
+            raise ValueError(f"retry must be a Retry or None, not {self.retry!r}")
 
 
 @attrs.frozen
@@ -89,11 +102,15 @@ class _Run:
     # For a run of an instance created by this invoke: the input, already
     # validated; the run then needs to read nothing from the store.
     fresh_input: tuple[Any] | None = None
-    # Runs started by a timer or signal claim only a suspended instance.
-    only_if_suspended: bool = False
-    # Set (under Engine._lock) when a signal or timer completed a key while
+    # How the run claims its instance (see Store.begin_run).
+    claim: Claim = "resume"
+    # Set under Engine._lock when a signal or timer completed a key while
     # this run was active: if it ends Suspended, run the instance again.
     rerun: bool = False
+    # Set under Engine._lock when the instance was cancelled; read without the
+    # lock by the run's thread at step boundaries (a stale read only means one
+    # more step before it stops).
+    cancel_requested: bool = False
 
 
 def _new_instance_id() -> str:
@@ -142,6 +159,8 @@ class Engine:
         self._executor: ThreadPoolExecutor | None = None
         self._timers: TimerThread | None = None
         self._firing = 0  # timer firings and wakes under way outside _lock
+        self._host = socket.gethostname()
+        self._next_heartbeat = 0.0  # wall clock; the timer thread's alone
 
     def __repr__(self) -> str:
         return f"<Engine {self._phase} workflows={sorted(self._workflows)}>"
@@ -167,6 +186,10 @@ class Engine:
         max_workers: int = 8,
         synchronous: Synchronous = "full",
         poll_interval: float = 1.0,
+        lease: float = 15.0,
+        recover: bool = True,
+        retry: Retry | None = None,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> Engine:
         """An engine on an in-memory store: nothing survives the process. For tests.
 
@@ -179,14 +202,10 @@ class Engine:
         []
         >>> engine.close()
         """
-        return (
-            EngineBuilder()
-            .in_memory()
-            .max_workers(max_workers)
-            .synchronous(synchronous)
-            .poll_interval(poll_interval)
-            .build()
+        options = _Options(
+            max_workers, synchronous, poll_interval, lease, recover, retry, sleep
         )
+        return EngineBuilder(memory=True, options=options).build()
 
     @classmethod
     def open(
@@ -196,11 +215,22 @@ class Engine:
         max_workers: int = 8,
         synchronous: Synchronous = "full",
         poll_interval: float = 1.0,
+        lease: float = 15.0,
+        recover: bool = True,
+        retry: Retry | None = None,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> Engine:
         """An engine on the SQLite file at ``path``, created if missing.
 
-        Raise ``StorageError`` if the file is not a memable store or has a
-        newer schema; such a file is left as it was.
+        Options: ``max_workers`` worker threads (8); ``synchronous``
+        ``"full"`` (survives power loss) or ``"normal"`` (faster; survives
+        process crashes); ``poll_interval`` seconds between looks at the
+        store for what other processes wrote (1.0); ``lease`` seconds an
+        engine counts as alive without a heartbeat (15.0); ``recover``
+        instances whose engine died (True); ``retry``, the default ``Retry``
+        of every step (None); ``sleep``, what retry backoff sleeps with (for
+        tests). Raise ``StorageError`` if the file is not a memable store or
+        has a newer schema; such a file is left as it was.
 
         >>> import os, tempfile
         >>> from memable import Engine
@@ -210,14 +240,10 @@ class Engine:
         >>> os.path.exists(path)
         True
         """
-        return (
-            EngineBuilder()
-            .open(path)
-            .max_workers(max_workers)
-            .synchronous(synchronous)
-            .poll_interval(poll_interval)
-            .build()
+        options = _Options(
+            max_workers, synchronous, poll_interval, lease, recover, retry, sleep
         )
+        return EngineBuilder(path=path, options=options).build()
 
     # ------------------------------------------------------------------ registry
 
@@ -288,11 +314,17 @@ class Engine:
             self._executor = ThreadPoolExecutor(
                 max_workers=self._options.max_workers, thread_name_prefix="memable-worker"
             )
-            self._timers = TimerThread(self, self._options.poll_interval)
+            # The thread must look often enough to renew the lease in time.
+            self._timers = TimerThread(
+                self, min(self._options.poll_interval, self._options.lease / 3)
+            )
             self._phase = "started"
             self._accepting = True
-        # Its first tick fires what fell due while no engine ran, and resumes
-        # instances whose awaited signal or timer arrived meanwhile.
+        self._store.register_owner(self._options.lease, _clock.wall())
+        self._next_heartbeat = _clock.wall() + self._options.lease / 3
+        # Its first tick fires what fell due while no engine ran, resumes
+        # instances whose awaited signal or timer arrived meanwhile, and (with
+        # recover) those whose owner died.
         self._timers.start()
         log.info("engine started", extra={"workflows": sorted(self._workflows)})
 
@@ -352,6 +384,7 @@ class Engine:
         # them and joins the worker threads.
         if executor is not None:
             executor.shutdown(wait=True)
+            self._store.drop_owner()
         log.info("engine stopped")
 
     def close(self) -> None:
@@ -460,7 +493,7 @@ class Engine:
         row = self._stored_row(name, instance_id)
         if row.status == "cancelled":
             raise InstanceFinished(name, instance_id, "it is cancelled")
-        return Invocation(self, self._start_run(workflow, instance_id, None))
+        return Invocation(self, self._start_run(workflow, instance_id, None, claim="resume"))
 
     def signal(self, name: str, instance_id: str, key: str, payload: Any) -> Invocation:
         """Store ``payload`` as the value of the suspend point ``key`` and run the instance.
@@ -538,6 +571,56 @@ class Engine:
                 raise NotStarted()
         fired, _ = self._fire_due()
         return fired
+
+    def cancel(self, name: str, instance_id: str) -> None:
+        """Cancel an instance: it ends Cancelled, its timers are dropped, signals refused.
+
+        A running instance stops at its next step boundary (the step in
+        flight finishes and is stored); in another process, within that
+        engine's poll interval. Cancelling a Failed or Suspended instance
+        works; a Completed or Cancelled one raises ``InstanceFinished``.
+
+        >>> from memable import Cancelled, Engine, InstanceFinished
+        >>> engine = Engine.in_memory()
+        >>> engine.register("wf", lambda ctx: ctx.suspend("approval:v1"))
+        >>> with engine:
+        ...     inv = engine.invoke("wf")
+        ...     _ = inv.wait()
+        ...     engine.cancel("wf", inv.instance_id)
+        ...     print(inv.state)
+        ...     try:
+        ...         engine.signal("wf", inv.instance_id, "approval:v1", True)
+        ...     except InstanceFinished as err:
+        ...         print("refused")
+        cancelled
+        refused
+        """
+        self._store.cancel(name, instance_id, now=utcnow().isoformat())
+        with self._lock:
+            run = self._active.get((name, instance_id))
+            if run is not None:
+                run.cancel_requested = True
+        log.info("cancelled", extra={"workflow": name, "instance": instance_id})
+
+    def purge(self, older_than: float | timedelta) -> int:
+        """Delete finished instances completed more than ``older_than`` ago; return how many.
+
+        Finished means Completed, Failed or Cancelled; their steps and timers
+        go with them. Running and suspended instances are never touched.
+
+        >>> from memable import Engine
+        >>> engine = Engine.in_memory()
+        >>> engine.register("wf", lambda ctx: None)
+        >>> with engine:
+        ...     _ = engine.invoke("wf").wait()
+        ...     engine.purge(older_than=0)
+        1
+        """
+        cutoff = utcnow() - timedelta(seconds=seconds_of(older_than, "purge age"))
+        # An instance completed this very microsecond counts as older than 0 s.
+        deleted = self._store.purge((cutoff + timedelta(microseconds=1)).isoformat())
+        log.info("purged %d finished instances", deleted)
+        return deleted
 
     def invocation(self, name: str, instance_id: str) -> Invocation:
         """An Invocation of a stored instance, e.g. to follow it from another request.
@@ -647,7 +730,7 @@ class Engine:
         instance_id: str,
         fresh_input: tuple[Any] | None,
         *,
-        only_if_suspended: bool = False,
+        claim: Claim = "resume",
     ) -> Watch:
         """Submit a run the user asked for, unless one is active; return its Watch.
 
@@ -657,14 +740,14 @@ class Engine:
         with self._lock:
             if not self._accepting:
                 raise NotStarted(workflow.name)
-            return self._submit(workflow, instance_id, fresh_input, only_if_suspended)
+            return self._submit(workflow, instance_id, fresh_input, claim)
 
     def _submit(
         self,
         workflow: _Workflow,
         instance_id: str,
         fresh_input: tuple[Any] | None,
-        only_if_suspended: bool,
+        claim: Claim,
     ) -> Watch:
         # Caller holds _lock and has checked that the engine is started.
         assert self._executor is not None
@@ -673,21 +756,24 @@ class Engine:
         if active is not None:  # at most one run per instance
             return active.watch
         watch = self._watch(*key)
-        run = _Run(workflow, instance_id, watch, fresh_input, only_if_suspended)
+        run = _Run(workflow, instance_id, watch, fresh_input, claim)
         self._active[key] = run
         watch.begin()
         self._executor.submit(self._execute, run)
         return watch
 
-    def _wake(self, name: str, instance_id: str) -> None:
-        """A key the instance may wait on completed: run it, now or when its run ends."""
+    def _wake(self, name: str, instance_id: str, claim: Claim = "wake") -> None:
+        """A key the instance may wait on completed (or its owner died): run it.
+
+        Now, or when its active run here ends.
+        """
         workflow = self._workflows.get(name)
         with self._lock:
             active = self._active.get((name, instance_id))
             if active is not None:
-                active.rerun = True
+                active.rerun = claim == "wake"
             elif workflow is not None and self._phase == "started":
-                self._submit(workflow, instance_id, None, True)
+                self._submit(workflow, instance_id, None, claim)
             # Else another engine has the workflow, or this one stopped: the
             # instance stays suspended with its key completed, and the poll of
             # whichever engine runs it next picks it up.
@@ -712,11 +798,29 @@ class Engine:
                     self._idle.notify_all()
 
     def _tick(self, *, poll: bool) -> float | None:
-        """Fire due timers, and resume what others wrote; return seconds to the next deadline."""
+        """Fire due timers, and look at the store; return seconds to the next deadline."""
         _, now = self._fire_due()
+        if now >= self._next_heartbeat:
+            self._store.heartbeat(now)
+            self._next_heartbeat = now + self._options.lease / 3
         if poll:
-            for name, instance_id in self._store.ready_to_resume(sorted(self._workflows)):
+            ready, orphaned, cancelled = self._store.look_around(
+                sorted(self._workflows), now, self._host
+            )
+            for name, instance_id in ready:
                 self._wake(name, instance_id)
+            if self._options.recover:
+                for name, instance_id in orphaned:
+                    log.warning(
+                        "recovering an instance whose owner died",
+                        extra={"workflow": name, "instance": instance_id},
+                    )
+                    self._wake(name, instance_id, "recover")
+            with self._lock:
+                for key in cancelled:
+                    run = self._active.get(key)
+                    if run is not None:
+                        run.cancel_requested = True
         deadline = self._store.next_deadline()
         return None if deadline is None else deadline - now
 
@@ -737,7 +841,7 @@ class Engine:
                 run.watch.finish(state)
                 if run.rerun and isinstance(state, Suspended) and self._phase == "started":
                     # A signal or timer arrived while it ran: go on right away.
-                    self._submit(run.workflow, run.instance_id, None, True)
+                    self._submit(run.workflow, run.instance_id, None, "wake")
                 if not self._active and not self._firing:
                     self._idle.notify_all()
 
@@ -748,10 +852,9 @@ class Engine:
             input_value, memo = run.fresh_input[0], {}
         else:
             snapshot = self._store.begin_run(
-                name, instance_id, now=utcnow().isoformat(),
-                only_if_suspended=run.only_if_suspended,
+                name, instance_id, now=utcnow().isoformat(), claim=run.claim
             )
-            if snapshot is None:  # gone, or not suspended any more: nothing to run
+            if snapshot is None:  # gone, or run by a live engine, or not waiting any more
                 row = self._store.get_instance(name, instance_id)
                 if row is None:
                     return Failed(str(InstanceNotFound(name, instance_id)))
@@ -769,20 +872,29 @@ class Engine:
             workflow=name, instance_id=instance_id, input=input_value, store=self._store,
             memo=memo, publish=run.watch.publish,
             timer_armed=timers.armed if timers is not None else lambda deadline: None,
+            cancelled=lambda: run.cancel_requested, retry=self._options.retry,
+            sleep=self._options.sleep,
         )
         log.debug("run started", extra={"workflow": name, "instance": instance_id})
         try:
             value = workflow.fn(ctx, input_value) if workflow.takes_input else workflow.fn(ctx)
         except Suspension as suspension:
-            self._store.finish(
-                name, instance_id, status="suspended", message=suspension.message,
-                waiting_for=suspension.key, now=utcnow().isoformat(),
-            )
             log.info(
                 "suspended: %s", suspension.message,
                 extra={"workflow": name, "instance": instance_id, "key": suspension.key},
             )
-            return Suspended(suspension.message)
+            return self._finish(
+                run, Suspended(suspension.message), status="suspended",
+                message=suspension.message, waiting_for=suspension.key,
+            )
+        except (RunCancelled, LostInstance) as stop:
+            # Cancelled (already recorded), or taken over by another engine:
+            # nothing more to write but letting go of the instance.
+            log.info(
+                "run stopped: %s", "cancelled" if isinstance(stop, RunCancelled) else "lost",
+                extra={"workflow": name, "instance": instance_id},
+            )
+            return self._finish(run, Cancelled(), status="cancelled", message=None)
         except BaseException as exc:  # whatever else user code raises ends the run Failed
             return self._fail(run, ctx._failure_message(exc))
         ctx._end_replay()
@@ -790,23 +902,37 @@ class Engine:
             text, tag, _ = store_form(name, instance_id, "output", value, workflow.output_hint)
         except SerializationError as exc:
             return self._fail(run, f"output failed: {type(exc).__name__}: {exc}")
-        self._store.finish(
-            name, instance_id, status="completed", message=None, output=(text, tag),
-            now=utcnow().isoformat(),
-        )
         log.info("completed", extra={"workflow": name, "instance": instance_id})
-        return Completed()
-
-    def _fail(self, run: _Run, message: str) -> Failed:
-        self._store.finish(
-            run.workflow.name, run.instance_id, status="failed", message=message, output=None,
-            now=utcnow().isoformat(),
+        return self._finish(
+            run, Completed(), status="completed", message=None, output=(text, tag)
         )
+
+    def _finish(
+        self,
+        run: _Run,
+        state: WorkflowState,
+        *,
+        status: StatusName,
+        message: str | None,
+        output: tuple[str, str | None] | None = None,
+        waiting_for: str | None = None,
+    ) -> WorkflowState:
+        """Record how the run ended; if the instance is no longer ours, report what is stored."""
+        recorded = self._store.finish(
+            run.workflow.name, run.instance_id, status=status, message=message,
+            output=output, waiting_for=waiting_for, now=utcnow().isoformat(),
+        )
+        if recorded:
+            return state
+        row = self._store.get_instance(run.workflow.name, run.instance_id)
+        return Failed("the instance vanished") if row is None else state_of(row)
+
+    def _fail(self, run: _Run, message: str) -> WorkflowState:
         log.info(
             "failed: %s", message,
             extra={"workflow": run.workflow.name, "instance": run.instance_id},
         )
-        return Failed(message)
+        return self._finish(run, Failed(message), status="failed", message=message)
 
 
 @attrs.frozen
@@ -870,6 +996,41 @@ class EngineBuilder:
         >>> Engine.builder().in_memory().poll_interval(0.5).build().close()
         """
         return attrs.evolve(self, options=attrs.evolve(self._options, poll_interval=seconds))
+
+    def lease(self, seconds: float) -> EngineBuilder:
+        """Seconds this engine counts as alive after a heartbeat (default 15; beats every third).
+
+        Another engine takes over the instances of one whose lease ran out.
+
+        >>> from memable import Engine
+        >>> Engine.builder().in_memory().lease(30).build().close()
+        """
+        return attrs.evolve(self, options=attrs.evolve(self._options, lease=seconds))
+
+    def recover(self, enabled: bool) -> EngineBuilder:
+        """Resume, at start and at each poll, instances whose engine died (default True).
+
+        >>> from memable import Engine
+        >>> Engine.builder().in_memory().recover(False).build().close()
+        """
+        return attrs.evolve(self, options=attrs.evolve(self._options, recover=enabled))
+
+    def retry(self, policy: Retry | None) -> EngineBuilder:
+        """The ``Retry`` of every step that sets none (default None: the first error fails).
+
+        >>> from memable import Engine, Retry
+        >>> Engine.builder().in_memory().retry(Retry(max_attempts=5)).build().close()
+        """
+        return attrs.evolve(self, options=attrs.evolve(self._options, retry=policy))
+
+    def sleep(self, sleep: Callable[[float], None]) -> EngineBuilder:
+        """What retry backoff sleeps with (default ``time.sleep``); tests pass a fake.
+
+        >>> from memable import Engine
+        >>> slept = []
+        >>> Engine.builder().in_memory().sleep(slept.append).build().close()
+        """
+        return attrs.evolve(self, options=attrs.evolve(self._options, sleep=sleep))
 
     def build(self) -> Engine:
         """Open the store and build the engine; raise ``StorageError`` if it cannot open.

@@ -1,81 +1,63 @@
-"""The SQLite store: schema, migrations and every statement memable runs.
+"""The SQLite store: every statement memable runs against a store.
 
 One connection per engine, shared by all threads behind one lock. The
 connection is in driver autocommit mode (``isolation_level=None``): a single
 write statement is its own transaction and commits before ``execute``
-returns; multi-statement writes take ``BEGIN IMMEDIATE`` explicitly.
-sqlite-utils creates and migrates the tables and serves the reads people
-make (metadata, listings); the per-step hot path uses fixed SQL on the
-connection, because sqlite-utils introspects the schema on every call.
+returns; multi-statement writes take ``BEGIN IMMEDIATE`` explicitly, so a
+busy database makes them wait (busy timeout) instead of failing half way.
+sqlite-utils creates and migrates the tables (``_schema``) and serves the
+reads people make (metadata, listings); the per-step hot path uses fixed SQL
+on the connection, because sqlite-utils introspects the schema on every call.
+
+Each engine is an owner: a row in ``owners`` with a heartbeat. A run claims
+its instance (``instances.owner``), and each of its writes checks, in the
+same statement, that the instance is still its own.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator
+import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any, Literal, TypeVar
+from typing import Any
 
 import cattrs
-import sqlite_utils
 
 from ._errors import InstanceFinished, InstanceNotFound, SignalRejected, StorageError
 from ._records import StatusName, StepRecord
-from ._store import InstanceRow, RunSnapshot, StepWrite, StoredStep
-
-#: The schema this code writes; ``PRAGMA user_version`` of every store.
-SCHEMA_VERSION = 2
-#: Seconds a statement waits for another process's lock before failing.
-BUSY_TIMEOUT = 5.0
-
-Synchronous = Literal["full", "normal"]
-
-_INSTANCE_COLUMNS = {
-    "workflow": str,
-    "instance_id": str,
-    "status": str,
-    "message": str,
-    "input": str,
-    "input_type": str,
-    "output": str,
-    "output_type": str,
-    "created_at": str,
-    "updated_at": str,
-    "completed_at": str,
-    "waiting_for": str,  # v2: the signal or timer key a suspended instance waits on
-}
-#: Columns every memable store has had since version 1: what a file must show
-#: before we migrate it.
-_V1_INSTANCE_COLUMNS = {c: t for c, t in _INSTANCE_COLUMNS.items() if c != "waiting_for"}
-_STEP_COLUMNS = {
-    "workflow": str,
-    "instance_id": str,
-    "key": str,
-    "seq": int,
-    "kind": str,
-    "state": str,
-    "result": str,
-    "result_type": str,
-    "status": str,
-    "error": str,
-    "attempts": int,
-    "completed_at": str,
-}
-
-_TIMER_COLUMNS = {"workflow": str, "instance_id": str, "key": str, "deadline": float}
+from ._schema import INSTANCE_COLUMNS, Synchronous, open_store
+from ._store import Claim, InstanceRow, LostInstance, RunSnapshot, StepWrite, StoredStep
 
 _rows = cattrs.Converter()
 _rows.register_structure_hook(datetime, lambda value, _: datetime.fromisoformat(value))
 
+# An instance is free to claim when nobody runs it, or its owner's lease ran out.
+_OWNER_FREE = """(
+    instances.owner IS NULL OR instances.owner = :me OR NOT EXISTS (
+        SELECT 1 FROM owners WHERE owners.id = instances.owner
+        AND owners.heartbeat + owners.lease >= :now))"""
+_CLAIMS: dict[Claim, str] = {
+    "resume": f"status != 'cancelled' AND (status != 'running' OR {_OWNER_FREE})",
+    "wake": "status = 'suspended'",
+    "recover": f"status = 'running' AND {_OWNER_FREE}",
+}
+_OWNED = (
+    "EXISTS (SELECT 1 FROM instances WHERE workflow = :workflow "
+    "AND instance_id = :instance_id AND owner = :me)"
+)
 # A completed step is never overwritten: that is the exactly-once record.
-_UPSERT_STEP = """
+_UPSERT_STEP = f"""
 INSERT INTO steps (workflow, instance_id, key, seq, kind, state, result, result_type,
                    status, error, attempts, completed_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?)
+SELECT :workflow, :instance_id, :key, :seq, :kind, :state, :result, :result_type,
+       :status, :error, 1, :completed_at
+WHERE {_OWNED}
 ON CONFLICT (workflow, instance_id, key) DO UPDATE SET
     state = excluded.state, result = excluded.result, result_type = excluded.result_type,
     status = excluded.status, error = excluded.error, attempts = steps.attempts + 1,
@@ -88,142 +70,48 @@ _SELECT_RUN_STEPS = (
 )
 _SELECT_STEP = _SELECT_RUN_STEPS + " AND key = ?"
 # A waiting row marks a suspend point or timer reached; it never replaces a row.
-_INSERT_WAITING = """
+_INSERT_WAITING = f"""
 INSERT INTO steps (workflow, instance_id, key, seq, kind, state, status, attempts)
-VALUES (?, ?, ?, ?, ?, 'waiting', ?, 0)
+SELECT :workflow, :instance_id, :key, :seq, :kind, 'waiting', :status, 0
+WHERE {_OWNED}
 ON CONFLICT (workflow, instance_id, key) DO NOTHING
 """
-_INSTANCE_RETURNING = ", ".join(_INSTANCE_COLUMNS)
-
-T = TypeVar("T")
-
-
-def _migrate_to_1(db: sqlite_utils.Database) -> None:
-    db["instances"].create(  # type: ignore[union-attr]
-        _V1_INSTANCE_COLUMNS,
-        pk=("workflow", "instance_id"),
-        not_null={"status", "input", "created_at", "updated_at"},
-    )
-    db["instances"].create_index(  # type: ignore[union-attr]
-        ["workflow", "created_at"], index_name="instances_by_workflow"
-    )
-    db["steps"].create(  # type: ignore[union-attr]
-        _STEP_COLUMNS,
-        pk=("workflow", "instance_id", "key"),
-        not_null={"seq", "kind", "state", "attempts"},
-    )
+_INSTANCE_RETURNING = ", ".join(INSTANCE_COLUMNS)
+_TERMINAL = ("completed", "failed", "cancelled")
 
 
-def _migrate_to_2(db: sqlite_utils.Database) -> None:
-    db["instances"].add_column("waiting_for", str)  # type: ignore[union-attr]
-    db["instances"].create_index(  # type: ignore[union-attr]
-        ["status"], index_name="instances_by_status"
-    )
-    db["timers"].create(  # type: ignore[union-attr]
-        _TIMER_COLUMNS,
-        pk=("workflow", "instance_id", "key"),
-        not_null={"deadline"},
-    )
-    db["timers"].create_index(["deadline"], index_name="timers_by_deadline")  # type: ignore[union-attr]
-
-
-#: Migration to version N is _MIGRATIONS[N - 1]; each runs in the opening transaction.
-_MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_migrate_to_1, _migrate_to_2]
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, but another user's
+        return True
+    return True
 
 
 class SQLiteStore:
     """A memable store in one SQLite file, or in memory when ``path`` is None."""
 
     def __init__(self, path: str | os.PathLike[str] | None, synchronous: Synchronous) -> None:
-        self._where = ":memory:" if path is None else os.fspath(path)
-        try:
-            conn = sqlite3.connect(
-                self._where,
-                timeout=BUSY_TIMEOUT,
-                isolation_level=None,
-                check_same_thread=False,
-            )
-        except sqlite3.Error as exc:
-            raise StorageError(f"cannot open {self._where} ({exc})") from exc
-        # _lock guards _conn and _db: every use of the connection, from any thread.
+        conn, db, where = open_store(path, synchronous)
+        self._where = where
+        # _lock guards _conn, _db and _closed: every use of the connection, from any thread.
         self._lock = threading.Lock()
-        self._closed = False
         self._conn = conn
-        self._db = sqlite_utils.Database(conn)
-        try:
-            self._check_and_migrate(file_backed=path is not None, synchronous=synchronous)
-        except BaseException:
-            conn.close()
-            raise
-
-    # ------------------------------------------------------------------ opening
-
-    def _check_and_migrate(self, *, file_backed: bool, synchronous: Synchronous) -> None:
-        # Read-only checks first: a file that is not ours must be left byte for byte.
-        version, tables = self._inspect()
-        if version > SCHEMA_VERSION:
-            raise StorageError(
-                f"{self._where} has schema version {version}, newer than this memable "
-                f"understands ({SCHEMA_VERSION}); upgrade memable to open it"
-            )
-        if version == 0 and tables:
-            raise StorageError(
-                f"{self._where} is not a memable store (it has tables "
-                f"{', '.join(sorted(tables))} and no memable schema version)"
-            )
-        if version > 0:
-            self._check_columns(tables)
-        try:
-            if file_backed:
-                self._conn.execute("PRAGMA journal_mode = WAL")
-            self._conn.execute(f"PRAGMA synchronous = {synchronous.upper()}")
-            if version < SCHEMA_VERSION:
-                self._migrate()
-        except sqlite3.Error as exc:
-            raise StorageError(f"cannot prepare {self._where} ({exc})") from exc
-
-    def _inspect(self) -> tuple[int, set[str]]:
-        try:
-            version = self._conn.execute("PRAGMA user_version").fetchone()[0]
-            tables = {
-                row[0]
-                for row in self._conn.execute(
-                    "SELECT name FROM sqlite_master WHERE type = 'table'"
-                )
-            }
-        except sqlite3.DatabaseError as exc:
-            raise StorageError(f"{self._where} is not a SQLite database ({exc})") from exc
-        return int(version), tables
-
-    def _check_columns(self, tables: set[str]) -> None:
-        for table, columns in (("instances", _V1_INSTANCE_COLUMNS), ("steps", _STEP_COLUMNS)):
-            have = (
-                {c.name for c in self._db[table].columns} if table in tables else set()
-            )
-            if not set(columns) <= have:
-                raise StorageError(
-                    f"{self._where} is not a memable store (table {table!r} is missing "
-                    f"or lacks columns {', '.join(sorted(set(columns) - have))})"
-                )
-
-    def _migrate(self) -> None:
-        self._conn.execute("BEGIN IMMEDIATE")
-        try:
-            # Another process may have migrated while we waited for the lock.
-            version = self._conn.execute("PRAGMA user_version").fetchone()[0]
-            for step in _MIGRATIONS[version:]:
-                step(self._db)
-            self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-            self._conn.execute("COMMIT")
-        except BaseException:
-            self._conn.execute("ROLLBACK")
-            raise
+        self._db = db
+        self._closed = False
+        #: This engine's id as an owner of instances.
+        self.owner = uuid.uuid4().hex
 
     # ------------------------------------------------------------------ plumbing
 
     @contextmanager
     def _using(
-        self, what: str, workflow: str | None = None, instance_id: str | None = None,
+        self,
+        what: str,
+        workflow: str | None = None,
+        instance_id: str | None = None,
         key: str | None = None,
     ) -> Iterator[sqlite3.Connection]:
         """Hold the connection; turn sqlite3 errors into StorageError naming the target."""
@@ -245,7 +133,10 @@ class SQLiteStore:
 
     @contextmanager
     def _atomic(
-        self, what: str, workflow: str | None = None, instance_id: str | None = None,
+        self,
+        what: str,
+        workflow: str | None = None,
+        instance_id: str | None = None,
         key: str | None = None,
     ) -> Iterator[sqlite3.Connection]:
         """``_using`` inside BEGIN IMMEDIATE ... COMMIT; any exception rolls back."""
@@ -259,10 +150,28 @@ class SQLiteStore:
                 raise
             conn.execute("COMMIT")
 
-    # ------------------------------------------------------------------ writes
+    def _params(self, write: StepWrite) -> dict[str, Any]:
+        return {
+            "workflow": write.workflow, "instance_id": write.instance_id, "key": write.key,
+            "seq": write.seq, "kind": write.kind, "state": write.state,
+            "result": write.result, "result_type": write.result_type,
+            "status": write.status, "error": write.error,
+            "completed_at": write.at if write.state == "completed" else None,
+            "me": self.owner,
+        }
+
+    def _owns(self, conn: sqlite3.Connection, workflow: str, instance_id: str) -> bool:
+        row = conn.execute(
+            "SELECT owner FROM instances WHERE workflow = ? AND instance_id = ?",
+            (workflow, instance_id),
+        ).fetchone()
+        return row is not None and row[0] == self.owner
+
+    # ------------------------------------------------------------------ runs
 
     def create_instance(self, row: InstanceRow) -> bool:
         values = _rows.unstructure(row)
+        values["owner"] = self.owner
         sql = (
             f"INSERT OR IGNORE INTO instances ({', '.join(values)}) "
             f"VALUES ({', '.join('?' * len(values))})"
@@ -271,15 +180,16 @@ class SQLiteStore:
             return conn.execute(sql, tuple(values.values())).rowcount == 1
 
     def begin_run(
-        self, workflow: str, instance_id: str, *, now: str, only_if_suspended: bool
+        self, workflow: str, instance_id: str, *, now: str, claim: Claim
     ) -> RunSnapshot | None:
-        claim = " AND status = 'suspended'" if only_if_suspended else ""
         with self._atomic("start a run", workflow, instance_id) as conn:
             found = conn.execute(
                 "UPDATE instances SET status = 'running', message = NULL, waiting_for = NULL, "
-                "updated_at = ?, completed_at = NULL "
-                f"WHERE workflow = ? AND instance_id = ?{claim} RETURNING {_INSTANCE_RETURNING}",
-                (now, workflow, instance_id),
+                "owner = :me, updated_at = :at, completed_at = NULL "
+                "WHERE workflow = :workflow AND instance_id = :instance_id "
+                f"AND {_CLAIMS[claim]} RETURNING {_INSTANCE_RETURNING}",
+                {"me": self.owner, "at": now, "now": _wall_of(now), "workflow": workflow,
+                 "instance_id": instance_id},
             ).fetchone()
             steps = (
                 conn.execute(_SELECT_RUN_STEPS, (workflow, instance_id)).fetchall()
@@ -292,16 +202,9 @@ class SQLiteStore:
         return RunSnapshot(instance, {s[0]: StoredStep(*s) for s in steps})
 
     def save_step(self, write: StepWrite) -> None:
-        completed_at = write.at if write.state == "completed" else None
         with self._using("store the step", write.workflow, write.instance_id, write.key) as conn:
-            conn.execute(
-                _UPSERT_STEP,
-                (
-                    write.workflow, write.instance_id, write.key, write.seq, write.kind,
-                    write.state, write.result, write.result_type, write.status, write.error,
-                    completed_at,
-                ),
-            )
+            if conn.execute(_UPSERT_STEP, self._params(write)).rowcount == 0:
+                raise LostInstance(write.workflow, write.instance_id)
 
     def await_signal(self, write: StepWrite) -> StoredStep | None:
         where = (write.workflow, write.instance_id, write.key)
@@ -328,6 +231,51 @@ class SQLiteStore:
             ).fetchone()
         return float(row[0])
 
+    def finish(
+        self,
+        workflow: str,
+        instance_id: str,
+        *,
+        status: StatusName,
+        message: str | None,
+        output: tuple[str, str | None] | None = None,
+        waiting_for: str | None = None,
+        now: str,
+    ) -> bool:
+        text, tag = output if output is not None else (None, None)
+        where = {"workflow": workflow, "instance_id": instance_id, "me": self.owner}
+        with self._atomic(f"record the run as {status}", workflow, instance_id) as conn:
+            done = conn.execute(
+                "UPDATE instances SET status = :status, message = :message, output = :output, "
+                "output_type = :output_type, waiting_for = :waiting_for, owner = NULL, "
+                "updated_at = :at, completed_at = :completed_at "
+                "WHERE workflow = :workflow AND instance_id = :instance_id "
+                "AND owner = :me AND status = 'running'",
+                {**where, "status": status, "message": message, "output": text,
+                 "output_type": tag, "waiting_for": waiting_for, "at": now,
+                 "completed_at": now if status in _TERMINAL else None},
+            ).rowcount == 1
+            if not done:  # cancelled meanwhile: let go of it all the same
+                conn.execute(
+                    "UPDATE instances SET owner = NULL WHERE workflow = :workflow "
+                    "AND instance_id = :instance_id AND owner = :me",
+                    where,
+                )
+        return done
+
+    @staticmethod
+    def _completed_step(conn: sqlite3.Connection, write: StepWrite) -> StoredStep | None:
+        row = conn.execute(_SELECT_STEP, (write.workflow, write.instance_id, write.key)).fetchone()
+        step = None if row is None else StoredStep(*row)
+        return step if step is not None and step.state == "completed" else None
+
+    def _insert_waiting(self, conn: sqlite3.Connection, write: StepWrite) -> None:
+        if not self._owns(conn, write.workflow, write.instance_id):
+            raise LostInstance(write.workflow, write.instance_id)
+        conn.execute(_INSERT_WAITING, self._params(write))
+
+    # ------------------------------------------------------------------ from outside a run
+
     def deliver_signal(self, write: StepWrite) -> None:
         workflow, instance_id, key = write.workflow, write.instance_id, write.key
         with self._atomic("deliver the signal", workflow, instance_id, key) as conn:
@@ -337,7 +285,7 @@ class SQLiteStore:
             ).fetchone()
             if row is None:
                 raise InstanceNotFound(workflow, instance_id)
-            if row[0] in ("completed", "failed", "cancelled"):
+            if row[0] in _TERMINAL:
                 raise InstanceFinished(
                     workflow, instance_id,
                     f"it is {row[0]}" + ("; resume it instead" if row[0] == "failed" else ""),
@@ -359,11 +307,13 @@ class SQLiteStore:
                     (workflow, instance_id),
                 ).fetchone()[0]
             conn.execute(
-                _UPSERT_STEP,
-                (
-                    workflow, instance_id, key, seq, "signal", "completed", write.result,
-                    write.result_type, None, None, write.at,
-                ),
+                "INSERT INTO steps (workflow, instance_id, key, seq, kind, state, result, "
+                "result_type, attempts, completed_at) "
+                "VALUES (?, ?, ?, ?, 'signal', 'completed', ?, ?, 1, ?) "
+                "ON CONFLICT (workflow, instance_id, key) DO UPDATE SET state = 'completed', "
+                "result = excluded.result, result_type = excluded.result_type, "
+                "attempts = 1, completed_at = excluded.completed_at",
+                (workflow, instance_id, key, seq, write.result, write.result_type, write.at),
             )
 
     def fire_due_timers(self, now: float, at: str) -> list[tuple[str, str, str]]:
@@ -372,6 +322,7 @@ class SQLiteStore:
             any_due = conn.execute("SELECT 1 FROM timers WHERE deadline <= ? LIMIT 1", (now,))
             if any_due.fetchone() is None:
                 return []
+        # Deleting the rows claims them: of several processes, one fires each timer.
         with self._atomic("fire due timers") as conn:
             due = conn.execute(
                 "DELETE FROM timers WHERE deadline <= ? RETURNING workflow, instance_id, key",
@@ -386,42 +337,115 @@ class SQLiteStore:
                 )
         return [(w, i, k) for w, i, k in due]
 
-    def finish(
-        self,
-        workflow: str,
-        instance_id: str,
-        *,
-        status: StatusName,
-        message: str | None,
-        output: tuple[str, str | None] | None = None,
-        waiting_for: str | None = None,
-        now: str,
-    ) -> None:
-        terminal = status in ("completed", "failed", "cancelled")
-        text, tag = output if output is not None else (None, None)
-        with self._using(f"record the run as {status}", workflow, instance_id) as conn:
+    def cancel(self, workflow: str, instance_id: str, *, now: str) -> None:
+        with self._atomic("cancel the instance", workflow, instance_id) as conn:
+            row = conn.execute(
+                "SELECT status FROM instances WHERE workflow = ? AND instance_id = ?",
+                (workflow, instance_id),
+            ).fetchone()
+            if row is None:
+                raise InstanceNotFound(workflow, instance_id)
+            if row[0] in ("completed", "cancelled"):
+                raise InstanceFinished(workflow, instance_id, f"it is {row[0]}")
+            # The owner stays: a run in flight stores its current step, then stops.
             conn.execute(
-                "UPDATE instances SET status = ?, message = ?, output = ?, output_type = ?, "
-                "waiting_for = ?, updated_at = ?, completed_at = ? "
-                "WHERE workflow = ? AND instance_id = ?",
-                (status, message, text, tag, waiting_for, now, now if terminal else None,
-                 workflow, instance_id),
+                "UPDATE instances SET status = 'cancelled', message = NULL, waiting_for = NULL, "
+                "updated_at = ?, completed_at = ? WHERE workflow = ? AND instance_id = ?",
+                (now, now, workflow, instance_id),
+            )
+            conn.execute(
+                "DELETE FROM timers WHERE workflow = ? AND instance_id = ?",
+                (workflow, instance_id),
             )
 
-    @staticmethod
-    def _completed_step(conn: sqlite3.Connection, write: StepWrite) -> StoredStep | None:
-        row = conn.execute(_SELECT_STEP, (write.workflow, write.instance_id, write.key)).fetchone()
-        step = None if row is None else StoredStep(*row)
-        return step if step is not None and step.state == "completed" else None
+    def purge(self, completed_before: str) -> int:
+        finished = (
+            "SELECT workflow, instance_id FROM instances "
+            "WHERE status IN ('completed', 'failed', 'cancelled') AND completed_at < ?"
+        )
+        with self._atomic("purge finished instances") as conn:
+            for table in ("steps", "timers"):
+                conn.execute(
+                    f"DELETE FROM {table} WHERE (workflow, instance_id) IN ({finished})",
+                    (completed_before,),
+                )
+            deleted = conn.execute(
+                f"DELETE FROM instances WHERE (workflow, instance_id) IN ({finished})",
+                (completed_before,),
+            ).rowcount
+        return int(deleted)
 
-    @staticmethod
-    def _insert_waiting(conn: sqlite3.Connection, write: StepWrite) -> None:
-        conn.execute(
-            _INSERT_WAITING,
-            (write.workflow, write.instance_id, write.key, write.seq, write.kind, write.status),
+    # ------------------------------------------------------------------ owners
+
+    def register_owner(self, lease: float, now: float) -> None:
+        with self._using("register the engine as an owner") as conn:
+            conn.execute(
+                "INSERT OR REPLACE INTO owners (id, host, pid, heartbeat, lease, started_at) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (self.owner, socket.gethostname(), os.getpid(), now, lease,
+                 datetime.fromtimestamp(now).astimezone().isoformat()),
+            )
+        self._lease = lease
+
+    def heartbeat(self, now: float) -> None:
+        with self._using("renew the engine's lease") as conn:
+            renewed = conn.execute(
+                "UPDATE owners SET heartbeat = ? WHERE id = ?", (now, self.owner)
+            ).rowcount
+        if not renewed:  # reaped while stalled: come back (its runs are lost already)
+            self.register_owner(self._lease, now)
+
+    def drop_owner(self) -> None:
+        with self._using("remove the engine's owner row") as conn:
+            conn.execute("DELETE FROM owners WHERE id = ?", (self.owner,))
+
+    def look_around(
+        self, workflows: list[str], now: float, host: str
+    ) -> tuple[list[tuple[str, str]], list[tuple[str, str]], list[tuple[str, str]]]:
+        with self._using("look at the store") as conn:
+            # An owner on this host whose process is gone is dead at once.
+            local = conn.execute(
+                "SELECT id, pid FROM owners WHERE host = ? AND id != ?", (host, self.owner)
+            ).fetchall()
+            for owner_id, pid in local:
+                if not _pid_alive(pid):
+                    conn.execute("DELETE FROM owners WHERE id = ?", (owner_id,))
+            if not workflows:
+                return [], [], []
+            marks = ", ".join(f":w{i}" for i in range(len(workflows)))
+            params: dict[str, Any] = {f"w{i}": w for i, w in enumerate(workflows)}
+            params.update(me=self.owner, now=now)
+            ready = conn.execute(
+                "SELECT instances.workflow, instances.instance_id FROM instances JOIN steps "
+                "ON steps.workflow = instances.workflow "
+                "AND steps.instance_id = instances.instance_id "
+                "AND steps.key = instances.waiting_for "
+                "WHERE instances.status = 'suspended' AND steps.state = 'completed' "
+                f"AND instances.workflow IN ({marks})",
+                params,
+            ).fetchall()
+            orphaned = conn.execute(
+                "SELECT workflow, instance_id FROM instances WHERE status = 'running' "
+                f"AND owner IS NOT :me AND {_OWNER_FREE} AND workflow IN ({marks})",
+                params,
+            ).fetchall()
+            cancelled = conn.execute(
+                "SELECT workflow, instance_id FROM instances "
+                "WHERE status = 'cancelled' AND owner = :me",
+                params,
+            ).fetchall()
+        return (
+            [(w, i) for w, i in ready],
+            [(w, i) for w, i in orphaned],
+            [(w, i) for w, i in cancelled],
         )
 
     # ------------------------------------------------------------------ reads
+
+    def next_deadline(self) -> float | None:
+        with self._using("read the next timer deadline") as conn:
+            row = conn.execute("SELECT MIN(deadline) FROM timers").fetchone()
+        return None if row[0] is None else float(row[0])
 
     def get_instance(self, workflow: str, instance_id: str) -> InstanceRow | None:
         with self._using("read the instance", workflow, instance_id):
@@ -441,26 +465,6 @@ class SQLiteStore:
             )
         return [_rows.structure(row, InstanceRow) for row in rows]
 
-    def next_deadline(self) -> float | None:
-        with self._using("read the next timer deadline") as conn:
-            row = conn.execute("SELECT MIN(deadline) FROM timers").fetchone()
-        return None if row[0] is None else float(row[0])
-
-    def ready_to_resume(self, workflows: list[str]) -> list[tuple[str, str]]:
-        if not workflows:
-            return []
-        marks = ", ".join("?" * len(workflows))
-        with self._using("look for instances to resume") as conn:
-            rows = conn.execute(
-                "SELECT i.workflow, i.instance_id FROM instances AS i JOIN steps AS s "
-                "ON s.workflow = i.workflow AND s.instance_id = i.instance_id "
-                "AND s.key = i.waiting_for "
-                "WHERE i.status = 'suspended' AND s.state = 'completed' "
-                f"AND i.workflow IN ({marks})",
-                workflows,
-            ).fetchall()
-        return [(w, i) for w, i in rows]
-
     def list_steps(self, workflow: str, instance_id: str) -> list[StepRecord]:
         with self._using("read the steps", workflow, instance_id):
             rows = list(
@@ -474,6 +478,10 @@ class SQLiteStore:
         with self._lock:
             self._closed = True
             self._conn.close()
+
+
+def _wall_of(iso: str) -> float:
+    return datetime.fromisoformat(iso).timestamp()
 
 
 def _step_record(row: dict[str, Any]) -> StepRecord:

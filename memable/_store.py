@@ -11,7 +11,7 @@ matching ``EngineError``, and the transaction writes nothing.
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Protocol
+from typing import Literal, Protocol
 
 import attrs
 
@@ -39,6 +39,7 @@ class InstanceRow:
     updated_at: str
     completed_at: str | None
     waiting_for: str | None = None
+    owner: str | None = None
 
 
 @attrs.frozen
@@ -80,23 +81,38 @@ class RunSnapshot:
     steps: dict[str, StoredStep]
 
 
+#: How a run may claim an instance: the user's resume (anything not cancelled
+#: and not run by a live owner), a timer or signal (only a suspended one), or
+#: recovery (only a running one whose owner is dead).
+Claim = Literal["resume", "wake", "recover"]
+
+
+class LostInstance(BaseException):
+    """The run's engine no longer owns its instance: stop without writing.
+
+    Raised by a store write that finds another owner (the lease expired and
+    another engine took the instance over). A BaseException, like a
+    suspension, so user code cannot catch it and go on writing.
+    """
+
+
 class Store(Protocol):
     """What the engine needs from a store. Every method is thread-safe."""
 
     def create_instance(self, row: InstanceRow) -> bool:
-        """Insert ``row``; False (and nothing written) if the instance exists."""
+        """Insert ``row``, owned by this store's engine; False (nothing written) if it exists."""
 
     def begin_run(
-        self, workflow: str, instance_id: str, *, now: str, only_if_suspended: bool
+        self, workflow: str, instance_id: str, *, now: str, claim: Claim
     ) -> RunSnapshot | None:
-        """Claim the instance for a run (only a suspended one if so asked).
+        """Claim the instance for a run of this engine, as ``claim`` allows.
 
-        Mark it running and read its input and steps in one transaction;
-        None (and nothing written) if it is unknown or not claimable.
+        Mark it running and owned, and read its input and steps, in one
+        transaction; None (and nothing written) if unknown or not claimable.
         """
 
     def save_step(self, write: StepWrite) -> None:
-        """Store one step outcome; never overwrites a completed step."""
+        """Store one step outcome; never overwrites a completed step. LostInstance if not owned."""
 
     def await_signal(self, write: StepWrite) -> StoredStep | None:
         """The key's completed row if it was signalled, else mark it waiting; one transaction."""
@@ -117,9 +133,6 @@ class Store(Protocol):
     def next_deadline(self) -> float | None:
         """The earliest armed timer deadline, or None."""
 
-    def ready_to_resume(self, workflows: list[str]) -> list[tuple[str, str]]:
-        """Suspended instances of these workflows whose awaited key has completed."""
-
     def finish(
         self,
         workflow: str,
@@ -130,8 +143,41 @@ class Store(Protocol):
         output: tuple[str, str | None] | None = None,
         waiting_for: str | None = None,
         now: str,
-    ) -> None:
-        """Record how a run ended: with the output if completed, the awaited key if suspended."""
+    ) -> bool:
+        """Record how this engine's run ended, and release the instance.
+
+        False (only the release written) if the instance is no longer
+        running under this engine: cancelled meanwhile, or taken over.
+        """
+
+    def cancel(self, workflow: str, instance_id: str, *, now: str) -> None:
+        """Mark the instance Cancelled and drop its timers.
+
+        Raise InstanceNotFound, or InstanceFinished for a Completed or
+        Cancelled one (writing nothing).
+        """
+
+    def purge(self, completed_before: str) -> int:
+        """Delete terminal instances completed before then, with their steps and timers."""
+
+    def register_owner(self, lease: float, now: float) -> None:
+        """Record this engine as an owner on the store, alive for ``lease`` seconds."""
+
+    def heartbeat(self, now: float) -> None:
+        """Renew this engine's lease (and its owner row, if someone reaped it)."""
+
+    def drop_owner(self) -> None:
+        """Remove this engine's owner row (at stop; it runs nothing any more)."""
+
+    def look_around(
+        self, workflows: list[str], now: float, host: str
+    ) -> tuple[list[tuple[str, str]], list[tuple[str, str]], list[tuple[str, str]]]:
+        """What other processes changed, for these workflows.
+
+        Return (suspended instances whose awaited key completed, running
+        instances whose owner is dead, instances of this engine that were
+        cancelled). Owners on ``host`` whose process is gone are reaped first.
+        """
 
     def get_instance(self, workflow: str, instance_id: str) -> InstanceRow | None:
         """The instance's row, or None."""

@@ -16,7 +16,7 @@ import pytest
 import sqlite_utils
 
 from memable import Completed, Context, Engine, Failed, MetadataStatus, StorageError
-from memable._sqlite import SCHEMA_VERSION, _migrate_to_1
+from memable._schema import SCHEMA_VERSION, migrate_to_1
 
 # Several tests look at the engine's own connection (``engine._store._conn``):
 # PRAGMA synchronous is per connection, and the statement trace is the only way
@@ -352,7 +352,7 @@ def test_a_version_1_store_is_migrated_and_keeps_its_rows(tmp_path: Path) -> Non
     path = tmp_path / "v1.db"
     with closing(sqlite3.connect(path)) as conn:
         db = sqlite_utils.Database(conn)
-        _migrate_to_1(db)
+        migrate_to_1(db)
         conn.execute("PRAGMA user_version = 1")
         now = "2026-01-01T00:00:00+00:00"
         db["instances"].insert(  # type: ignore[union-attr]

@@ -1,0 +1,77 @@
+"""Retry policies for steps: how many attempts, and how long between them."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import attrs
+
+from ._step_error import StepError
+
+
+def _positive(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if not value >= 0:
+        raise ValueError(f"Retry.{attribute.name} must be >= 0, not {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class Retry:
+    """How a failing step is retried: exponential backoff, with optional jitter.
+
+    ``max_attempts`` counts every execution, the first included. The delay
+    after the n-th failed attempt is ``initial_delay * multiplier ** (n - 1)``,
+    at most ``max_delay``; with ``jitter`` it is drawn uniformly from
+    [0, that delay]. Any exception is retried but ``StepError.permanent``.
+
+    >>> from memable import Engine, Retry, StepError
+    >>> calls = []
+    >>> def flaky() -> str:
+    ...     calls.append(1)
+    ...     if len(calls) < 3:
+    ...         raise ConnectionError("try again")
+    ...     return "ok"
+    >>> def wf(ctx) -> str:
+    ...     return ctx.step("call:v1").retry(Retry(max_attempts=3, initial_delay=0)).run(flaky)
+    >>> engine = Engine.in_memory()
+    >>> engine.register("wf", wf)
+    >>> with engine:
+    ...     print(engine.invoke("wf").result(timeout=10), len(calls))
+    ok 3
+    """
+
+    max_attempts: int = attrs.field(default=3)
+    initial_delay: float = attrs.field(default=0.1, validator=_positive)
+    max_delay: float = attrs.field(default=30.0, validator=_positive)
+    multiplier: float = attrs.field(default=2.0, validator=_positive)
+    jitter: bool = True
+
+    @max_attempts.validator
+    def _check_attempts(self, attribute: attrs.Attribute[int], value: int) -> None:
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"Retry.max_attempts must be an int >= 1, not {value!r}")
+
+    def delay(self, attempt: int, draw: Callable[[float, float], float] = random.uniform) -> float:
+        """Seconds to wait after failed attempt number ``attempt`` (1 for the first).
+
+        >>> from memable import Retry
+        >>> policy = Retry(initial_delay=0.5, multiplier=2, max_delay=3, jitter=False)
+        >>> [policy.delay(n) for n in (1, 2, 3, 4)]
+        [0.5, 1.0, 2.0, 3]
+        """
+        base = min(self.max_delay, self.initial_delay * self.multiplier ** (attempt - 1))
+        return draw(0.0, base) if self.jitter else base
+
+    def should_retry(self, attempt: int, error: BaseException) -> bool:
+        """Whether a step that failed ``attempt`` times with ``error`` runs again.
+
+        >>> from memable import Retry, StepError
+        >>> policy = Retry(max_attempts=2)
+        >>> policy.should_retry(1, TimeoutError()), policy.should_retry(2, TimeoutError())
+        (True, False)
+        >>> policy.should_retry(1, StepError.permanent("card declined"))
+        False
+        """
+        if isinstance(error, StepError) and not error.is_retryable:
+            return False
+        return attempt < self.max_attempts

@@ -1,0 +1,223 @@
+"""The tables of a memable store, their migrations, and opening a file safely.
+
+The schema version is ``PRAGMA user_version``. Opening checks a file before
+writing anything to it: a file that is not a SQLite database, a database
+that is not a memable store, or a store of a newer version is refused and
+left byte for byte as it was. An older store is migrated in one transaction.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from collections.abc import Callable
+from typing import Literal
+
+import sqlite_utils
+
+from ._errors import StorageError
+
+#: The schema this code writes; ``PRAGMA user_version`` of every store.
+SCHEMA_VERSION = 3
+#: Seconds a statement waits for another process's lock before failing.
+BUSY_TIMEOUT = 10.0
+
+Synchronous = Literal["full", "normal"]
+
+INSTANCE_COLUMNS: dict[str, type] = {
+    "workflow": str,
+    "instance_id": str,
+    "status": str,
+    "message": str,
+    "input": str,
+    "input_type": str,
+    "output": str,
+    "output_type": str,
+    "created_at": str,
+    "updated_at": str,
+    "completed_at": str,
+    "waiting_for": str,  # v2: the signal or timer key a suspended instance waits on
+    "owner": str,  # v3: the engine running the instance (owners.id), NULL when none
+}
+#: Columns every store has had since version 1: what a file must show before
+#: we migrate it.
+V1_INSTANCE_COLUMNS = {
+    c: t for c, t in INSTANCE_COLUMNS.items() if c not in ("waiting_for", "owner")
+}
+STEP_COLUMNS: dict[str, type] = {
+    "workflow": str,
+    "instance_id": str,
+    "key": str,
+    "seq": int,
+    "kind": str,
+    "state": str,
+    "result": str,
+    "result_type": str,
+    "status": str,
+    "error": str,
+    "attempts": int,
+    "completed_at": str,
+}
+TIMER_COLUMNS: dict[str, type] = {
+    "workflow": str, "instance_id": str, "key": str, "deadline": float,
+}
+OWNER_COLUMNS: dict[str, type] = {
+    "id": str,
+    "host": str,
+    "pid": int,
+    "heartbeat": float,  # wall clock of the last heartbeat
+    "lease": float,  # seconds the owner counts as alive after a heartbeat
+    "started_at": str,
+}
+
+
+def migrate_to_1(db: sqlite_utils.Database) -> None:
+    """Instances and their steps."""
+    db["instances"].create(  # type: ignore[union-attr]
+        V1_INSTANCE_COLUMNS,
+        pk=("workflow", "instance_id"),
+        not_null={"status", "input", "created_at", "updated_at"},
+    )
+    db["instances"].create_index(  # type: ignore[union-attr]
+        ["workflow", "created_at"], index_name="instances_by_workflow"
+    )
+    db["steps"].create(  # type: ignore[union-attr]
+        STEP_COLUMNS,
+        pk=("workflow", "instance_id", "key"),
+        not_null={"seq", "kind", "state", "attempts"},
+    )
+
+
+def migrate_to_2(db: sqlite_utils.Database) -> None:
+    """Timers, and the key a suspended instance waits on."""
+    db["instances"].add_column("waiting_for", str)  # type: ignore[union-attr]
+    db["instances"].create_index(  # type: ignore[union-attr]
+        ["status"], index_name="instances_by_status"
+    )
+    db["timers"].create(  # type: ignore[union-attr]
+        TIMER_COLUMNS,
+        pk=("workflow", "instance_id", "key"),
+        not_null={"deadline"},
+    )
+    db["timers"].create_index(  # type: ignore[union-attr]
+        ["deadline"], index_name="timers_by_deadline"
+    )
+
+
+def migrate_to_3(db: sqlite_utils.Database) -> None:
+    """Owners with leases, and the owner of each running instance."""
+    db["instances"].add_column("owner", str)  # type: ignore[union-attr]
+    db["owners"].create(  # type: ignore[union-attr]
+        OWNER_COLUMNS, pk="id", not_null={"host", "pid", "heartbeat", "lease"}
+    )
+
+
+#: Migration to version N is MIGRATIONS[N - 1]; all run in the opening transaction.
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
+    migrate_to_1,
+    migrate_to_2,
+    migrate_to_3,
+]
+
+
+def open_store(
+    path: str | os.PathLike[str] | None, synchronous: Synchronous
+) -> tuple[sqlite3.Connection, sqlite_utils.Database, str]:
+    """Open, check and migrate the store; return (connection, Database, its name)."""
+    where = ":memory:" if path is None else os.fspath(path)
+    try:
+        conn = sqlite3.connect(
+            where, timeout=BUSY_TIMEOUT, isolation_level=None, check_same_thread=False
+        )
+    except sqlite3.Error as exc:
+        raise StorageError(f"cannot open {where} ({exc})") from exc
+    db = sqlite_utils.Database(conn)
+    try:
+        _retry_while_busy(lambda: _prepare(conn, db, where, path is not None, synchronous))
+    except BaseException:
+        conn.close()
+        raise
+    return conn, db, where
+
+
+def _retry_while_busy(action: Callable[[], None]) -> None:
+    # Several processes opening a new file at once contend for the first
+    # write; each step here is safe to repeat, so a busy one is tried again.
+    deadline = time.monotonic() + BUSY_TIMEOUT
+    while True:
+        try:
+            return action()
+        except sqlite3.Error as exc:
+            busy = isinstance(exc, sqlite3.OperationalError) and (
+                "locked" in str(exc) or "busy" in str(exc)
+            )
+            if not busy or time.monotonic() > deadline:
+                raise StorageError(f"cannot prepare the store ({exc})") from exc
+            time.sleep(0.01)  # a short pause between attempts, not a wait on an event
+
+
+def _prepare(
+    conn: sqlite3.Connection,
+    db: sqlite_utils.Database,
+    where: str,
+    file_backed: bool,
+    synchronous: Synchronous,
+) -> None:
+    # Read-only checks first: a file that is not ours must be left byte for byte.
+    version, tables = _inspect(conn, where)
+    if version > SCHEMA_VERSION:
+        raise StorageError(
+            f"{where} has schema version {version}, newer than this memable "
+            f"understands ({SCHEMA_VERSION}); upgrade memable to open it"
+        )
+    if version == 0 and tables:
+        raise StorageError(
+            f"{where} is not a memable store (it has tables "
+            f"{', '.join(sorted(tables))} and no memable schema version)"
+        )
+    if version > 0:
+        _check_columns(db, where, tables)
+    if file_backed:
+        conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute(f"PRAGMA synchronous = {synchronous.upper()}")
+    if version < SCHEMA_VERSION:
+        _migrate(conn, db)
+
+
+def _inspect(conn: sqlite3.Connection, where: str) -> tuple[int, set[str]]:
+    try:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        tables = {
+            row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+        }
+    except sqlite3.OperationalError:
+        raise  # busy: the caller tries again
+    except sqlite3.DatabaseError as exc:
+        raise StorageError(f"{where} is not a SQLite database ({exc})") from exc
+    return int(version), tables
+
+
+def _check_columns(db: sqlite_utils.Database, where: str, tables: set[str]) -> None:
+    for table, columns in (("instances", V1_INSTANCE_COLUMNS), ("steps", STEP_COLUMNS)):
+        have = {c.name for c in db[table].columns} if table in tables else set()
+        if not set(columns) <= have:
+            raise StorageError(
+                f"{where} is not a memable store (table {table!r} is missing "
+                f"or lacks columns {', '.join(sorted(set(columns) - have))})"
+            )
+
+
+def _migrate(conn: sqlite3.Connection, db: sqlite_utils.Database) -> None:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        # Another process may have migrated while we waited for the lock.
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        for step in MIGRATIONS[version:]:
+            step(db)
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
