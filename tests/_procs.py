@@ -1,0 +1,107 @@
+"""Child processes for the crash and several-process tests (not a test module).
+
+    python _procs.py crash   DB LOG K       run a 10-step workflow; hang in step K
+    python _procs.py recover DB LOG         start an engine on DB; finish the crashed one
+    python _procs.py many    DB LOG N       invoke N instances of a 3-step + timer workflow
+    python _procs.py wait    DB LOG         invoke a workflow parked on a signal; await it
+    python _procs.py signal  DB ID [wf]     signal that instance (registering it with "wf")
+
+Every step body appends one line to LOG (O_APPEND: whole lines, from any
+process), so the parent counts executions. Any exception exits non-zero.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from datetime import timedelta
+
+from memable import Context, Engine
+
+
+def log_line(path: str, line: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    try:
+        os.write(fd, f"{line}\n".encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def ten_steps(log: str, hang_at: int) -> object:
+    def body(i: int) -> int:
+        log_line(log, f"s{i}")
+        if i == hang_at:
+            print(f"in step {i}", flush=True)
+            threading.Event().wait()  # until SIGKILL
+        return i
+
+    def workflow(ctx: Context) -> int:
+        return sum(ctx.step(f"s{i}").run(body, i) for i in range(1, 11))
+
+    return workflow
+
+
+def three_steps(log: str) -> object:
+    def body(instance_id: str, step: str) -> str:
+        log_line(log, f"{instance_id} {step}")
+        return step
+
+    def workflow(ctx: Context) -> str:
+        a = ctx.step("a").run(body, ctx.instance_id, "a")
+        b = ctx.step("b").run(body, ctx.instance_id, "b")
+        ctx.timer("pause", timedelta(0))
+        c = ctx.step("c").run(body, ctx.instance_id, "c")
+        return a + b + c
+
+    return workflow
+
+
+def awaits_signal(log: str) -> object:
+    def workflow(ctx: Context) -> str:
+        payload = ctx.suspend("go:v1")
+        return ctx.step("after").run(lambda: log_line(log, f"after {payload}") or payload)
+
+    return workflow
+
+
+def main(command: str, db: str, *args: str) -> None:
+    engine = Engine.open(db, poll_interval=0.05, lease=3.0)
+    if command == "crash":
+        log, k = args[0], int(args[1])
+        engine.register("ten", ten_steps(log, k))  # type: ignore[arg-type]
+        engine.start()
+        engine.invoke("ten", instance_id="crash").result()
+    elif command == "recover":
+        engine.register("ten", ten_steps(args[0], 0))  # type: ignore[arg-type]
+        with engine:
+            print(json.dumps(engine.invocation("ten", "crash").result(timeout=60)), flush=True)
+    elif command == "many":
+        log, n = args[0], int(args[1])
+        engine.register("three", three_steps(log))  # type: ignore[arg-type]
+        with engine:
+            invocations = [
+                engine.invoke("three", instance_id=f"{os.getpid()}-{i}") for i in range(n)
+            ]
+            results = [inv.result(timeout=120) for inv in invocations]
+        print(json.dumps(sorted(set(results))), flush=True)
+    elif command == "wait":
+        engine.register("awaits", awaits_signal(args[0]))  # type: ignore[arg-type]
+        with engine:
+            inv = engine.invoke("awaits", instance_id="parked")
+            print(f"suspended {inv.wait(timeout=30)}", flush=True)
+            print(json.dumps(inv.result(timeout=60)), flush=True)
+    elif command == "signal":
+        instance_id = args[0]
+        if len(args) > 1:  # this process can run the workflow too
+            engine.register("awaits", awaits_signal(args[1]))  # type: ignore[arg-type]
+        with engine:
+            engine.signal("awaits", instance_id, "go:v1", "hello")
+    else:
+        raise SystemExit(f"unknown command {command!r}")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
