@@ -1,0 +1,416 @@
+"""Cancel (running, suspended, finished instances) and purge of finished instances."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from freezegun import freeze_time
+
+from memable import (
+    Cancelled,
+    Completed,
+    Context,
+    Engine,
+    Failed,
+    InstanceFinished,
+    InstanceNotFound,
+    MetadataStatus,
+    StepRecord,
+    Suspended,
+    WorkflowFailed,
+    WorkflowMetadata,
+)
+
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def dump(engine: Engine) -> list[str]:
+    """Every row of the store, as SQL text (private connection on purpose: a full snapshot)."""
+    with engine._store._lock:  # type: ignore[attr-defined]
+        return list(engine._store._conn.iterdump())  # type: ignore[attr-defined]
+
+
+def timer_rows(engine: Engine, instance_id: str) -> list[tuple[str, float]]:
+    """The armed timers of an instance, read on the engine's own connection (private on
+    purpose: timers are not part of the public API, and the in-memory store has no file)."""
+    with engine._store._lock:  # type: ignore[attr-defined]
+        return [
+            (key, deadline)
+            for key, deadline in engine._store._conn.execute(  # type: ignore[attr-defined]
+                "SELECT key, deadline FROM timers WHERE instance_id = ?", (instance_id,)
+            )
+        ]
+
+
+def metadata(engine: Engine, name: str, instance_id: str) -> WorkflowMetadata:
+    """The stored metadata of an instance that must exist."""
+    found = engine.get_metadata(name, instance_id)
+    assert found is not None
+    return found
+
+
+def waiter(ctx: Context) -> str:
+    """Waits for the signal "go:v1", then completes."""
+    return str(ctx.suspend("go:v1", status="waiting for go"))
+
+
+# ---------------------------------------------------------------------- cancel
+
+
+def test_cancel_of_a_running_instance_stops_after_the_step_in_flight(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """Cancelled while step 2 of 4 runs: step 2 finishes and is stored, 3 and 4 never run."""
+    engine = make_engine()
+    in_step_2 = threading.Event()
+    release = threading.Event()
+    ran: list[str] = []
+
+    def step_2() -> str:
+        ran.append("s2")
+        in_step_2.set()
+        release.wait(10)
+        return "two"
+
+    def wf(ctx: Context) -> str:
+        ctx.step("s1").run(lambda: ran.append("s1") or "one")
+        ctx.step("s2").run(step_2)
+        ctx.step("s3").run(lambda: ran.append("s3") or "three")
+        ctx.step("s4").run(lambda: ran.append("s4") or "four")
+        return "done"
+
+    engine.register("wf", wf)
+    with engine:
+        try:
+            inv = engine.invoke("wf", instance_id="job-1")
+            assert in_step_2.wait(10)
+            engine.cancel("wf", "job-1")
+        finally:
+            release.set()
+        assert inv.wait(timeout=10) == Cancelled()
+        steps = engine.steps("wf", "job-1")
+        meta = metadata(engine, "wf", "job-1")
+        with pytest.raises(WorkflowFailed) as info:
+            inv.result(timeout=10)
+    assert ran == ["s1", "s2"]
+    assert [(s.key, s.state, s.result) for s in steps] == [
+        ("s1", "completed", "one"), ("s2", "completed", "two"),
+    ]
+    assert meta.status == MetadataStatus.Cancelled()
+    assert meta.completed_at is not None
+    assert info.value.state == Cancelled()
+
+
+def test_cancel_of_a_running_instance_shows_cancelled_in_the_store_at_once(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """The stored status is Cancelled as soon as cancel() returns, before the run stops."""
+    engine = make_engine()
+    entered = threading.Event()
+    release = threading.Event()
+
+    def wf(ctx: Context) -> None:
+        ctx.step("s1").run(lambda: entered.set() or release.wait(10))
+
+    engine.register("wf", wf)
+    with engine:
+        try:
+            inv = engine.invoke("wf", instance_id="job-1")
+            assert entered.wait(10)
+            engine.cancel("wf", "job-1")
+            status = metadata(engine, "wf", "job-1").status
+        finally:
+            release.set()
+        assert inv.wait(timeout=10) == Cancelled()
+    assert status == MetadataStatus.Cancelled()
+
+
+def test_a_signal_to_a_cancelled_instance_raises_and_writes_nothing(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """After cancelling a suspended instance, signal() raises InstanceFinished; no row changes."""
+    engine = make_engine()
+    engine.register("wf", waiter)
+    with engine:
+        inv = engine.invoke("wf", instance_id="job-1")
+        assert inv.wait(timeout=10) == Suspended("waiting for go")
+        engine.cancel("wf", "job-1")
+        assert inv.state == Cancelled()
+        before = dump(engine)
+        with pytest.raises(InstanceFinished, match="cancelled") as info:
+            engine.signal("wf", "job-1", "go:v1", "now")
+        assert dump(engine) == before
+        meta = metadata(engine, "wf", "job-1")
+    assert str(info.value) == (
+        "instance has finished (it is cancelled): workflow 'wf', instance 'job-1'"
+    )
+    assert meta.status == MetadataStatus.Cancelled()
+    assert meta.completed_at is not None
+
+
+def test_resume_of_a_cancelled_instance_raises(make_engine: Callable[..., Engine]) -> None:
+    """resume() of a cancelled instance raises InstanceFinished and starts no run."""
+    engine = make_engine()
+    runs: list[str] = []
+
+    def wf(ctx: Context) -> str:
+        runs.append("run")
+        return waiter(ctx)
+
+    engine.register("wf", wf)
+    with engine:
+        assert engine.invoke("wf", instance_id="job-1").wait(timeout=10) == Suspended(
+            "waiting for go"
+        )
+        engine.cancel("wf", "job-1")
+        before = dump(engine)
+        with pytest.raises(InstanceFinished, match="cancelled"):
+            engine.resume("wf", "job-1")
+        assert dump(engine) == before
+    assert runs == ["run"]
+
+
+def test_cancel_of_an_instance_on_a_timer_drops_the_timer(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """Cancelling an instance suspended on a timer deletes its timer; it never fires."""
+    engine = make_engine(poll_interval=60)
+    after: list[str] = []
+
+    def wf(ctx: Context) -> str:
+        ctx.timer("cool-off:v1", timedelta(hours=1))
+        return ctx.step("after").run(lambda: after.append("ran") or "done")
+
+    engine.register("wf", wf)
+    with freeze_time(T0) as clock, engine:
+        inv = engine.invoke("wf", instance_id="job-1")
+        assert inv.wait(timeout=10) == Suspended("timer cool-off:v1")
+        assert timer_rows(engine, "job-1") == [
+            ("cool-off:v1", (T0 + timedelta(hours=1)).timestamp()),
+        ]
+        engine.cancel("wf", "job-1")
+        assert timer_rows(engine, "job-1") == []
+        clock.move_to(T0 + timedelta(hours=2))
+        assert engine.fire_due_timers() == 0
+        assert inv.wait(timeout=10) == Cancelled()
+        [record] = engine.steps("wf", "job-1")
+    assert after == []
+    assert (record.key, record.kind, record.state) == ("cool-off:v1", "timer", "waiting")
+
+
+def test_cancel_of_a_failed_instance_ends_it_cancelled(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """A Failed instance can be cancelled; afterwards it is Cancelled and resume is refused."""
+    engine = make_engine()
+
+    def wf(ctx: Context) -> None:
+        ctx.step("s").run(lambda: 1 / 0)
+
+    engine.register("wf", wf)
+    with engine:
+        inv = engine.invoke("wf", instance_id="job-1")
+        assert inv.wait(timeout=10) == Failed(
+            "step 's' failed: ZeroDivisionError: division by zero"
+        )
+        engine.cancel("wf", "job-1")
+        assert inv.state == Cancelled()
+        meta = metadata(engine, "wf", "job-1")
+        with pytest.raises(InstanceFinished, match="cancelled"):
+            engine.resume("wf", "job-1")
+    assert meta.status == MetadataStatus.Cancelled()
+    assert meta.completed_at is not None
+
+
+def test_cancel_of_a_completed_instance_raises_and_changes_nothing(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """cancel() of a Completed instance raises InstanceFinished naming it; no row changes."""
+    engine = make_engine()
+    engine.register("wf", lambda ctx: ctx.step("s").run(lambda: 1))
+    with engine:
+        assert engine.invoke("wf", instance_id="job-1").wait(timeout=10) == Completed()
+        before = dump(engine)
+        with pytest.raises(InstanceFinished) as info:
+            engine.cancel("wf", "job-1")
+        assert dump(engine) == before
+        status = metadata(engine, "wf", "job-1").status
+    assert str(info.value) == (
+        "instance has finished (it is completed): workflow 'wf', instance 'job-1'"
+    )
+    assert (info.value.workflow, info.value.instance_id) == ("wf", "job-1")
+    assert status == MetadataStatus.Completed()
+
+
+def test_cancel_of_a_cancelled_instance_raises_and_changes_nothing(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """A second cancel() raises InstanceFinished naming the instance; no row changes."""
+    engine = make_engine()
+    engine.register("wf", waiter)
+    with engine:
+        assert engine.invoke("wf", instance_id="job-1").wait(timeout=10) == Suspended(
+            "waiting for go"
+        )
+        engine.cancel("wf", "job-1")
+        before = dump(engine)
+        with pytest.raises(InstanceFinished) as info:
+            engine.cancel("wf", "job-1")
+        assert dump(engine) == before
+    assert str(info.value) == (
+        "instance has finished (it is cancelled): workflow 'wf', instance 'job-1'"
+    )
+
+
+def test_cancel_of_an_unknown_instance_raises_instance_not_found(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """cancel() of an id never stored raises InstanceNotFound naming workflow and id."""
+    engine = make_engine()
+    engine.register("wf", waiter)
+    with engine:
+        before = dump(engine)
+        with pytest.raises(InstanceNotFound) as info:
+            engine.cancel("wf", "nope")
+        assert dump(engine) == before
+    assert str(info.value) == "no stored instance: workflow 'wf', instance 'nope'"
+
+
+# ---------------------------------------------------------------------- purge
+
+
+def test_purge_deletes_only_finished_instances_older_than_the_cutoff(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """At T0+31d, purge(30 days) deletes the 3 finished at T0 and nothing else."""
+    engine = make_engine(poll_interval=60)
+    entered = threading.Event()
+    release = threading.Event()
+
+    def done(ctx: Context) -> int:
+        return ctx.step("s").run(lambda: 1)
+
+    def boom(ctx: Context) -> None:
+        ctx.step("s").run(lambda: 1 / 0)
+
+    def held(ctx: Context) -> str:
+        ctx.step("first").run(lambda: "first")
+        return ctx.step("held").run(lambda: entered.set() or release.wait(10) and "held")
+
+    engine.register("done", done)
+    engine.register("boom", boom)
+    engine.register("waiter", waiter)
+    engine.register("held", held)
+    kept = [
+        ("held", "running"), ("waiter", "suspended"), ("done", "recent-completed"),
+    ]
+    purged = [("done", "old-completed"), ("boom", "old-failed"), ("waiter", "old-cancelled")]
+    with freeze_time(T0) as clock, engine:
+        try:
+            assert engine.invoke("done", instance_id="old-completed").wait(10) == Completed()
+            assert isinstance(engine.invoke("boom", instance_id="old-failed").wait(10), Failed)
+            assert engine.invoke("waiter", instance_id="old-cancelled").wait(10) == Suspended(
+                "waiting for go"
+            )
+            engine.cancel("waiter", "old-cancelled")
+            running = engine.invoke("held", instance_id="running")
+            assert entered.wait(10)
+            assert engine.invoke("waiter", instance_id="suspended").wait(10) == Suspended(
+                "waiting for go"
+            )
+            clock.move_to(T0 + timedelta(days=20))
+            recent = engine.invoke("done", instance_id="recent-completed")
+            assert recent.wait(10) == Completed()
+            clock.move_to(T0 + timedelta(days=31))
+            kept_before: list[tuple[WorkflowMetadata, list[StepRecord]]] = [
+                (metadata(engine, name, i), engine.steps(name, i)) for name, i in kept
+            ]
+            assert all(engine.steps(name, i) != [] for name, i in purged)
+
+            assert engine.purge(older_than=timedelta(days=30)) == 3
+
+            for name, instance_id in purged:
+                assert engine.get_metadata(name, instance_id) is None
+                with pytest.raises(InstanceNotFound):
+                    engine.steps(name, instance_id)
+            kept_after = [
+                (metadata(engine, name, i), engine.steps(name, i)) for name, i in kept
+            ]
+            assert kept_after == kept_before
+            assert [m.status for m, _ in kept_after] == [
+                MetadataStatus.Running(),
+                MetadataStatus.Suspended("waiting for go"),
+                MetadataStatus.Completed(),
+            ]
+        finally:
+            release.set()
+        assert running.result(timeout=10) == "held"
+
+
+def test_purge_with_zero_deletes_every_finished_instance(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """purge(older_than=0) deletes every Completed, Failed and Cancelled instance at once."""
+    engine = make_engine()
+
+    def boom(ctx: Context) -> None:
+        ctx.step("s").run(lambda: 1 / 0)
+
+    engine.register("done", lambda ctx: ctx.step("s").run(lambda: 1))
+    engine.register("boom", boom)
+    engine.register("waiter", waiter)
+    with engine:
+        assert engine.invoke("done", instance_id="a").wait(10) == Completed()
+        assert isinstance(engine.invoke("boom", instance_id="b").wait(10), Failed)
+        assert engine.invoke("waiter", instance_id="c").wait(10) == Suspended("waiting for go")
+        engine.cancel("waiter", "c")
+        assert engine.invoke("waiter", instance_id="d").wait(10) == Suspended("waiting for go")
+        assert engine.purge(older_than=0) == 3
+        left = [
+            (name, i)
+            for name in ("done", "boom", "waiter")
+            for i, _ in engine.list_instances(name)
+        ]
+    assert left == [("waiter", "d")]
+
+
+def test_purge_takes_float_seconds(make_engine: Callable[..., Engine]) -> None:
+    """older_than in float seconds: 150.0 keeps an instance finished 100 s ago, 50.0 deletes it."""
+    engine = make_engine(poll_interval=60)
+    engine.register("done", lambda ctx: ctx.step("s").run(lambda: 1))
+    with freeze_time(T0) as clock, engine:
+        assert engine.invoke("done", instance_id="a").wait(10) == Completed()
+        clock.move_to(T0 + timedelta(seconds=100))
+        assert engine.purge(older_than=150.0) == 0
+        assert engine.get_metadata("done", "a") is not None
+        assert engine.purge(older_than=50.0) == 1
+        assert engine.get_metadata("done", "a") is None
+
+
+def test_purge_with_a_negative_duration_raises_and_deletes_nothing(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """purge(-1) and purge(timedelta(seconds=-1)) raise ValueError; nothing is deleted."""
+    engine = make_engine()
+    engine.register("done", lambda ctx: ctx.step("s").run(lambda: 1))
+    with engine:
+        assert engine.invoke("done", instance_id="a").wait(10) == Completed()
+        with pytest.raises(ValueError, match="purge age"):
+            engine.purge(older_than=-1)
+        with pytest.raises(ValueError, match="purge age"):
+            engine.purge(older_than=timedelta(seconds=-1))
+        assert engine.get_metadata("done", "a") is not None
+
+
+def test_purge_with_nothing_finished_returns_zero(make_engine: Callable[..., Engine]) -> None:
+    """purge() on a store with only a suspended instance deletes nothing and returns 0."""
+    engine = make_engine()
+    engine.register("waiter", waiter)
+    with engine:
+        assert engine.invoke("waiter", instance_id="a").wait(10) == Suspended("waiting for go")
+        before = dump(engine)
+        assert engine.purge(older_than=0) == 0
+        assert dump(engine) == before
