@@ -296,9 +296,14 @@ def test_purge_deletes_only_finished_instances_older_than_the_cutoff(
     def boom(ctx: Context) -> None:
         ctx.step("s").run(lambda: 1 / 0)
 
+    def hold() -> str:
+        entered.set()
+        release.wait(10)
+        return "held"
+
     def held(ctx: Context) -> str:
         ctx.step("first").run(lambda: "first")
-        return ctx.step("held").run(lambda: entered.set() or release.wait(10) and "held")
+        return ctx.step("held").run(hold)
 
     engine.register("done", done)
     engine.register("boom", boom)

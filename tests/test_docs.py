@@ -105,3 +105,15 @@ def test_version_matches_the_installed_distribution() -> None:
 def test_package_ships_py_typed() -> None:
     """The installed package carries py.typed, so type checkers use its hints."""
     assert (Path(memable.__file__).parent / "py.typed").is_file()
+
+
+def test_every_test_the_guarantees_page_cites_exists() -> None:
+    """Each test named on docs/guarantees.md is a test function in tests/."""
+    cited = set(re.findall(r"`(test_\w+)`", (ROOT / "docs" / "guarantees.md").read_text()))
+    defined = {
+        name
+        for path in (ROOT / "tests").glob("test_*.py")
+        for name in re.findall(r"^def (test_\w+)", path.read_text(), re.M)
+    }
+    assert cited
+    assert sorted(cited - defined) == []
