@@ -106,7 +106,9 @@ for _variant, _label in (
     (_Failed, "Failed"),
     (_Cancelled, "Cancelled"),
 ):
-    # Named as users spell them, so reprs and tracebacks read MetadataStatus.Failed.
+    # Named as users spell them, like classes nested in MetadataStatus: reprs
+    # and tracebacks read MetadataStatus.Failed, pickle finds them there.
+    _variant.__name__ = _label
     _variant.__qualname__ = f"MetadataStatus.{_label}"
     setattr(MetadataStatus, _label, _variant)
     _BY_NAME[_variant.name] = _variant
