@@ -292,7 +292,8 @@ class Context:
         error = f"{type(exc).__name__}: {exc}"
         if self._failure is not None and self._failure[1] is exc:
             key, _, attempts = self._failure
-            after = "" if attempts is None else f" after {attempts} attempts"
+            plural = "" if attempts == 1 else "s"
+            after = "" if attempts is None else f" after {attempts} attempt{plural}"
             return f"step {key!r} failed{after}: {error}"
         return f"workflow raised {error}"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 
@@ -10,9 +11,9 @@ import attrs
 from ._step_error import StepError
 
 
-def _positive(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
-    if not value >= 0:
-        raise ValueError(f"Retry.{attribute.name} must be >= 0, not {value!r}")
+def _seconds(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if isinstance(value, bool) or not 0 <= value < math.inf:
+        raise ValueError(f"Retry.{attribute.name} must be a finite number >= 0, not {value!r}")
 
 
 @attrs.frozen(kw_only=True)
@@ -41,14 +42,14 @@ class Retry:
     """
 
     max_attempts: int = attrs.field(default=3)
-    initial_delay: float = attrs.field(default=0.1, validator=_positive)
-    max_delay: float = attrs.field(default=30.0, validator=_positive)
-    multiplier: float = attrs.field(default=2.0, validator=_positive)
+    initial_delay: float = attrs.field(default=0.1, validator=_seconds)
+    max_delay: float = attrs.field(default=30.0, validator=_seconds)
+    multiplier: float = attrs.field(default=2.0, validator=_seconds)
     jitter: bool = True
 
     @max_attempts.validator
     def _check_attempts(self, attribute: attrs.Attribute[int], value: int) -> None:
-        if not isinstance(value, int) or value < 1:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"Retry.max_attempts must be an int >= 1, not {value!r}")
 
     def delay(self, attempt: int, draw: Callable[[float, float], float] = random.uniform) -> float:
@@ -57,9 +58,9 @@ class Retry:
         >>> from memable import Retry
         >>> policy = Retry(initial_delay=0.5, multiplier=2, max_delay=3, jitter=False)
         >>> [policy.delay(n) for n in (1, 2, 3, 4)]
-        [0.5, 1.0, 2.0, 3]
+        [0.5, 1.0, 2.0, 3.0]
         """
-        base = min(self.max_delay, self.initial_delay * self.multiplier ** (attempt - 1))
+        base = float(min(self.max_delay, self.initial_delay * self.multiplier ** (attempt - 1)))
         return draw(0.0, base) if self.jitter else base
 
     def should_retry(self, attempt: int, error: BaseException) -> bool:

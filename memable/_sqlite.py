@@ -359,9 +359,11 @@ class SQLiteStore:
             )
 
     def purge(self, completed_before: str) -> int:
+        # Not one still owned: a run cancelled in flight stores its last step first.
         finished = (
             "SELECT workflow, instance_id FROM instances "
-            "WHERE status IN ('completed', 'failed', 'cancelled') AND completed_at < ?"
+            "WHERE status IN ('completed', 'failed', 'cancelled') AND completed_at < ? "
+            "AND owner IS NULL"
         )
         with self._atomic("purge finished instances") as conn:
             for table in ("steps", "timers"):

@@ -45,6 +45,17 @@ def timer_rows(engine: Engine, instance_id: str) -> list[tuple[str, float]]:
         ]
 
 
+def step_rows(engine: Engine, name: str, instance_id: str) -> int:
+    """How many rows the steps table holds for an instance, read on the engine's own
+    connection (private on purpose: engine.steps() refuses an instance whose row is gone)."""
+    with engine._store._lock:  # type: ignore[attr-defined]
+        [(count,)] = engine._store._conn.execute(  # type: ignore[attr-defined]
+            "SELECT COUNT(*) FROM steps WHERE workflow = ? AND instance_id = ?",
+            (name, instance_id),
+        ).fetchall()
+    return int(count)
+
+
 def metadata(engine: Engine, name: str, instance_id: str) -> WorkflowMetadata:
     """The stored metadata of an instance that must exist."""
     found = engine.get_metadata(name, instance_id)
@@ -102,6 +113,39 @@ def test_cancel_of_a_running_instance_stops_after_the_step_in_flight(
     assert meta.status == MetadataStatus.Cancelled()
     assert meta.completed_at is not None
     assert info.value.state == Cancelled()
+
+
+def test_purge_spares_a_cancelled_instance_whose_run_is_still_in_flight(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """A purge during the last step of a cancelled run waits for it: the step is stored."""
+    engine = make_engine()
+    in_step = threading.Event()
+    release = threading.Event()
+
+    def slow() -> str:
+        in_step.set()
+        release.wait(10)
+        return "stored"
+
+    def wf(ctx: Context) -> str:
+        return ctx.step("slow").run(slow)
+
+    engine.register("wf", wf)
+    with engine:
+        try:
+            inv = engine.invoke("wf", instance_id="job-1")
+            assert in_step.wait(10)
+            engine.cancel("wf", "job-1")
+            assert engine.purge(older_than=0) == 0
+        finally:
+            release.set()
+        assert inv.wait(timeout=10) == Cancelled()
+        assert [(s.key, s.state, s.result) for s in engine.steps("wf", "job-1")] == [
+            ("slow", "completed", "stored"),
+        ]
+        assert engine.purge(older_than=0) == 1
+        assert engine.get_metadata("wf", "job-1") is None
 
 
 def test_cancel_of_a_running_instance_shows_cancelled_in_the_store_at_once(
@@ -333,7 +377,7 @@ def test_purge_deletes_only_finished_instances_older_than_the_cutoff(
             kept_before: list[tuple[WorkflowMetadata, list[StepRecord]]] = [
                 (metadata(engine, name, i), engine.steps(name, i)) for name, i in kept
             ]
-            assert all(engine.steps(name, i) != [] for name, i in purged)
+            assert [step_rows(engine, name, i) for name, i in purged] == [1, 1, 1]
 
             assert engine.purge(older_than=timedelta(days=30)) == 3
 
@@ -341,6 +385,7 @@ def test_purge_deletes_only_finished_instances_older_than_the_cutoff(
                 assert engine.get_metadata(name, instance_id) is None
                 with pytest.raises(InstanceNotFound):
                     engine.steps(name, instance_id)
+                assert step_rows(engine, name, instance_id) == 0
             kept_after = [
                 (metadata(engine, name, i), engine.steps(name, i)) for name, i in kept
             ]

@@ -31,7 +31,8 @@ def finish(proc: subprocess.Popen[str], timeout: float = 120) -> str:
     """Wait for a child; fail with its stderr unless it exited 0; return its stdout."""
     out, err = proc.communicate(timeout=timeout)
     assert proc.returncode == 0, f"child exited {proc.returncode}:\n{err}"
-    assert "locked" not in err and "busy" not in err, err
+    assert "locked" not in err, err
+    assert "busy" not in err, err
     return out
 
 

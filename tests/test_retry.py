@@ -125,10 +125,12 @@ def test_should_retry_refuses_permanent_and_takes_retryable_step_errors() -> Non
         {"max_delay": -1.0},
         {"multiplier": -2.0},
         {"initial_delay": float("nan")},
+        {"max_delay": float("inf")},
+        {"max_attempts": True},
     ],
 )
 def test_invalid_policies_raise_value_error(options: dict[str, float]) -> None:
-    """Bad max_attempts (0, negative, fractional) and negative or NaN delays raise ValueError."""
+    """Bad max_attempts (0, negative, fractional, bool), negative/NaN/inf delays: ValueError."""
     with pytest.raises(ValueError, match=f"Retry.{next(iter(options))}"):
         Retry(**options)  # type: ignore[arg-type]
 
@@ -220,7 +222,7 @@ def test_a_permanent_step_error_is_not_retried(make_engine: Callable[..., Engine
     with engine:
         state = engine.invoke("wf", instance_id="job-1").wait(timeout=10)
         record = only_step(engine, "wf", "job-1")
-    assert state == Failed("step 'charge:v1' failed after 1 attempts: StepError: card declined")
+    assert state == Failed("step 'charge:v1' failed after 1 attempt: StepError: card declined")
     assert fn.calls == 1
     assert slept == []
     assert (record.state, record.error, record.attempts) == (
