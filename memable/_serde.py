@@ -85,14 +85,50 @@ def encode(value: Any) -> tuple[str, str | None]:
     return text, tag
 
 
+# The C scanner behind json.loads, without its whitespace regexes: stored
+# texts are our own dumps, with nothing around the value. Replay runs this
+# once per stored step.
+_scan = json.JSONDecoder().scan_once
+_SCALARS = frozenset({str, int, float, bool})
+
+
+def _builder(hint: Any) -> Callable[[Any], Any]:
+    """How to rebuild JSON data as ``hint``: cattrs' hook, or as is where JSON already is."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint in _SCALARS or hint in (dict, list):
+        hook = converter.get_structure_hook(hint)
+        # JSON already gives an exact str/bool/dict/list; an int where a float
+        # is meant (or the reverse) still goes through the hook.
+        return lambda data: data if type(data) is hint else hook(data, hint)
+    if origin in (dict, list) and all(arg is Any for arg in args[1:] or args) and (
+        origin is list or args[0] is str
+    ):
+        hook = converter.get_structure_hook(hint)
+        return lambda data: data if type(data) is origin else hook(data, hint)
+    hook = converter.get_structure_hook(hint)
+    return lambda data: hook(data, hint)
+
+
+# Builders by type hint; hints are hashable and few. Written under _types_lock.
+_builders: dict[Any, Callable[[Any], Any]] = {}
+
+
 def decode(text: str, tag: str | None, hint: Any = None) -> Any:
     """Rebuild a stored value: by ``hint`` when given, else by its tag."""
-    data = json.loads(text)
+    data = _scan(text, 0)[0]
     if hint is None or hint is Any or hint is object:  # no type to go by: use the tag
         if tag is None:
             return data
         hint = _type_for_tag(tag)
-    return converter.structure(data, hint)
+    try:
+        build = _builders[hint]
+    except KeyError:
+        build = _builder(hint)
+        with _types_lock:
+            _builders[hint] = build
+    except TypeError:  # an unhashable hint: no cache
+        return converter.structure(data, hint)
+    return build(data)
 
 
 def _where(key: str) -> dict[str, str]:
@@ -144,7 +180,7 @@ def decode_for(
 
 
 # Resolved annotations of functions that have any, weakly keyed so that a
-# cache entry never keeps a step closure alive. Guarded by _hints_lock.
+# cache entry never keeps a step closure alive. Written under _hints_lock.
 _hints_lock = threading.Lock()
 _hints_cache: weakref.WeakKeyDictionary[Callable[..., Any], dict[str, Any]] = (
     weakref.WeakKeyDictionary()
@@ -153,11 +189,13 @@ _hints_cache: weakref.WeakKeyDictionary[Callable[..., Any], dict[str, Any]] = (
 
 def hints_of(fn: Callable[..., Any]) -> dict[str, Any]:
     """The resolved annotations of ``fn``; {} where there are none."""
+    # A bound method is a new object at every attribute access: key the cache
+    # on the function underneath, which has the same annotations.
+    fn = getattr(fn, "__func__", fn)
     if not getattr(fn, "__annotations__", None):
         return {}  # lambdas and unannotated functions: nothing to resolve
     try:
-        with _hints_lock:
-            cached = _hints_cache.get(fn)
+        cached = _hints_cache.get(fn)  # a lone dict lookup: safe without the lock
     except TypeError:  # not weakly referenceable: resolve without caching
         cached = None
     if cached is not None:

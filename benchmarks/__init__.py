@@ -1,0 +1,1 @@
+"""memable's benchmarks: ``python -m benchmarks`` (see ``__main__``)."""

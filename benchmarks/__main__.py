@@ -1,0 +1,262 @@
+"""``python -m benchmarks [--quick] [--json]``: memable beside the raw SQLite floor.
+
+Runs every workload in a fresh process on a fresh file store in a temporary
+directory, measures the floor (raw ``sqlite3`` INSERT+COMMIT per row and a
+primary-key read, same journal mode and ``synchronous``) in the same run,
+and prints each figure beside its floor, their ratio and the goal. A
+workload that gets a wrong result makes the command exit 1; a missed goal
+only shows in the table (``--strict`` makes it fail too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+FULL_SIZES = {
+    "floor_rows": 2000,
+    "w1": 1000,
+    "w2": 500,
+    "w3": 1000,
+    "reps": 50,
+    "w6": [100, 1000, 10000],
+    "suspended": 10000,
+}
+QUICK_SIZES = {
+    "floor_rows": 300,
+    "w1": 200,
+    "w2": 100,
+    "w3": 200,
+    "reps": 10,
+    "w6": [100, 1000],
+    "suspended": 1000,
+}
+
+
+def run_worker(name: str, params: dict[str, Any]) -> dict[str, Any]:
+    """Run one workload in a child process; return its record (ok False on failure)."""
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--worker", name, "--params", json.dumps(params)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        return {"workload": name, "params": params, "ok": False, "error": proc.stderr[-2000:]}
+    record: dict[str, Any] = json.loads(lines[-1])
+    return record
+
+
+def worker(name: str, params: dict[str, Any]) -> int:
+    """Child process: run one workload, print its record as one JSON line."""
+    from . import _floor
+    from ._workloads import WORKLOADS, BenchFailure
+
+    with tempfile.TemporaryDirectory(prefix="memable-bench-") as tmp:
+        try:
+            if name == "floor":
+                rows = params["rows"]
+                result = {
+                    "insert_commit_us": _floor.insert_commit_us(
+                        Path(tmp), params["synchronous"], rows
+                    ),
+                    "pk_read_us": _floor.pk_read_us(Path(tmp), rows),
+                }
+            else:
+                result = WORKLOADS[name](Path(tmp), params)
+        except BenchFailure as exc:
+            print(json.dumps({"workload": name, "params": params, "ok": False, "error": str(exc)}))
+            return 1
+    print(json.dumps({"workload": name, "params": params, "ok": True, **result}))
+    return 0
+
+
+def plan(sizes: dict[str, Any], threads: int) -> list[tuple[str, str, dict[str, Any]]]:
+    """(label, workload, params) of every run, in order."""
+    full = {"synchronous": "full", "threads": threads}
+    normal = {"synchronous": "normal", "threads": threads}
+    runs = [
+        ("floor full", "floor", {**full, "rows": sizes["floor_rows"]}),
+        ("floor normal", "floor", {**normal, "rows": sizes["floor_rows"]}),
+        ("W1 full", "step_throughput", {**full, "n": sizes["w1"]}),
+        ("W1 normal", "step_throughput", {**normal, "n": sizes["w1"]}),
+        ("W2 full", "workflow_throughput", {**full, "m": sizes["w2"]}),
+        ("W3 full", "replay", {**full, "n": sizes["w3"]}),
+        ("W4 full", "timer_latency", {**full, "reps": sizes["reps"]}),
+        ("W5 full", "signal_roundtrip", {**full, "reps": sizes["reps"]}),
+        ("suspended", "suspended", {**full, "count": sizes["suspended"]}),
+    ]
+    for n in sizes["w6"]:
+        runs.append((f"W6 W1 n={n}", "step_throughput", {**full, "n": n}))
+        runs.append((f"W6 W3 n={n}", "replay", {**full, "n": n}))
+    return runs
+
+
+def _fmt_us(us: float) -> str:
+    return f"{us / 1000:.2f} ms" if us >= 1000 else f"{us:.1f} µs"
+
+
+def report(records: dict[str, dict[str, Any]], sizes: dict[str, Any]) -> tuple[str, bool]:
+    """The markdown table, and whether every goal was met."""
+    rows: list[tuple[str, str, str, str, str, bool]] = []
+    floor = {sync: records.get(f"floor {sync}", {}) for sync in ("full", "normal")}
+
+    def ratio_row(label: str, what: str, basis: str, sync: str, goal: float) -> None:
+        rec, base = records.get(label, {}), floor[sync].get(basis)
+        if not rec.get("ok") or base is None:
+            rows.append((label, what, "FAILED", "", "", False))
+            return
+        ratio = rec["per_op_us"] / base
+        name = "INSERT+COMMIT" if basis == "insert_commit_us" else "PK read"
+        rows.append(
+            (
+                label,
+                what,
+                _fmt_us(rec["per_op_us"]),
+                f"{_fmt_us(base)} {name} ({sync})",
+                f"{ratio:.2f}x (goal ≤ {goal}x)",
+                ratio <= goal,
+            )
+        )
+
+    ratio_row("W1 full", "per step, one workflow", "insert_commit_us", "full", 1.3)
+    ratio_row("W1 normal", "per step, one workflow", "insert_commit_us", "normal", 2.0)
+    ratio_row(
+        "W2 full", f"per step, {sizes['w2']} workflows at once", "insert_commit_us", "full", 0.6
+    )
+    ratio_row("W3 full", "per replayed step", "pk_read_us", "full", 5.0)
+    w3 = records.get("W3 full", {})
+    if w3.get("ok"):
+        rows.append(
+            (
+                "W3 full",
+                "per replayed step (absolute)",
+                _fmt_us(w3["per_op_us"]),
+                "",
+                "goal ≤ 10 µs",
+                w3["per_op_us"] <= 10,
+            )
+        )
+    for label, what in (
+        ("W4 full", "zero timer, start to result"),
+        ("W5 full", "signal to result"),
+    ):
+        rec = records.get(label, {})
+        if rec.get("ok"):
+            rows.append(
+                (
+                    label,
+                    what,
+                    f"median {rec['median_ms']:.2f} ms",
+                    f"p95 {rec['p95_ms']:.2f} ms",
+                    "goal median ≤ 3 ms",
+                    rec["median_ms"] <= 3,
+                )
+            )
+        else:
+            rows.append((label, what, "FAILED", "", "", False))
+    small, large = sizes["w6"][0], sizes["w6"][-1]
+    for workload in ("W1", "W3"):
+        a, b = (
+            records.get(f"W6 {workload} n={small}", {}),
+            records.get(f"W6 {workload} n={large}", {}),
+        )
+        if a.get("ok") and b.get("ok"):
+            growth = b["per_op_us"] / a["per_op_us"]
+            rows.append(
+                (
+                    f"W6 {workload}",
+                    f"per step at n={large} vs n={small}",
+                    f"{_fmt_us(b['per_op_us'])} vs {_fmt_us(a['per_op_us'])}",
+                    "",
+                    f"{growth:.2f}x (goal ≤ 1.25x)",
+                    growth <= 1.25,
+                )
+            )
+        else:
+            rows.append((f"W6 {workload}", "growth", "FAILED", "", "", False))
+    rec = records.get("suspended", {})
+    if rec.get("ok"):
+        rows.append(
+            (
+                "suspended",
+                f"{rec['n']} suspended instances",
+                f"{rec['rss_mb']:.0f} MB RSS",
+                f"{rec['threads']} extra threads, 0 runs held",
+                "goal < 150 MB",
+                rec["rss_mb"] < 150,
+            )
+        )
+    else:
+        rows.append(("suspended", "", "FAILED", "", "", False))
+    lines = [
+        "| workload | what | memable | floor / detail | ratio / goal | met |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {a} | {b} | {c} | {d} | {e} | {'yes' if ok else 'NO'} |" for a, b, c, d, e, ok in rows
+    ]
+    return "\n".join(lines), all(row[-1] for row in rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--quick", action="store_true", help="small sizes: a ~30 s smoke run")
+    parser.add_argument("--json", action="store_true", help="print one JSON record per run")
+    parser.add_argument("--strict", action="store_true", help="exit 2 when a goal is missed")
+    parser.add_argument("--threads", type=int, default=8, help="engine max_workers (8)")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--params", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        return worker(args.worker, json.loads(args.params))
+
+    sizes = QUICK_SIZES if args.quick else FULL_SIZES
+    started = time.time()
+    records: dict[str, dict[str, Any]] = {}
+    for label, workload, params in plan(sizes, args.threads):
+        record = run_worker(workload, params)
+        record["label"] = label
+        records[label] = record
+        if args.json:
+            print(json.dumps(record), flush=True)
+        elif not record["ok"]:
+            print(f"!! {label} FAILED:\n{record.get('error', '')}", file=sys.stderr)
+    table, met = report(records, sizes)
+    failed = [label for label, rec in records.items() if not rec["ok"]]
+    if not args.json:
+        print(
+            f"memable benchmarks ({'quick' if args.quick else 'full'} sizes), "
+            f"{platform.python_implementation()} {platform.python_version()}, "
+            f"SQLite {sqlite3.sqlite_version}, {os.cpu_count()} CPUs, "
+            f"{time.time() - started:.0f} s\n"
+        )
+        print(table)
+        verdict = "FAILED: " + ", ".join(failed) if failed else "each workload checked its results"
+        print(f"\ncorrectness: {verdict}")
+    if failed:
+        return 1
+    return 2 if args.strict and not met else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

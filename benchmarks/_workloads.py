@@ -1,0 +1,238 @@
+"""The memable workloads. Each runs in a fresh process on a fresh file store.
+
+Every workload checks its own results (values, how many times each step body
+ran, what the store holds) and raises ``BenchFailure`` when one is wrong.
+"""
+
+from __future__ import annotations
+
+import resource
+import statistics
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from memable import Completed, Context, Engine, MetadataStatus, Suspended
+
+
+class BenchFailure(Exception):
+    """A workload produced a wrong result."""
+
+
+def check(ok: bool, message: str) -> None:
+    if not ok:
+        raise BenchFailure(message)
+
+
+class Bodies:
+    """Step bodies that count their executions (they run on worker threads)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # guards calls
+        self.calls: Counter[Any] = Counter()
+
+    def small(self, i: int) -> dict[str, Any]:
+        with self._lock:
+            self.calls[i] += 1
+        return {"i": i, "s": "x" * 32}
+
+    def tagged(self, key: Any) -> int:
+        with self._lock:
+            self.calls[key] += 1
+        return 1
+
+
+def _engine(tmp: Path, name: str, p: dict[str, Any]) -> Engine:
+    return Engine.open(tmp / f"{name}.db", synchronous=p["synchronous"], max_workers=p["threads"])
+
+
+def _sequential(bodies: Bodies) -> Any:
+    def steps(ctx: Context, n: int) -> int:
+        total = 0
+        for i in range(n):
+            total += ctx.step(f"s{i}").run(bodies.small, i)["i"]
+        return total
+
+    return steps
+
+
+def step_throughput(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
+    """W1: one workflow of N sequential steps; microseconds per step."""
+    n = p["n"]
+    bodies = Bodies()
+    engine = _engine(tmp, "w1", p)
+    engine.register("steps", _sequential(bodies))
+    with engine:
+        # Warm the store (WAL at its working size, caches) as the floor does.
+        engine.invoke("steps", min(n, 500), instance_id="warm-up").result(timeout=600)
+        bodies.calls.clear()
+        start = time.perf_counter()
+        total = engine.invoke("steps", n, instance_id="w1").result(timeout=600)
+        seconds = time.perf_counter() - start
+        stored = engine.steps("steps", "w1")
+    check(total == sum(range(n)), f"W1 result {total} != {sum(range(n))}")
+    check(bodies.calls == Counter(range(n)), "W1 a step body ran other than once")
+    check(len(stored) == n and all(s.state == "completed" for s in stored), "W1 rows")
+    return {"per_op_us": seconds / n * 1e6, "seconds": seconds, "n": n}
+
+
+def workflow_throughput(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
+    """W2: M three-step workflows invoked at once; wall microseconds per step."""
+    m = p["m"]
+    bodies = Bodies()
+
+    def three(ctx: Context, j: int) -> int:
+        return sum(ctx.step(f"s{k}").run(bodies.tagged, (j, k)) for k in range(3))
+
+    engine = _engine(tmp, "w2", p)
+    engine.register("three", three)
+    with engine:
+        engine.invoke("three", -1).result(timeout=60)  # warm-up
+        bodies.calls.clear()
+        start = time.perf_counter()
+        invocations = [engine.invoke("three", j) for j in range(m)]
+        results = [inv.result(timeout=600) for inv in invocations]
+        seconds = time.perf_counter() - start
+        statuses = {meta.status for _, meta in engine.list_instances("three")}
+    check(results == [3] * m, "W2 a workflow returned a wrong result")
+    check(bodies.calls == Counter({(j, k): 1 for j in range(m) for k in range(3)}), "W2 runs")
+    check(statuses == {MetadataStatus.Completed()}, f"W2 statuses {statuses}")
+    return {
+        "per_op_us": seconds / (3 * m) * 1e6,
+        "seconds": seconds,
+        "n": m,
+        "workflows_per_s": m / seconds,
+    }
+
+
+def replay(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
+    """W3: resume an instance with N stored steps; microseconds per replayed step."""
+    n = p["n"]
+    bodies = Bodies()
+    fail = [True]
+    marks: dict[str, float] = {}
+
+    def last() -> str:
+        if fail[0]:
+            raise RuntimeError("fails the first run")
+        marks["end"] = time.perf_counter()
+        return "done"
+
+    def wf(ctx: Context, n: int) -> str:
+        marks["start"] = time.perf_counter()
+        for i in range(n):
+            ctx.step(f"s{i}").run(bodies.small, i)
+        return ctx.step("last").run(last)
+
+    engine = _engine(tmp, "w3", p)
+    engine.register("replay", wf)
+    with engine:
+        first = engine.invoke("replay", n, instance_id="w3")
+        check(first.wait(timeout=600) != Completed(), "W3 the first run did not fail")
+        fail[0] = False
+        start = time.perf_counter()
+        result = engine.resume("replay", "w3").result(timeout=600)
+        e2e = time.perf_counter() - start
+    check(result == "done", f"W3 result {result!r}")
+    check(bodies.calls == Counter(range(n)), "W3 a stored step body ran again")
+    seconds = marks["end"] - marks["start"]
+    return {"per_op_us": seconds / n * 1e6, "seconds": seconds, "n": n, "e2e_s": e2e}
+
+
+def _latencies(samples: list[float]) -> dict[str, Any]:
+    ordered = sorted(samples)
+    return {
+        "per_op_us": statistics.median(ordered) * 1e6,
+        "median_ms": statistics.median(ordered) * 1e3,
+        "p95_ms": ordered[max(0, round(0.95 * len(ordered)) - 1)] * 1e3,
+        "n": len(ordered),
+    }
+
+
+def timer_latency(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
+    """W4: a zero timer then one step, invoke to result; median and p95."""
+    bodies = Bodies()
+
+    def wf(ctx: Context, j: int) -> int:
+        ctx.timer("zero", 0)
+        return ctx.step("after").run(bodies.tagged, j)
+
+    engine = _engine(tmp, "w4", p)
+    engine.register("timer", wf)
+    samples = []
+    with engine:
+        engine.invoke("timer", -1).result(timeout=60)
+        for j in range(p["reps"]):
+            start = time.perf_counter()
+            result = engine.invoke("timer", j).result(timeout=60)
+            samples.append(time.perf_counter() - start)
+            check(result == 1, "W4 wrong result")
+    check(all(bodies.calls[j] == 1 for j in range(p["reps"])), "W4 a step ran other than once")
+    return _latencies(samples)
+
+
+def signal_roundtrip(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
+    """W5: signal to a parked instance, to its result; median and p95."""
+
+    def wf(ctx: Context) -> int:
+        payload = int(ctx.suspend("go"))
+        return ctx.step("after").run(lambda: payload + 1)
+
+    engine = _engine(tmp, "w5", p)
+    engine.register("signal", wf)
+    samples = []
+    with engine:
+        for j in range(-1, p["reps"]):
+            inv = engine.invoke("signal")
+            check(inv.wait(timeout=60) == Suspended("go"), "W5 did not suspend")
+            start = time.perf_counter()
+            result = engine.signal("signal", inv.instance_id, "go", j).result(timeout=60)
+            if j >= 0:
+                samples.append(time.perf_counter() - start)
+            check(result == j + 1, "W5 wrong result")
+    return _latencies(samples)
+
+
+def suspended(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
+    """Many suspended instances hold no thread; peak RSS of the process."""
+    count = p["count"]
+    engine = _engine(tmp, "suspended", p)
+    engine.register("parked", lambda ctx: ctx.suspend("go"))
+    engine.register("quick", lambda ctx: ctx.step("q").run(lambda: "quick"))
+    threads_before = threading.active_count()
+    with engine:
+        for start in range(0, count, 1000):
+            batch = [engine.invoke("parked") for _ in range(start, min(count, start + 1000))]
+            for inv in batch:
+                check(inv.wait(timeout=120) == Suspended("go"), "a parked instance ran on")
+        quick_start = time.perf_counter()
+        check(engine.invoke("quick").result(timeout=60) == "quick", "a new workflow failed")
+        quick_ms = (time.perf_counter() - quick_start) * 1e3
+        busy = len(engine._active)
+        threads = threading.active_count() - threads_before
+        parked = sum(
+            meta.status == MetadataStatus.Suspended("go")
+            for _, meta in engine.list_instances("parked")
+        )
+    check(parked == count, f"{parked} of {count} instances are suspended")
+    check(busy == 0, f"{busy} runs still hold a worker")
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {
+        "per_op_us": rss_mb,
+        "rss_mb": rss_mb,
+        "n": count,
+        "threads": threads,
+        "quick_ms": quick_ms,
+    }
+
+
+WORKLOADS = {
+    "step_throughput": step_throughput,
+    "workflow_throughput": workflow_throughput,
+    "replay": replay,
+    "timer_latency": timer_latency,
+    "signal_roundtrip": signal_roundtrip,
+    "suspended": suspended,
+}
