@@ -55,13 +55,18 @@ class Suspension(BaseException):
 
     A BaseException, not an Exception, so that ``except Exception`` in user
     code cannot swallow it and run past a point it has to wait at. The
-    engine catches it and ends the run Suspended.
+    engine catches it and records the wait (``waiting``, and for a timer its
+    ``deadline``) in the transaction that ends the run Suspended.
     """
 
-    def __init__(self, key: str, message: str) -> None:
+    def __init__(
+        self, key: str, message: str, waiting: StepWrite, deadline: float | None = None
+    ) -> None:
         super().__init__(key, message)
         self.key = key
         self.message = message
+        self.waiting = waiting
+        self.deadline = deadline
 
 
 class Context:
@@ -95,7 +100,6 @@ class Context:
         store: Store,
         memo: dict[str, StoredStep],
         publish: Callable[[WorkflowState], None],
-        timer_armed: Callable[[float], None] = lambda deadline: None,
         cancelled: Callable[[], bool] = lambda: False,
         retry: Retry | None = None,
         sleep: Callable[[float], None] = time.sleep,
@@ -106,7 +110,6 @@ class Context:
         self._store = store
         self._memo = memo
         self._publish = publish
-        self._timer_armed = timer_armed
         self._cancelled = cancelled
         self._retry = retry
         self._sleep = sleep
@@ -230,14 +233,14 @@ class Context:
         key = check_key(key, self._workflow, self._instance_id)
         self._boundary()
         self._claim(key)
-        stored = self._memo.get(key)
-        if stored is None or stored.state != "completed":
-            # The signal may have arrived since this run read its steps.
-            stored = self._store.await_signal(self._waiting(key, "signal", stored))
-        if stored is None:
-            self._end_replay()
-            raise Suspension(key, key if status is None else status)
-        return self._replayed(key, stored, returns)
+        stored = self._arrived(key)
+        if stored is not None and stored.state == "completed":
+            return self._replayed(key, stored, returns)
+        # A signal that arrives after this look is found by the transaction
+        # that records the suspension, which then runs the instance again.
+        self._end_replay()
+        message = key if status is None else status
+        raise Suspension(key, message, self._waiting(key, "signal", stored))
 
     def timer(self, key: str, duration: float | timedelta) -> None:
         """Wait ``duration`` (seconds or a timedelta) durably: return once the timer has fired.
@@ -265,18 +268,13 @@ class Context:
         seconds = seconds_of(duration, "timer duration")
         self._boundary()
         self._claim(key)
-        stored = self._memo.get(key)
+        stored = self._arrived(key)
         if stored is not None and stored.state == "completed":
             self._replayed(key, stored, None)
             return
-        deadline = self._store.arm_timer(
-            self._waiting(key, "timer", stored), _clock.wall() + seconds
-        )
-        if deadline is None:  # fired since this run read its steps
-            return
         self._end_replay()
-        self._timer_armed(deadline)
-        raise Suspension(key, f"timer {key}")
+        waiting = self._waiting(key, "timer", stored)
+        raise Suspension(key, f"timer {key}", waiting, _clock.wall() + seconds)
 
     # ------------------------------------------------------------------ engine side
 
@@ -338,6 +336,17 @@ class Context:
                 raise
             self._store.save_step(self._write(key, seq, "completed", result=(text, tag)))
             return value
+
+    def _arrived(self, key: str) -> StoredStep | None:
+        """The stored row of a suspend point or timer, read again if it was not complete.
+
+        A signal or timer may have completed it since this run read its steps;
+        a read is much cheaper than suspending and running again.
+        """
+        stored = self._memo.get(key)
+        if stored is not None and stored.state == "completed":
+            return stored
+        return self._store.read_step(self._workflow, self._instance_id, key) or stored
 
     def _boundary(self) -> None:
         """Between steps: stop here if the instance was cancelled."""

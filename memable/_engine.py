@@ -35,7 +35,16 @@ from ._schema import Synchronous
 from ._serde import decode_for, hints_of, return_hint, store_form
 from ._sqlite import SQLiteStore
 from ._states import Cancelled, Completed, Failed, Suspended, WorkflowState
-from ._store import Claim, InstanceRow, LostInstance, StepWrite, Store, metadata_of, utcnow
+from ._store import (
+    Claim,
+    InstanceRow,
+    LostInstance,
+    RunSnapshot,
+    StepWrite,
+    Store,
+    metadata_of,
+    utcnow,
+)
 from ._timers import TimerThread
 
 log = logging.getLogger("memable")
@@ -102,6 +111,12 @@ class _Run:
     # For a run of an instance created by this invoke: the input, already
     # validated; the run then needs to read nothing from the store.
     fresh_input: tuple[Any] | None = None
+    # For a run that goes straight on from the one before it (what it waited
+    # for had arrived): the instance is still claimed, its steps already read.
+    snapshot: RunSnapshot | None = None
+    # Set by this run when it ends at a wait whose key had completed: the
+    # snapshot its successor starts from.
+    go_on: RunSnapshot | None = None
     # How the run claims its instance (see Store.begin_run).
     claim: Claim = "resume"
     # Set under Engine._lock when a signal or timer completed a key while
@@ -748,6 +763,7 @@ class Engine:
         instance_id: str,
         fresh_input: tuple[Any] | None,
         claim: Claim,
+        snapshot: RunSnapshot | None = None,
     ) -> Watch:
         # Caller holds _lock and has checked that the engine is started.
         assert self._executor is not None
@@ -756,7 +772,7 @@ class Engine:
         if active is not None:  # at most one run per instance
             return active.watch
         watch = self._watch(*key)
-        run = _Run(workflow, instance_id, watch, fresh_input, claim)
+        run = _Run(workflow, instance_id, watch, fresh_input, snapshot, claim=claim)
         self._active[key] = run
         watch.begin()
         self._executor.submit(self._execute, run)
@@ -839,7 +855,10 @@ class Engine:
             with self._lock:
                 del self._active[(run.workflow.name, run.instance_id)]
                 run.watch.finish(state)
-                if run.rerun and isinstance(state, Suspended) and self._phase == "started":
+                if run.go_on is not None and self._phase == "started":
+                    # What it suspended at was there already: go on, still claimed.
+                    self._submit(run.workflow, run.instance_id, None, "wake", run.go_on)
+                elif run.rerun and isinstance(state, Suspended) and self._phase == "started":
                     # A signal or timer arrived while it ran: go on right away.
                     self._submit(run.workflow, run.instance_id, None, "wake")
                 if not self._active and not self._firing:
@@ -851,7 +870,7 @@ class Engine:
         if run.fresh_input is not None:
             input_value, memo = run.fresh_input[0], {}
         else:
-            snapshot = self._store.begin_run(
+            snapshot = run.snapshot or self._store.begin_run(
                 name, instance_id, now=utcnow().isoformat(), claim=run.claim
             )
             if snapshot is None:  # gone, or run by a live engine, or not waiting any more
@@ -867,11 +886,9 @@ class Engine:
                 )
             except SerializationError as exc:
                 return self._fail(run, f"input failed: {type(exc).__name__}: {exc}")
-        timers = self._timers
         ctx = Context(
             workflow=name, instance_id=instance_id, input=input_value, store=self._store,
             memo=memo, publish=run.watch.publish,
-            timer_armed=timers.armed if timers is not None else lambda deadline: None,
             cancelled=lambda: run.cancel_requested, retry=self._options.retry,
             sleep=self._options.sleep,
         )
@@ -879,14 +896,7 @@ class Engine:
         try:
             value = workflow.fn(ctx, input_value) if workflow.takes_input else workflow.fn(ctx)
         except Suspension as suspension:
-            log.info(
-                "suspended: %s", suspension.message,
-                extra={"workflow": name, "instance": instance_id, "key": suspension.key},
-            )
-            return self._finish(
-                run, Suspended(suspension.message), status="suspended",
-                message=suspension.message, waiting_for=suspension.key,
-            )
+            return self._suspend(run, suspension)
         except (RunCancelled, LostInstance) as stop:
             # Cancelled (already recorded), or taken over by another engine:
             # nothing more to write but letting go of the instance.
@@ -906,6 +916,24 @@ class Engine:
         return self._finish(
             run, Completed(), status="completed", message=None, output=(text, tag)
         )
+
+    def _suspend(self, run: _Run, suspension: Suspension) -> WorkflowState:
+        """Record the wait; if what it waits for is there already, go on in a new run."""
+        where = {"workflow": run.workflow.name, "instance": run.instance_id,
+                 "key": suspension.key}
+        recorded = self._store.suspend(
+            suspension.waiting, suspension.message, suspension.deadline, _clock.wall()
+        )
+        if recorded.outcome == "stopped":
+            row = self._store.get_instance(run.workflow.name, run.instance_id)
+            return Failed("the instance vanished") if row is None else state_of(row)
+        if recorded.outcome == "ready":
+            run.go_on = recorded.snapshot  # _execute starts the next run from it
+            log.debug("went straight on past %s", suspension.key, extra=where)
+        elif recorded.deadline is not None and self._timers is not None:
+            self._timers.armed(recorded.deadline)
+        log.info("suspended: %s", suspension.message, extra=where)
+        return Suspended(suspension.message)
 
     def _finish(
         self,

@@ -70,6 +70,9 @@ def _type_for_tag(tag: str) -> type:
     return obj
 
 
+_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+
+
 def encode(value: Any) -> tuple[str, str | None]:
     """Turn ``value`` into (JSON text, type tag); raise TypeError/ValueError if it cannot."""
     cls = type(value)
@@ -80,15 +83,22 @@ def encode(value: Any) -> tuple[str, str | None]:
         if tag not in _types_by_tag:
             with _types_lock:
                 _types_by_tag[tag] = cls
-    data = converter.unstructure(value)
-    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    return text, tag
+    if tag is None:
+        # JSON-native already (the common step result): the C encoder alone. What
+        # JSON would change (tuples, int keys) is caught by store_form's check.
+        try:
+            return _dumps(value), None
+        except TypeError:  # something inside needs the converter
+            pass
+    return _dumps(converter.unstructure(value)), tag
 
 
 # The C scanner behind json.loads, without its whitespace regexes: stored
 # texts are our own dumps, with nothing around the value. Replay runs this
 # once per stored step.
-_scan = json.JSONDecoder().scan_once
+_scan: Callable[[str, int], tuple[Any, int]] = (
+    json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # set in __init__, untyped
+)
 _SCALARS = frozenset({str, int, float, bool})
 
 

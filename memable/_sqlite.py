@@ -22,17 +22,26 @@ import socket
 import sqlite3
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
+import attrs
 import cattrs
 
 from ._errors import InstanceFinished, InstanceNotFound, SignalRejected, StorageError
 from ._records import StatusName, StepRecord
 from ._schema import INSTANCE_COLUMNS, Synchronous, open_store
-from ._store import Claim, InstanceRow, LostInstance, RunSnapshot, StepWrite, StoredStep
+from ._store import (
+    Claim,
+    InstanceRow,
+    LostInstance,
+    RunSnapshot,
+    StepWrite,
+    StoredStep,
+    Suspend,
+)
 
 _rows = cattrs.Converter()
 _rows.register_structure_hook(datetime, lambda value, _: datetime.fromisoformat(value))
@@ -77,7 +86,46 @@ WHERE {_OWNED}
 ON CONFLICT (workflow, instance_id, key) DO NOTHING
 """
 _INSTANCE_RETURNING = ", ".join(INSTANCE_COLUMNS)
+_SELECT_INSTANCE = (
+    f"SELECT {_INSTANCE_RETURNING} FROM instances WHERE workflow = ? AND instance_id = ?"
+)
+_INSERT_INSTANCE = (
+    f"INSERT OR IGNORE INTO instances ({_INSTANCE_RETURNING}) "
+    f"VALUES ({', '.join('?' * len(INSTANCE_COLUMNS))})"
+)
 _TERMINAL = ("completed", "failed", "cancelled")
+
+
+T = TypeVar("T")
+
+
+@attrs.define
+class _Pending:
+    """One writer's body waiting for a group commit, and its outcome."""
+
+    body: Callable[[sqlite3.Connection], Any]
+    what: str
+    workflow: str | None
+    instance_id: str | None
+    key: str | None
+    # One statement: alone in a commit, it runs as its own autocommit transaction.
+    single: bool = False
+    done: bool = False  # set under SQLiteStore._queue_lock
+    result: Any = None
+    error: BaseException | None = None
+    # Held from birth; the leader releases it to wake this writer.
+    wake: threading.Lock = attrs.field(factory=lambda: _held_lock())
+
+    def outcome(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+def _held_lock() -> threading.Lock:
+    lock = threading.Lock()
+    lock.acquire()
+    return lock
 
 
 def _pid_alive(pid: int) -> bool:
@@ -101,6 +149,11 @@ class SQLiteStore:
         self._conn = conn
         self._db = db
         self._closed = False
+        # _queue_lock guards _queue (writers waiting for the next commit), and
+        # _leading (a writer is committing or about to); see _grouped.
+        self._queue_lock = threading.Lock()
+        self._queue: list[_Pending] = []
+        self._leading = False
         #: This engine's id as an owner of instances.
         self.owner = uuid.uuid4().hex
 
@@ -131,24 +184,93 @@ class SQLiteStore:
                     workflow=workflow, instance_id=instance_id, key=key,
                 ) from exc
 
-    @contextmanager
-    def _atomic(
+    def _grouped(
         self,
         what: str,
-        workflow: str | None = None,
-        instance_id: str | None = None,
-        key: str | None = None,
-    ) -> Iterator[sqlite3.Connection]:
-        """``_using`` inside BEGIN IMMEDIATE ... COMMIT; any exception rolls back."""
-        with self._using(what, workflow, instance_id, key) as conn:
-            conn.execute("BEGIN IMMEDIATE")
+        workflow: str | None,
+        instance_id: str | None,
+        key: str | None,
+        body: Callable[[sqlite3.Connection], T],
+        *,
+        single: bool = False,
+    ) -> T:
+        """Run ``body`` in a write transaction, sharing the commit with concurrent writers.
+
+        Group commit, leader and followers: a writer that finds no commit in
+        progress commits at once, with whatever others queued meanwhile; a
+        writer that finds one waits for the next. A lone writer never hands
+        its work to another thread. Each body runs in a savepoint of the
+        shared transaction, so an exception it raises undoes only its own
+        statements; nothing returns before the commit.
+        """
+        pending = _Pending(body, what, workflow, instance_id, key, single)
+        with self._queue_lock:
+            self._queue.append(pending)
+            follower, self._leading = self._leading, True
+        if follower:
+            # Woken by a leader: with our work committed, or to lead the next commit.
+            pending.wake.acquire()
+            if pending.done:
+                return pending.outcome()  # type: ignore[no-any-return]
+        with self._queue_lock:
+            batch, self._queue = self._queue, []
+        try:
+            self._commit(batch)
+        finally:
+            with self._queue_lock:
+                for item in batch:
+                    item.done = True
+                # Hand the lead to the oldest writer that queued meanwhile, if any.
+                successor = self._queue[0] if self._queue else None
+                self._leading = successor is not None
+            for item in batch:
+                if item is not pending:
+                    item.wake.release()
+            if successor is not None:
+                successor.wake.release()
+        return pending.outcome()  # type: ignore[no-any-return]
+
+    def _commit(self, batch: list[_Pending]) -> None:
+        """Leader: run every body of ``batch`` in one transaction and commit it."""
+        alone = len(batch) == 1
+        with self._lock:
             try:
-                yield conn
-            except BaseException:
+                if self._closed:
+                    raise sqlite3.ProgrammingError("the store is closed")
+                conn = self._conn
+                if alone and batch[0].single:
+                    # One statement is its own transaction: no BEGIN and COMMIT to pay.
+                    try:
+                        batch[0].result = batch[0].body(conn)
+                    except sqlite3.Error:
+                        raise
+                    except BaseException as exc:
+                        batch[0].error = exc
+                    return
+                conn.execute("BEGIN IMMEDIATE")
+                for item in batch:
+                    if not alone:
+                        conn.execute("SAVEPOINT write")
+                    try:
+                        item.result = item.body(conn)
+                    except sqlite3.Error:
+                        raise  # the transaction itself failed: every writer hears of it
+                    except BaseException as exc:  # this writer's own refusal
+                        item.error = exc
+                        conn.execute("ROLLBACK" if alone else "ROLLBACK TO write")
+                    if not alone:
+                        conn.execute("RELEASE write")
                 if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
+                    conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                if not self._closed and self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                for item in batch:
+                    item.error = StorageError(
+                        f"cannot {item.what} in {self._where} ({exc})", workflow=item.workflow,
+                        instance_id=item.instance_id, key=item.key,
+                    )
+                    item.error.__cause__ = exc
 
     def _params(self, write: StepWrite) -> dict[str, Any]:
         return {
@@ -170,19 +292,19 @@ class SQLiteStore:
     # ------------------------------------------------------------------ runs
 
     def create_instance(self, row: InstanceRow) -> bool:
-        values = _rows.unstructure(row)
-        values["owner"] = self.owner
-        sql = (
-            f"INSERT OR IGNORE INTO instances ({', '.join(values)}) "
-            f"VALUES ({', '.join('?' * len(values))})"
-        )
-        with self._using("create the instance", row.workflow, row.instance_id) as conn:
-            return conn.execute(sql, tuple(values.values())).rowcount == 1
+        values = (*attrs.astuple(attrs.evolve(row, owner=self.owner)),)
+
+        def insert(conn: sqlite3.Connection) -> bool:
+            return conn.execute(_INSERT_INSTANCE, values).rowcount == 1
+
+        where = (row.workflow, row.instance_id, None)
+        return self._grouped("create the instance", *where, insert, single=True)
 
     def begin_run(
         self, workflow: str, instance_id: str, *, now: str, claim: Claim
     ) -> RunSnapshot | None:
-        with self._atomic("start a run", workflow, instance_id) as conn:
+
+        def claim_it(conn: sqlite3.Connection) -> RunSnapshot | None:
             found = conn.execute(
                 "UPDATE instances SET status = 'running', message = NULL, waiting_for = NULL, "
                 "owner = :me, updated_at = :at, completed_at = NULL "
@@ -191,45 +313,84 @@ class SQLiteStore:
                 {"me": self.owner, "at": now, "now": _wall_of(now), "workflow": workflow,
                  "instance_id": instance_id},
             ).fetchone()
-            steps = (
-                conn.execute(_SELECT_RUN_STEPS, (workflow, instance_id)).fetchall()
-                if found is not None
-                else []
-            )
-        if found is None:
-            return None
-        instance = InstanceRow(*found)
-        return RunSnapshot(instance, {s[0]: StoredStep(*s) for s in steps})
+            if found is None:
+                return None
+            steps = conn.execute(_SELECT_RUN_STEPS, (workflow, instance_id)).fetchall()
+            return RunSnapshot(InstanceRow(*found), {s[0]: StoredStep(*s) for s in steps})
+
+        return self._grouped("start a run", workflow, instance_id, None, claim_it)
 
     def save_step(self, write: StepWrite) -> None:
-        with self._using("store the step", write.workflow, write.instance_id, write.key) as conn:
-            if conn.execute(_UPSERT_STEP, self._params(write)).rowcount == 0:
+        params = self._params(write)
+
+        def store(conn: sqlite3.Connection) -> None:
+            if conn.execute(_UPSERT_STEP, params).rowcount == 0:
                 raise LostInstance(write.workflow, write.instance_id)
 
-    def await_signal(self, write: StepWrite) -> StoredStep | None:
         where = (write.workflow, write.instance_id, write.key)
-        with self._atomic("wait for a signal", *where) as conn:
-            done = self._completed_step(conn, write)
-            if done is None:
-                self._insert_waiting(conn, write)
-        return done
+        self._grouped("store the step", *where, store, single=True)
 
-    def arm_timer(self, write: StepWrite, deadline: float) -> float | None:
-        with self._atomic("arm the timer", write.workflow, write.instance_id, write.key) as conn:
-            if self._completed_step(conn, write) is not None:
-                return None
-            self._insert_waiting(conn, write)
-            # The first arming sets the deadline; runs after it do not move it.
+    def read_step(self, workflow: str, instance_id: str, key: str) -> StoredStep | None:
+        with self._using("read the step", workflow, instance_id, key) as conn:
+            row = conn.execute(_SELECT_STEP, (workflow, instance_id, key)).fetchone()
+        return None if row is None else StoredStep(*row)
+
+    def suspend(
+        self, waiting: StepWrite, message: str, deadline: float | None, now: float
+    ) -> Suspend:
+        workflow, instance_id, key = waiting.workflow, waiting.instance_id, waiting.key
+
+        def record(conn: sqlite3.Connection) -> Suspend:
+            if not self._owns(conn, workflow, instance_id):
+                raise LostInstance(workflow, instance_id)
+            armed = None
+            ready = self._completed_step(conn, waiting) is not None
+            if not ready:
+                conn.execute(_INSERT_WAITING, self._params(waiting))
+            if not ready and deadline is not None:
+                # The first arming sets the deadline; runs after it do not move it.
+                conn.execute(
+                    "INSERT OR IGNORE INTO timers (workflow, instance_id, key, deadline) "
+                    "VALUES (?, ?, ?, ?)",
+                    (workflow, instance_id, key, deadline),
+                )
+                armed = conn.execute(
+                    "SELECT deadline FROM timers WHERE workflow = ? AND instance_id = ? "
+                    "AND key = ?",
+                    (workflow, instance_id, key),
+                ).fetchone()[0]
+                if armed <= now:  # due already: fire it here, no timer thread needed
+                    self._fire(conn, [(workflow, instance_id, key)], waiting.at)
+                    ready = True
+            if ready:  # go on at once: the instance stays running, and ours
+                steps = conn.execute(_SELECT_RUN_STEPS, (workflow, instance_id)).fetchall()
+                instance = conn.execute(_SELECT_INSTANCE, (workflow, instance_id)).fetchone()
+                memo = {s[0]: StoredStep(*s) for s in steps}
+                return Suspend("ready", snapshot=RunSnapshot(InstanceRow(*instance), memo))
+            suspended = conn.execute(
+                "UPDATE instances SET status = 'suspended', message = ?, waiting_for = ?, "
+                "owner = NULL, updated_at = ? WHERE workflow = ? AND instance_id = ? "
+                "AND owner = ? AND status = 'running'",
+                (message, key, waiting.at, workflow, instance_id, self.owner),
+            ).rowcount
+            if not suspended:  # cancelled meanwhile
+                return Suspend("stopped")
+            return Suspend("waiting", deadline=armed)
+
+        return self._grouped("record the suspension", workflow, instance_id, key, record)
+
+    def _fire(self, conn: sqlite3.Connection, due: list[tuple[str, str, str]], at: str) -> None:
+        for workflow, instance_id, key in due:
             conn.execute(
-                "INSERT OR IGNORE INTO timers (workflow, instance_id, key, deadline) "
-                "VALUES (?, ?, ?, ?)",
-                (write.workflow, write.instance_id, write.key, deadline),
+                "DELETE FROM timers WHERE workflow = ? AND instance_id = ? AND key = ?",
+                (workflow, instance_id, key),
             )
-            row = conn.execute(
-                "SELECT deadline FROM timers WHERE workflow = ? AND instance_id = ? AND key = ?",
-                (write.workflow, write.instance_id, write.key),
-            ).fetchone()
-        return float(row[0])
+            conn.execute(
+                "UPDATE steps SET state = 'completed', result = 'null', result_type = NULL, "
+                "attempts = attempts + 1, completed_at = ? "
+                "WHERE workflow = ? AND instance_id = ? AND key = ? AND state != 'completed'",
+                (at, workflow, instance_id, key),
+            )
 
     def finish(
         self,
@@ -244,7 +405,8 @@ class SQLiteStore:
     ) -> bool:
         text, tag = output if output is not None else (None, None)
         where = {"workflow": workflow, "instance_id": instance_id, "me": self.owner}
-        with self._atomic(f"record the run as {status}", workflow, instance_id) as conn:
+
+        def record(conn: sqlite3.Connection) -> bool:
             done = conn.execute(
                 "UPDATE instances SET status = :status, message = :message, output = :output, "
                 "output_type = :output_type, waiting_for = :waiting_for, owner = NULL, "
@@ -261,7 +423,9 @@ class SQLiteStore:
                     "AND instance_id = :instance_id AND owner = :me",
                     where,
                 )
-        return done
+            return done
+
+        return self._grouped(f"record the run as {status}", workflow, instance_id, None, record)
 
     @staticmethod
     def _completed_step(conn: sqlite3.Connection, write: StepWrite) -> StoredStep | None:
@@ -269,16 +433,13 @@ class SQLiteStore:
         step = None if row is None else StoredStep(*row)
         return step if step is not None and step.state == "completed" else None
 
-    def _insert_waiting(self, conn: sqlite3.Connection, write: StepWrite) -> None:
-        if not self._owns(conn, write.workflow, write.instance_id):
-            raise LostInstance(write.workflow, write.instance_id)
-        conn.execute(_INSERT_WAITING, self._params(write))
 
     # ------------------------------------------------------------------ from outside a run
 
     def deliver_signal(self, write: StepWrite) -> None:
         workflow, instance_id, key = write.workflow, write.instance_id, write.key
-        with self._atomic("deliver the signal", workflow, instance_id, key) as conn:
+
+        def deliver(conn: sqlite3.Connection) -> None:
             row = conn.execute(
                 "SELECT status FROM instances WHERE workflow = ? AND instance_id = ?",
                 (workflow, instance_id),
@@ -316,6 +477,8 @@ class SQLiteStore:
                 (workflow, instance_id, key, seq, write.result, write.result_type, write.at),
             )
 
+        self._grouped("deliver the signal", workflow, instance_id, key, deliver)
+
     def fire_due_timers(self, now: float, at: str) -> list[tuple[str, str, str]]:
         with self._using("look for due timers") as conn:
             # Most looks find nothing due: answer those without taking the write lock.
@@ -323,22 +486,22 @@ class SQLiteStore:
             if any_due.fetchone() is None:
                 return []
         # Deleting the rows claims them: of several processes, one fires each timer.
-        with self._atomic("fire due timers") as conn:
-            due = conn.execute(
-                "DELETE FROM timers WHERE deadline <= ? RETURNING workflow, instance_id, key",
-                (now,),
-            ).fetchall()
-            for workflow, instance_id, key in due:
-                conn.execute(
-                    "UPDATE steps SET state = 'completed', result = 'null', result_type = NULL, "
-                    "attempts = attempts + 1, completed_at = ? "
-                    "WHERE workflow = ? AND instance_id = ? AND key = ? AND state != 'completed'",
-                    (at, workflow, instance_id, key),
+
+        def fire(conn: sqlite3.Connection) -> list[tuple[str, str, str]]:
+            due = [
+                (w, i, k)
+                for w, i, k in conn.execute(
+                    "SELECT workflow, instance_id, key FROM timers WHERE deadline <= ?", (now,)
                 )
-        return [(w, i, k) for w, i, k in due]
+            ]
+            self._fire(conn, due, at)
+            return due
+
+        return self._grouped("fire due timers", None, None, None, fire)
 
     def cancel(self, workflow: str, instance_id: str, *, now: str) -> None:
-        with self._atomic("cancel the instance", workflow, instance_id) as conn:
+
+        def cancel_it(conn: sqlite3.Connection) -> None:
             row = conn.execute(
                 "SELECT status FROM instances WHERE workflow = ? AND instance_id = ?",
                 (workflow, instance_id),
@@ -358,6 +521,8 @@ class SQLiteStore:
                 (workflow, instance_id),
             )
 
+        self._grouped("cancel the instance", workflow, instance_id, None, cancel_it)
+
     def purge(self, completed_before: str) -> int:
         # Not one still owned: a run cancelled in flight stores its last step first.
         finished = (
@@ -365,17 +530,21 @@ class SQLiteStore:
             "WHERE status IN ('completed', 'failed', 'cancelled') AND completed_at < ? "
             "AND owner IS NULL"
         )
-        with self._atomic("purge finished instances") as conn:
+
+        def purge_them(conn: sqlite3.Connection) -> int:
             for table in ("steps", "timers"):
                 conn.execute(
                     f"DELETE FROM {table} WHERE (workflow, instance_id) IN ({finished})",
                     (completed_before,),
                 )
-            deleted = conn.execute(
-                f"DELETE FROM instances WHERE (workflow, instance_id) IN ({finished})",
-                (completed_before,),
-            ).rowcount
-        return int(deleted)
+            return int(
+                conn.execute(
+                    f"DELETE FROM instances WHERE (workflow, instance_id) IN ({finished})",
+                    (completed_before,),
+                ).rowcount
+            )
+
+        return self._grouped("purge finished instances", None, None, None, purge_them)
 
     # ------------------------------------------------------------------ owners
 
@@ -450,13 +619,10 @@ class SQLiteStore:
         return None if row[0] is None else float(row[0])
 
     def get_instance(self, workflow: str, instance_id: str) -> InstanceRow | None:
-        with self._using("read the instance", workflow, instance_id):
-            rows = list(
-                self._db["instances"].rows_where(
-                    "workflow = ? AND instance_id = ?", [workflow, instance_id]
-                )
-            )
-        return _rows.structure(rows[0], InstanceRow) if rows else None
+        # Fixed SQL: Invocation.state and result() read this on every look.
+        with self._using("read the instance", workflow, instance_id) as conn:
+            row = conn.execute(_SELECT_INSTANCE, (workflow, instance_id)).fetchone()
+        return None if row is None else InstanceRow(*row)
 
     def list_instances(self, workflow: str) -> list[InstanceRow]:
         with self._using("list instances", workflow):

@@ -87,6 +87,17 @@ class RunSnapshot:
 Claim = Literal["resume", "wake", "recover"]
 
 
+@attrs.frozen
+class Suspend:
+    """How recording a suspension went."""
+
+    #: "waiting", "ready" (the key completed: run again with ``snapshot``),
+    #: or "stopped" (the instance is no longer running under this engine).
+    outcome: Literal["waiting", "ready", "stopped"]
+    deadline: float | None = None  # the timer's armed deadline, when waiting on one
+    snapshot: RunSnapshot | None = None
+
+
 class LostInstance(BaseException):
     """The run's engine no longer owns its instance: stop without writing.
 
@@ -114,11 +125,20 @@ class Store(Protocol):
     def save_step(self, write: StepWrite) -> None:
         """Store one step outcome; never overwrites a completed step. LostInstance if not owned."""
 
-    def await_signal(self, write: StepWrite) -> StoredStep | None:
-        """The key's completed row if it was signalled, else mark it waiting; one transaction."""
+    def read_step(self, workflow: str, instance_id: str, key: str) -> StoredStep | None:
+        """The stored row of one key, or None."""
 
-    def arm_timer(self, write: StepWrite, deadline: float) -> float | None:
-        """None if the timer already fired; else arm it (once) and return its deadline."""
+    def suspend(
+        self, waiting: StepWrite, message: str, deadline: float | None, now: float
+    ) -> Suspend:
+        """End this engine's run at a suspend point or timer, in one transaction.
+
+        Mark the key waiting (arming the timer, once, with ``deadline``) and
+        the instance suspended. If the key has completed meanwhile (a signal
+        arrived, or the timer is due at ``now``, which fires it here), the
+        instance stays running and owned instead, and the steps to go on
+        with are returned.
+        """
 
     def deliver_signal(self, write: StepWrite) -> None:
         """Store a signal payload as its key's completed value.
