@@ -44,13 +44,15 @@ QUICK_SIZES = {
 }
 
 
-def run_worker(name: str, params: dict[str, Any]) -> dict[str, Any]:
+def run_worker(
+    name: str, params: dict[str, Any], python: str = sys.executable
+) -> dict[str, Any]:
     """Run one workload in a child process; return its record (ok False on failure)."""
     env = dict(
         os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
     )
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "--worker", name, "--params", json.dumps(params)],
+        [python, "-m", "benchmarks", "--worker", name, "--params", json.dumps(params)],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -66,8 +68,13 @@ def run_worker(name: str, params: dict[str, Any]) -> dict[str, Any]:
 
 def worker(name: str, params: dict[str, Any]) -> int:
     """Child process: run one workload, print its record as one JSON line."""
+    system, _, name = name.rpartition(":")
+    if system == "dbos":  # a Python with DBOS installed, and maybe no memable
+        from ._dbos import WORKLOADS
+        from ._dbos import Wrong as BenchFailure
+    else:
+        from ._workloads import WORKLOADS, BenchFailure  # type: ignore[assignment]
     from . import _floor
-    from ._workloads import WORKLOADS, BenchFailure
 
     with tempfile.TemporaryDirectory(prefix="memable-bench-") as tmp:
         try:
@@ -216,6 +223,33 @@ def report(records: dict[str, dict[str, Any]], sizes: dict[str, Any]) -> tuple[s
     return "\n".join(lines), all(row[-1] for row in rows)
 
 
+DBOS_LABELS = ("W1 full", "W2 full", "W3 full", "W4 full", "W5 full")
+
+
+def dbos_report(records: dict[str, dict[str, Any]]) -> str:
+    """memable beside DBOS, workload by workload, from the same run."""
+    lines = [
+        "| workload | memable | DBOS 3.4.0 | memable time / DBOS time |",
+        "|---|---|---|---|",
+    ]
+    for label in DBOS_LABELS:
+        ours, theirs = records.get(label, {}), records.get(f"dbos {label}", {})
+        if not (ours.get("ok") and theirs.get("ok")):
+            lines.append(f"| {label} | {_cell(ours)} | {_cell(theirs)} | |")
+            continue
+        ratio = ours["per_op_us"] / theirs["per_op_us"]
+        lines.append(f"| {label} | {_cell(ours)} | {_cell(theirs)} | {ratio:.3f} |")
+    return "\n".join(lines)
+
+
+def _cell(record: dict[str, Any]) -> str:
+    if not record.get("ok"):
+        return "FAILED" if record else "not run"
+    if "median_ms" in record:
+        return f"median {record['median_ms']:.2f} ms (p95 {record['p95_ms']:.2f} ms)"
+    return _fmt_us(record["per_op_us"]) + " per step"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks", description=__doc__.split("\n")[0]
@@ -224,6 +258,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON record per run")
     parser.add_argument("--strict", action="store_true", help="exit 2 when a goal is missed")
     parser.add_argument("--threads", type=int, default=8, help="engine max_workers (8)")
+    parser.add_argument(
+        "--dbos",
+        metavar="PYTHON",
+        help="also run W1-W5 on DBOS, with this interpreter (one that has dbos installed)",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--params", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -241,6 +280,16 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(record), flush=True)
         elif not record["ok"]:
             print(f"!! {label} FAILED:\n{record.get('error', '')}", file=sys.stderr)
+    if args.dbos:
+        for label, workload, params in plan(sizes, args.threads):
+            if label in DBOS_LABELS:
+                record = run_worker(f"dbos:{workload}", params, args.dbos)
+                record["label"] = f"dbos {label}"
+                records[record["label"]] = record
+                if args.json:
+                    print(json.dumps(record), flush=True)
+                elif not record["ok"]:
+                    print(f"!! dbos {label} FAILED:\n{record.get('error', '')}", file=sys.stderr)
     table, met = report(records, sizes)
     failed = [label for label, rec in records.items() if not rec["ok"]]
     if not args.json:
@@ -251,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{time.time() - started:.0f} s\n"
         )
         print(table)
+        if args.dbos:
+            print("\n" + dbos_report(records))
         verdict = "FAILED: " + ", ".join(failed) if failed else "each workload checked its results"
         print(f"\ncorrectness: {verdict}")
     if failed:
