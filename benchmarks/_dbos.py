@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import random
 import sqlite3
-import statistics
 import threading
 import time
 from collections import Counter
@@ -22,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from dbos import DBOS, SetWorkflowID
+
+from ._stats import latencies
 
 COUNTS: Counter[str] = Counter()
 STATE: dict[str, Any] = {}
@@ -94,16 +95,6 @@ def _launch(tmp: Path) -> None:
     DBOS.launch()
 
 
-def _latencies(samples: list[float]) -> dict[str, Any]:
-    ordered = sorted(samples)
-    return {
-        "per_op_us": statistics.median(ordered) * 1e6,
-        "median_ms": statistics.median(ordered) * 1e3,
-        "p95_ms": ordered[max(0, round(0.95 * len(ordered)) - 1)] * 1e3,
-        "n": len(ordered),
-    }
-
-
 def step_throughput(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
     n = p["n"]
     _launch(tmp)
@@ -173,7 +164,7 @@ def timer_latency(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
             check(result == k, "DBOS W4 wrong result")
     finally:
         DBOS.destroy()
-    return _latencies(samples)
+    return latencies(samples)
 
 
 def signal_roundtrip(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
@@ -200,7 +191,7 @@ def signal_roundtrip(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
             check(result == k, "DBOS W5 wrong payload")
     finally:
         DBOS.destroy()
-    return _latencies(samples)
+    return latencies(samples)
 
 
 def _parked(db: Path, workflow_id: str) -> bool:

@@ -7,7 +7,6 @@ ran, what the store holds) and raises ``BenchFailure`` when one is wrong.
 from __future__ import annotations
 
 import resource
-import statistics
 import threading
 import time
 from collections import Counter
@@ -15,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from memable import Completed, Context, Engine, MetadataStatus, Suspended
+
+from ._stats import latencies
 
 
 class BenchFailure(Exception):
@@ -141,16 +142,6 @@ def replay(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
     return {"per_op_us": seconds / n * 1e6, "seconds": seconds, "n": n, "e2e_s": e2e}
 
 
-def _latencies(samples: list[float]) -> dict[str, Any]:
-    ordered = sorted(samples)
-    return {
-        "per_op_us": statistics.median(ordered) * 1e6,
-        "median_ms": statistics.median(ordered) * 1e3,
-        "p95_ms": ordered[max(0, round(0.95 * len(ordered)) - 1)] * 1e3,
-        "n": len(ordered),
-    }
-
-
 def timer_latency(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
     """W4: a zero timer then one step, invoke to result; median and p95."""
     bodies = Bodies()
@@ -170,7 +161,7 @@ def timer_latency(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
             samples.append(time.perf_counter() - start)
             check(result == 1, "W4 wrong result")
     check(all(bodies.calls[j] == 1 for j in range(p["reps"])), "W4 a step ran other than once")
-    return _latencies(samples)
+    return latencies(samples)
 
 
 def signal_roundtrip(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
@@ -192,7 +183,7 @@ def signal_roundtrip(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
             if j >= 0:
                 samples.append(time.perf_counter() - start)
             check(result == j + 1, "W5 wrong result")
-    return _latencies(samples)
+    return latencies(samples)
 
 
 def suspended(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:

@@ -440,16 +440,11 @@ class SQLiteStore:
         workflow, instance_id, key = write.workflow, write.instance_id, write.key
 
         def deliver(conn: sqlite3.Connection) -> None:
-            row = conn.execute(
-                "SELECT status FROM instances WHERE workflow = ? AND instance_id = ?",
-                (workflow, instance_id),
-            ).fetchone()
-            if row is None:
-                raise InstanceNotFound(workflow, instance_id)
-            if row[0] in _TERMINAL:
+            status = _status_of(conn, workflow, instance_id)
+            if status in _TERMINAL:
                 raise InstanceFinished(
                     workflow, instance_id,
-                    f"it is {row[0]}" + ("; resume it instead" if row[0] == "failed" else ""),
+                    f"it is {status}" + ("; resume it instead" if status == "failed" else ""),
                 )
             stored = conn.execute(_SELECT_STEP, (workflow, instance_id, key)).fetchone()
             if stored is not None:
@@ -500,16 +495,10 @@ class SQLiteStore:
         return self._grouped("fire due timers", None, None, None, fire)
 
     def cancel(self, workflow: str, instance_id: str, *, now: str) -> None:
-
         def cancel_it(conn: sqlite3.Connection) -> None:
-            row = conn.execute(
-                "SELECT status FROM instances WHERE workflow = ? AND instance_id = ?",
-                (workflow, instance_id),
-            ).fetchone()
-            if row is None:
-                raise InstanceNotFound(workflow, instance_id)
-            if row[0] in ("completed", "cancelled"):
-                raise InstanceFinished(workflow, instance_id, f"it is {row[0]}")
+            status = _status_of(conn, workflow, instance_id)
+            if status in ("completed", "cancelled"):
+                raise InstanceFinished(workflow, instance_id, f"it is {status}")
             # The owner stays: a run in flight stores its current step, then stops.
             conn.execute(
                 "UPDATE instances SET status = 'cancelled', message = NULL, waiting_for = NULL, "
@@ -646,6 +635,17 @@ class SQLiteStore:
         with self._lock:
             self._closed = True
             self._conn.close()
+
+
+def _status_of(conn: sqlite3.Connection, workflow: str, instance_id: str) -> str:
+    """The stored status of the instance; InstanceNotFound if there is none."""
+    row = conn.execute(
+        "SELECT status FROM instances WHERE workflow = ? AND instance_id = ?",
+        (workflow, instance_id),
+    ).fetchone()
+    if row is None:
+        raise InstanceNotFound(workflow, instance_id)
+    return str(row[0])
 
 
 def _wall_of(iso: str) -> float:
