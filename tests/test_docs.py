@@ -84,6 +84,24 @@ def test_every_public_name_has_a_runnable_example(name: str) -> None:
     assert missing == []
 
 
+SPEC_ERRORS = {
+    "NotStarted", "AlreadyStarted", "WorkflowNotFound", "InstanceNotFound",
+    "InstanceFinished", "SignalRejected", "InvalidKey", "DuplicateStepKey", "StorageError",
+    "SerializationError", "StepTimeout", "WorkflowFailed",
+}
+SPEC_NAMES = SPEC_ERRORS | {
+    "Engine", "EngineBuilder", "Context", "Invocation", "Retry", "StepError",
+    "WorkflowState", "Started", "InProgress", "Suspended", "Completed", "Failed", "Cancelled",
+    "WorkflowMetadata", "MetadataStatus", "StepRecord", "EngineError",
+}
+
+
+def test_all_holds_exactly_the_public_names_of_the_spec() -> None:
+    """memable.__all__ is the SPEC's list of public names; its errors derive from EngineError."""
+    assert set(memable.__all__) == SPEC_NAMES
+    assert all(issubclass(getattr(memable, name), memable.EngineError) for name in SPEC_ERRORS)
+
+
 def test_all_is_sorted_and_importable() -> None:
     """__all__ is sorted and names only what the package really exports."""
     assert memable.__all__ == sorted(memable.__all__)
