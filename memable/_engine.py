@@ -767,16 +767,27 @@ class Engine:
     ) -> Watch:
         # Caller holds _lock and has checked that the engine is started.
         assert self._executor is not None
-        key = (workflow.name, instance_id)
-        active = self._active.get(key)
+        active = self._active.get((workflow.name, instance_id))
         if active is not None:  # at most one run per instance
             return active.watch
-        watch = self._watch(*key)
-        run = _Run(workflow, instance_id, watch, fresh_input, snapshot, claim=claim)
-        self._active[key] = run
-        watch.begin()
+        run = self._register(workflow, instance_id, fresh_input, claim, snapshot)
         self._executor.submit(self._execute, run)
-        return watch
+        return run.watch
+
+    def _register(
+        self,
+        workflow: _Workflow,
+        instance_id: str,
+        fresh_input: tuple[Any] | None,
+        claim: Claim,
+        snapshot: RunSnapshot | None,
+    ) -> _Run:
+        # Caller holds _lock and knows no run of the instance is active.
+        watch = self._watch(workflow.name, instance_id)
+        run = _Run(workflow, instance_id, watch, fresh_input, snapshot, claim=claim)
+        self._active[(workflow.name, instance_id)] = run
+        watch.begin()
+        return run
 
     def _wake(self, name: str, instance_id: str, claim: Claim = "wake") -> None:
         """A key the instance may wait on completed (or its owner died): run it.
@@ -840,29 +851,40 @@ class Engine:
         deadline = self._store.next_deadline()
         return None if deadline is None else deadline - now
 
-    def _execute(self, run: _Run) -> None:
-        """Worker thread: run the workflow function and record how it ended."""
-        state: WorkflowState = Failed("the run did not start")
-        try:
-            state = self._run_workflow(run)
-        except BaseException as exc:  # the store failed while recording the end
-            log.exception(
-                "run could not be recorded",
-                extra={"workflow": run.workflow.name, "instance": run.instance_id},
-            )
-            state = Failed(f"the run could not be recorded: {type(exc).__name__}: {exc}")
-        finally:
-            with self._lock:
-                del self._active[(run.workflow.name, run.instance_id)]
-                run.watch.finish(state)
-                if run.go_on is not None and self._phase == "started":
-                    # What it suspended at was there already: go on, still claimed.
-                    self._submit(run.workflow, run.instance_id, None, "wake", run.go_on)
-                elif run.rerun and isinstance(state, Suspended) and self._phase == "started":
-                    # A signal or timer arrived while it ran: go on right away.
-                    self._submit(run.workflow, run.instance_id, None, "wake")
-                if not self._active and not self._firing:
-                    self._idle.notify_all()
+    def _execute(self, first: _Run) -> None:
+        """Worker thread: run the workflow function and record how it ended.
+
+        A run that ends at a wait whose key had already completed is followed
+        by the next run of the instance on this same thread: no hand-off.
+        """
+        run: _Run | None = first
+        while run is not None:
+            state: WorkflowState
+            try:
+                state = self._run_workflow(run)
+            except BaseException as exc:  # the store failed while recording the end
+                log.exception(
+                    "run could not be recorded",
+                    extra={"workflow": run.workflow.name, "instance": run.instance_id},
+                )
+                state = Failed(f"the run could not be recorded: {type(exc).__name__}: {exc}")
+            run = self._ended(run, state)
+
+    def _ended(self, run: _Run, state: WorkflowState) -> _Run | None:
+        """Record that ``run`` ended in ``state``; return the run to go on with here, if any."""
+        with self._lock:
+            del self._active[(run.workflow.name, run.instance_id)]
+            run.watch.finish(state)
+            follow: _Run | None = None
+            if run.go_on is not None and self._phase == "started":
+                # What it suspended at was there already: go on, still claimed.
+                follow = self._register(run.workflow, run.instance_id, None, "wake", run.go_on)
+            elif run.rerun and isinstance(state, Suspended) and self._phase == "started":
+                # A signal or timer arrived while it ran: go on right away.
+                self._submit(run.workflow, run.instance_id, None, "wake")
+            if not self._active and not self._firing:
+                self._idle.notify_all()
+        return follow
 
     def _run_workflow(self, run: _Run) -> WorkflowState:
         workflow, instance_id = run.workflow, run.instance_id
