@@ -99,11 +99,12 @@ def plan(sizes: dict[str, Any], threads: int) -> list[tuple[str, str, dict[str, 
     """(label, workload, params) of every run, in order."""
     full = {"synchronous": "full", "threads": threads}
     normal = {"synchronous": "normal", "threads": threads}
+    warm = sizes["floor_rows"]  # W1 warms its store with as many rows as the floor
     runs = [
         ("floor full", "floor", {**full, "rows": sizes["floor_rows"]}),
         ("floor normal", "floor", {**normal, "rows": sizes["floor_rows"]}),
-        ("W1 full", "step_throughput", {**full, "n": sizes["w1"]}),
-        ("W1 normal", "step_throughput", {**normal, "n": sizes["w1"]}),
+        ("W1 full", "step_throughput", {**full, "n": sizes["w1"], "warm": warm}),
+        ("W1 normal", "step_throughput", {**normal, "n": sizes["w1"], "warm": warm}),
         ("W2 full", "workflow_throughput", {**full, "m": sizes["w2"]}),
         ("W3 full", "replay", {**full, "n": sizes["w3"]}),
         ("W4 full", "timer_latency", {**full, "reps": sizes["reps"]}),
@@ -111,7 +112,7 @@ def plan(sizes: dict[str, Any], threads: int) -> list[tuple[str, str, dict[str, 
         ("suspended", "suspended", {**full, "count": sizes["suspended"]}),
     ]
     for n in sizes["w6"]:
-        runs.append((f"W6 W1 n={n}", "step_throughput", {**full, "n": n}))
+        runs.append((f"W6 W1 n={n}", "step_throughput", {**full, "n": n, "warm": warm}))
         runs.append((f"W6 W3 n={n}", "replay", {**full, "n": n}))
     return runs
 
