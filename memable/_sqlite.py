@@ -249,7 +249,11 @@ class SQLiteStore:
                     return
                 conn.execute("BEGIN IMMEDIATE")
                 for item in batch:
-                    if not alone:
+                    # A one-statement body that refuses has written nothing, so it
+                    # needs no savepoint; each statement saved matters here, as
+                    # every one gives the interpreter lock away and must win it back.
+                    guarded = not alone and not item.single
+                    if guarded:
                         conn.execute("SAVEPOINT write")
                     try:
                         item.result = item.body(conn)
@@ -257,8 +261,11 @@ class SQLiteStore:
                         raise  # the transaction itself failed: every writer hears of it
                     except BaseException as exc:  # this writer's own refusal
                         item.error = exc
-                        conn.execute("ROLLBACK" if alone else "ROLLBACK TO write")
-                    if not alone:
+                        if alone:
+                            conn.execute("ROLLBACK")
+                        elif guarded:
+                            conn.execute("ROLLBACK TO write")
+                    if guarded:
                         conn.execute("RELEASE write")
                 if conn.in_transaction:
                     conn.execute("COMMIT")
