@@ -14,8 +14,9 @@ failed or was suspended runs again without repeating a completed step.
 
 from importlib.metadata import PackageNotFoundError, version
 
+from ._builder import EngineBuilder
 from ._context import Context
-from ._engine import Engine, EngineBuilder
+from ._engine import Engine
 from ._errors import (
     AlreadyStarted,
     DuplicateStepKey,
