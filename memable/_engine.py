@@ -1,4 +1,4 @@
-"""The engine: registry of workflows, the worker pool, and the life of each run."""
+"""The engine's public face: registry, lifecycle, invoking, signalling and reading."""
 
 from __future__ import annotations
 
