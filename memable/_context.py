@@ -251,18 +251,19 @@ class Context:
         timer thread runs the instance again when it is due. Later runs do
         not move the deadline.
 
+        >>> from datetime import timedelta
         >>> from memable import Engine
         >>> def reminder(ctx) -> str:
-        ...     ctx.timer("cool-off:v1", 0)
+        ...     ctx.timer("cool-off:v1", timedelta(hours=1))
         ...     return "reminded"
         >>> engine = Engine.in_memory()
         >>> engine.register("reminder", reminder)
         >>> with engine:
         ...     inv = engine.invoke("reminder")
         ...     print(inv.wait())
-        ...     print(inv.result(timeout=10))
+        ...     print(engine.get_metadata("reminder", inv.instance_id).status)
         suspended: timer cool-off:v1
-        reminded
+        MetadataStatus.Suspended(message='timer cool-off:v1')
         """
         key = check_key(key, self._workflow, self._instance_id)
         seconds = seconds_of(duration, "timer duration")
