@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 
 import pytest
 from freezegun import freeze_time
+from helpers import T0, dump
 
 from memable import (
     Cancelled,
@@ -23,14 +24,6 @@ from memable import (
     WorkflowFailed,
     WorkflowMetadata,
 )
-
-T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
-
-
-def dump(engine: Engine) -> list[str]:
-    """Every row of the store, as SQL text (private connection on purpose: a full snapshot)."""
-    with engine._store._lock:  # type: ignore[attr-defined]
-        return list(engine._store._conn.iterdump())  # type: ignore[attr-defined]
 
 
 def timer_rows(engine: Engine, instance_id: str) -> list[tuple[str, float]]:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from freezegun import freeze_time
+from helpers import T0, dump
 
 from memable import (
     Completed,
@@ -24,14 +25,6 @@ from memable import (
     StepTimeout,
     Suspended,
 )
-
-T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
-
-
-def dump(engine: Engine) -> list[str]:
-    """Every row of the store, as SQL text (private connection on purpose: a full snapshot)."""
-    with engine._store._lock:  # type: ignore[attr-defined]
-        return list(engine._store._conn.iterdump())  # type: ignore[attr-defined]
 
 
 class RunProbe:
