@@ -352,23 +352,29 @@ class SQLiteStore:
                 raise LostInstance(workflow, instance_id)
             armed = None
             ready = self._completed_step(conn, waiting) is not None
-            if not ready:
-                conn.execute(_INSERT_WAITING, self._params(waiting))
             if not ready and deadline is not None:
                 # The first arming sets the deadline; runs after it do not move it.
-                conn.execute(
-                    "INSERT OR IGNORE INTO timers (workflow, instance_id, key, deadline) "
-                    "VALUES (?, ?, ?, ?)",
-                    (workflow, instance_id, key, deadline),
-                )
-                armed = conn.execute(
+                row = conn.execute(
                     "SELECT deadline FROM timers WHERE workflow = ? AND instance_id = ? "
                     "AND key = ?",
                     (workflow, instance_id, key),
-                ).fetchone()[0]
+                ).fetchone()
+                armed = deadline if row is None else float(row[0])
                 if armed <= now:  # due already: fire it here, no timer thread needed
-                    self._fire(conn, [(workflow, instance_id, key)], waiting.at)
+                    if row is not None:
+                        self._fire(conn, [(workflow, instance_id, key)], waiting.at)
+                    else:  # never armed: store it fired, without touching the timers
+                        fired = attrs.evolve(waiting, state="completed", result="null")
+                        conn.execute(_UPSERT_STEP, self._params(fired))
                     ready = True
+                elif row is None:
+                    conn.execute(
+                        "INSERT INTO timers (workflow, instance_id, key, deadline) "
+                        "VALUES (?, ?, ?, ?)",
+                        (workflow, instance_id, key, deadline),
+                    )
+            if not ready:
+                conn.execute(_INSERT_WAITING, self._params(waiting))
             if ready:  # go on at once: the instance stays running, and ours
                 steps = conn.execute(_SELECT_RUN_STEPS, (workflow, instance_id)).fetchall()
                 instance = conn.execute(_SELECT_INSTANCE, (workflow, instance_id)).fetchone()
