@@ -1,10 +1,12 @@
 """The SQLite store: every statement memable runs against a store.
 
 One connection per engine, shared by all threads behind one lock. The
-connection is in driver autocommit mode (``isolation_level=None``): a single
-write statement is its own transaction and commits before ``execute``
-returns; multi-statement writes take ``BEGIN IMMEDIATE`` explicitly, so a
-busy database makes them wait (busy timeout) instead of failing half way.
+connection is in driver autocommit mode (``isolation_level=None``) and every
+write goes through ``_grouped`` (group commit): writes that arrive while a
+commit is in progress share the next ``BEGIN IMMEDIATE`` ... ``COMMIT``, so a
+busy database makes them wait (busy timeout) instead of failing half way; a
+lone one-statement write runs as its own autocommit transaction. No write
+returns before its commit.
 sqlite-utils creates and migrates the tables (``_schema``) and serves the
 reads people make (metadata, listings); the per-step hot path uses fixed SQL
 on the connection, because sqlite-utils introspects the schema on every call.
