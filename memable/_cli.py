@@ -1,10 +1,75 @@
-"""The ``memable`` command line (also ``python -m memable``)."""
+"""The ``memable`` command line (also ``python -m memable``).
+
+Every command but ``demo`` and ``worker`` acts on an existing store and
+needs no engine: what ``signal``, ``cancel`` and ``purge`` write is acted on
+by an engine running on the store within its poll interval, or by the next
+one to start. An error prints one line on stderr and exits 2 with the store
+as it was.
+"""
 
 from __future__ import annotations
 
+import json
+import re
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, NoReturn
+
 import click
 
+from ._admin import cancel_instance, purge_finished, store_signal
 from ._demo import run_demo
+from ._errors import EngineError
+from ._inspect import STATUSES, list_instances, open_existing, show_instance
+from ._sqlite import SQLiteStore
+from ._worker import load_engine, run_worker
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _fail(message: str) -> NoReturn:
+    click.echo(f"memable: error: {message}", err=True)
+    sys.exit(2)
+
+
+@contextmanager
+def _store(path: str) -> Iterator[SQLiteStore]:
+    """The store at ``path``; any EngineError on the way is reported and exits 2."""
+    try:
+        store = open_existing(path)
+        try:
+            yield store
+        finally:
+            store.close()
+    except EngineError as err:
+        _fail(str(err))
+
+
+def _duration(text: str) -> float:
+    found = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", text.strip())
+    if found is None:
+        raise click.BadParameter(f"{text!r} is not a duration like 90s, 15m, 12h or 30d")
+    return float(found[1]) * _UNITS[found[2]]
+
+
+def _short_time(iso: str | None) -> str:
+    """An ISO timestamp to the second, for tables; '-' for none."""
+    if iso is None:
+        return "-"
+    return iso[:19].replace("T", " ")
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    cells = [[str(h) for h in headers]] + [["-" if c is None else str(c) for c in r] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
+    )
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False)
 
 
 @click.group()
@@ -24,3 +89,142 @@ def main() -> None:
 def demo(path: str) -> None:
     """Run a workflow whose second step fails once, then resume it."""
     raise SystemExit(run_demo(path, click.echo))
+
+
+@main.command("list")
+@click.argument("db")
+@click.option("--workflow", help="Only instances of this workflow.")
+@click.option("--status", type=click.Choice(STATUSES), help="Only instances in this status.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON records instead of a table.")
+def list_command(db: str, workflow: str | None, status: str | None, as_json: bool) -> None:
+    """List the instances in the store DB, oldest first."""
+    with _store(db) as store:
+        found = list_instances(store, workflow, status)
+    if as_json:
+        click.echo(_json(found))
+        return
+    click.echo(
+        _table(
+            ["WORKFLOW", "INSTANCE", "STATUS", "MESSAGE", "CREATED", "UPDATED"],
+            [
+                [i["workflow"], i["instance_id"], i["status"], i["message"],
+                 _short_time(i["created_at"]), _short_time(i["updated_at"])]
+                for i in found
+            ],
+        )
+    )
+
+
+def _seconds(duration: float | None) -> str | None:
+    if duration is None:
+        return None
+    return f"{duration * 1000:.1f}ms" if duration < 1 else f"{duration:.2f}s"
+
+
+def _show_text(view: dict[str, Any]) -> str:
+    lines = [
+        f"{view['workflow']}/{view['instance_id']}: {view['status']}"
+        + (f" ({view['message']})" if view["message"] else ""),
+        f"created    {view['created_at']}",
+        f"updated    {view['updated_at']}",
+        f"completed  {view['completed_at'] or '-'}",
+        f"input      {json.dumps(view['input'])}",
+        f"output     {json.dumps(view['output']) if view['output'] is not None else '-'}",
+        "",
+        "steps:",
+        _table(
+            ["SEQ", "KEY", "KIND", "STATE", "ATTEMPTS", "DURATION", "STATUS", "ERROR"],
+            [
+                [s["seq"], s["key"], s["kind"], s["state"], s["attempts"],
+                 _seconds(s["duration"]), s["status"], s["error"]]
+                for s in view["steps"]
+            ],
+        ),
+    ]
+    if view["timers"]:
+        lines += ["", "pending timers:", _table(["KEY", "DUE"], [
+            [t["key"], t["due"]] for t in view["timers"]
+        ])]
+    if view["awaiting_signals"]:
+        lines += ["", "awaiting signals: " + ", ".join(view["awaiting_signals"])]
+    return "\n".join(lines)
+
+
+@main.command()
+@click.argument("db")
+@click.argument("workflow")
+@click.argument("instance_id", metavar="ID")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON record.")
+def show(db: str, workflow: str, instance_id: str, as_json: bool) -> None:
+    """Show one instance: its status, input, output, steps, timers and awaited signals."""
+    with _store(db) as store:
+        view = show_instance(store, workflow, instance_id)
+    click.echo(_json(view) if as_json else _show_text(view))
+
+
+@main.command()
+@click.argument("db")
+@click.argument("workflow")
+@click.argument("instance_id", metavar="ID")
+@click.argument("key")
+@click.argument("payload", metavar="JSON")
+def signal(db: str, workflow: str, instance_id: str, key: str, payload: str) -> None:
+    """Deliver the JSON value to the suspend point KEY of an instance."""
+    try:
+        value = json.loads(payload)
+    except json.JSONDecodeError as exc:
+        _fail(f"the payload is not JSON ({exc}): {payload!r}")
+    with _store(db) as store:
+        store_signal(store, workflow, instance_id, key, value)
+    click.echo(f"signal {key} stored for {workflow}/{instance_id}")
+
+
+@main.command()
+@click.argument("db")
+@click.argument("workflow")
+@click.argument("instance_id", metavar="ID")
+def cancel(db: str, workflow: str, instance_id: str) -> None:
+    """Cancel an instance: it ends Cancelled at its next step boundary."""
+    with _store(db) as store:
+        cancel_instance(store, workflow, instance_id)
+    click.echo(f"cancelled {workflow}/{instance_id}")
+
+
+@main.command()
+@click.argument("db")
+@click.option(
+    "--older-than",
+    "older_than",
+    required=True,
+    metavar="AGE",
+    help="Finished longer ago than this: a number with s, m, h or d (e.g. 30d).",
+)
+def purge(db: str, older_than: str) -> None:
+    """Delete finished (completed, failed, cancelled) instances older than AGE."""
+    try:
+        seconds = _duration(older_than)
+    except click.BadParameter as exc:
+        _fail(f"--older-than: {exc.message}")
+    with _store(db) as store:
+        deleted = purge_finished(store, seconds)
+    click.echo(f"purged {deleted} finished instance{'' if deleted == 1 else 's'}")
+
+
+@main.command()
+@click.argument("spec", metavar="MODULE:ENGINE")
+@click.option(
+    "--threads", type=click.IntRange(min=1), help="Worker threads (default: the engine's)."
+)
+@click.option(
+    "--grace", type=float, default=30.0, show_default=True,
+    help="Seconds to let runs in flight end after SIGINT or SIGTERM.",
+)
+def worker(spec: str, threads: int | None, grace: float) -> None:
+    """Run the engine MODULE:ENGINE until SIGINT or SIGTERM, logging each state change."""
+    try:
+        engine = load_engine(spec)
+        status = run_worker(engine, threads=threads, grace=grace)
+    except EngineError as err:
+        _fail(str(err))
+    raise SystemExit(status)
+

@@ -319,6 +319,7 @@ class Context:
         attempt = 0
         while True:
             attempt += 1
+            started = utcnow().isoformat()
             try:
                 if step.timeout_seconds is None:
                     result = fn(*args, **kwargs)
@@ -328,14 +329,18 @@ class Context:
                     self._workflow, self._instance_id, key, result, hint
                 )
             except Exception as exc:
-                self._store.save_step(self._write(key, seq, "failed", error=exc))
+                self._store.save_step(
+                    self._write(key, seq, "failed", error=exc, started=started)
+                )
                 if policy is not None and policy.should_retry(attempt, exc):
                     self._sleep(policy.delay(attempt))
                     self._boundary()  # a cancel during the backoff stops the retries
                     continue
                 self._failure = (key, exc, None if policy is None else attempt)
                 raise
-            self._store.save_step(self._write(key, seq, "completed", result=(text, tag)))
+            self._store.save_step(
+                self._write(key, seq, "completed", result=(text, tag), started=started)
+            )
             return value
 
     def _arrived(self, key: str) -> StoredStep | None:
@@ -416,6 +421,7 @@ class Context:
         *,
         result: tuple[str, str | None] | None = None,
         error: BaseException | None = None,
+        started: str | None = None,
     ) -> StepWrite:
         text, tag = result if result is not None else (None, None)
         return StepWrite(
@@ -430,6 +436,7 @@ class Context:
             status=self._status,
             error=None if error is None else f"{type(error).__name__}: {error}",
             at=utcnow().isoformat(),
+            started=started,
         )
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 import threading
@@ -14,20 +13,22 @@ from datetime import timedelta
 from types import TracebackType
 from typing import Any, TypeVar
 
+import attrs
+
 from . import _clock
+from ._admin import cancel_instance, purge_finished, store_signal
 from ._builder import EngineBuilder, _Options
-from ._context import check_key, seconds_of
+from ._context import check_key
 from ._errors import AlreadyStarted, InstanceFinished, InstanceNotFound, NotStarted
 from ._invocation import Invocation, Watch
+from ._log import log, where
 from ._records import StepRecord, WorkflowMetadata
 from ._retry import Retry
 from ._runs import Phase, RunLoop, _new_instance_id, _Run, _Workflow
 from ._schema import Synchronous
 from ._serde import decode_for, store_form
-from ._store import InstanceRow, StepWrite, Store, metadata_of, utcnow
+from ._store import InstanceRow, Store, metadata_of, utcnow
 from ._timers import TimerThread
-
-log = logging.getLogger("memable")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -209,6 +210,13 @@ class Engine(RunLoop):
 
     # ------------------------------------------------------------------ lifecycle
 
+    def _set_max_workers(self, n: int) -> None:
+        """Size the worker pool before ``start()`` (``memable worker --threads``)."""
+        with self._lock:
+            if self._phase != "new":
+                raise AlreadyStarted()
+            self._options = attrs.evolve(self._options, max_workers=n)
+
     def start(self) -> None:
         """Start the worker pool; from now on invocations are taken.
 
@@ -373,7 +381,7 @@ class Engine(RunLoop):
         )
         if not self._store.create_instance(row):
             return self.invocation(name, instance_id)
-        log.debug("invoked", extra={"workflow": name, "instance": instance_id})
+        log.debug("invoked", extra=where(name, instance_id))
         return Invocation(self, self._start_run(workflow, instance_id, (value,)))
 
     def resume(self, name: str, instance_id: str) -> Invocation:
@@ -437,16 +445,8 @@ class Engine(RunLoop):
         InstanceFinished
         """
         self._require_accepting(name)
-        check_key(key, name, instance_id)
-        text, tag, _ = store_form(name, instance_id, key, payload)
-        self._store.deliver_signal(
-            StepWrite(
-                workflow=name, instance_id=instance_id, key=key, seq=0, kind="signal",
-                state="completed", result=text, result_type=tag, status=None, error=None,
-                at=utcnow().isoformat(),
-            )
-        )
-        log.info("signal stored", extra={"workflow": name, "instance": instance_id, "key": key})
+        store_signal(self._store, name, instance_id, key, payload)
+        log.info("signal stored", extra=where(name, instance_id, key))
         with self._lock:
             watch = self._watch(name, instance_id)
         self._wake(name, instance_id)
@@ -508,12 +508,12 @@ class Engine(RunLoop):
         cancelled
         refused
         """
-        self._store.cancel(name, instance_id, now=utcnow().isoformat())
+        cancel_instance(self._store, name, instance_id)
         with self._lock:
             run = self._active.get((name, instance_id))
             if run is not None:
                 run.cancel_requested = True
-        log.info("cancelled", extra={"workflow": name, "instance": instance_id})
+        log.info("cancelled", extra=where(name, instance_id))
 
     def purge(self, older_than: float | timedelta) -> int:
         """Delete finished instances completed more than ``older_than`` ago; return how many.
@@ -529,9 +529,7 @@ class Engine(RunLoop):
         ...     engine.purge(older_than=0)
         1
         """
-        cutoff = utcnow() - timedelta(seconds=seconds_of(older_than, "purge age"))
-        # An instance completed this very microsecond counts as older than 0 s.
-        deleted = self._store.purge((cutoff + timedelta(microseconds=1)).isoformat())
+        deleted = purge_finished(self._store, older_than)
         log.info("purged %d finished instances", deleted)
         return deleted
 

@@ -8,7 +8,6 @@ the lock that guards them.
 from __future__ import annotations
 
 import inspect
-import logging
 import secrets
 import threading
 import time
@@ -24,13 +23,12 @@ from ._builder import _Options
 from ._context import Context, RunCancelled, Suspension
 from ._errors import InstanceNotFound, NotStarted, SerializationError, WorkflowNotFound
 from ._invocation import Watch, state_of
+from ._log import log, where
 from ._records import StatusName
 from ._serde import decode_for, hints_of, return_hint, store_form
 from ._states import Cancelled, Completed, Failed, Suspended, WorkflowState
 from ._store import Claim, LostInstance, RunSnapshot, Store, utcnow
 from ._timers import TimerThread
-
-log = logging.getLogger("memable")
 
 Phase = Literal["new", "started", "stopped", "closed"]
 
@@ -209,8 +207,7 @@ class RunLoop:
             now = _clock.wall()
             fired = self._store.fire_due_timers(now, utcnow().isoformat())
             for name, instance_id, key in fired:
-                where = {"workflow": name, "instance": instance_id, "key": key}
-                log.info("timer fired", extra=where)
+                log.info("timer fired: %s", key, extra=where(name, instance_id, key))
                 self._wake(name, instance_id)
             return len(fired), now
         finally:
@@ -235,7 +232,7 @@ class RunLoop:
                 for name, instance_id in orphaned:
                     log.warning(
                         "recovering an instance whose owner died",
-                        extra={"workflow": name, "instance": instance_id},
+                        extra=where(name, instance_id),
                     )
                     self._wake(name, instance_id, "recover")
             with self._lock:
@@ -260,7 +257,7 @@ class RunLoop:
             except BaseException as exc:  # the store failed while recording the end
                 log.exception(
                     "run could not be recorded",
-                    extra={"workflow": run.workflow.name, "instance": run.instance_id},
+                    extra=where(run.workflow.name, run.instance_id),
                 )
                 state = Failed(f"the run could not be recorded: {type(exc).__name__}: {exc}")
             run = self._ended(run, state)
@@ -309,7 +306,7 @@ class RunLoop:
             cancelled=lambda: run.cancel_requested, retry=self._options.retry,
             sleep=self._options.sleep,
         )
-        log.debug("run started", extra={"workflow": name, "instance": instance_id})
+        log.info("running", extra=where(name, instance_id))
         try:
             value = workflow.fn(ctx, input_value) if workflow.takes_input else workflow.fn(ctx)
         except Suspension as suspension:
@@ -319,25 +316,26 @@ class RunLoop:
             # nothing more to write but letting go of the instance.
             log.info(
                 "run stopped: %s", "cancelled" if isinstance(stop, RunCancelled) else "lost",
-                extra={"workflow": name, "instance": instance_id},
+                extra=where(name, instance_id),
             )
             return self._finish(run, Cancelled(), status="cancelled", message=None)
         except BaseException as exc:  # whatever else user code raises ends the run Failed
-            return self._fail(run, ctx._failure_message(exc))
+            failure = ctx._failure
+            step = failure[0] if failure is not None and failure[1] is exc else None
+            return self._fail(run, ctx._failure_message(exc), step)
         ctx._end_replay()
         try:
             text, tag, _ = store_form(name, instance_id, "output", value, workflow.output_hint)
         except SerializationError as exc:
             return self._fail(run, f"output failed: {type(exc).__name__}: {exc}")
-        log.info("completed", extra={"workflow": name, "instance": instance_id})
+        log.info("completed", extra=where(name, instance_id))
         return self._finish(
             run, Completed(), status="completed", message=None, output=(text, tag)
         )
 
     def _suspend(self, run: _Run, suspension: Suspension) -> WorkflowState:
         """Record the wait; if what it waits for is there already, go on in a new run."""
-        where = {"workflow": run.workflow.name, "instance": run.instance_id,
-                 "key": suspension.key}
+        at = where(run.workflow.name, run.instance_id, suspension.key)
         recorded = self._store.suspend(
             suspension.waiting, suspension.message, suspension.deadline, _clock.wall()
         )
@@ -346,10 +344,10 @@ class RunLoop:
             return Failed("the instance vanished") if row is None else state_of(row)
         if recorded.outcome == "ready":
             run.go_on = recorded.snapshot  # _execute starts the next run from it
-            log.debug("went straight on past %s", suspension.key, extra=where)
+            log.debug("went straight on past %s", suspension.key, extra=at)
         elif recorded.deadline is not None and self._timers is not None:
             self._timers.armed(recorded.deadline)
-        log.info("suspended: %s", suspension.message, extra=where)
+        log.info("suspended: %s", suspension.message, extra=at)
         return Suspended(suspension.message)
 
     def _finish(
@@ -372,9 +370,6 @@ class RunLoop:
         row = self._store.get_instance(run.workflow.name, run.instance_id)
         return Failed("the instance vanished") if row is None else state_of(row)
 
-    def _fail(self, run: _Run, message: str) -> WorkflowState:
-        log.info(
-            "failed: %s", message,
-            extra={"workflow": run.workflow.name, "instance": run.instance_id},
-        )
+    def _fail(self, run: _Run, message: str, step: str | None = None) -> WorkflowState:
+        log.info("failed: %s", message, extra=where(run.workflow.name, run.instance_id, step))
         return self._finish(run, Failed(message), status="failed", message=message)

@@ -19,7 +19,7 @@ import sqlite_utils
 from ._errors import StorageError
 
 #: The schema this code writes; ``PRAGMA user_version`` of every store.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 #: Seconds a statement waits for another process's lock before failing.
 BUSY_TIMEOUT = 10.0
 
@@ -58,7 +58,10 @@ STEP_COLUMNS: dict[str, type] = {
     "error": str,
     "attempts": int,
     "completed_at": str,
+    "started_at": str,  # v4: when the execution that wrote the row began (its duration)
 }
+#: Columns of steps since version 1.
+V1_STEP_COLUMNS = {c: t for c, t in STEP_COLUMNS.items() if c != "started_at"}
 TIMER_COLUMNS: dict[str, type] = {
     "workflow": str, "instance_id": str, "key": str, "deadline": float,
 }
@@ -83,7 +86,7 @@ def migrate_to_1(db: sqlite_utils.Database) -> None:
         ["workflow", "created_at"], index_name="instances_by_workflow"
     )
     db["steps"].create(  # type: ignore[union-attr]
-        STEP_COLUMNS,
+        V1_STEP_COLUMNS,
         pk=("workflow", "instance_id", "key"),
         not_null={"seq", "kind", "state", "attempts"},
     )
@@ -113,11 +116,17 @@ def migrate_to_3(db: sqlite_utils.Database) -> None:
     )
 
 
+def migrate_to_4(db: sqlite_utils.Database) -> None:
+    """When each step's execution began, so tools can show how long it took."""
+    db["steps"].add_column("started_at", str)  # type: ignore[union-attr]
+
+
 #: Migration to version N is MIGRATIONS[N - 1]; all run in the opening transaction.
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     migrate_to_1,
     migrate_to_2,
     migrate_to_3,
+    migrate_to_4,
 ]
 
 
@@ -199,7 +208,7 @@ def _inspect(conn: sqlite3.Connection, where: str) -> tuple[int, set[str]]:
 
 
 def _check_columns(db: sqlite_utils.Database, where: str, tables: set[str]) -> None:
-    for table, columns in (("instances", V1_INSTANCE_COLUMNS), ("steps", STEP_COLUMNS)):
+    for table, columns in (("instances", V1_INSTANCE_COLUMNS), ("steps", V1_STEP_COLUMNS)):
         have = {c.name for c in db[table].columns} if table in tables else set()
         if not set(columns) <= have:
             raise StorageError(

@@ -65,14 +65,14 @@ _OWNED = (
 # A completed step is never overwritten: that is the exactly-once record.
 _UPSERT_STEP = f"""
 INSERT INTO steps (workflow, instance_id, key, seq, kind, state, result, result_type,
-                   status, error, attempts, completed_at)
+                   status, error, attempts, completed_at, started_at)
 SELECT :workflow, :instance_id, :key, :seq, :kind, :state, :result, :result_type,
-       :status, :error, 1, :completed_at
+       :status, :error, 1, :completed_at, :started_at
 WHERE {_OWNED}
 ON CONFLICT (workflow, instance_id, key) DO UPDATE SET
     state = excluded.state, result = excluded.result, result_type = excluded.result_type,
     status = excluded.status, error = excluded.error, attempts = steps.attempts + 1,
-    completed_at = excluded.completed_at
+    completed_at = excluded.completed_at, started_at = excluded.started_at
 WHERE steps.state != 'completed'
 """
 _SELECT_RUN_STEPS = (
@@ -288,6 +288,7 @@ class SQLiteStore:
             "result": write.result, "result_type": write.result_type,
             "status": write.status, "error": write.error,
             "completed_at": write.at if write.state == "completed" else None,
+            "started_at": write.started,
             "me": self.owner,
         }
 
@@ -645,6 +646,15 @@ class SQLiteStore:
                 )
             )
         return [_step_record(row) for row in rows]
+
+    def read_rows(
+        self, what: str, sql: str, params: dict[str, Any]
+    ) -> list[dict[str, Any]]:
+        """Rows of one read-only query, as dicts; for tools that look at a store."""
+        with self._using(what) as conn:
+            cursor = conn.execute(sql, params)
+            names = [d[0] for d in cursor.description]
+            return [dict(zip(names, row, strict=True)) for row in cursor]
 
     def close(self) -> None:
         with self._lock:

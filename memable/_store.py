@@ -71,6 +71,8 @@ class StepWrite:
     status: str | None
     error: str | None
     at: str
+    #: When the execution that produced this outcome began (None for signals, waits).
+    started: str | None = None
 
 
 @attrs.frozen

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import logging
 import threading
 from typing import Protocol
 
 from . import _clock
-
-log = logging.getLogger("memable")
+from ._log import log
 
 
 class TimerHost(Protocol):

@@ -1,0 +1,44 @@
+"""Signal, cancel and purge as store operations, shared by the engine and the CLI.
+
+Each is one transaction on the store and needs no running engine: the
+engine calls them and then wakes its own runs; the command line calls them
+on a store that an engine elsewhere acts on within its poll interval.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from ._context import check_key, seconds_of
+from ._serde import store_form
+from ._store import StepWrite, Store, utcnow
+
+
+def store_signal(store: Store, workflow: str, instance_id: str, key: str, payload: Any) -> None:
+    """Store ``payload`` as the value of the suspend point ``key``.
+
+    Raise ``InvalidKey``, ``SerializationError``, ``InstanceNotFound``,
+    ``InstanceFinished`` or ``SignalRejected``; each writes nothing.
+    """
+    check_key(key, workflow, instance_id)
+    text, tag, _ = store_form(workflow, instance_id, key, payload)
+    store.deliver_signal(
+        StepWrite(
+            workflow=workflow, instance_id=instance_id, key=key, seq=0, kind="signal",
+            state="completed", result=text, result_type=tag, status=None, error=None,
+            at=utcnow().isoformat(),
+        )
+    )
+
+
+def cancel_instance(store: Store, workflow: str, instance_id: str) -> None:
+    """Mark the instance Cancelled and drop its timers (``InstanceFinished`` if it ended)."""
+    store.cancel(workflow, instance_id, now=utcnow().isoformat())
+
+
+def purge_finished(store: Store, older_than: float | timedelta) -> int:
+    """Delete instances that finished more than ``older_than`` ago; return how many."""
+    cutoff = utcnow() - timedelta(seconds=seconds_of(older_than, "purge age"))
+    # An instance completed this very microsecond counts as older than 0 s.
+    return store.purge((cutoff + timedelta(microseconds=1)).isoformat())

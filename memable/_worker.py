@@ -1,0 +1,141 @@
+"""``memable worker MODULE:ENGINE``: run a user's engine until SIGINT or SIGTERM.
+
+The worker imports the engine, starts it (recovery, timers, and the poll
+that picks up signals and cancels other processes wrote), logs one line per
+state change, and on SIGINT or SIGTERM takes no new work and lets the runs
+in flight end. A run still going when the grace period ends is left: the
+process exits 1, and the next engine on the store recovers the instance
+(its completed steps stay completed).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from ._engine import Engine
+from ._errors import EngineError
+from ._log import FIELDS, log
+
+
+class WorkerError(EngineError):
+    """The worker cannot load or start the engine it was given."""
+
+
+def load_engine(spec: str) -> Engine:
+    """The Engine named by ``module:attribute`` (an Engine, or a function returning one)."""
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise WorkerError(f"expected MODULE:ENGINE, e.g. myapp.workflows:engine, not {spec!r}")
+    # Like other app servers: the current directory is importable.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        found: object = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise WorkerError(f"cannot import {module_name!r} ({exc})") from exc
+    for name in attribute.split("."):
+        try:
+            found = getattr(found, name)
+        except AttributeError:
+            raise WorkerError(f"{module_name!r} has no attribute {attribute!r}") from None
+    if not isinstance(found, Engine) and callable(found):
+        found = found()
+    if not isinstance(found, Engine):
+        raise WorkerError(f"{spec} is not a memable Engine (it is a {type(found).__name__})")
+    return found
+
+
+class _Where(logging.Filter):
+    """Adds ``where`` ("workflow/instance step") to every record, for the worker's format."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        workflow, instance, step = (getattr(record, name, None) for name in FIELDS)
+        parts = [str(p) for p in (workflow, instance) if p is not None]
+        where = "/".join(parts) + (f" [{step}]" if step is not None else "")
+        record.where = f" {where}" if where else ""
+        return True
+
+
+def _log_to_stderr() -> logging.Handler:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(_Where())
+    handler.setFormatter(
+        logging.Formatter("%(asctime)s %(levelname)s memable%(where)s: %(message)s")
+    )
+    log.addHandler(handler)
+    if log.level == logging.NOTSET or log.level > logging.INFO:
+        log.setLevel(logging.INFO)
+    return handler
+
+
+_STOP = {signal.SIGINT, signal.SIGTERM}
+
+
+@contextmanager
+def _stop_signals() -> Iterator[Callable[[], int]]:
+    """Hold SIGINT and SIGTERM for a wait; yield the function that waits for one.
+
+    On POSIX the signals are blocked before any engine thread starts (threads
+    inherit the mask) and taken with ``sigwait``: no handler runs in the
+    middle of other code. Elsewhere a handler notes the signal for a loop.
+    """
+    if hasattr(signal, "pthread_sigmask"):
+        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP)
+        try:
+            yield lambda: signal.sigwait(_STOP)
+        finally:
+            # A second signal during the drain is taken here, not delivered later.
+            for pending in signal.sigpending() & _STOP:
+                signal.sigwait({pending})
+            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        return
+    received: list[int] = []  # pragma: no cover - platforms without sigwait
+    old = {sig: signal.signal(sig, lambda signum, _: received.append(signum)) for sig in _STOP}
+
+    def wait() -> int:  # pragma: no cover
+        while not received:
+            threading.Event().wait(0.2)  # no sigwait: look a few times a second
+        return received[0]
+
+    try:  # pragma: no cover
+        yield wait
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+def run_worker(engine: Engine, *, threads: int | None, grace: float) -> int:
+    """Run ``engine`` until SIGINT or SIGTERM, then drain it; return the exit status."""
+    handler = _log_to_stderr()
+    try:
+        with _stop_signals() as wait_for_signal:
+            if threads is not None:
+                engine._set_max_workers(threads)
+            engine.start()
+            log.info("worker %d started: %r", os.getpid(), engine)
+            signum = wait_for_signal()
+            log.info("received %s: taking no new work", signal.Signals(signum).name)
+            # stop() lets the runs in flight end; a thread of its own so the
+            # grace period can run out while it waits.
+            drain = threading.Thread(target=engine.stop, name="memable-drain", daemon=True)
+            drain.start()
+            drain.join(grace)
+        if drain.is_alive():
+            log.error(
+                "runs still in flight after the %gs grace period; exiting, "
+                "the next engine on the store recovers them", grace,
+            )
+            handler.flush()
+            os._exit(1)  # the worker threads cannot be interrupted, only abandoned
+        engine.close()
+        log.info("worker %d stopped", os.getpid())
+        return 0
+    finally:
+        log.removeHandler(handler)

@@ -1,0 +1,236 @@
+"""``memable worker``: a real process that runs an engine, signalled and stopped from outside."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from memable import Context, Engine
+
+APP = '''
+import os
+from memable import Context, Engine
+
+engine = Engine.open(os.environ["MEMABLE_DB"], poll_interval=0.05)
+
+
+def through_gate() -> str:
+    # Blocks until the test opens the FIFO for writing: a step held in flight.
+    with open(os.environ["GATE"]) as gate:
+        return gate.read()
+
+
+@engine.workflow("approve")
+def approve(ctx: Context) -> str:
+    ctx.step("prepare:v1").run(lambda: "prepared")
+    answer = ctx.suspend("approval:v1")
+    if os.environ.get("GATE"):
+        ctx.step("gate:v1").run(through_gate)
+    return ctx.step("finish:v1").run(lambda: f"approved {answer}")
+
+
+not_an_engine = 42
+'''
+WAIT = 30.0  # seconds any one expected event may take on a slow machine
+
+
+class Worker:
+    """A ``memable worker`` subprocess whose log lines are collected as they come."""
+
+    def __init__(self, cwd: Path, *args: str, gate: Path | None = None) -> None:
+        env = {**os.environ, "MEMABLE_DB": str(cwd / "store.db")}
+        if gate is not None:
+            env["GATE"] = str(gate)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "memable", "worker", "app:engine", *args],
+            cwd=cwd, env=env, stderr=subprocess.PIPE, text=True,
+        )
+        # _cond guards lines: appended by the reader thread, read by the test.
+        self._cond = threading.Condition()
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, name="test-worker-log", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            with self._cond:
+                self.lines.append(line.rstrip("\n"))
+                self._cond.notify_all()
+
+    def wait_for(self, pattern: str) -> str:
+        """The first log line matching ``pattern``, waiting for it to be written."""
+        def found() -> str | None:
+            return next((line for line in self.lines if re.search(pattern, line)), None)
+
+        with self._cond:
+            if not self._cond.wait_for(found, timeout=WAIT):
+                pytest.fail(f"no log line matched {pattern!r}; got:\n" + "\n".join(self.lines))
+            line = found()
+        assert line is not None
+        return line
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        self.proc.send_signal(sig)
+        code = self.proc.wait(timeout=WAIT)
+        self._reader.join(timeout=WAIT)
+        return code
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._reader.join(timeout=WAIT)
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
+
+
+@pytest.fixture
+def app_dir(tmp_path: Path) -> Path:
+    (tmp_path / "app.py").write_text(textwrap.dedent(APP))
+    return tmp_path
+
+
+@pytest.fixture
+def workers() -> Iterator[list[Worker]]:
+    started: list[Worker] = []
+    yield started
+    for worker in started:
+        worker.kill()
+
+
+def _invoke_until_suspended(db: Path, instance_id: str) -> None:
+    """Invoke ``approve`` from this process; it runs up to its suspend point here."""
+    engine = Engine.open(db)
+
+    def approve(ctx: Context) -> str:  # the first run only reaches the suspend point
+        ctx.step("prepare:v1").run(lambda: "prepared")
+        return str(ctx.suspend("approval:v1"))
+
+    engine.register("approve", approve)
+    with engine:
+        state = engine.invoke("approve", instance_id=instance_id).wait(timeout=WAIT)
+    assert str(state) == "suspended: approval:v1"
+
+
+def _cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "memable", *args],
+        cwd=cwd, capture_output=True, text=True, timeout=WAIT,
+    )
+
+
+def _signal(cwd: Path, instance_id: str, payload: str) -> None:
+    """`memable signal` from another process, as an operator would."""
+    done = _cli(cwd, "signal", "store.db", "approve", instance_id, "approval:v1", payload)
+    assert done.returncode == 0, done.stderr
+
+
+def _stored(db: Path, instance_id: str) -> tuple[str, object]:
+    engine = Engine.open(db)  # read only: never started
+    try:
+        meta = engine.get_metadata("approve", instance_id)
+        assert meta is not None
+        steps = {s.key: s.result for s in engine.steps("approve", instance_id)}
+    finally:
+        engine.close()
+    return type(meta.status).__name__.lower(), steps
+
+
+def test_worker_runs_what_another_process_invoked_and_signalled(
+    app_dir: Path, workers: list[Worker]
+) -> None:
+    """Invoked here, signalled with `memable signal`, completed by the worker; SIGTERM exits 0."""
+    worker = Worker(app_dir, "--threads", "2")
+    workers.append(worker)
+    worker.wait_for(r"worker \d+ started")
+    _invoke_until_suspended(app_dir / "store.db", "job-1")
+
+    _signal(app_dir, "job-1", '"yes"')
+
+    worker.wait_for(r"approve/job-1: completed")
+    assert worker.stop(signal.SIGTERM) == 0
+    worker.wait_for(r"received SIGTERM: taking no new work")
+    worker.wait_for(r"worker \d+ stopped")
+    status, steps = _stored(app_dir / "store.db", "job-1")
+    assert status == "completed"
+    assert steps == {"prepare:v1": "prepared", "approval:v1": "yes", "finish:v1": "approved yes"}
+    # One line per state change, each naming the instance.
+    assert [line.split(": ", 1)[1] for line in worker.lines if "approve/job-1" in line] == [
+        "running", "completed",
+    ]
+
+
+def test_sigterm_lets_the_run_in_flight_finish_before_exiting(
+    app_dir: Path, workers: list[Worker]
+) -> None:
+    """A run held inside a step when SIGTERM arrives completes; then the worker exits 0."""
+    gate = app_dir / "gate"
+    os.mkfifo(gate)
+    worker = Worker(app_dir, gate=gate)
+    workers.append(worker)
+    worker.wait_for(r"worker \d+ started")
+    _invoke_until_suspended(app_dir / "store.db", "job-2")
+    _signal(app_dir, "job-2", "1")
+    worker.wait_for(r"approve/job-2: running")
+
+    worker.proc.send_signal(signal.SIGTERM)
+    worker.wait_for(r"taking no new work")
+    assert worker.proc.poll() is None, "the worker exited with a run in flight"
+    with open(gate, "w") as opened:  # lets the held step return
+        opened.write("through")
+
+    assert worker.proc.wait(timeout=WAIT) == 0
+    worker.wait_for(r"approve/job-2: completed")
+    status, steps = _stored(app_dir / "store.db", "job-2")
+    assert (status, steps["gate:v1"], steps["finish:v1"]) == ("completed", "through", "approved 1")
+
+
+def test_a_run_still_in_flight_after_the_grace_period_is_left_for_recovery(
+    app_dir: Path, workers: list[Worker]
+) -> None:
+    """Past --grace the worker exits 1; the steps it completed stay, the instance stays running."""
+    gate = app_dir / "gate"
+    os.mkfifo(gate)  # never opened for writing: the step stays in flight
+    worker = Worker(app_dir, "--grace", "0.2", gate=gate)
+    workers.append(worker)
+    worker.wait_for(r"worker \d+ started")
+    _invoke_until_suspended(app_dir / "store.db", "job-3")
+    _signal(app_dir, "job-3", "1")
+    worker.wait_for(r"approve/job-3: running")
+
+    assert worker.stop(signal.SIGINT) == 1
+    worker.wait_for(r"grace period")
+    status, steps = _stored(app_dir / "store.db", "job-3")
+    assert status == "running"
+    assert steps == {"prepare:v1": "prepared", "approval:v1": 1}
+
+
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        ("app", "expected MODULE:ENGINE"),
+        ("no_such_module:engine", "cannot import 'no_such_module'"),
+        ("app:missing", "has no attribute 'missing'"),
+        ("app:not_an_engine", "is not a memable Engine (it is a int)"),
+    ],
+)
+def test_a_bad_engine_spec_exits_2_with_a_message(app_dir: Path, spec: str, says: str) -> None:
+    """What cannot be loaded is reported on stderr with exit 2, before anything starts."""
+    done = subprocess.run(
+        [sys.executable, "-m", "memable", "worker", spec],
+        cwd=app_dir, env={**os.environ, "MEMABLE_DB": str(app_dir / "store.db")},
+        capture_output=True, text=True, timeout=WAIT,
+    )
+    assert done.returncode == 2
+    assert says in done.stderr
+    assert "Traceback" not in done.stderr
