@@ -39,6 +39,10 @@ def cancel_instance(store: Store, workflow: str, instance_id: str) -> None:
 
 def purge_finished(store: Store, older_than: float | timedelta) -> int:
     """Delete instances that finished more than ``older_than`` ago; return how many."""
-    cutoff = utcnow() - timedelta(seconds=seconds_of(older_than, "purge age"))
-    # An instance completed this very microsecond counts as older than 0 s.
-    return store.purge((cutoff + timedelta(microseconds=1)).isoformat())
+    seconds = seconds_of(older_than, "purge age")
+    try:
+        # An instance completed this very microsecond counts as older than 0 s.
+        cutoff = utcnow() - timedelta(seconds=seconds) + timedelta(microseconds=1)
+    except OverflowError:  # older than the calendar goes: nothing is that old
+        return 0
+    return store.purge(cutoff.isoformat())

@@ -121,6 +121,10 @@ def _seconds(duration: float | None) -> str | None:
     return f"{duration * 1000:.1f}ms" if duration < 1 else f"{duration:.2f}s"
 
 
+def _output(value: Any) -> str:
+    return "-" if value is None else json.dumps(value, ensure_ascii=False)
+
+
 def _show_text(view: dict[str, Any]) -> str:
     lines = [
         f"{view['workflow']}/{view['instance_id']}: {view['status']}"
@@ -128,8 +132,8 @@ def _show_text(view: dict[str, Any]) -> str:
         f"created    {view['created_at']}",
         f"updated    {view['updated_at']}",
         f"completed  {view['completed_at'] or '-'}",
-        f"input      {json.dumps(view['input'])}",
-        f"output     {json.dumps(view['output']) if view['output'] is not None else '-'}",
+        f"input      {json.dumps(view['input'], ensure_ascii=False)}",
+        f"output     {_output(view['output'])}",
         "",
         "steps:",
         _table(
@@ -162,7 +166,8 @@ def show(db: str, workflow: str, instance_id: str, as_json: bool) -> None:
     click.echo(_json(view) if as_json else _show_text(view))
 
 
-@main.command()
+# A payload such as -5 is JSON, not an option.
+@main.command(context_settings={"ignore_unknown_options": True})
 @click.argument("db")
 @click.argument("workflow")
 @click.argument("instance_id", metavar="ID")

@@ -99,7 +99,10 @@ def show_instance(store: SQLiteStore, workflow: str, instance_id: str) -> dict[s
         {"key": t["key"], "due": datetime.fromtimestamp(t["deadline"], timezone.utc).isoformat()}
         for t in timers
     ]
+    # A finished instance awaits nothing, whatever rows its last run left waiting.
     view["awaiting_signals"] = [
-        s["key"] for s in steps if s["kind"] == "signal" and s["state"] == "waiting"
+        s["key"] for s in steps
+        if s["kind"] == "signal" and s["state"] == "waiting"
+        and view["status"] in ("running", "suspended")
     ]
     return view
