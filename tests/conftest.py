@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from memable import Engine
+from memable.testing import _leak_report, _leaked_threads, _memable_threads
 
-
-def _engine_threads() -> set[threading.Thread]:
-    return {t for t in threading.enumerate() if t.name.startswith("memable")}
+pytest_plugins = ["pytester"]
 
 
 @pytest.fixture(params=["memory", "file"])
@@ -24,7 +22,7 @@ def make_engine(
     Every engine made on the file store shares ``tmp_path / "memable.db"``.
     """
     made: list[Engine] = []
-    before = _engine_threads()
+    before = _memable_threads()
 
     def make(**options: object) -> Engine:
         if request.param == "memory":
@@ -37,12 +35,9 @@ def make_engine(
     yield make
     for engine in made:
         engine.close()
-    # Threads of timed-out steps are abandoned daemons by design; the tests
-    # release what they hang on, so those threads end on their own.
-    for thread in _engine_threads() - before:
-        if thread.name.startswith("memable-step"):
-            thread.join(timeout=10)
-    assert _engine_threads() <= before, "an engine thread outlived close()"
+    # The plugin's check: threads of timed-out steps get 10 s to end on their own.
+    leaked = _leaked_threads(before, timeout=10)
+    assert not leaked, _leak_report(leaked, 10)
 
 
 @pytest.fixture

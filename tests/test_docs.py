@@ -32,7 +32,10 @@ def _docstring_tests() -> list[doctest.DocTest]:
 
 
 DOCSTRING_TESTS = _docstring_tests()
-DOC_FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOC_FILES = [
+    ROOT / "README.md",
+    *sorted(p for p in (ROOT / "docs").rglob("*.md") if "_build" not in p.parts),
+]
 
 
 def _run(test: doctest.DocTest) -> None:
@@ -52,7 +55,7 @@ def test_docstring_examples_run(test: doctest.DocTest) -> None:
     _run(test)
 
 
-@pytest.mark.parametrize("path", DOC_FILES, ids=[p.name for p in DOC_FILES])
+@pytest.mark.parametrize("path", DOC_FILES, ids=[str(p.relative_to(ROOT)) for p in DOC_FILES])
 def test_docs_examples_run(path: Path) -> None:
     """Every `>>>` example in README.md and docs/*.md runs and prints what it says."""
     text = path.read_text()

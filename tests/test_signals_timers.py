@@ -25,6 +25,7 @@ from memable import (
     StepTimeout,
     Suspended,
 )
+from memable.testing import advance
 
 
 class RunProbe:
@@ -45,12 +46,6 @@ class RunProbe:
         finally:
             with self._lock:
                 self._now -= 1
-
-
-def timer_done(engine: Engine, name: str, instance_id: str, key: str) -> bool:
-    return any(
-        s.key == key and s.state == "completed" for s in engine.steps(name, instance_id)
-    )
 
 
 # ---------------------------------------------------------------------- signals while running
@@ -163,15 +158,12 @@ def test_a_resume_before_the_deadline_does_not_move_it(
     with freeze_time(T0) as clock, engine:
         inv = engine.invoke("wf")
         assert inv.wait(timeout=10) == Suspended("timer hour:v1")
-        clock.move_to(T0 + timedelta(minutes=30))
+        assert advance(engine, clock, timedelta(minutes=30)) == 0
         assert engine.resume("wf", inv.instance_id).wait(timeout=10) == Suspended(
             "timer hour:v1"
         )
-        clock.move_to(T0 + timedelta(minutes=59))
-        assert engine.fire_due_timers() == 0
-        clock.move_to(T0 + timedelta(hours=1))
-        fired = engine.fire_due_timers()
-        assert fired == 1 or timer_done(engine, "wf", inv.instance_id, "hour:v1")
+        assert advance(engine, clock, timedelta(minutes=29)) == 0  # T0 + 59 min
+        assert advance(engine, clock, timedelta(minutes=1)) == 1  # T0 + 1 h
         assert inv.result(timeout=10) == "done"
 
 
@@ -188,13 +180,10 @@ def test_freezegun_three_day_timer(make_engine: Callable[..., Engine]) -> None:
     with freeze_time(T0) as clock, engine:
         inv = engine.invoke("wf")
         assert inv.wait(timeout=10) == Suspended("timer cool-off:v1")
-        clock.move_to(T0 + timedelta(days=2))
-        assert engine.fire_due_timers() == 0
+        assert advance(engine, clock, timedelta(days=2)) == 0
         assert inv.state == Suspended("timer cool-off:v1")
         assert after == []
-        clock.move_to(T0 + timedelta(days=3))
-        fired = engine.fire_due_timers()
-        assert fired == 1 or timer_done(engine, "wf", inv.instance_id, "cool-off:v1")
+        assert advance(engine, clock, timedelta(days=1)) == 1  # T0 + 3 days
         assert inv.result(timeout=10) == "done"
     assert after == ["ran"]
 
@@ -222,9 +211,7 @@ def test_a_timer_that_fires_while_its_instance_runs_is_not_lost(
         assert inv.wait(timeout=10) == Suspended("timer t:v1")
         resumed = engine.resume("wf", inv.instance_id)
         assert at_gate.wait(10)
-        clock.move_to(T0 + timedelta(hours=1))
-        fired = engine.fire_due_timers()
-        assert fired == 1 or timer_done(engine, "wf", inv.instance_id, "t:v1")
+        assert advance(engine, clock, timedelta(hours=1)) == 1
         gate.set()
         assert resumed.result(timeout=10) == "past the timer"
     assert runs == ["run", "run"]

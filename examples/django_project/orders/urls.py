@@ -1,0 +1,11 @@
+"""Start an order, read its status, approve it."""
+
+from django.urls import path
+
+from . import views
+
+urlpatterns = [
+    path("orders", views.start_order, name="start-order"),
+    path("orders/<str:order_id>", views.order_status, name="order-status"),
+    path("orders/<str:order_id>/approve", views.approve_order, name="approve-order"),
+]

@@ -1,0 +1,5 @@
+"""The project's URLs: the orders app at the root."""
+
+from django.urls import include, path
+
+urlpatterns = [path("", include("orders.urls"))]

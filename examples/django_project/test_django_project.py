@@ -1,0 +1,212 @@
+"""The Django example: its views through the test client, its worker as a process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.test import Client, override_settings
+from freezegun import freeze_time
+from memable import Engine, MetadataStatus, Suspended
+from memable.testing import advance, running
+
+from orders.engine import get_engine, open_engine, use_engine
+from orders.views import WORKFLOW
+from orders.workflows import Order
+
+HERE = Path(__file__).resolve().parent
+
+
+def settle(engine: Engine, order_id: str) -> None:
+    """Wait until the run a request started has ended (suspended or finished)."""
+    engine.invocation(WORKFLOW, order_id).wait(timeout=10)
+
+
+def test_an_order_waits_for_approval_ships_and_asks_for_a_review_3_days_later(
+    client: Client, engine: Engine
+) -> None:
+    with freeze_time("2026-03-02 09:00:00") as clock:
+        started = client.post("/orders", {"item": "tea", "quantity": 2}, "application/json")
+        assert started.status_code == 202
+        order_id = started.json()["id"]
+        assert started["Location"] == f"/orders/{order_id}"
+        settle(engine, order_id)
+
+        assert client.get(f"/orders/{order_id}").json() == {
+            "id": order_id,
+            "state": "suspended",
+            "status": "waiting for a manager's approval",
+            "steps_done": ["reserve:v1"],
+        }
+
+        approved = client.post(
+            f"/orders/{order_id}/approve", {"approver": "alice"}, "application/json"
+        )
+        assert approved.status_code == 202
+        settle(engine, order_id)
+        shipped = client.get(f"/orders/{order_id}").json()
+        assert shipped["state"] == "suspended"
+        assert shipped["status"] == "timer review-delay:v1"
+        assert shipped["steps_done"] == ["reserve:v1", "approval:v1", "ship:v1"]
+
+        assert advance(engine, clock, timedelta(days=2)) == 0  # not due yet
+        advance(engine, clock, timedelta(days=1))
+        assert engine.invocation(WORKFLOW, order_id).result(timeout=10) == "parcel-tea-2"
+
+        done = client.get(f"/orders/{order_id}").json()
+        assert done["state"] == "completed"
+        assert done["result"] == "parcel-tea-2"
+        assert done["steps_done"][-2:] == ["review-delay:v1", "review-request:v1"]
+
+
+def test_an_unknown_order_is_404(client: Client) -> None:
+    assert client.get("/orders/no-such-order").status_code == 404
+    approve = client.post(
+        "/orders/no-such-order/approve", {"approver": "alice"}, "application/json"
+    )
+    assert approve.status_code == 404
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "not json",
+        ["tea", 2],
+        {"quantity": 2},
+        {"item": "", "quantity": 2},
+        {"item": "tea"},
+        {"item": "tea", "quantity": "2"},
+        {"item": "tea", "quantity": 0},
+        {"item": "tea", "quantity": True},
+    ],
+)
+def test_a_bad_order_is_400_and_starts_nothing(client: Client, engine: Engine, body: Any) -> None:
+    response = client.post("/orders", body, "application/json")
+    assert response.status_code == 400
+    assert "error" in response.json()
+    assert engine.list_instances(WORKFLOW) == []
+
+
+@pytest.mark.parametrize("body", ["", {}, {"approver": ""}, {"approver": 7}])
+def test_an_approval_without_an_approver_is_400(client: Client, engine: Engine, body: Any) -> None:
+    started = client.post("/orders", {"item": "tea", "quantity": 1}, "application/json")
+    order_id = started.json()["id"]
+    settle(engine, order_id)
+    response = client.post(f"/orders/{order_id}/approve", body, "application/json")
+    assert response.status_code == 400
+    assert client.get(f"/orders/{order_id}").json()["state"] == "suspended"
+
+
+def test_a_second_approval_is_409(client: Client, engine: Engine) -> None:
+    started = client.post("/orders", {"item": "tea", "quantity": 1}, "application/json")
+    order_id = started.json()["id"]
+    first = client.post(f"/orders/{order_id}/approve", {"approver": "alice"}, "application/json")
+    second = client.post(f"/orders/{order_id}/approve", {"approver": "bob"}, "application/json")
+    assert (first.status_code, second.status_code) == (202, 409)
+    settle(engine, order_id)
+    assert client.get(f"/orders/{order_id}").json()["steps_done"][-1] == "ship:v1"
+
+
+@pytest.mark.parametrize("key", ["", "_reserved", "a/b", "x" * 65])
+def test_a_bad_idempotency_key_is_400(client: Client, engine: Engine, key: str) -> None:
+    body, headers = {"item": "tea", "quantity": 1}, {"Idempotency-Key": key}
+    response = client.post("/orders", body, "application/json", headers=headers)
+    assert response.status_code == 400
+    assert engine.list_instances(WORKFLOW) == []
+
+
+def test_a_retried_request_with_the_same_idempotency_key_starts_one_order(
+    client: Client, engine: Engine
+) -> None:
+    body, headers = {"item": "tea", "quantity": 1}, {"Idempotency-Key": "cart-41"}
+    first = client.post("/orders", body, "application/json", headers=headers)
+    again = client.post("/orders", body, "application/json", headers=headers)
+    assert first.json() == again.json() == {"id": "cart-41"}
+    assert [order_id for order_id, _ in engine.list_instances(WORKFLOW)] == ["cart-41"]
+
+
+def test_the_wrong_method_is_405(client: Client) -> None:
+    assert client.get("/orders").status_code == 405
+    assert client.get("/orders/x/approve").status_code == 405
+
+
+def test_the_web_process_opens_its_engine_on_first_use(tmp_path: Path) -> None:
+    path = tmp_path / "web.db"
+    with override_settings(MEMABLE_DB=str(path)):
+        use_engine(None)
+        engine = get_engine()
+        try:
+            assert get_engine() is engine
+            client = Client()
+            started = client.post("/orders", {"item": "cups", "quantity": 6}, "application/json")
+            settle(engine, started.json()["id"])
+            assert client.get(started["Location"]).json()["state"] == "suspended"
+        finally:
+            engine.close()  # what atexit does at the end of a real process
+            use_engine(None)
+    assert path.exists()
+
+
+def wait_until(check: Callable[[], bool], worker: subprocess.Popen[str], what: str) -> None:
+    """Poll ``check()`` until it is true; fail at the deadline or if the worker died."""
+    deadline = time.monotonic() + 30
+    while not check():
+        assert worker.poll() is None, f"the worker exited early: {worker.communicate()}"
+        assert time.monotonic() < deadline, f"the worker did not {what} in 30 s"
+        time.sleep(0.02)
+
+
+def test_the_worker_command_runs_the_workflows_until_sigterm(tmp_path: Path) -> None:
+    path = tmp_path / "shop.db"
+    # Two orders from a web process that has stopped since. The first was placed and
+    # approved three days ago: its review timer is due. The second waits for approval.
+    three_days_ago = datetime.now(timezone.utc) - timedelta(days=3, minutes=1)
+    with override_settings(MEMABLE_DB=str(path)):
+        web_engine = open_engine()
+    with freeze_time(three_days_ago), running(web_engine) as web:
+        web.invoke(WORKFLOW, Order("tea", 2), instance_id="order-1").wait(timeout=10)
+        approved = web.signal(WORKFLOW, "order-1", "approval:v1", "alice")
+        assert approved.wait(timeout=10) == Suspended("timer review-delay:v1")
+        web.invoke(WORKFLOW, Order("cups", 6), instance_id="order-2").wait(timeout=10)
+
+    worker = subprocess.Popen(
+        [sys.executable, "manage.py", "memable_worker"],
+        cwd=HERE,
+        env={**os.environ, "MEMABLE_DB": str(path)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        # An engine with no workflow registered only stores the signal; the worker
+        # has the workflow, and takes the signal within its poll interval.
+        with running(Engine.open(path)) as signaller:
+            signaller.signal(WORKFLOW, "order-2", "approval:v1", "bob")
+
+            def status(order_id: str) -> MetadataStatus | None:
+                meta = signaller.get_metadata(WORKFLOW, order_id)
+                return None if meta is None else meta.status
+
+            # The worker fires the due timer on its own, and ships order-2.
+            wait_until(lambda: status("order-1") == MetadataStatus.Completed(), worker, "finish")
+            shipped = MetadataStatus.Suspended("timer review-delay:v1")
+            wait_until(lambda: status("order-2") == shipped, worker, "ship order-2")
+            assert signaller.steps(WORKFLOW, "order-1")[-1].key == "review-request:v1"
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        out, err = worker.communicate(timeout=30)
+
+    assert worker.returncode == 0, err
+    assert out.splitlines() == [
+        f"memable worker running on {path}",
+        "SIGTERM: letting the runs in flight end",
+        "memable worker stopped",
+    ]

@@ -1,0 +1,348 @@
+"""The memable pytest plugin: an ``engine`` fixture and ``advance`` for frozen clocks.
+
+pytest loads this module by itself once memable is installed (the ``pytest11``
+entry point ``memable``). It gives every test suite three fixtures:
+
+- ``memable_workflows``: the workflows the ``engine`` fixture registers, by
+  name; ``{}`` unless a conftest overrides it.
+- ``memable_options``: the keyword options of ``Engine.in_memory``; ``{}``
+  unless overridden (e.g. ``{"poll_interval": 60}``).
+- ``engine``: an in-memory ``Engine`` with those workflows, started. At
+  teardown it is drained (``wait_all``) and closed, and a thread named
+  ``memable...`` that the test started and that outlived it fails the test.
+
+and two functions: ``advance(engine, clock, by)`` moves a freezegun clock and
+fires the timers that fell due, and ``running(engine, workflows)`` does for an
+engine of your own (a file-backed one, say) what the ``engine`` fixture does.
+The ini option ``memable_thread_timeout`` (seconds, 10 by default) bounds how
+long teardown waits for the threads of timed-out steps to end.
+
+>>> from datetime import timedelta
+>>> from freezegun import freeze_time
+>>> from memable import Engine
+>>> from memable.testing import advance, running
+>>> def remind(ctx) -> str:
+...     ctx.timer("cool-off:v1", timedelta(days=3))
+...     return "reminded"
+>>> with freeze_time("2026-01-01") as clock, running(
+...     Engine.in_memory(poll_interval=60), {"remind": remind}
+... ) as engine:
+...     inv = engine.invoke("remind")
+...     print(inv.wait(timeout=10))
+...     print(advance(engine, clock, timedelta(days=2)), inv.state)
+...     print(advance(engine, clock, timedelta(days=1)), inv.result(timeout=10))
+suspended: timer cool-off:v1
+0 suspended: timer cool-off:v1
+1 reminded
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any, Protocol
+
+import pytest
+
+from . import _clock
+from ._engine import Engine
+from ._errors import InstanceNotFound, NotStarted
+
+__all__ = [
+    "FrozenClock",
+    "advance",
+    "engine",
+    "memable_options",
+    "memable_workflows",
+    "running",
+]
+
+#: Seconds teardown waits, in all, for threads of timed-out steps to end.
+_THREAD_TIMEOUT = 10.0
+_THREAD_TIMEOUT_INI = "memable_thread_timeout"
+
+_TimerId = tuple[str, str, str]  # (workflow, instance id, timer key)
+
+
+class FrozenClock(Protocol):
+    """What ``advance`` needs of a clock: the object ``freezegun.freeze_time`` yields.
+
+    That is a ``FrozenDateTimeFactory`` (the default, ``tick=False``), a
+    ``TickingDateTimeFactory`` (``tick=True``) or a ``StepTickTimeFactory``
+    (``auto_tick_seconds``); each has ``tick(delta)``.
+
+    >>> from datetime import timedelta
+    >>> from freezegun import freeze_time
+    >>> from memable.testing import FrozenClock
+    >>> with freeze_time("2026-01-01") as frozen:
+    ...     clock: FrozenClock = frozen
+    ...     print(clock.tick(timedelta(hours=1)))
+    2026-01-01 01:00:00
+    """
+
+    def tick(self, delta: timedelta, /) -> object:
+        """Move the clock forward by ``delta``."""
+
+
+# ---------------------------------------------------------------------- fixtures
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """Declare the ini option ``memable_thread_timeout``."""
+    parser.addini(
+        _THREAD_TIMEOUT_INI,
+        help="seconds the memable engine fixture waits at teardown for the threads of "
+        f"timed-out steps to end before it reports them as leaked (default {_THREAD_TIMEOUT:g})",
+        default=str(_THREAD_TIMEOUT),
+    )
+
+
+@pytest.fixture
+def memable_workflows() -> Mapping[str, Callable[..., Any]]:
+    """The workflows the ``engine`` fixture registers, by name: none unless overridden.
+
+    Override it in a ``conftest.py`` (or a test module, or a class) to return
+    ``{"ship": ship, ...}``.
+    """
+    return {}
+
+
+@pytest.fixture
+def memable_options() -> dict[str, Any]:
+    """Keyword options of ``Engine.in_memory`` for the ``engine`` fixture: none unless overridden.
+
+    E.g. ``{"poll_interval": 60, "max_workers": 2}``.
+    """
+    return {}
+
+
+@pytest.fixture
+def engine(
+    request: pytest.FixtureRequest,
+    memable_workflows: Mapping[str, Callable[..., Any]],
+    memable_options: dict[str, Any],
+) -> Iterator[Engine]:
+    """A started in-memory ``Engine`` with ``memable_workflows``, built with ``memable_options``.
+
+    At teardown the engine is drained (``wait_all``: runs in flight, and runs
+    that due timers and signals start, end) and closed. Then every thread
+    whose name starts with ``memable`` and that was started during the test
+    must have ended: the threads of timed-out steps get
+    ``memable_thread_timeout`` seconds (ini option, 10 by default) to end on
+    their own; a thread still alive fails the test, by name.
+    """
+    timeout = _thread_timeout(request.config)
+    with running(
+        Engine.in_memory(**memable_options), memable_workflows, thread_timeout=timeout
+    ) as started:
+        yield started
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def advance(engine: Engine, clock: FrozenClock, by: timedelta | float) -> int:
+    """Move the frozen ``clock`` forward by ``by`` and fire the timers that fell due.
+
+    ``clock`` is what ``freezegun.freeze_time(...)`` yields (with
+    ``tick=True``, it moves from the time the clock shows now); ``by`` is a
+    ``timedelta`` or seconds, never negative (``ValueError``). Return how many
+    timers fired. The runs they resume are started, not waited for: follow
+    them with ``inv.result(timeout=...)`` or ``inv.wait(timeout=...)``. Raise
+    ``NotStarted``, without moving the clock, if ``engine`` is not started.
+
+    The engine's timer thread may fire a due timer itself the moment the
+    clock moves (it looks at the store every ``poll_interval``, and when a
+    timer is armed). Those count too, if they belong to this engine's
+    workflows and were waiting when ``advance`` was called: the number does
+    not depend on which thread won. Call ``advance`` once the runs that arm
+    timers have ended (``inv.wait()``): a run still going may arm one from
+    the clock before or after the move.
+
+    >>> from datetime import timedelta
+    >>> from freezegun import freeze_time
+    >>> from memable import Engine
+    >>> from memable.testing import advance
+    >>> def follow_up(ctx) -> str:
+    ...     ctx.timer("wait:v1", timedelta(hours=1))
+    ...     return "followed up"
+    >>> engine = Engine.in_memory(poll_interval=60)
+    >>> engine.register("follow-up", follow_up)
+    >>> with freeze_time("2026-01-01 09:00") as clock, engine:
+    ...     inv = engine.invoke("follow-up")
+    ...     print(inv.wait(timeout=10))
+    ...     print(advance(engine, clock, 59 * 60))   # seconds
+    ...     print(advance(engine, clock, timedelta(minutes=1)))
+    ...     print(inv.result(timeout=10))
+    suspended: timer wait:v1
+    0
+    1
+    followed up
+    >>> advance(engine, clock, timedelta(seconds=-1))
+    Traceback (most recent call last):
+    ...
+    ValueError: advance moves the clock forward only, not by -1 s
+    """
+    delta = _delta(by)
+    with engine._lock:
+        if engine._phase != "started":
+            raise NotStarted()
+    waiting = {
+        timer for timer, state in _timers(engine, _live_instances(engine)).items()
+        if state == "waiting"
+    }
+    _move(clock, delta)
+    fired = engine.fire_due_timers()
+    # Every timer due now is fired by now: by this call, or by the timer thread
+    # (the store serialises the two). Count those that were waiting before.
+    states = _timers(engine, {(name, instance_id) for name, instance_id, _ in waiting})
+    fired_meanwhile = sum(1 for timer in waiting if states.get(timer) == "completed")
+    return max(fired, fired_meanwhile)
+
+
+@contextmanager
+def running(
+    engine: Engine,
+    workflows: Mapping[str, Callable[..., Any]] | None = None,
+    *,
+    thread_timeout: float = _THREAD_TIMEOUT,
+) -> Iterator[Engine]:
+    """Register ``workflows`` on ``engine``, start it, and check it leaks nothing when done.
+
+    On leaving the block normally: ``wait_all()``, ``close()``, then every
+    thread named ``memable...`` started since entering must have ended (the
+    threads of timed-out steps get ``thread_timeout`` seconds in all);
+    otherwise the test fails (``pytest.fail``) naming them. On an exception
+    the engine is only closed. This is the ``engine`` fixture's body, for an
+    engine you build yourself, e.g. on a file.
+
+    >>> import os, tempfile
+    >>> from memable import Engine
+    >>> from memable.testing import running
+    >>> path = os.path.join(tempfile.mkdtemp(), "workflows.db")
+    >>> with running(Engine.open(path), {"double": lambda ctx, n: 2 * n}) as engine:
+    ...     engine.invoke("double", 21).result(timeout=10)
+    42
+    """
+    before = _memable_threads()
+    try:
+        for name, fn in (workflows or {}).items():
+            engine.register(name, fn)
+        engine.start()
+        yield engine
+        engine.wait_all()
+    finally:
+        engine.close()
+    leaked = _leaked_threads(before, thread_timeout)
+    if leaked:
+        pytest.fail(_leak_report(leaked, thread_timeout), pytrace=False)
+
+
+# ---------------------------------------------------------------------- private
+
+
+def _thread_timeout(config: pytest.Config) -> float:
+    text = str(config.getini(_THREAD_TIMEOUT_INI))
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise pytest.UsageError(
+            f"{_THREAD_TIMEOUT_INI} must be a number of seconds, not {text!r}"
+        ) from None
+    if not seconds >= 0:
+        raise pytest.UsageError(f"{_THREAD_TIMEOUT_INI} must not be negative, not {text!r}")
+    return seconds
+
+
+def _delta(by: timedelta | float) -> timedelta:
+    """``by`` as a timedelta; refuse what is not a finite, non-negative duration."""
+    if isinstance(by, timedelta):
+        delta = by
+    elif isinstance(by, (int, float)) and not isinstance(by, bool):
+        if not math.isfinite(by):
+            raise ValueError(f"advance needs a finite number of seconds, not {by!r}")
+        delta = timedelta(seconds=by)
+    else:
+        raise TypeError(f"advance takes a timedelta or seconds, not {type(by).__name__}")
+    if delta < timedelta(0):
+        raise ValueError(
+            f"advance moves the clock forward only, not by {delta.total_seconds():g} s"
+        )
+    return delta
+
+
+def _move(clock: FrozenClock, delta: timedelta) -> None:
+    """``clock.tick(delta)``; for a ticking freezegun clock, from the time it shows now.
+
+    freezegun's ``TickingDateTimeFactory.tick`` moves from where the clock was
+    last put, dropping the time that ran since; ``move_to`` keeps it.
+    """
+    api = sys.modules.get("freezegun.api")  # no freezegun imported: not one of its clocks
+    ticking = getattr(api, "TickingDateTimeFactory", None)
+    if ticking is not None and isinstance(clock, ticking):
+        clock.move_to(clock() + delta)
+    else:
+        clock.tick(delta)
+
+
+def _live_instances(engine: Engine) -> set[tuple[str, str]]:
+    """(workflow, id) of every instance of the engine's workflows that is not finished."""
+    with engine._lock:
+        names = sorted(engine._workflows)
+    return {
+        (name, instance_id)
+        for name in names
+        for instance_id, metadata in engine.list_instances(name)
+        if not metadata.status.is_terminal
+    }
+
+
+def _timers(engine: Engine, instances: set[tuple[str, str]]) -> dict[_TimerId, str]:
+    """The state of every timer of ``instances``, by (workflow, id, key)."""
+    states: dict[_TimerId, str] = {}
+    for name, instance_id in sorted(instances):
+        try:
+            records = engine.steps(name, instance_id)
+        except InstanceNotFound:  # purged meanwhile
+            continue
+        for record in records:
+            if record.kind == "timer":
+                states[(name, instance_id, record.key)] = record.state
+    return states
+
+
+def _memable_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("memable")}
+
+
+def _leaked_threads(before: set[threading.Thread], timeout: float) -> list[threading.Thread]:
+    """The memable threads started since ``before`` that are still alive.
+
+    Threads of timed-out steps are abandoned daemons that end on their own:
+    they get ``timeout`` seconds, in all, to do so.
+    """
+    deadline = _clock.monotonic() + timeout
+    for thread in _memable_threads() - before:
+        if thread.name.startswith("memable-step"):
+            thread.join(max(0.0, deadline - _clock.monotonic()))
+    return sorted(
+        (t for t in _memable_threads() - before if t.is_alive()), key=lambda t: t.name
+    )
+
+
+def _leak_report(leaked: list[threading.Thread], timeout: float) -> str:
+    lines = [f"{len(leaked)} memable thread(s) outlived the engine:"]
+    for thread in leaked:
+        if thread.name.startswith("memable-step"):
+            why = (
+                f"a timed-out step still running {timeout:g} s after the engine closed; "
+                "release what it waits on before the test ends"
+            )
+        else:
+            why = "a thread of an engine that was started and never closed"
+        lines.append(f"  {thread.name!r}: {why}")
+    return "\n".join(lines)
