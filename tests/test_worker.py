@@ -146,6 +146,21 @@ def _stored(db: Path, instance_id: str) -> tuple[str, object]:
     return type(meta.status).__name__.lower(), steps
 
 
+def _held_in_a_step(
+    app_dir: Path, workers: list[Worker], instance_id: str, *args: str
+) -> tuple[Worker, Path]:
+    """A worker whose run of ``instance_id`` is held in step gate:v1 until the FIFO opens."""
+    gate = app_dir / "gate"
+    os.mkfifo(gate)
+    worker = Worker(app_dir, *args, gate=gate)
+    workers.append(worker)
+    worker.wait_for(r"worker \d+ started")
+    _invoke_until_suspended(app_dir / "store.db", instance_id)
+    _signal(app_dir, instance_id, "1")
+    worker.wait_for(rf"approve/{instance_id}: running")
+    return worker, gate
+
+
 def test_worker_runs_what_another_process_invoked_and_signalled(
     app_dir: Path, workers: list[Worker]
 ) -> None:
@@ -174,14 +189,7 @@ def test_sigterm_lets_the_run_in_flight_finish_before_exiting(
     app_dir: Path, workers: list[Worker]
 ) -> None:
     """A run held inside a step when SIGTERM arrives completes; then the worker exits 0."""
-    gate = app_dir / "gate"
-    os.mkfifo(gate)
-    worker = Worker(app_dir, gate=gate)
-    workers.append(worker)
-    worker.wait_for(r"worker \d+ started")
-    _invoke_until_suspended(app_dir / "store.db", "job-2")
-    _signal(app_dir, "job-2", "1")
-    worker.wait_for(r"approve/job-2: running")
+    worker, gate = _held_in_a_step(app_dir, workers, "job-2")
 
     worker.proc.send_signal(signal.SIGTERM)
     worker.wait_for(r"taking no new work")
@@ -199,14 +207,7 @@ def test_a_run_still_in_flight_after_the_grace_period_is_left_for_recovery(
     app_dir: Path, workers: list[Worker]
 ) -> None:
     """Past --grace the worker exits 1; the steps it completed stay, the instance stays running."""
-    gate = app_dir / "gate"
-    os.mkfifo(gate)  # never opened for writing: the step stays in flight
-    worker = Worker(app_dir, "--grace", "0.2", gate=gate)
-    workers.append(worker)
-    worker.wait_for(r"worker \d+ started")
-    _invoke_until_suspended(app_dir / "store.db", "job-3")
-    _signal(app_dir, "job-3", "1")
-    worker.wait_for(r"approve/job-3: running")
+    worker, _ = _held_in_a_step(app_dir, workers, "job-3", "--grace", "0.2")  # never released
 
     assert worker.stop(signal.SIGINT) == 1
     worker.wait_for(r"grace period")
