@@ -196,15 +196,18 @@ def _prepare(
 
 def _inspect(conn: sqlite3.Connection, where: str) -> tuple[int, set[str]]:
     try:
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
-        tables = {
-            row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
-        }
+        # One statement, so one snapshot: read apart, another process's
+        # migration could commit in between, showing its tables without its
+        # version (and the file refused as "not a memable store").
+        rows = conn.execute(
+            "SELECT v.user_version, m.name FROM pragma_user_version AS v "
+            "LEFT JOIN sqlite_master AS m ON m.type = 'table'"
+        ).fetchall()
     except sqlite3.OperationalError:
         raise  # busy: the caller tries again
     except sqlite3.DatabaseError as exc:
         raise StorageError(f"{where} is not a SQLite database ({exc})") from exc
-    return int(version), tables
+    return int(rows[0][0]), {name for _, name in rows if name is not None}
 
 
 def _check_columns(db: sqlite_utils.Database, where: str, tables: set[str]) -> None:

@@ -5,6 +5,7 @@
     python _procs.py many    DB LOG N       invoke N instances of a 3-step + timer workflow
     python _procs.py wait    DB LOG         invoke a workflow parked on a signal; await it
     python _procs.py signal  DB ID [wf]     signal that instance (registering it with "wf")
+    python _procs.py open    -              open (and close) each path read from stdin
 
 Every step body appends one line to LOG (O_APPEND: whole lines, from any
 process), so the parent counts executions. Any exception exits non-zero.
@@ -67,7 +68,20 @@ def awaits_signal(log: str) -> object:
     return workflow
 
 
+def open_each_line() -> None:
+    """Open every path read from stdin, answering "ok" or why it was refused."""
+    for line in sys.stdin:
+        try:
+            Engine.open(line.strip()).close()
+        except Exception as exc:
+            print(f"refused: {exc}", flush=True)
+        else:
+            print("ok", flush=True)
+
+
 def main(command: str, db: str, *args: str) -> None:
+    if command == "open":
+        return open_each_line()
     engine = Engine.open(db, poll_interval=0.05, lease=3.0)
     if command == "crash":
         log, k = args[0], int(args[1])

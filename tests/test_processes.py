@@ -102,3 +102,33 @@ def test_a_signal_from_another_process_is_delivered_once(
     finish(child("signal", db, "parked", *([log] if signaller_runs_it else [])))
     assert json.loads(finish(waiter)) == "hello"
     assert lines(log) == ["after hello"]
+
+
+def test_processes_creating_one_new_file_at_once_all_open_it(tmp_path: Path) -> None:
+    """6 processes open each of 30 new files at the same moment: every open succeeds.
+
+    The first creates the schema; the others wait for it, or see it whole.
+    """
+    openers = [
+        subprocess.Popen(
+            [sys.executable, CHILD, "open", "-"], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for _ in range(6)
+    ]
+    try:
+        for n in range(30):
+            path = tmp_path / f"new-{n}.db"
+            for opener in openers:  # the processes are started: the opens overlap
+                assert opener.stdin is not None
+                opener.stdin.write(f"{path}\n")
+                opener.stdin.flush()
+            answers = [opener.stdout.readline().strip() for opener in openers if opener.stdout]
+            assert answers == ["ok"] * len(openers), f"file {n}: {answers}"
+    finally:
+        for opener in openers:
+            assert opener.stdin is not None and opener.stderr is not None
+            opener.stdin.close()
+            assert opener.wait(timeout=60) == 0, opener.stderr.read()
+            opener.stderr.close()
+            opener.stdout.close()  # type: ignore[union-attr]
