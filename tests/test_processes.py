@@ -127,8 +127,11 @@ def test_processes_creating_one_new_file_at_once_all_open_it(tmp_path: Path) -> 
             assert answers == ["ok"] * len(openers), f"file {n}: {answers}"
     finally:
         for opener in openers:
-            assert opener.stdin is not None and opener.stderr is not None
-            opener.stdin.close()
-            assert opener.wait(timeout=60) == 0, opener.stderr.read()
-            opener.stderr.close()
-            opener.stdout.close()  # type: ignore[union-attr]
+            stdin, stdout, stderr = opener.stdin, opener.stdout, opener.stderr
+            assert stdin is not None
+            assert stdout is not None
+            assert stderr is not None
+            stdin.close()
+            assert opener.wait(timeout=60) == 0, stderr.read()
+            stdout.close()
+            stderr.close()
