@@ -110,7 +110,11 @@ def workflow_throughput(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
 
 
 def replay(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
-    """W3: resume an instance with N stored steps; microseconds per replayed step."""
+    """W3: resume an instance with N stored steps; microseconds per replayed step.
+
+    The median of three resumes: the first continues the failed instance, the
+    next two replay the completed one. Each times the N replayed steps only.
+    """
     n = p["n"]
     bodies = Bodies()
     fail = [True]
@@ -119,27 +123,30 @@ def replay(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
     def last() -> str:
         if fail[0]:
             raise RuntimeError("fails the first run")
-        marks["end"] = time.perf_counter()
         return "done"
 
     def wf(ctx: Context, n: int) -> str:
         marks["start"] = time.perf_counter()
         for i in range(n):
             ctx.step(f"s{i}").run(bodies.small, i)
+        marks["end"] = time.perf_counter()
         return ctx.step("last").run(last)
 
     engine = _engine(tmp, "w3", p)
     engine.register("replay", wf)
+    replays = []
     with engine:
         first = engine.invoke("replay", n, instance_id="w3")
         check(first.wait(timeout=600) != Completed(), "W3 the first run did not fail")
         fail[0] = False
-        start = time.perf_counter()
-        result = engine.resume("replay", "w3").result(timeout=600)
-        e2e = time.perf_counter() - start
-    check(result == "done", f"W3 result {result!r}")
+        for _ in range(3):
+            start = time.perf_counter()
+            result = engine.resume("replay", "w3").result(timeout=600)
+            e2e = time.perf_counter() - start
+            check(result == "done", f"W3 result {result!r}")
+            replays.append(marks["end"] - marks["start"])
     check(bodies.calls == Counter(range(n)), "W3 a stored step body ran again")
-    seconds = marks["end"] - marks["start"]
+    seconds = sorted(replays)[1]
     return {"per_op_us": seconds / n * 1e6, "seconds": seconds, "n": n, "e2e_s": e2e}
 
 
