@@ -113,7 +113,8 @@ def plan(sizes: dict[str, Any], threads: int) -> list[tuple[str, str, dict[str, 
     ]
     for n in sizes["w6"]:
         runs.append((f"W6 W1 n={n}", "step_throughput", {**full, "n": n, "warm": warm}))
-        runs.append((f"W6 W3 n={n}", "replay", {**full, "n": n}))
+    # Every size in one process, taking turns: see _workloads._replays.
+    runs.append(("W6 W3", "replay_growth", {**full, "sizes": sizes["w6"]}))
     return runs
 
 
@@ -181,11 +182,14 @@ def report(records: dict[str, dict[str, Any]], sizes: dict[str, Any]) -> tuple[s
         else:
             rows.append((label, what, "FAILED", "", "", False))
     small, large = sizes["w6"][0], sizes["w6"][-1]
+    by_n = records.get("W6 W3", {}).get("per_op_us_by_n", {})
     for workload in ("W1", "W3"):
-        a, b = (
-            records.get(f"W6 {workload} n={small}", {}),
-            records.get(f"W6 {workload} n={large}", {}),
-        )
+        if workload == "W1":
+            a, b = records.get(f"W6 W1 n={small}", {}), records.get(f"W6 W1 n={large}", {})
+        else:
+            a, b = (
+                {"ok": str(n) in by_n, "per_op_us": by_n.get(str(n))} for n in (small, large)
+            )
         if a.get("ok") and b.get("ok"):
             growth = b["per_op_us"] / a["per_op_us"]
             rows.append(

@@ -109,13 +109,15 @@ def workflow_throughput(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def replay(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
-    """W3: resume an instance with N stored steps; microseconds per replayed step.
+def _replays(tmp: Path, p: dict[str, Any], sizes: list[int]) -> dict[int, float]:
+    """Seconds per replayed step for instances of each size, on one engine.
 
-    The median of three resumes: the first continues the failed instance, the
-    next two replay the completed one. Each times the N replayed steps only.
+    One instance per size; each is resumed three times, the sizes taking
+    turns, so that every size sees the same moments of this noisy machine
+    (whose CPU speed can change by 1.7x within a minute). The first resume
+    continues the failed instance, the next two replay the completed one;
+    each times the replayed steps only. Return the median of the three.
     """
-    n = p["n"]
     bodies = Bodies()
     fail = [True]
     marks: dict[str, float] = {}
@@ -134,20 +136,32 @@ def replay(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
 
     engine = _engine(tmp, "w3", p)
     engine.register("replay", wf)
-    replays = []
+    times: dict[int, list[float]] = {n: [] for n in sizes}
     with engine:
-        first = engine.invoke("replay", n, instance_id="w3")
-        check(first.wait(timeout=600) != Completed(), "W3 the first run did not fail")
+        for n in sizes:
+            first = engine.invoke("replay", n, instance_id=f"w3-{n}")
+            check(first.wait(timeout=600) != Completed(), "W3 the first run did not fail")
         fail[0] = False
         for _ in range(3):
-            start = time.perf_counter()
-            result = engine.resume("replay", "w3").result(timeout=600)
-            e2e = time.perf_counter() - start
-            check(result == "done", f"W3 result {result!r}")
-            replays.append(marks["end"] - marks["start"])
-    check(bodies.calls == Counter(range(n)), "W3 a stored step body ran again")
-    seconds = sorted(replays)[1]
-    return {"per_op_us": seconds / n * 1e6, "seconds": seconds, "n": n, "e2e_s": e2e}
+            for n in sizes:
+                result = engine.resume("replay", f"w3-{n}").result(timeout=600)
+                check(result == "done", f"W3 result {result!r}")
+                times[n].append((marks["end"] - marks["start"]) / n)
+    expected = Counter(i for n in sizes for i in range(n))
+    check(bodies.calls == expected, "W3 a stored step body ran again")
+    return {n: sorted(t)[1] for n, t in times.items()}
+
+
+def replay(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
+    """W3: resume an instance with N stored steps; microseconds per replayed step."""
+    per_step = _replays(tmp, p, [p["n"]])[p["n"]]
+    return {"per_op_us": per_step * 1e6, "n": p["n"]}
+
+
+def replay_growth(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
+    """W6 W3: W3 at each size of ``sizes``, in one process; microseconds per step by size."""
+    per_step = _replays(tmp, p, p["sizes"])
+    return {"per_op_us_by_n": {str(n): t * 1e6 for n, t in per_step.items()}}
 
 
 def timer_latency(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
@@ -231,6 +245,7 @@ WORKLOADS = {
     "step_throughput": step_throughput,
     "workflow_throughput": workflow_throughput,
     "replay": replay,
+    "replay_growth": replay_growth,
     "timer_latency": timer_latency,
     "signal_roundtrip": signal_roundtrip,
     "suspended": suspended,
