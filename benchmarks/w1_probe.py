@@ -1,0 +1,118 @@
+"""``python -m benchmarks.w1_probe``: where a sequential step's time goes (W1, NORMAL).
+
+Prints, from one process and one minute of this machine:
+
+- the engine's own Python per step, with a store that writes nothing;
+- the step with its real write, and the upsert timed around the call;
+- the same upsert in a tight loop, on a store opened the same way;
+- the floor: the benchmark's raw INSERT + COMMIT of a step-sized row.
+
+It explains ``docs/performance.md``'s reading of W1; it checks nothing and is
+not part of the benchmark table.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from memable import Context, Engine
+from memable._builder import _Options
+from memable._schema import open_store
+from memable._sqlite import _UPSERT_STEP, SQLiteStore
+from memable._store import StepWrite
+
+from ._floor import insert_commit_us
+
+STEPS = 20_000
+PAYLOAD = '{"i":0,"s":"' + "x" * 32 + '"}'
+AT = "2026-12-02T19:00:00.000000+00:00"
+
+
+class _ProbeStore(SQLiteStore):
+    """Writes nothing (``write=False``), or writes and times each upsert."""
+
+    def __init__(self, path: Path, write: bool) -> None:
+        super().__init__(path, "normal")
+        self.write = write
+        self.seconds = 0.0
+        self.calls = 0
+
+    def save_step(self, write: StepWrite) -> None:
+        if not self.write:
+            return
+        params = self._params(write)
+        start = time.perf_counter()
+        with self._lock:
+            self._conn.execute(_UPSERT_STEP, params)
+        self.seconds += time.perf_counter() - start
+        self.calls += 1
+
+
+def _engine_per_step(directory: Path, write: bool) -> tuple[float, float]:
+    """(µs per step, µs per upsert) for one workflow of STEPS steps."""
+    store = _ProbeStore(directory / f"engine-{write}.db", write)
+    engine = Engine(store, _Options())
+
+    def small(i: int) -> dict[str, Any]:
+        return {"i": i, "s": "x" * 32}
+
+    def steps(ctx: Context, n: int) -> int:
+        return sum(ctx.step(f"s{i}").run(small, i)["i"] for i in range(n))
+
+    engine.register("steps", steps)
+    with engine:
+        engine.invoke("steps", 2000, instance_id="warm").result(timeout=600)
+        store.seconds, store.calls = 0.0, 0
+        start = time.perf_counter()
+        engine.invoke("steps", STEPS, instance_id="probe").result(timeout=600)
+        per_step = (time.perf_counter() - start) / STEPS * 1e6
+    per_upsert = store.seconds / store.calls * 1e6 if store.calls else 0.0
+    return per_step, per_upsert
+
+
+def _loop_per_upsert(directory: Path) -> float:
+    """µs per upsert of a step-sized row, in a loop, on a store opened as the engine does."""
+    conn, _, _ = open_store(directory / "loop.db", "normal")
+    try:
+        conn.execute(
+            "INSERT INTO instances (workflow, instance_id, status, input, created_at, "
+            "updated_at, owner) VALUES ('w', 'i', 'running', 'null', ?, ?, 'me')",
+            (AT, AT),
+        )
+
+        def upsert(first: int, count: int) -> None:
+            for seq in range(first, first + count):
+                conn.execute(_UPSERT_STEP, {
+                    "workflow": "w", "instance_id": "i", "key": f"s{seq}", "seq": seq,
+                    "kind": "step", "state": "completed", "result": PAYLOAD,
+                    "result_type": None, "status": None, "error": None,
+                    "completed_at": AT, "started_at": AT, "me": "me",
+                })
+
+        upsert(0, 2000)
+        start = time.perf_counter()
+        upsert(2000, STEPS)
+        return (time.perf_counter() - start) / STEPS * 1e6
+    finally:
+        conn.close()
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory(prefix="memable-probe-") as tmp:
+        directory = Path(tmp)
+        python_only, _ = _engine_per_step(directory, write=False)
+        with_write, upsert_inside = _engine_per_step(directory, write=True)
+        upsert_loop = _loop_per_upsert(directory)
+        floor = insert_commit_us(directory, "normal", STEPS)
+    print(f"engine Python per step (store writes nothing): {python_only:6.1f} µs")
+    print(f"engine step with its write (NORMAL):          {with_write:6.1f} µs")
+    print(f"  of which the upsert call:                   {upsert_inside:6.1f} µs")
+    print(f"the same upsert in a loop:                    {upsert_loop:6.1f} µs")
+    print(f"floor: raw INSERT + COMMIT:                   {floor:6.1f} µs")
+
+
+if __name__ == "__main__":
+    main()
