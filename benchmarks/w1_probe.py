@@ -1,4 +1,4 @@
-"""``python -m benchmarks.w1_probe``: where a sequential step's time goes (W1, NORMAL).
+"""``python -m benchmarks.w1_probe [full|normal]``: where a sequential step's time goes (W1).
 
 Prints, from one process and one minute of this machine:
 
@@ -13,6 +13,7 @@ not part of the benchmark table.
 
 from __future__ import annotations
 
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -20,13 +21,13 @@ from typing import Any
 
 from memable import Context, Engine
 from memable._builder import _Options
-from memable._schema import open_store
+from memable._schema import Synchronous, open_store
 from memable._sqlite import _UPSERT_STEP, SQLiteStore
 from memable._store import StepWrite
 
 from ._floor import insert_commit_us
 
-STEPS = 20_000
+STEPS = 20_000 if sys.argv[1:2] != ["full"] else 5_000
 PAYLOAD = '{"i":0,"s":"' + "x" * 32 + '"}'
 AT = "2026-12-02T19:00:00.000000+00:00"
 
@@ -34,8 +35,8 @@ AT = "2026-12-02T19:00:00.000000+00:00"
 class _ProbeStore(SQLiteStore):
     """Writes nothing (``write=False``), or writes and times each upsert."""
 
-    def __init__(self, path: Path, write: bool) -> None:
-        super().__init__(path, "normal")
+    def __init__(self, path: Path, write: bool, synchronous: Synchronous) -> None:
+        super().__init__(path, synchronous)
         self.write = write
         self.seconds = 0.0
         self.calls = 0
@@ -51,9 +52,11 @@ class _ProbeStore(SQLiteStore):
         self.calls += 1
 
 
-def _engine_per_step(directory: Path, write: bool) -> tuple[float, float]:
+def _engine_per_step(
+    directory: Path, write: bool, synchronous: Synchronous
+) -> tuple[float, float]:
     """(µs per step, µs per upsert) for one workflow of STEPS steps."""
-    store = _ProbeStore(directory / f"engine-{write}.db", write)
+    store = _ProbeStore(directory / f"engine-{write}.db", write, synchronous)
     engine = Engine(store, _Options())
 
     def small(i: int) -> dict[str, Any]:
@@ -73,9 +76,9 @@ def _engine_per_step(directory: Path, write: bool) -> tuple[float, float]:
     return per_step, per_upsert
 
 
-def _loop_per_upsert(directory: Path) -> float:
+def _loop_per_upsert(directory: Path, synchronous: Synchronous) -> float:
     """µs per upsert of a step-sized row, in a loop, on a store opened as the engine does."""
-    conn, _, _ = open_store(directory / "loop.db", "normal")
+    conn, _, _ = open_store(directory / "loop.db", synchronous)
     try:
         conn.execute(
             "INSERT INTO instances (workflow, instance_id, status, input, created_at, "
@@ -100,19 +103,21 @@ def _loop_per_upsert(directory: Path) -> float:
         conn.close()
 
 
-def main() -> None:
+def main(argv: list[str]) -> None:
+    synchronous: Synchronous = "full" if argv[:1] == ["full"] else "normal"
     with tempfile.TemporaryDirectory(prefix="memable-probe-") as tmp:
         directory = Path(tmp)
-        python_only, _ = _engine_per_step(directory, write=False)
-        with_write, upsert_inside = _engine_per_step(directory, write=True)
-        upsert_loop = _loop_per_upsert(directory)
-        floor = insert_commit_us(directory, "normal", STEPS)
+        python_only, _ = _engine_per_step(directory, False, synchronous)
+        with_write, upsert_inside = _engine_per_step(directory, True, synchronous)
+        upsert_loop = _loop_per_upsert(directory, synchronous)
+        floor = insert_commit_us(directory, synchronous, STEPS)
+    print(f"synchronous={synchronous}, {STEPS} steps")
     print(f"engine Python per step (store writes nothing): {python_only:6.1f} µs")
-    print(f"engine step with its write (NORMAL):          {with_write:6.1f} µs")
+    print(f"engine step with its write:                   {with_write:6.1f} µs")
     print(f"  of which the upsert call:                   {upsert_inside:6.1f} µs")
     print(f"the same upsert in a loop:                    {upsert_loop:6.1f} µs")
     print(f"floor: raw INSERT + COMMIT:                   {floor:6.1f} µs")
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])
