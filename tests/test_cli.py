@@ -872,3 +872,18 @@ def test_help_names_every_command_and_version_is_the_package_version() -> None:
     for name in ("demo", "list", "show", "signal", "cancel", "purge", "worker"):
         assert re.search(rf"^\s+{name}\s", help_text, re.MULTILINE), name
     assert memable.__version__ in ok("--version")
+
+
+def test_demo_fails_then_resumes_and_can_run_again(tmp_path: Path) -> None:
+    """`demo` twice on one store: each run completes a new instance after one resume."""
+    path = tmp_path / "demo.db"
+    first, second = ok("demo", "--db", path), ok("demo", "--db", path)
+    for output in (first, second):
+        assert "ended failed: step 'charge:v1' failed" in output
+        assert "fetch:v1 served from the store" in output
+        assert "the demo went as it should" in output
+    assert "(1 earlier demo instances)" in second
+    records = json.loads(ok("list", path, "--json"))
+    assert [(r["workflow"], r["status"]) for r in records] == [("checkout", "completed")] * 2
+    steps = json.loads(ok("show", path, "checkout", records[0]["instance_id"], "--json"))["steps"]
+    assert [(s["key"], s["attempts"]) for s in steps] == [("fetch:v1", 1), ("charge:v1", 2)]
