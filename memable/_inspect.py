@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 from datetime import datetime, timezone
 from typing import Any
 
@@ -26,17 +25,8 @@ def open_existing(path: str) -> SQLiteStore:
         raise StorageError(f"no such file: {path}")
     if not os.path.isfile(path):
         raise StorageError(f"not a file: {path}")
-    # Engine.open makes a store of an empty database; a tool must not, so look first.
-    conn = sqlite3.connect(path)
-    try:
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
-    except sqlite3.DatabaseError as exc:
-        raise StorageError(f"{path} is not a SQLite database ({exc})") from exc
-    finally:
-        conn.close()
-    if version == 0:
-        raise StorageError(f"{path} is not a memable store (no memable schema version)")
-    return SQLiteStore(path, "full")
+    # Engine.open makes a store of an empty database; a tool must not.
+    return SQLiteStore(path, "full", create=False)
 
 
 def _decoded(text: str | None) -> Any:

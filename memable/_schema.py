@@ -131,9 +131,13 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
 
 
 def open_store(
-    path: str | os.PathLike[str] | None, synchronous: Synchronous
+    path: str | os.PathLike[str] | None, synchronous: Synchronous, *, create: bool = True
 ) -> tuple[sqlite3.Connection, sqlite_utils.Database, str]:
-    """Open, check and migrate the store; return (connection, Database, its name)."""
+    """Open, check and migrate the store; return (connection, Database, its name).
+
+    With ``create=False`` an empty database is refused, untouched, instead of
+    being made a store (for tools that look at stores an engine made).
+    """
     where = ":memory:" if path is None else os.fspath(path)
     try:
         conn = sqlite3.connect(
@@ -143,7 +147,9 @@ def open_store(
         raise StorageError(f"cannot open {where} ({exc})") from exc
     db = sqlite_utils.Database(conn)
     try:
-        _retry_while_busy(lambda: _prepare(conn, db, where, path is not None, synchronous))
+        _retry_while_busy(
+            lambda: _prepare(conn, db, where, path is not None, synchronous, create)
+        )
     except BaseException:
         conn.close()
         raise
@@ -172,6 +178,7 @@ def _prepare(
     where: str,
     file_backed: bool,
     synchronous: Synchronous,
+    create: bool,
 ) -> None:
     # Read-only checks first: a file that is not ours must be left byte for byte.
     version, tables = _inspect(conn, where)
@@ -185,6 +192,8 @@ def _prepare(
             f"{where} is not a memable store (it has tables "
             f"{', '.join(sorted(tables))} and no memable schema version)"
         )
+    if version == 0 and not create:
+        raise StorageError(f"{where} is not a memable store (no memable schema version)")
     if version > 0:
         _check_columns(db, where, tables)
     if file_backed:

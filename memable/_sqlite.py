@@ -143,8 +143,14 @@ def _pid_alive(pid: int) -> bool:
 class SQLiteStore:
     """A memable store in one SQLite file, or in memory when ``path`` is None."""
 
-    def __init__(self, path: str | os.PathLike[str] | None, synchronous: Synchronous) -> None:
-        conn, db, where = open_store(path, synchronous)
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None,
+        synchronous: Synchronous,
+        *,
+        create: bool = True,
+    ) -> None:
+        conn, db, where = open_store(path, synchronous, create=create)
         self._where = where
         # _lock guards _conn, _db and _closed: every use of the connection, from any thread.
         self._lock = threading.Lock()
