@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from memable import Context, Engine
-from memable._builder import _Options
-from memable._schema import Synchronous, open_store
+from memable._options import Options, Synchronous
+from memable._schema import open_store
 from memable._sqlite import _UPSERT_STEP, SQLiteStore
 from memable._store import StepWrite
 
@@ -57,7 +57,7 @@ def _engine_per_step(
 ) -> tuple[float, float]:
     """(µs per step, µs per upsert) for one workflow of STEPS steps."""
     store = _ProbeStore(directory / f"engine-{write}.db", write, synchronous)
-    engine = Engine(store, _Options())
+    engine = Engine(store, Options())
 
     def small(i: int) -> dict[str, Any]:
         return {"i": i, "s": "x" * 32}

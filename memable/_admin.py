@@ -10,9 +10,9 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from ._context import check_key, seconds_of
 from ._serde import store_form
 from ._store import StepWrite, Store, utcnow
+from ._validate import check_key, seconds_of
 
 
 def store_signal(store: Store, workflow: str, instance_id: str, key: str, payload: Any) -> None:

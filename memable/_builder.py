@@ -1,44 +1,28 @@
-"""Engine options and the builder that collects them."""
+"""The builder that collects an engine's options and opens its store."""
 
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 import attrs
 
+from ._options import Options, Synchronous
 from ._retry import Retry
-from ._schema import Synchronous
 from ._sqlite import SQLiteStore
+from ._store import Store
 
 if TYPE_CHECKING:
     from ._engine import Engine
 
 
-@attrs.frozen
-class _Options:
-    max_workers: int = 8
-    synchronous: Synchronous = "full"
-    poll_interval: float = 1.0
-    lease: float = 15.0
-    recover: bool = True
-    retry: Retry | None = None
-    # Retry backoff sleeps through this, so that tests need not wait for real time.
-    sleep: Callable[[float], None] = time.sleep
+_DEFAULT_OPTIONS = Options()
 
-    def __attrs_post_init__(self) -> None:
-        if not isinstance(self.max_workers, int) or self.max_workers < 1:
-            raise ValueError(f"max_workers must be a positive int, not {self.max_workers!r}")
-        if self.synchronous not in ("full", "normal"):
-            raise ValueError(f"synchronous must be 'full' or 'normal', not {self.synchronous!r}")
-        if not self.poll_interval > 0:
-            raise ValueError(f"poll_interval must be > 0, not {self.poll_interval!r}")
-        if not self.lease > 0:
-            raise ValueError(f"lease must be > 0, not {self.lease!r}")
-        if self.retry is not None and not isinstance(self.retry, Retry):
-            raise ValueError(f"retry must be a Retry or None, not {self.retry!r}")
+
+def _no_factory(store: Store, options: Options) -> Engine:
+    raise TypeError("build engines with Engine.builder(), which knows how to make one")
 
 
 @attrs.frozen
@@ -52,7 +36,10 @@ class EngineBuilder:
 
     _path: str | os.PathLike[str] | None = None
     _memory: bool = False
-    _options: _Options = _Options()
+    _options: Options = _DEFAULT_OPTIONS
+    # What makes the engine from the store and options (Engine itself): the
+    # builder does not import the engine module, which imports it.
+    _factory: Callable[[Store, Options], Engine] = attrs.field(default=_no_factory, repr=False)
 
     def in_memory(self) -> EngineBuilder:
         """Use an in-memory store (nothing survives the process).
@@ -93,7 +80,7 @@ class EngineBuilder:
         """
         return attrs.evolve(self, options=attrs.evolve(self._options, synchronous=mode))
 
-    def poll_interval(self, seconds: float) -> EngineBuilder:
+    def poll_interval(self, seconds: float | timedelta) -> EngineBuilder:
         """Seconds between looks at the store for what other processes wrote (default 1).
 
         ``Invocation.result()`` re-reads the store this often while it waits.
@@ -103,7 +90,7 @@ class EngineBuilder:
         """
         return attrs.evolve(self, options=attrs.evolve(self._options, poll_interval=seconds))
 
-    def lease(self, seconds: float) -> EngineBuilder:
+    def lease(self, seconds: float | timedelta) -> EngineBuilder:
         """Seconds this engine counts as alive after a heartbeat (default 15; beats every third).
 
         Another engine takes over the instances of one whose lease ran out.
@@ -129,8 +116,12 @@ class EngineBuilder:
         """
         return attrs.evolve(self, options=attrs.evolve(self._options, retry=policy))
 
-    def sleep(self, sleep: Callable[[float], None]) -> EngineBuilder:
-        """What retry backoff sleeps with (default ``time.sleep``); tests pass a fake.
+    def sleep(self, sleep: Callable[[float], None] | None) -> EngineBuilder:
+        """What every retry backoff sleeps with, on the worker; tests pass a fake.
+
+        By default (None) a backoff under a second waits on the worker until
+        a cancel or ``stop()`` interrupts it, and a longer one ends the run
+        and waits as a durable timer (``Suspended("retry <key>")``).
 
         >>> from memable import Engine
         >>> slept = []
@@ -149,6 +140,4 @@ class EngineBuilder:
         """
         if self._path is None and not self._memory:
             raise ValueError("Engine.builder() needs .in_memory() or .open(path) before .build()")
-        from ._engine import Engine  # the engine module imports this one
-
-        return Engine(SQLiteStore(self._path, self._options.synchronous), self._options)
+        return self._factory(SQLiteStore(self._path, self._options.synchronous), self._options)

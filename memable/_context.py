@@ -4,69 +4,43 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
-import time
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 import attrs
 
-from . import _clock
-from ._errors import DuplicateStepKey, EngineError, InvalidKey, StepTimeout
+from ._control import EngineStopping, RunCancelled, Suspension
+from ._errors import DuplicateStepKey, EngineError, InvalidKey, StepTimeout, key_taken
+from ._options import Options
 from ._records import StepKind
 from ._retry import Retry
 from ._serde import decode_for, return_hint, store_form
 from ._states import InProgress, WorkflowState
 from ._store import StepWrite, Store, StoredStep, utcnow
+from ._validate import check_deadline, check_key, seconds_of
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
 
-def check_key(key: object, workflow: str, instance_id: str) -> str:
-    """Return ``key`` if it is a usable step key, else raise InvalidKey."""
-    if not isinstance(key, str) or not key:
-        raise InvalidKey(key, "keys are non-empty str", workflow=workflow, instance_id=instance_id)
-    if key.startswith("_"):
-        raise InvalidKey(
-            key, "keys starting with '_' are reserved for the engine",
-            workflow=workflow, instance_id=instance_id,
-        )
-    return key
+#: Backoffs this long or longer end the run and wait as a durable timer.
+DURABLE_BACKOFF = 1.0
 
 
-def seconds_of(duration: float | timedelta, what: str = "duration") -> float:
-    """A duration given as float seconds or a timedelta, in seconds; never negative."""
-    seconds = duration.total_seconds() if isinstance(duration, timedelta) else float(duration)
-    if not seconds >= 0:
-        raise ValueError(f"a {what} is >= 0 seconds, not {duration!r}")
-    return seconds
+class RunControl(Protocol):
+    """What a Context sees of the run it belongs to (the runner's ``_Run``)."""
+
+    cancel_requested: bool
+    interrupt: threading.Event
 
 
-class RunCancelled(BaseException):
-    """Unwinds a workflow whose instance was cancelled, at its next step boundary.
+class _NoRun:
+    """The run of a Context made outside a runner (nothing cancels it)."""
 
-    A BaseException for the same reason as ``Suspension``.
-    """
-
-
-class Suspension(BaseException):
-    """Unwinds a workflow that must wait for a signal or a timer.
-
-    A BaseException, not an Exception, so that ``except Exception`` in user
-    code cannot swallow it and run past a point it has to wait at. The
-    engine catches it and records the wait (``waiting``, and for a timer its
-    ``deadline``) in the transaction that ends the run Suspended.
-    """
-
-    def __init__(
-        self, key: str, message: str, waiting: StepWrite, deadline: float | None = None
-    ) -> None:
-        super().__init__(key, message)
-        self.key = key
-        self.message = message
-        self.waiting = waiting
-        self.deadline = deadline
+    def __init__(self) -> None:
+        self.cancel_requested = False
+        self.interrupt = threading.Event()
 
 
 class Context:
@@ -100,20 +74,26 @@ class Context:
         store: Store,
         memo: dict[str, StoredStep],
         publish: Callable[[WorkflowState], None],
-        cancelled: Callable[[], bool] = lambda: False,
-        retry: Retry | None = None,
-        sleep: Callable[[float], None] = time.sleep,
+        run: RunControl | None = None,
+        options: Options | None = None,
     ) -> None:
+        options = options or Options()
         self._workflow = workflow
         self._instance_id = instance_id
         self._input = input
         self._store = store
         self._memo = memo
         self._publish = publish
-        self._cancelled = cancelled
-        self._retry = retry
-        self._sleep = sleep
+        self._run = run or _NoRun()
+        self._retry: Retry | None = options.retry
+        self._sleep = options.sleep
+        self._clock = options.clock
         self._seen: set[str] = set()
+        # The key of the step whose function is running now (for signals).
+        self._in_flight: str | None = None
+        # Attempts that timed out and may still run, by key: the next attempt
+        # waits for them (never two attempts of one step at once).
+        self._abandoned: dict[str, concurrent.futures.Future[Any]] = {}
         self._next_seq = max((s.seq for s in memo.values()), default=-1) + 1
         # Replaying while the run reaches stored keys; live from the start if none.
         self._replaying = bool(memo)
@@ -233,7 +213,7 @@ class Context:
         key = check_key(key, self._workflow, self._instance_id)
         self._boundary()
         self._claim(key)
-        stored = self._arrived(key)
+        stored = self._arrived(key, "signal")
         if stored is not None and stored.state == "completed":
             return self._replayed(key, stored, returns)
         # A signal that arrives after this look is found by the transaction
@@ -267,15 +247,16 @@ class Context:
         """
         key = check_key(key, self._workflow, self._instance_id)
         seconds = seconds_of(duration, "timer duration")
+        deadline = check_deadline(self._clock.wall() + seconds, "timer duration", duration)
         self._boundary()
         self._claim(key)
-        stored = self._arrived(key)
+        stored = self._arrived(key, "timer")
         if stored is not None and stored.state == "completed":
             self._replayed(key, stored, None)
             return
         self._end_replay()
         waiting = self._waiting(key, "timer", stored)
-        raise Suspension(key, f"timer {key}", waiting, _clock.wall() + seconds)
+        raise Suspension(key, f"timer {key}", waiting, deadline)
 
     # ------------------------------------------------------------------ engine side
 
@@ -310,16 +291,22 @@ class Context:
         self._boundary()
         self._claim(key)
         stored = self._memo.get(key)
+        if stored is not None and stored.kind != "step":
+            self._refuse_kind(key, stored.kind, "step")
         hint = step.result_type if step.result_type is not None else return_hint(fn)
         if stored is not None and stored.state == "completed":
             return self._replayed(key, stored, hint)
         self._end_replay()
         seq = stored.seq if stored is not None else self._take_seq()
         policy = step.retry_policy if step.retry_policy is not None else self._retry
-        attempt = 0
+        # A step waiting out a retry backoff goes on counting its attempts.
+        waited = stored is not None and stored.state == "waiting"
+        attempt = int(stored.result or 0) if stored is not None and waited else 0
         while True:
             attempt += 1
+            self._before_attempt(key, step.timeout_seconds)
             started = utcnow().isoformat()
+            self._in_flight = key
             try:
                 if step.timeout_seconds is None:
                     result = fn(*args, **kwargs)
@@ -329,34 +316,96 @@ class Context:
                     self._workflow, self._instance_id, key, result, hint
                 )
             except Exception as exc:
+                self._in_flight = None
                 self._store.save_step(
                     self._write(key, seq, "failed", error=exc, started=started)
                 )
                 if policy is not None and policy.should_retry(attempt, exc):
-                    self._sleep(policy.delay(attempt))
-                    self._boundary()  # a cancel during the backoff stops the retries
+                    self._back_off(key, seq, attempt, policy.delay(attempt))
                     continue
                 self._failure = (key, exc, None if policy is None else attempt)
                 raise
-            self._store.save_step(
-                self._write(key, seq, "completed", result=(text, tag), started=started)
-            )
+            finally:
+                self._in_flight = None
+            try:
+                self._store.save_step(
+                    self._write(key, seq, "completed", result=(text, tag), started=started)
+                )
+            except InvalidKey as exc:  # a signal took the key while the step ran
+                self._failure = (key, exc, None)
+                raise
             return value
 
-    def _arrived(self, key: str) -> StoredStep | None:
+    def _before_attempt(self, key: str, timeout: float | None) -> None:
+        """Stop if the instance was cancelled or lost; wait for an abandoned attempt.
+
+        An attempt that timed out may still be running: the next one waits
+        for it, up to the step's timeout again, and past that the step fails
+        without another attempt.
+        """
+        self._boundary(read=True)
+        previous = self._abandoned.pop(key, None)
+        if previous is None or timeout is None:
+            return
+        done, _ = concurrent.futures.wait([previous], timeout=timeout)
+        if not done:
+            exc = StepTimeout(self._workflow, self._instance_id, key, timeout)
+            exc.args = (
+                f"{exc}; the attempt that timed out is still running, so no other starts",
+            )
+            self._failure = (key, exc, None)
+            raise exc
+
+    def _back_off(self, key: str, seq: int, attempt: int, delay: float) -> None:
+        """Wait ``delay`` seconds before the next attempt of ``key``.
+
+        A long backoff ends the run: the step waits as a durable timer and the
+        run holds no thread. A short one waits on the worker, and a cancel or
+        the engine stopping ends the wait at once.
+        """
+        self._boundary()
+        if self._sleep is not None:  # a test's fake: every backoff goes through it
+            self._sleep(delay)
+            return
+        waiting = attrs.evolve(
+            self._write(key, seq, "waiting"), result=str(attempt)
+        )
+        deadline = self._clock.wall() + delay
+        if delay >= DURABLE_BACKOFF:
+            raise Suspension(key, f"retry {key}", waiting, deadline)
+        if self._run.interrupt.wait(delay):
+            self._boundary()  # cancelled: stop here
+            raise EngineStopping(waiting, deadline)
+
+    def _refuse_kind(self, key: str, stored: str, used: str) -> None:
+        exc = key_taken(self._workflow, self._instance_id, key, stored, used)
+        self._failure = (key, exc, None)
+        raise exc
+
+    def _arrived(self, key: str, kind: StepKind) -> StoredStep | None:
         """The stored row of a suspend point or timer, read again if it was not complete.
 
         A signal or timer may have completed it since this run read its steps;
-        a read is much cheaper than suspending and running again.
+        a read is much cheaper than suspending and running again. A row of
+        another kind (a signal stored early for a timer's key) fails the run.
         """
         stored = self._memo.get(key)
-        if stored is not None and stored.state == "completed":
-            return stored
-        return self._store.read_step(self._workflow, self._instance_id, key) or stored
+        if stored is None or stored.state != "completed":
+            stored = self._store.read_step(self._workflow, self._instance_id, key) or stored
+        if stored is not None and stored.kind != kind:
+            self._refuse_kind(key, stored.kind, kind)
+        return stored
 
-    def _boundary(self) -> None:
-        """Between steps: stop here if the instance was cancelled."""
-        if self._cancelled():
+    def _boundary(self, *, read: bool = False) -> None:
+        """Between steps: stop here if the instance was cancelled (or taken over).
+
+        With ``read``, before anything executes, ask the store too: a cancel
+        from another process is not known here until the next poll.
+        """
+        if self._run.cancel_requested:
+            raise RunCancelled()
+        if read and self._store.check_run(self._workflow, self._instance_id) == "cancelled":
+            self._run.cancel_requested = True
             raise RunCancelled()
 
     def _replayed(self, key: str, stored: StoredStep, hint: Any) -> Any:
@@ -401,6 +450,7 @@ class Context:
         try:
             return future.result(timeout=seconds)
         except concurrent.futures.TimeoutError:
+            self._abandoned[key] = future
             raise StepTimeout(self._workflow, self._instance_id, key, seconds) from None
 
     def _waiting(self, key: str, kind: StepKind, stored: StoredStep | None) -> StepWrite:
@@ -499,7 +549,7 @@ class Step:
         >>> release.set()
         """
         seconds = seconds_of(duration, "step timeout")
-        if seconds == 0:
+        if seconds <= 0:
             raise ValueError("a step timeout is > 0 seconds")
         return attrs.evolve(self, timeout_seconds=seconds)
 

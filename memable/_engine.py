@@ -3,37 +3,29 @@
 from __future__ import annotations
 
 import os
-import socket
-import threading
-import time
-import weakref
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from types import TracebackType
 from typing import Any, TypeVar
 
-import attrs
-
-from . import _clock
 from ._admin import cancel_instance, purge_finished, store_signal
-from ._builder import EngineBuilder, _Options
-from ._context import check_key
-from ._errors import AlreadyStarted, InstanceFinished, InstanceNotFound, NotStarted
-from ._invocation import Invocation, Watch
+from ._builder import EngineBuilder
+from ._errors import InstanceFinished, SignalRejected
+from ._invocation import Invocation
 from ._log import log, where
+from ._options import Options, Synchronous
 from ._records import StepRecord, WorkflowMetadata
 from ._retry import Retry
-from ._runs import Phase, RunLoop, _new_instance_id, _Run, _Workflow
-from ._schema import Synchronous
-from ._serde import decode_for, store_form
+from ._runner import Runner, new_instance_id
+from ._serde import store_form
 from ._store import InstanceRow, Store, metadata_of, utcnow
-from ._timers import TimerThread
+from ._validate import check_key
+from ._workflow import Workflow
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class Engine(RunLoop):
+class Engine:
     """The durable execution engine: registered workflows, run on a thread pool.
 
     Build it with ``Engine.in_memory()``, ``Engine.open(path)`` or
@@ -53,31 +45,14 @@ class Engine(RunLoop):
     completed hello world
     """
 
-    def __init__(self, store: Store, options: _Options) -> None:
+    def __init__(self, store: Store, options: Options) -> None:
         """Use ``Engine.in_memory``, ``Engine.open`` or ``Engine.builder`` instead."""
         self._store = store
-        self._options = options
-        self._poll_interval = options.poll_interval
-        # _lock guards every field below it: the phase, the registry, the
-        # active runs and the watches. Lock order: _lock, then a Watch's cond,
-        # then the store's lock; never the other way round.
-        self._lock = threading.Lock()
-        self._idle = threading.Condition(self._lock)  # notified when _active empties
-        self._phase: Phase = "new"
-        self._accepting = False  # user calls (invoke, resume) are taken
-        self._workflows: dict[str, _Workflow] = {}
-        self._active: dict[tuple[str, str], _Run] = {}
-        self._watches: weakref.WeakValueDictionary[tuple[str, str], Watch] = (
-            weakref.WeakValueDictionary()
-        )
-        self._executor: ThreadPoolExecutor | None = None
-        self._timers: TimerThread | None = None
-        self._firing = 0  # timer firings and wakes under way outside _lock
-        self._host = socket.gethostname()
-        self._next_heartbeat = 0.0  # wall clock; the timer thread's alone
+        # The runner owns the lock, the registry, the runs and the threads.
+        self._runner = Runner(store, options)
 
     def __repr__(self) -> str:
-        return f"<Engine {self._phase} workflows={sorted(self._workflows)}>"
+        return f"<Engine {self._runner.phase} workflows={sorted(self._runner.workflows)}>"
 
     # ------------------------------------------------------------------ construction
 
@@ -91,7 +66,7 @@ class Engine(RunLoop):
         <Engine new workflows=[]>
         >>> engine.close()
         """
-        return EngineBuilder()
+        return EngineBuilder(factory=Engine)
 
     @classmethod
     def in_memory(
@@ -99,11 +74,11 @@ class Engine(RunLoop):
         *,
         max_workers: int = 8,
         synchronous: Synchronous = "full",
-        poll_interval: float = 1.0,
-        lease: float = 15.0,
+        poll_interval: float | timedelta = 1.0,
+        lease: float | timedelta = 15.0,
         recover: bool = True,
         retry: Retry | None = None,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], None] | None = None,
     ) -> Engine:
         """An engine on an in-memory store: nothing survives the process. For tests.
 
@@ -116,10 +91,8 @@ class Engine(RunLoop):
         []
         >>> engine.close()
         """
-        options = _Options(
-            max_workers, synchronous, poll_interval, lease, recover, retry, sleep
-        )
-        return EngineBuilder(memory=True, options=options).build()
+        options = Options(max_workers, synchronous, poll_interval, lease, recover, retry, sleep)
+        return EngineBuilder(memory=True, options=options, factory=Engine).build()
 
     @classmethod
     def open(
@@ -128,11 +101,11 @@ class Engine(RunLoop):
         *,
         max_workers: int = 8,
         synchronous: Synchronous = "full",
-        poll_interval: float = 1.0,
-        lease: float = 15.0,
+        poll_interval: float | timedelta = 1.0,
+        lease: float | timedelta = 15.0,
         recover: bool = True,
         retry: Retry | None = None,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], None] | None = None,
     ) -> Engine:
         """An engine on the SQLite file at ``path``, created if missing.
 
@@ -142,9 +115,12 @@ class Engine(RunLoop):
         store for what other processes wrote (1.0); ``lease`` seconds an
         engine counts as alive without a heartbeat (15.0); ``recover``
         instances whose engine died (True); ``retry``, the default ``Retry``
-        of every step (None); ``sleep``, what retry backoff sleeps with (for
-        tests). Raise ``StorageError`` if the file is not a memable store or
-        has a newer schema; such a file is left as it was.
+        of every step (None); ``sleep``, what every retry backoff sleeps with
+        on the worker (for tests; by default a backoff under a second waits
+        interruptibly and a longer one is a durable timer). Durations are
+        float seconds or a ``timedelta``. Raise ``StorageError`` if the file
+        is not a memable store or has a newer schema; such a file is left as
+        it was.
 
         >>> import os, tempfile
         >>> from memable import Engine
@@ -154,10 +130,8 @@ class Engine(RunLoop):
         >>> os.path.exists(path)
         True
         """
-        options = _Options(
-            max_workers, synchronous, poll_interval, lease, recover, retry, sleep
-        )
-        return EngineBuilder(path=path, options=options).build()
+        options = Options(max_workers, synchronous, poll_interval, lease, recover, retry, sleep)
+        return EngineBuilder(path=path, options=options, factory=Engine).build()
 
     # ------------------------------------------------------------------ registry
 
@@ -181,13 +155,8 @@ class Engine(RunLoop):
             raise TypeError(f"a workflow name is a non-empty str, not {name!r}")
         if not callable(fn):
             raise TypeError(f"workflow {name!r} must be callable, not {fn!r}")
-        workflow = _Workflow.of(name, fn)
-        with self._lock:
-            if self._phase != "new":
-                raise AlreadyStarted(name)
-            if name in self._workflows:
-                raise ValueError(f"workflow {name!r} is already registered")
-            self._workflows[name] = workflow
+        self._runner.check_fork()
+        self._runner.register(Workflow.of(name, fn))
 
     def workflow(self, name: str) -> Callable[[F], F]:
         """Register the decorated function as the workflow ``name``.
@@ -212,10 +181,7 @@ class Engine(RunLoop):
 
     def _set_max_workers(self, n: int) -> None:
         """Size the worker pool before ``start()`` (``memable worker --threads``)."""
-        with self._lock:
-            if self._phase != "new":
-                raise AlreadyStarted()
-            self._options = attrs.evolve(self._options, max_workers=n)
+        self._runner.set_max_workers(n)
 
     def start(self) -> None:
         """Start the worker pool; from now on invocations are taken.
@@ -229,25 +195,7 @@ class Engine(RunLoop):
         <Engine started workflows=[]>
         >>> engine.close()
         """
-        with self._lock:
-            if self._phase != "new":
-                raise AlreadyStarted()
-            self._executor = ThreadPoolExecutor(
-                max_workers=self._options.max_workers, thread_name_prefix="memable-worker"
-            )
-            # The thread must look often enough to renew the lease in time.
-            self._timers = TimerThread(
-                self, min(self._options.poll_interval, self._options.lease / 3)
-            )
-            self._phase = "started"
-            self._accepting = True
-        self._store.register_owner(self._options.lease, _clock.wall())
-        self._next_heartbeat = _clock.wall() + self._options.lease / 3
-        # Its first tick fires what fell due while no engine ran, resumes
-        # instances whose awaited signal or timer arrived meanwhile, and (with
-        # recover) those whose owner died.
-        self._timers.start()
-        log.info("engine started", extra={"workflows": sorted(self._workflows)})
+        self._runner.start()
 
     def wait_all(self) -> None:
         """Take no new invocations, wait until no run is active, then ``stop()``.
@@ -264,18 +212,8 @@ class Engine(RunLoop):
         3
         >>> engine.close()
         """
-        with self._lock:
-            self._accepting = False
-            started = self._phase == "started"
-        while started:
-            with self._lock:
-                self._idle.wait_for(lambda: not self._active and not self._firing)
-            # Timers that fell due meanwhile start runs too; drain those as well.
-            self._tick(poll=False)
-            with self._lock:
-                if not self._active and not self._firing:
-                    break
-        self.stop()
+        self._runner.check_fork()
+        self._runner.wait_all()
 
     def stop(self) -> None:
         """Take no new work, let active runs end, and join every engine thread.
@@ -291,22 +229,8 @@ class Engine(RunLoop):
         []
         >>> engine.close()
         """
-        with self._lock:
-            self._accepting = False
-            if self._phase != "started":
-                if self._phase == "new":
-                    self._phase = "stopped"
-                return
-            self._phase = "stopped"
-            executor, timers = self._executor, self._timers
-        if timers is not None:
-            timers.stop()
-        # Runs submitted before the phase changed still run; shutdown waits for
-        # them and joins the worker threads.
-        if executor is not None:
-            executor.shutdown(wait=True)
-            self._store.drop_owner()
-        log.info("engine stopped")
+        self._runner.check_fork()
+        self._runner.stop()
 
     def close(self) -> None:
         """Stop the engine and close its store; idempotent.
@@ -316,17 +240,12 @@ class Engine(RunLoop):
         >>> engine.close()
         >>> engine.close()
         """
-        self.stop()
-        with self._lock:
-            if self._phase == "closed":
-                return
-            self._phase = "closed"
-        self._store.close()
+        self._runner.check_fork()
+        if self._runner.close():
+            self._store.close()
 
     def __enter__(self) -> Engine:
-        with self._lock:
-            new = self._phase == "new"
-        if new:
+        if self._runner.phase == "new":
             self.start()
         return self
 
@@ -364,10 +283,10 @@ class Engine(RunLoop):
         >>> b.instance_id, len(runs)
         ('order-1', 1)
         """
-        workflow = self._workflow(name)
-        self._require_accepting(name)
+        workflow = self._runner.workflow(name)
+        self._runner.require_accepting(name)
         if instance_id is None:
-            instance_id = _new_instance_id()
+            instance_id = new_instance_id()
         else:
             check_key(instance_id, name, instance_id)
         if input is not None and not workflow.takes_input:
@@ -382,7 +301,7 @@ class Engine(RunLoop):
         if not self._store.create_instance(row):
             return self.invocation(name, instance_id)
         log.debug("invoked", extra=where(name, instance_id))
-        return Invocation(self, self._start_run(workflow, instance_id, (value,)))
+        return Invocation(self._runner, self._runner.start_run(workflow, instance_id, (value,)))
 
     def resume(self, name: str, instance_id: str) -> Invocation:
         """Run an instance again: stored steps return their results, the rest execute.
@@ -409,12 +328,13 @@ class Engine(RunLoop):
         failed: step 'call:v1' failed: ConnectionError: try again
         ok
         """
-        workflow = self._workflow(name)
-        self._require_accepting(name)
-        row = self._stored_row(name, instance_id)
+        workflow = self._runner.workflow(name)
+        self._runner.require_accepting(name)
+        row = self._runner._stored_row(name, instance_id)
         if row.status == "cancelled":
             raise InstanceFinished(name, instance_id, "it is cancelled")
-        return Invocation(self, self._start_run(workflow, instance_id, None, claim="resume"))
+        watch = self._runner.start_run(workflow, instance_id, None, claim="resume")
+        return Invocation(self._runner, watch)
 
     def signal(self, name: str, instance_id: str, key: str, payload: Any) -> Invocation:
         """Store ``payload`` as the value of the suspend point ``key`` and run the instance.
@@ -444,13 +364,14 @@ class Engine(RunLoop):
         42
         InstanceFinished
         """
-        self._require_accepting(name)
+        self._runner.require_accepting(name)
+        if self._runner.in_flight(name, instance_id) == key:
+            raise SignalRejected(name, instance_id, key, "the key is a step in flight")
         store_signal(self._store, name, instance_id, key, payload)
         log.info("signal stored", extra=where(name, instance_id, key))
-        with self._lock:
-            watch = self._watch(name, instance_id)
-        self._wake(name, instance_id)
-        return Invocation(self, watch)
+        watch = self._runner.watch(name, instance_id)
+        self._runner.wake(name, instance_id)
+        return Invocation(self._runner, watch)
 
     def fire_due_timers(self) -> int:
         """Fire every timer due now (wall clock) and start the runs they resume.
@@ -479,11 +400,7 @@ class Engine(RunLoop):
         0
         done
         """
-        with self._lock:
-            if self._phase != "started":
-                raise NotStarted()
-        fired, _ = self._fire_due()
-        return fired
+        return self._runner.fire_due()
 
     def cancel(self, name: str, instance_id: str) -> None:
         """Cancel an instance: it ends Cancelled, its timers are dropped, signals refused.
@@ -508,11 +425,9 @@ class Engine(RunLoop):
         cancelled
         refused
         """
+        self._runner.check_fork()
         cancel_instance(self._store, name, instance_id)
-        with self._lock:
-            run = self._active.get((name, instance_id))
-            if run is not None:
-                run.cancel_requested = True
+        self._runner.cancelled(name, instance_id)
         log.info("cancelled", extra=where(name, instance_id))
 
     def purge(self, older_than: float | timedelta) -> int:
@@ -529,6 +444,7 @@ class Engine(RunLoop):
         ...     engine.purge(older_than=0)
         1
         """
+        self._runner.check_fork()
         deleted = purge_finished(self._store, older_than)
         log.info("purged %d finished instances", deleted)
         return deleted
@@ -544,10 +460,9 @@ class Engine(RunLoop):
         ...     engine.invocation("wf", "job-1").result()
         5
         """
-        self._stored_row(name, instance_id)
-        with self._lock:
-            watch = self._watch(name, instance_id)
-        return Invocation(self, watch)
+        self._runner.check_fork()
+        self._runner._stored_row(name, instance_id)
+        return Invocation(self._runner, self._runner.watch(name, instance_id))
 
     # ------------------------------------------------------------------ reading
 
@@ -560,6 +475,7 @@ class Engine(RunLoop):
         True
         >>> engine.close()
         """
+        self._runner.check_fork()
         row = self._store.get_instance(name, instance_id)
         return None if row is None else metadata_of(row)
 
@@ -575,6 +491,7 @@ class Engine(RunLoop):
         ...     [instance_id for instance_id, _ in engine.list_instances("wf")]
         ['a', 'b']
         """
+        self._runner.check_fork()
         return [(row.instance_id, metadata_of(row)) for row in self._store.list_instances(name)]
 
     def steps(self, name: str, instance_id: str) -> list[StepRecord]:
@@ -593,22 +510,6 @@ class Engine(RunLoop):
         ...     [(s.key, s.result) for s in engine.steps("wf", "x")]
         [('a', 1), ('b', 2)]
         """
-        self._stored_row(name, instance_id)
+        self._runner.check_fork()
+        self._runner._stored_row(name, instance_id)
         return self._store.list_steps(name, instance_id)
-
-    # ------------------------------------------------------------------ Invocation host
-
-    def _stored_row(self, workflow: str, instance_id: str) -> InstanceRow:
-        """The instance's row; raise InstanceNotFound if there is none."""
-        row = self._store.get_instance(workflow, instance_id)
-        if row is None:
-            raise InstanceNotFound(workflow, instance_id)
-        return row
-
-    def _decode_output(self, row: InstanceRow) -> Any:
-        """The stored output of a Completed instance, rebuilt as its workflow returns it."""
-        registered = self._workflows.get(row.workflow)
-        hint = registered.output_hint if registered is not None else None
-        return decode_for(
-            row.workflow, row.instance_id, "output", row.output or "null", row.output_type, hint
-        )

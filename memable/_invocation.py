@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any, Protocol
 
 from . import _clock
@@ -18,6 +19,7 @@ from ._states import (
     WorkflowState,
 )
 from ._store import InstanceRow
+from ._validate import seconds_of
 
 
 def state_of(row: InstanceRow) -> WorkflowState:
@@ -33,10 +35,18 @@ def state_of(row: InstanceRow) -> WorkflowState:
     return Cancelled()
 
 
+def _deadline(timeout: float | timedelta | None) -> float | None:
+    """The monotonic deadline of a wait of ``timeout`` (None: no deadline)."""
+    if timeout is None:
+        return None
+    return _clock.monotonic() + seconds_of(timeout, "timeout")
+
+
 class Host(Protocol):
     """What an Invocation needs of its engine."""
 
-    _poll_interval: float
+    @property
+    def _poll_interval(self) -> float: ...
 
     def _stored_row(self, workflow: str, instance_id: str) -> InstanceRow: ...
 
@@ -77,15 +87,20 @@ class Watch:
                 queue.append((state, False))
             self.cond.notify_all()
 
-    def finish(self, state: WorkflowState) -> None:
-        """The active run ended in ``state`` (already recorded in the store)."""
+    def finish(self, state: WorkflowState | None) -> None:
+        """The active run ended in ``state`` (already recorded in the store).
+
+        None: the run stopped here without recording an end (the store
+        failed); the instance runs again, and watchers follow it in the store.
+        """
         with self.cond:
             self.active = False
-            self.live = state
+            if state is not None:
+                self.live = state
             self.last_end = state
             self.ended += 1
             for queue in self.subscribers:
-                queue.append((state, True))
+                queue.append((state or self.live, True))
             # Each subscription follows one run; this one is over for all of them.
             self.subscribers = []
             self.cond.notify_all()
@@ -159,13 +174,14 @@ class Invocation:
                 return self._watch.live
         return state_of(self._row())
 
-    def wait(self, timeout: float | None = None) -> WorkflowState:
+    def wait(self, timeout: float | timedelta | None = None) -> WorkflowState:
         """Wait for the current run to end; return the state it ended in.
 
         That is Completed, Failed, Cancelled, or Suspended for a run that
-        waits on a timer or signal. With no run active, return the stored
-        state at once. Raise ``TimeoutError`` if the run has not ended in
-        ``timeout`` seconds.
+        waits on a timer or signal; never Started. With no run active, return
+        the stored state at once, unless another engine is running the
+        instance: then wait for that run to end. Raise ``TimeoutError`` if
+        the run has not ended in ``timeout`` seconds.
 
         >>> from memable import Engine, Failed
         >>> def wf(ctx):
@@ -177,19 +193,39 @@ class Invocation:
         Failed(message="step 'boom' failed: ZeroDivisionError: division by zero")
         """
         watch = self._watch
-        with watch.cond:
-            if watch.active:
-                ended = watch.ended
-                if not watch.cond.wait_for(lambda: watch.ended != ended, timeout):
-                    raise TimeoutError(
-                        f"run of workflow {watch.workflow!r}, instance "
-                        f"{watch.instance_id!r} did not end within {timeout} s"
-                    )
-                assert watch.last_end is not None  # set by the finish that bumped `ended`
-                return watch.last_end
-        return state_of(self._row())
+        deadline = _deadline(timeout)
+        while True:
+            left = None if deadline is None else max(0.0, deadline - _clock.monotonic())
+            with watch.cond:
+                if watch.active:
+                    ended = watch.ended
+                    if not watch.cond.wait_for(
+                        lambda seen=ended: watch.ended != seen,  # type: ignore[misc]
+                        left,
+                    ):
+                        break
+                    if watch.last_end is not None:
+                        return watch.last_end
+                    continue  # the run here stopped unrecorded: follow the store
+            row = self._row()
+            if row.status != "running":
+                return state_of(row)
+            # Running, and not here: another engine has it (or a run here is
+            # about to begin). Look again when a run here ends, or after a poll.
+            if left == 0.0:
+                break
+            poll = self._host._poll_interval
+            with watch.cond:
+                watch.cond.wait_for(
+                    lambda seen=watch.ended: watch.ended != seen or watch.active,  # type: ignore[misc]
+                    poll if left is None else min(left, poll),
+                )
+        raise TimeoutError(
+            f"run of workflow {watch.workflow!r}, instance "
+            f"{watch.instance_id!r} did not end within {timeout} s"
+        )
 
-    def result(self, timeout: float | None = None) -> Any:
+    def result(self, timeout: float | timedelta | None = None) -> Any:
         """Wait until the instance is terminal and return its output.
 
         Follows the instance through suspensions and the runs that timers and
@@ -207,7 +243,7 @@ class Invocation:
         6
         """
         watch = self._watch
-        deadline = None if timeout is None else _clock.monotonic() + timeout
+        deadline = _deadline(timeout)
 
         def remaining() -> float | None:
             return None if deadline is None else max(0.0, deadline - _clock.monotonic())

@@ -12,18 +12,16 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable
-from typing import Literal
 
 import sqlite_utils
 
 from ._errors import StorageError
+from ._options import Synchronous
 
 #: The schema this code writes; ``PRAGMA user_version`` of every store.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 #: Seconds a statement waits for another process's lock before failing.
 BUSY_TIMEOUT = 10.0
-
-Synchronous = Literal["full", "normal"]
 
 INSTANCE_COLUMNS: dict[str, type] = {
     "workflow": str,
@@ -72,6 +70,14 @@ OWNER_COLUMNS: dict[str, type] = {
     "heartbeat": float,  # wall clock of the last heartbeat
     "lease": float,  # seconds the owner counts as alive after a heartbeat
     "started_at": str,
+    # v5: where the pid is valid (see _liveness), and when that process started
+    "boot_id": str,
+    "pid_ns": str,
+    "proc_start": str,
+}
+#: Columns of owners since version 3.
+V3_OWNER_COLUMNS = {
+    c: t for c, t in OWNER_COLUMNS.items() if c not in ("boot_id", "pid_ns", "proc_start")
 }
 
 
@@ -112,7 +118,7 @@ def migrate_to_3(db: sqlite_utils.Database) -> None:
     """Owners with leases, and the owner of each running instance."""
     db["instances"].add_column("owner", str)  # type: ignore[union-attr]
     db["owners"].create(  # type: ignore[union-attr]
-        OWNER_COLUMNS, pk="id", not_null={"host", "pid", "heartbeat", "lease"}
+        V3_OWNER_COLUMNS, pk="id", not_null={"host", "pid", "heartbeat", "lease"}
     )
 
 
@@ -121,12 +127,19 @@ def migrate_to_4(db: sqlite_utils.Database) -> None:
     db["steps"].add_column("started_at", str)  # type: ignore[union-attr]
 
 
+def migrate_to_5(db: sqlite_utils.Database) -> None:
+    """Owners say which boot and PID namespace their pid belongs to."""
+    for column in ("boot_id", "pid_ns", "proc_start"):
+        db["owners"].add_column(column, str)  # type: ignore[union-attr]
+
+
 #: Migration to version N is MIGRATIONS[N - 1]; all run in the opening transaction.
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     migrate_to_1,
     migrate_to_2,
     migrate_to_3,
     migrate_to_4,
+    migrate_to_5,
 ]
 
 

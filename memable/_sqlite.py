@@ -2,43 +2,55 @@
 
 One connection per engine, shared by all threads behind one lock. The
 connection is in driver autocommit mode (``isolation_level=None``) and every
-write goes through ``_grouped`` (group commit): writes that arrive while a
+write goes through ``_group_commit.GroupCommit``: writes that arrive while a
 commit is in progress share the next ``BEGIN IMMEDIATE`` ... ``COMMIT``, so a
 busy database makes them wait (busy timeout) instead of failing half way; a
 lone one-statement write runs as its own autocommit transaction. No write
-returns before its commit.
+returns before its commit, and any failure rolls it back.
 sqlite-utils creates and migrates the tables (``_schema``) and serves the
 reads people make (metadata, listings); the per-step hot path uses fixed SQL
 on the connection, because sqlite-utils introspects the schema on every call.
 
 Each engine is an owner: a row in ``owners`` with a heartbeat. A run claims
 its instance (``instances.owner``), and each of its writes checks, in the
-same statement, that the instance is still its own.
+same statement or transaction, that the instance is still its own. SQLite
+serialises writers database-wide, so a check and the write it guards in one
+transaction see no other writer in between: that is how this store meets the
+guarantees ``_store.Store`` states.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import socket
 import sqlite3
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any
 
 import attrs
 import cattrs
 
-from ._errors import InstanceFinished, InstanceNotFound, SignalRejected, StorageError
+from . import _liveness
+from ._control import LostInstance
+from ._errors import (
+    InstanceFinished,
+    InstanceNotFound,
+    SignalRejected,
+    StorageError,
+    key_taken,
+)
+from ._group_commit import GroupCommit
+from ._options import Synchronous
 from ._records import StatusName, StepRecord
-from ._schema import INSTANCE_COLUMNS, Synchronous, open_store
+from ._schema import INSTANCE_COLUMNS, open_store
 from ._store import (
     Claim,
     InstanceRow,
-    LostInstance,
+    Look,
     RunSnapshot,
     StepWrite,
     StoredStep,
@@ -62,7 +74,9 @@ _OWNED = (
     "EXISTS (SELECT 1 FROM instances WHERE workflow = :workflow "
     "AND instance_id = :instance_id AND owner = :me)"
 )
-# A completed step is never overwritten: that is the exactly-once record.
+# A completed step is never overwritten: that is the exactly-once record. Nor
+# is a row of another kind: a stored row is only ever served as what it was
+# written as.
 _UPSERT_STEP = f"""
 INSERT INTO steps (workflow, instance_id, key, seq, kind, state, result, result_type,
                    status, error, attempts, completed_at, started_at)
@@ -73,19 +87,23 @@ ON CONFLICT (workflow, instance_id, key) DO UPDATE SET
     state = excluded.state, result = excluded.result, result_type = excluded.result_type,
     status = excluded.status, error = excluded.error, attempts = steps.attempts + 1,
     completed_at = excluded.completed_at, started_at = excluded.started_at
-WHERE steps.state != 'completed'
+WHERE steps.state != 'completed' AND steps.kind = excluded.kind
 """
 _SELECT_RUN_STEPS = (
     "SELECT key, seq, kind, state, result, result_type, status, attempts "
     "FROM steps WHERE workflow = ? AND instance_id = ?"
 )
 _SELECT_STEP = _SELECT_RUN_STEPS + " AND key = ?"
-# A waiting row marks a suspend point or timer reached; it never replaces a row.
+# A waiting row marks a suspend point or timer reached, or a step waiting out a
+# retry backoff (its failed row turns waiting, ``result`` holding the attempt
+# number the backoff follows). It never replaces a row of another kind.
 _INSERT_WAITING = f"""
-INSERT INTO steps (workflow, instance_id, key, seq, kind, state, status, attempts)
-SELECT :workflow, :instance_id, :key, :seq, :kind, 'waiting', :status, 0
+INSERT INTO steps (workflow, instance_id, key, seq, kind, state, result, status, attempts)
+SELECT :workflow, :instance_id, :key, :seq, :kind, 'waiting', :result, :status, 0
 WHERE {_OWNED}
-ON CONFLICT (workflow, instance_id, key) DO NOTHING
+ON CONFLICT (workflow, instance_id, key) DO UPDATE SET
+    state = 'waiting', result = excluded.result
+WHERE steps.state = 'failed' AND steps.kind = excluded.kind
 """
 _INSTANCE_RETURNING = ", ".join(INSTANCE_COLUMNS)
 _SELECT_INSTANCE = (
@@ -96,48 +114,6 @@ _INSERT_INSTANCE = (
     f"VALUES ({', '.join('?' * len(INSTANCE_COLUMNS))})"
 )
 _TERMINAL = ("completed", "failed", "cancelled")
-
-
-T = TypeVar("T")
-
-
-@attrs.define
-class _Pending:
-    """One writer's body waiting for a group commit, and its outcome."""
-
-    body: Callable[[sqlite3.Connection], Any]
-    what: str
-    workflow: str | None
-    instance_id: str | None
-    key: str | None
-    # One statement: alone in a commit, it runs as its own autocommit transaction.
-    single: bool = False
-    done: bool = False  # set under SQLiteStore._queue_lock
-    result: Any = None
-    error: BaseException | None = None
-    # Held from birth; the leader releases it to wake this writer.
-    wake: threading.Lock = attrs.field(factory=lambda: _held_lock())
-
-    def outcome(self) -> Any:
-        if self.error is not None:
-            raise self.error
-        return self.result
-
-
-def _held_lock() -> threading.Lock:
-    lock = threading.Lock()
-    lock.acquire()
-    return lock
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, but another user's
-        return True
-    return True
 
 
 class SQLiteStore:
@@ -157,13 +133,15 @@ class SQLiteStore:
         self._conn = conn
         self._db = db
         self._closed = False
-        # _queue_lock guards _queue (writers waiting for the next commit), and
-        # _leading (a writer is committing or about to); see _grouped.
-        self._queue_lock = threading.Lock()
-        self._queue: list[_Pending] = []
-        self._leading = False
+        self._commits = GroupCommit(self._lock, where, self._connection)
+        self._grouped = self._commits.write
         #: This engine's id as an owner of instances.
         self.owner = uuid.uuid4().hex
+        self._lease = 15.0
+
+    def _connection(self) -> sqlite3.Connection | None:
+        # Caller holds _lock.
+        return None if self._closed else self._conn
 
     # ------------------------------------------------------------------ plumbing
 
@@ -191,101 +169,6 @@ class SQLiteStore:
                     f"cannot {what} in {self._where} ({exc})",
                     workflow=workflow, instance_id=instance_id, key=key,
                 ) from exc
-
-    def _grouped(
-        self,
-        what: str,
-        workflow: str | None,
-        instance_id: str | None,
-        key: str | None,
-        body: Callable[[sqlite3.Connection], T],
-        *,
-        single: bool = False,
-    ) -> T:
-        """Run ``body`` in a write transaction, sharing the commit with concurrent writers.
-
-        Group commit, leader and followers: a writer that finds no commit in
-        progress commits at once, with whatever others queued meanwhile; a
-        writer that finds one waits for the next. A lone writer never hands
-        its work to another thread. Each body runs in a savepoint of the
-        shared transaction, so an exception it raises undoes only its own
-        statements; nothing returns before the commit.
-        """
-        pending = _Pending(body, what, workflow, instance_id, key, single)
-        with self._queue_lock:
-            self._queue.append(pending)
-            follower, self._leading = self._leading, True
-        if follower:
-            # Woken by a leader: with our work committed, or to lead the next commit.
-            pending.wake.acquire()
-            if pending.done:
-                return pending.outcome()  # type: ignore[no-any-return]
-        with self._queue_lock:
-            batch, self._queue = self._queue, []
-        try:
-            self._commit(batch)
-        finally:
-            with self._queue_lock:
-                for item in batch:
-                    item.done = True
-                # Hand the lead to the oldest writer that queued meanwhile, if any.
-                successor = self._queue[0] if self._queue else None
-                self._leading = successor is not None
-            for item in batch:
-                if item is not pending:
-                    item.wake.release()
-            if successor is not None:
-                successor.wake.release()
-        return pending.outcome()  # type: ignore[no-any-return]
-
-    def _commit(self, batch: list[_Pending]) -> None:
-        """Leader: run every body of ``batch`` in one transaction and commit it."""
-        alone = len(batch) == 1
-        with self._lock:
-            try:
-                if self._closed:
-                    raise sqlite3.ProgrammingError("the store is closed")
-                conn = self._conn
-                if alone and batch[0].single:
-                    # One statement is its own transaction: no BEGIN and COMMIT to pay.
-                    try:
-                        batch[0].result = batch[0].body(conn)
-                    except sqlite3.Error:
-                        raise
-                    except BaseException as exc:
-                        batch[0].error = exc
-                    return
-                conn.execute("BEGIN IMMEDIATE")
-                for item in batch:
-                    # A one-statement body that refuses has written nothing, so it
-                    # needs no savepoint; each statement saved matters here, as
-                    # every one gives the interpreter lock away and must win it back.
-                    guarded = not alone and not item.single
-                    if guarded:
-                        conn.execute("SAVEPOINT write")
-                    try:
-                        item.result = item.body(conn)
-                    except sqlite3.Error:
-                        raise  # the transaction itself failed: every writer hears of it
-                    except BaseException as exc:  # this writer's own refusal
-                        item.error = exc
-                        if alone:
-                            conn.execute("ROLLBACK")
-                        elif guarded:
-                            conn.execute("ROLLBACK TO write")
-                    if guarded:
-                        conn.execute("RELEASE write")
-                if conn.in_transaction:
-                    conn.execute("COMMIT")
-            except sqlite3.Error as exc:
-                if not self._closed and self._conn.in_transaction:
-                    self._conn.execute("ROLLBACK")
-                for item in batch:
-                    item.error = StorageError(
-                        f"cannot {item.what} in {self._where} ({exc})", workflow=item.workflow,
-                        instance_id=item.instance_id, key=item.key,
-                    )
-                    item.error.__cause__ = exc
 
     def _params(self, write: StepWrite) -> dict[str, Any]:
         return {
@@ -341,10 +224,30 @@ class SQLiteStore:
 
         def store(conn: sqlite3.Connection) -> None:
             if conn.execute(_UPSERT_STEP, params).rowcount == 0:
-                raise LostInstance(write.workflow, write.instance_id)
+                self._refused(conn, write)
 
         where = (write.workflow, write.instance_id, write.key)
         self._grouped("store the step", *where, store, single=True)
+
+    def _refused(self, conn: sqlite3.Connection, write: StepWrite) -> None:
+        """Say why a step write matched nothing: the instance is lost, or the key taken."""
+        if not self._owns(conn, write.workflow, write.instance_id):
+            raise LostInstance(write.workflow, write.instance_id)
+        row = conn.execute(_SELECT_STEP, (write.workflow, write.instance_id, write.key)).fetchone()
+        step = None if row is None else StoredStep(*row)
+        if step is not None and step.kind != write.kind:
+            raise key_taken(write.workflow, write.instance_id, write.key, step.kind, write.kind)
+        # Else the key completed meanwhile (a timer fired): that row stands.
+
+    def check_run(self, workflow: str, instance_id: str) -> StatusName:
+        with self._using("check the run", workflow, instance_id) as conn:
+            row = conn.execute(
+                "SELECT status, owner FROM instances WHERE workflow = ? AND instance_id = ?",
+                (workflow, instance_id),
+            ).fetchone()
+        if row is None or row[1] != self.owner:
+            raise LostInstance(workflow, instance_id)
+        return row[0]  # type: ignore[no-any-return]
 
     def read_step(self, workflow: str, instance_id: str, key: str) -> StoredStep | None:
         with self._using("read the step", workflow, instance_id, key) as conn:
@@ -357,10 +260,22 @@ class SQLiteStore:
         workflow, instance_id, key = waiting.workflow, waiting.instance_id, waiting.key
 
         def record(conn: sqlite3.Connection) -> Suspend:
-            if not self._owns(conn, workflow, instance_id):
+            state = conn.execute(
+                "SELECT status, owner FROM instances WHERE workflow = ? AND instance_id = ?",
+                (workflow, instance_id),
+            ).fetchone()
+            if state is None or state[1] != self.owner:
                 raise LostInstance(workflow, instance_id)
+            if state[0] != "running":  # cancelled meanwhile: arm nothing, write nothing
+                return Suspend("stopped")
+            stored = conn.execute(_SELECT_STEP, (workflow, instance_id, key)).fetchone()
+            step = None if stored is None else StoredStep(*stored)
+            if step is not None and step.kind != waiting.kind:
+                raise key_taken(workflow, instance_id, key, step.kind, waiting.kind)
             armed = None
-            ready = self._completed_step(conn, waiting) is not None
+            if waiting.kind == "step":  # a retry backoff: the failed row turns waiting
+                conn.execute(_INSERT_WAITING, self._params(waiting))
+            ready = step is not None and step.state == "completed"
             if not ready and deadline is not None:
                 # The first arming sets the deadline; runs after it do not move it.
                 row = conn.execute(
@@ -372,6 +287,8 @@ class SQLiteStore:
                 if armed <= now:  # due already: fire it here, no timer thread needed
                     if row is not None:
                         self._fire(conn, [(workflow, instance_id, key)], waiting.at)
+                    elif waiting.kind == "step":
+                        pass  # a backoff already over: the next attempt goes on now
                     else:  # never armed: store it fired, without touching the timers
                         fired = attrs.evolve(waiting, state="completed", result="null")
                         conn.execute(_UPSERT_STEP, self._params(fired))
@@ -382,7 +299,7 @@ class SQLiteStore:
                         "VALUES (?, ?, ?, ?)",
                         (workflow, instance_id, key, deadline),
                     )
-            if not ready:
+            if not ready and waiting.kind != "step":
                 conn.execute(_INSERT_WAITING, self._params(waiting))
             if ready:  # go on at once: the instance stays running, and ours
                 steps = conn.execute(_SELECT_RUN_STEPS, (workflow, instance_id)).fetchall()
@@ -407,10 +324,13 @@ class SQLiteStore:
                 "DELETE FROM timers WHERE workflow = ? AND instance_id = ? AND key = ?",
                 (workflow, instance_id, key),
             )
+            # A timer completes; a step's retry backoff only ends (the run makes
+            # the next attempt).
             conn.execute(
                 "UPDATE steps SET state = 'completed', result = 'null', result_type = NULL, "
                 "attempts = attempts + 1, completed_at = ? "
-                "WHERE workflow = ? AND instance_id = ? AND key = ? AND state != 'completed'",
+                "WHERE workflow = ? AND instance_id = ? AND key = ? AND state != 'completed' "
+                "AND kind = 'timer'",
                 (at, workflow, instance_id, key),
             )
 
@@ -448,13 +368,6 @@ class SQLiteStore:
             return done
 
         return self._grouped(f"record the run as {status}", workflow, instance_id, None, record)
-
-    @staticmethod
-    def _completed_step(conn: sqlite3.Connection, write: StepWrite) -> StoredStep | None:
-        row = conn.execute(_SELECT_STEP, (write.workflow, write.instance_id, write.key)).fetchone()
-        step = None if row is None else StoredStep(*row)
-        return step if step is not None and step.state == "completed" else None
-
 
     # ------------------------------------------------------------------ from outside a run
 
@@ -560,12 +473,14 @@ class SQLiteStore:
     # ------------------------------------------------------------------ owners
 
     def register_owner(self, lease: float, now: float) -> None:
+        me = _liveness.current()
         with self._using("register the engine as an owner") as conn:
             conn.execute(
-                "INSERT OR REPLACE INTO owners (id, host, pid, heartbeat, lease, started_at) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                (self.owner, socket.gethostname(), os.getpid(), now, lease,
-                 datetime.fromtimestamp(now).astimezone().isoformat()),
+                "INSERT OR REPLACE INTO owners (id, host, pid, heartbeat, lease, started_at, "
+                "boot_id, pid_ns, proc_start) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (self.owner, me.host, me.pid, now, lease,
+                 datetime.fromtimestamp(now).astimezone().isoformat(),
+                 me.boot_id, me.pid_ns, me.started),
             )
         self._lease = lease
 
@@ -581,19 +496,27 @@ class SQLiteStore:
         with self._using("remove the engine's owner row") as conn:
             conn.execute("DELETE FROM owners WHERE id = ?", (self.owner,))
 
-    def look_around(
-        self, workflows: list[str], now: float, host: str
-    ) -> tuple[list[tuple[str, str]], list[tuple[str, str]], list[tuple[str, str]]]:
+    def look_around(self, workflows: list[str], now: float) -> Look:
+        me = _liveness.current()
         with self._using("look at the store") as conn:
-            # An owner on this host whose process is gone is dead at once.
+            # An owner in this PID namespace whose process is gone is dead at once.
             local = conn.execute(
-                "SELECT id, pid FROM owners WHERE host = ? AND id != ?", (host, self.owner)
+                "SELECT id, pid, host, boot_id, pid_ns, proc_start FROM owners "
+                "WHERE host = ? AND id != ?",
+                (me.host, self.owner),
             ).fetchall()
-            for owner_id, pid in local:
-                if not _pid_alive(pid):
+            for owner_id, pid, host, boot_id, pid_ns, started in local:
+                if _liveness.same_pid_space(me, host, boot_id, pid_ns) and not (
+                    _liveness.pid_alive(pid, started)
+                ):
                     conn.execute("DELETE FROM owners WHERE id = ?", (owner_id,))
+            mine = conn.execute(
+                "SELECT workflow, instance_id FROM instances "
+                "WHERE status = 'running' AND owner = ?",
+                (self.owner,),
+            ).fetchall()
             if not workflows:
-                return [], [], []
+                return Look(mine=[(w, i) for w, i in mine])
             marks = ", ".join(f":w{i}" for i in range(len(workflows)))
             params: dict[str, Any] = {f"w{i}": w for i, w in enumerate(workflows)}
             params.update(me=self.owner, now=now)
@@ -602,7 +525,10 @@ class SQLiteStore:
                 "ON steps.workflow = instances.workflow "
                 "AND steps.instance_id = instances.instance_id "
                 "AND steps.key = instances.waiting_for "
-                "WHERE instances.status = 'suspended' AND steps.state = 'completed' "
+                "WHERE instances.status = 'suspended' AND (steps.state = 'completed' OR ("
+                "steps.kind = 'step' AND NOT EXISTS (SELECT 1 FROM timers "
+                "WHERE timers.workflow = steps.workflow "
+                "AND timers.instance_id = steps.instance_id AND timers.key = steps.key))) "
                 f"AND instances.workflow IN ({marks})",
                 params,
             ).fetchall()
@@ -616,10 +542,11 @@ class SQLiteStore:
                 "WHERE status = 'cancelled' AND owner = :me",
                 params,
             ).fetchall()
-        return (
-            [(w, i) for w, i in ready],
-            [(w, i) for w, i in orphaned],
-            [(w, i) for w, i in cancelled],
+        return Look(
+            ready=[(w, i) for w, i in ready],
+            orphaned=[(w, i) for w, i in orphaned],
+            cancelled=[(w, i) for w, i in cancelled],
+            mine=[(w, i) for w, i in mine],
         )
 
     # ------------------------------------------------------------------ reads

@@ -1,7 +1,9 @@
 """The storage interface the engine speaks to, and the rows it passes.
 
-SQLite (``_sqlite.SQLiteStore``) is the only implementation; the interface is
-kept this small so that a PostgreSQL store can stand beside it later. Only a
+SQLite (``_sqlite.SQLiteStore``) is the only implementation so far; each
+operation states the guarantee it gives atomically, without relying on
+SQLite's database-wide write lock being the only lock, so that a PostgreSQL
+store can meet the same contract with row locks. Only a
 store speaks SQL. What goes wrong below it reaches the engine as
 ``StorageError`` (naming workflow, instance and key); the checks a store
 makes inside a transaction (a signal to a finished instance, say) raise the
@@ -100,17 +102,33 @@ class Suspend:
     snapshot: RunSnapshot | None = None
 
 
-class LostInstance(BaseException):
-    """The run's engine no longer owns its instance: stop without writing.
+@attrs.frozen
+class Look:
+    """What a poll of the store found (see ``Store.look_around``)."""
 
-    Raised by a store write that finds another owner (the lease expired and
-    another engine took the instance over). A BaseException, like a
-    suspension, so user code cannot catch it and go on writing.
-    """
+    #: Suspended instances whose awaited key completed (or whose retry backoff ended).
+    ready: list[tuple[str, str]] = attrs.Factory(list)
+    #: Running instances whose owner is dead.
+    orphaned: list[tuple[str, str]] = attrs.Factory(list)
+    #: Instances this engine owns that were cancelled.
+    cancelled: list[tuple[str, str]] = attrs.Factory(list)
+    #: Running instances this engine owns (the runner recovers those it no longer runs).
+    mine: list[tuple[str, str]] = attrs.Factory(list)
 
 
 class Store(Protocol):
-    """What the engine needs from a store. Every method is thread-safe."""
+    """What the engine needs from a store, and what each operation guarantees.
+
+    Every method is thread-safe. Every write is atomic: all of it is
+    committed before the method returns, or none of it is and the method
+    raises. "Owned" means the instance's owner is this store's engine,
+    checked in the same transaction as the write it guards, under a lock that
+    keeps every other writer of that instance out until the commit (SQLite's
+    database write lock; row locks on a server database). A write of a run
+    that finds its instance not owned raises ``LostInstance`` and writes
+    nothing: that is the fence that keeps a stalled engine from writing after
+    another took over.
+    """
 
     def create_instance(self, row: InstanceRow) -> bool:
         """Insert ``row``, owned by this store's engine; False (nothing written) if it exists."""
@@ -120,12 +138,24 @@ class Store(Protocol):
     ) -> RunSnapshot | None:
         """Claim the instance for a run of this engine, as ``claim`` allows.
 
-        Mark it running and owned, and read its input and steps, in one
-        transaction; None (and nothing written) if unknown or not claimable.
+        Atomically: only if the claim's condition holds (see ``Claim``; a
+        live owner other than this engine never loses an instance to it),
+        mark it running and owned and read its input and steps. None, and
+        nothing written, if unknown or not claimable.
         """
 
     def save_step(self, write: StepWrite) -> None:
-        """Store one step outcome; never overwrites a completed step. LostInstance if not owned."""
+        """Store one step outcome (completed or failed).
+
+        Atomically, only if owned (else ``LostInstance``), and only over a row
+        of the same kind that is not completed: a completed row is never
+        overwritten, and a key stored as another kind (an early signal)
+        raises ``InvalidKey`` naming it. Allowed on a cancelled instance: the
+        step in flight at a cancel stores its outcome.
+        """
+
+    def check_run(self, workflow: str, instance_id: str) -> StatusName:
+        """The instance's status, read before a step starts; ``LostInstance`` if not owned."""
 
     def read_step(self, workflow: str, instance_id: str, key: str) -> StoredStep | None:
         """The stored row of one key, or None."""
@@ -133,24 +163,32 @@ class Store(Protocol):
     def suspend(
         self, waiting: StepWrite, message: str, deadline: float | None, now: float
     ) -> Suspend:
-        """End this engine's run at a suspend point or timer, in one transaction.
+        """End this engine's run at a suspend point, timer or retry backoff, in one transaction.
 
-        Mark the key waiting (arming the timer, once, with ``deadline``) and
-        the instance suspended. If the key has completed meanwhile (a signal
-        arrived, or the timer is due at ``now``, which fires it here), the
-        instance stays running and owned instead, and the steps to go on
-        with are returned.
+        Only if owned (else ``LostInstance``) and still running: a cancelled
+        instance gets no waiting row and no timer ("stopped"). A key stored
+        as another kind raises ``InvalidKey``. Mark the key waiting (arming
+        the timer once, with ``deadline``) and the instance suspended and
+        unowned. If the key has completed meanwhile (a signal arrived, or the
+        timer is due at ``now``, which fires it here), the instance stays
+        running and owned instead, and the steps to go on with are returned.
         """
 
     def deliver_signal(self, write: StepWrite) -> None:
-        """Store a signal payload as its key's completed value.
+        """Store a signal payload as its key's completed value, atomically.
 
-        Raise InstanceNotFound, InstanceFinished or SignalRejected (writing
-        nothing) when the instance cannot take it.
+        Raise InstanceNotFound, InstanceFinished (a terminal instance) or
+        SignalRejected (the key holds a value, or was reached as a step or a
+        timer), writing nothing, when the instance cannot take it.
         """
 
     def fire_due_timers(self, now: float, at: str) -> list[tuple[str, str, str]]:
-        """Claim every timer due at ``now`` and complete its key; return (workflow, id, key)s."""
+        """Claim every timer due at ``now`` and complete its key; return (workflow, id, key)s.
+
+        Atomically per call: a timer is fired (its row deleted, a timer key
+        completed) by exactly one caller across every engine on the store.
+        A due retry backoff is deleted and returned; its step stays as it is.
+        """
 
     def next_deadline(self) -> float | None:
         """The earliest armed timer deadline, or None."""
@@ -166,21 +204,24 @@ class Store(Protocol):
         waiting_for: str | None = None,
         now: str,
     ) -> bool:
-        """Record how this engine's run ended, and release the instance.
+        """Record how this engine's run ended, and release the instance, atomically.
 
-        False (only the release written) if the instance is no longer
-        running under this engine: cancelled meanwhile, or taken over.
+        Only while owned and running. False (only the release written) if
+        the instance is no longer running under this engine: cancelled
+        meanwhile, or taken over.
         """
 
     def cancel(self, workflow: str, instance_id: str, *, now: str) -> None:
-        """Mark the instance Cancelled and drop its timers.
+        """Mark the instance Cancelled and drop its timers, atomically.
 
-        Raise InstanceNotFound, or InstanceFinished for a Completed or
-        Cancelled one (writing nothing).
+        The owner stays, so the run in flight can store its current step;
+        every later write that would carry the run on is refused. Raise
+        InstanceNotFound, or InstanceFinished for a Completed or Cancelled one
+        (writing nothing).
         """
 
     def purge(self, completed_before: str) -> int:
-        """Delete terminal instances completed before then, with their steps and timers."""
+        """Delete terminal, unowned instances completed before then, with steps and timers."""
 
     def register_owner(self, lease: float, now: float) -> None:
         """Record this engine as an owner on the store, alive for ``lease`` seconds."""
@@ -191,14 +232,11 @@ class Store(Protocol):
     def drop_owner(self) -> None:
         """Remove this engine's owner row (at stop; it runs nothing any more)."""
 
-    def look_around(
-        self, workflows: list[str], now: float, host: str
-    ) -> tuple[list[tuple[str, str]], list[tuple[str, str]], list[tuple[str, str]]]:
+    def look_around(self, workflows: list[str], now: float) -> Look:
         """What other processes changed, for these workflows.
 
-        Return (suspended instances whose awaited key completed, running
-        instances whose owner is dead, instances of this engine that were
-        cancelled). Owners on ``host`` whose process is gone are reaped first.
+        Owners in this process's PID namespace whose process is gone (or a
+        zombie) are reaped first; owners elsewhere only by their lease.
         """
 
     def get_instance(self, workflow: str, instance_id: str) -> InstanceRow | None:

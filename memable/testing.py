@@ -188,9 +188,8 @@ def advance(engine: Engine, clock: FrozenClock, by: timedelta | float) -> int:
     ValueError: advance moves the clock forward only, not by -1 s
     """
     delta = _delta(by)
-    with engine._lock:
-        if engine._phase != "started":
-            raise NotStarted()
+    if engine._runner.phase != "started":
+        raise NotStarted()
     waiting = {
         timer for timer, state in _timers(engine, _live_instances(engine)).items()
         if state == "waiting"
@@ -291,8 +290,7 @@ def _move(clock: FrozenClock, delta: timedelta) -> None:
 
 def _live_instances(engine: Engine) -> set[tuple[str, str]]:
     """(workflow, id) of every instance of the engine's workflows that is not finished."""
-    with engine._lock:
-        names = sorted(engine._workflows)
+    names = sorted(engine._runner.workflows)
     return {
         (name, instance_id)
         for name in names

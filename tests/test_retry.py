@@ -346,10 +346,19 @@ def test_the_builder_takes_retry_and_sleep() -> None:
 
 
 def test_a_timed_out_attempt_is_retried(make_engine: Callable[..., Engine]) -> None:
-    """A first call that times out is retried; the second, in time, completes the step."""
-    slept: list[float] = []
-    engine = make_engine(sleep=slept.append)
+    """A first call that times out is retried once it returned; the second completes the step.
+
+    The backoff releases the timed-out call, so the next attempt starts only
+    after it ended: attempts of one step never overlap.
+    """
     release = threading.Event()
+    slept: list[float] = []
+
+    def sleep(delay: float) -> None:
+        slept.append(delay)
+        release.set()  # the timed-out first call may now return
+
+    engine = make_engine(sleep=sleep)
     calls: list[int] = []
 
     def slow_once() -> str:
@@ -362,7 +371,7 @@ def test_a_timed_out_attempt_is_retried(make_engine: Callable[..., Engine]) -> N
     policy = Retry(max_attempts=2, initial_delay=0, jitter=False)
 
     def wf(ctx: Context) -> str:
-        return ctx.step("slow:v1").timeout(0.05).retry(policy).run(slow_once)
+        return ctx.step("slow:v1").timeout(0.5).retry(policy).run(slow_once)
 
     engine.register("wf", wf)
     try:
@@ -381,19 +390,24 @@ def test_a_timed_out_attempt_is_retried(make_engine: Callable[..., Engine]) -> N
 
 def test_timeouts_count_against_max_attempts(make_engine: Callable[..., Engine]) -> None:
     """A step that times out on every attempt fails with StepTimeout after max_attempts."""
+    first, second = threading.Event(), threading.Event()
     slept: list[float] = []
-    engine = make_engine(sleep=slept.append)
-    release = threading.Event()
+
+    def sleep(delay: float) -> None:
+        slept.append(delay)
+        first.set()  # the first call returns before the second attempt starts
+
+    engine = make_engine(sleep=sleep)
     calls: list[int] = []
 
     def hang() -> None:
         calls.append(1)
-        release.wait(10)
+        (first if len(calls) == 1 else second).wait(10)
 
     policy = Retry(max_attempts=2, initial_delay=0, jitter=False)
 
     def wf(ctx: Context) -> None:
-        ctx.step("slow:v1").timeout(0.05).retry(policy).run(hang)
+        ctx.step("slow:v1").timeout(0.2).retry(policy).run(hang)
 
     engine.register("wf", wf)
     try:
@@ -401,13 +415,43 @@ def test_timeouts_count_against_max_attempts(make_engine: Callable[..., Engine])
             state = engine.invoke("wf", instance_id="job-1").wait(timeout=10)
             record = only_step(engine, "wf", "job-1")
     finally:
-        release.set()
+        first.set()
+        second.set()
     assert state == Failed(
-        "step 'slow:v1' failed after 2 attempts: StepTimeout: timed out after 0.05 s: "
+        "step 'slow:v1' failed after 2 attempts: StepTimeout: timed out after 0.2 s: "
         "workflow 'wf', instance 'job-1', step 'slow:v1'"
     )
     assert len(calls) == 2
     assert (record.state, record.attempts) == ("failed", 2)
+
+
+def test_no_attempt_starts_while_a_timed_out_one_still_runs(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """A timed-out call still running after another timeout's wait fails the step: one call."""
+    release = threading.Event()
+    engine = make_engine(sleep=lambda delay: None)
+    calls: list[int] = []
+
+    def hang() -> None:
+        calls.append(1)
+        release.wait(10)
+
+    policy = Retry(max_attempts=3, initial_delay=0, jitter=False)
+
+    def wf(ctx: Context) -> None:
+        ctx.step("slow:v1").timeout(0.1).retry(policy).run(hang)
+
+    engine.register("wf", wf)
+    try:
+        with engine:
+            state = engine.invoke("wf", instance_id="job-1").wait(timeout=10)
+    finally:
+        release.set()
+    assert isinstance(state, Failed)
+    assert state.message is not None
+    assert "the attempt that timed out is still running" in state.message
+    assert len(calls) == 1
 
 
 def test_a_cancel_during_backoff_stops_the_retries(make_engine: Callable[..., Engine]) -> None:

@@ -1,0 +1,88 @@
+"""Who this process is, and whether an owner process on this host still lives.
+
+An owner is judged by its pid only when it is provably in this process's
+PID namespace on this boot: same host name, same boot id, same PID
+namespace. Two containers that share a store file and a host name (host
+networking) have different PID namespaces, so neither judges the other by
+pid; their leases decide. A pid is dead when no process has it, when the
+process is a zombie (killed, not yet reaped), or when the process that has
+it now started after the owner did (the pid was reused).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import attrs
+
+
+@attrs.frozen
+class Identity:
+    """What names a process across hosts, boots and PID namespaces."""
+
+    host: str
+    pid: int
+    boot_id: str | None  # None where the OS does not say (not Linux)
+    pid_ns: str | None
+    started: str | None  # the process's start time in clock ticks since boot
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii") as file:
+            return file.read().strip()
+    except OSError:
+        return None
+
+
+def _pid_ns() -> str | None:
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return None
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name, or None if there is none."""
+    text = _read(f"/proc/{pid}/stat")
+    if text is None:
+        return None
+    # The command name is in parentheses and may hold spaces and parentheses.
+    return text[text.rfind(")") + 2 :].split()
+
+
+def current() -> Identity:
+    """This process's identity (read afresh: a forked child is another process)."""
+    pid = os.getpid()
+    fields = _stat_fields(pid)
+    return Identity(
+        host=socket.gethostname(),
+        pid=pid,
+        boot_id=_read("/proc/sys/kernel/random/boot_id"),
+        pid_ns=_pid_ns(),
+        started=None if fields is None else fields[19],
+    )
+
+
+def same_pid_space(me: Identity, host: str, boot_id: str | None, pid_ns: str | None) -> bool:
+    """Whether a pid recorded with these facts names a process this one can see."""
+    return me.host == host and me.boot_id == boot_id and me.pid_ns == pid_ns
+
+
+def pid_alive(pid: int, started: str | None) -> bool:
+    """Whether ``pid`` (in this PID namespace) is the live process that started at ``started``."""
+    fields = _stat_fields(pid)
+    if fields is None:
+        if os.path.isdir("/proc/self"):
+            return False  # /proc is there and has no such process
+        try:  # no /proc (not Linux): ask the kernel
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:  # alive, but another user's
+            return True
+        return True
+    if fields[0] in ("Z", "X"):  # a zombie (killed, not reaped) or dying
+        return False
+    return started is None or fields[19] == started

@@ -1,0 +1,596 @@
+"""The runner: the lifecycle of an engine's runs, from submit to recorded end.
+
+``Runner`` owns the lock and everything it guards (the phase, the registry,
+the active runs, the watches), the worker pool and the background thread.
+It is handed what it needs (a store and the options, with their clock), not
+the engine; ``Engine`` is the public face in front of it.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import threading
+import time
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Literal
+
+import attrs
+
+from ._background import BackgroundThread
+from ._context import Context
+from ._control import EngineStopping, LostInstance, RunCancelled, Suspension
+from ._errors import (
+    AlreadyStarted,
+    EngineError,
+    InstanceNotFound,
+    NotStarted,
+    SerializationError,
+    WorkflowNotFound,
+)
+from ._invocation import Watch, state_of
+from ._log import log, where
+from ._options import Options
+from ._records import StatusName
+from ._serde import decode_for, store_form
+from ._states import Cancelled, Completed, Failed, Suspended, WorkflowState
+from ._store import Claim, InstanceRow, RunSnapshot, StepWrite, Store, utcnow
+from ._workflow import Workflow
+
+Phase = Literal["new", "started", "stopped", "closed"]
+
+# Runners of this process, so that a forked child can mark them unusable.
+_runners: weakref.WeakSet[Runner] = weakref.WeakSet()
+
+
+def _forked() -> None:
+    for runner in list(_runners):
+        runner._forked = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
+
+
+@attrs.define(eq=False)
+class _Run:
+    """One execution of an instance's workflow function, from submit to end."""
+
+    workflow: Workflow
+    instance_id: str
+    watch: Watch
+    # For a run of an instance created by this invoke: the input, already
+    # validated; the run then needs to read nothing from the store.
+    fresh_input: tuple[Any] | None = None
+    # For a run that goes straight on from the one before it (what it waited
+    # for had arrived): the instance is still claimed, its steps already read.
+    snapshot: RunSnapshot | None = None
+    # Set by this run when it ends at a wait whose key had completed: the
+    # snapshot its successor starts from, and the wait (to release the
+    # instance with, should the engine stop first).
+    go_on: RunSnapshot | None = None
+    waited: Suspension | None = None
+    # How the run claims its instance (see Store.begin_run).
+    claim: Claim = "resume"
+    # Set under Runner._lock when a signal or timer completed a key while
+    # this run was active: if it ends Suspended, run the instance again.
+    rerun: bool = False
+    # Set under Runner._lock when the instance was cancelled; read without the
+    # lock by the run's thread (a stale read is caught by the store's check).
+    cancel_requested: bool = False
+    # Set when the run must stop waiting (a cancel, or the engine stopping).
+    interrupt: threading.Event = attrs.Factory(threading.Event)
+    # The run's Context while its function runs (for the key in flight).
+    ctx: Context | None = None
+
+
+def new_instance_id() -> str:
+    """A time-ordered, random instance id (lists read oldest first)."""
+    return f"{int(time.time() * 1000):013d}-{secrets.token_hex(6)}"
+
+
+class Runner:
+    """Starts runs on the worker pool, records how they end, and keeps watch.
+
+    >>> from memable._options import Options
+    >>> from memable._sqlite import SQLiteStore
+    >>> runner = Runner(SQLiteStore(None, "full"), Options())
+    >>> runner.phase
+    'new'
+    """
+
+    def __init__(self, store: Store, options: Options) -> None:
+        self.store = store
+        self.options = options
+        self.clock = options.clock
+        self.poll_interval = options.poll_interval
+        # _lock guards every field below it: the phase, the registry, the
+        # active runs, the watches, _firing. Lock order: _lock, then a Watch's
+        # cond, then the store's lock; never the other way round.
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # notified when _active empties
+        self.phase: Phase = "new"
+        self._accepting = False  # user calls (invoke, resume) are taken
+        self.workflows: dict[str, Workflow] = {}
+        self._active: dict[tuple[str, str], _Run] = {}
+        self._watches: weakref.WeakValueDictionary[tuple[str, str], Watch] = (
+            weakref.WeakValueDictionary()
+        )
+        self._firing = 0  # timer firings and wakes under way outside _lock
+        self._executor: ThreadPoolExecutor | None = None
+        self._background: BackgroundThread | None = None
+        self._next_heartbeat = 0.0  # wall clock; the background thread's alone
+        self._forked = False  # set in a forked child: nothing here works there
+        _runners.add(self)
+
+    # ------------------------------------------------------------------ guards
+
+    def check_fork(self) -> None:
+        """Raise EngineError in a child forked after this engine was made."""
+        if self._forked:
+            raise EngineError(
+                "this engine was made before os.fork() and cannot be used in the child "
+                "process; create and start the engine after the fork (e.g. in gunicorn's "
+                "post_fork hook, or without --preload)"
+            )
+
+    def require_accepting(self, name: str) -> None:
+        self.check_fork()
+        with self._lock:
+            if not self._accepting:
+                raise NotStarted(name)
+
+    def workflow(self, name: str) -> Workflow:
+        workflow = self.workflows.get(name)
+        if workflow is None:
+            raise WorkflowNotFound(name)
+        return workflow
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def register(self, workflow: Workflow) -> None:
+        with self._lock:
+            if self.phase != "new":
+                raise AlreadyStarted(workflow.name)
+            if workflow.name in self.workflows:
+                raise ValueError(f"workflow {workflow.name!r} is already registered")
+            self.workflows[workflow.name] = workflow
+
+    def set_max_workers(self, n: int) -> None:
+        with self._lock:
+            if self.phase != "new":
+                raise AlreadyStarted()
+            self.options = attrs.evolve(self.options, max_workers=n)
+
+    def start(self) -> None:
+        self.check_fork()
+        with self._lock:
+            if self.phase != "new":
+                raise AlreadyStarted()
+            self._executor = ThreadPoolExecutor(
+                max_workers=self.options.max_workers, thread_name_prefix="memable-worker"
+            )
+            # The thread must look often enough to renew the lease in time.
+            self._background = BackgroundThread(
+                self._tick, min(self.options.poll_interval, self.options.lease / 3), self.clock
+            )
+            self.phase = "started"
+            self._accepting = True
+        now = self.clock.wall()
+        self.store.register_owner(self.options.lease, now)
+        self._next_heartbeat = now + self.options.lease / 3
+        # Its first tick fires what fell due while no engine ran, resumes
+        # instances whose awaited signal or timer arrived meanwhile, and (with
+        # recover) those whose owner died.
+        self._background.start()
+        log.info("engine started", extra={"workflows": sorted(self.workflows)})
+
+    def wait_all(self) -> None:
+        with self._lock:
+            self._accepting = False
+            started = self.phase == "started"
+        while started:
+            with self._lock:
+                self._idle.wait_for(lambda: not self._active and not self._firing)
+            # Timers that fell due meanwhile start runs too; drain those as well.
+            self._tick(False)
+            with self._lock:
+                if not self._active and not self._firing:
+                    break
+        self.stop()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._accepting = False
+            if self.phase != "started":
+                if self.phase == "new":
+                    self.phase = "stopped"
+                return
+            self.phase = "stopped"
+            executor, background = self._executor, self._background
+            # Runs waiting out a retry backoff stop waiting (and store the rest
+            # of it as a timer for the next engine).
+            for run in self._active.values():
+                run.interrupt.set()
+        if background is not None:
+            background.stop()
+        # Runs submitted before the phase changed still run; shutdown waits for
+        # them and joins the worker threads.
+        if executor is not None:
+            executor.shutdown(wait=True)
+            self.store.drop_owner()
+        log.info("engine stopped")
+
+    def close(self) -> bool:
+        """Mark the runner closed; False if it already was (the caller closes the store)."""
+        self.stop()
+        with self._lock:
+            if self.phase == "closed":
+                return False
+            self.phase = "closed"
+        return True
+
+    def armed(self) -> None:
+        if self._background is not None:
+            self._background.armed()
+
+    # ------------------------------------------------------------------ watches and runs
+
+    def watch(self, workflow: str, instance_id: str) -> Watch:
+        with self._lock:
+            return self._watch(workflow, instance_id)
+
+    def _watch(self, workflow: str, instance_id: str) -> Watch:
+        # Caller holds _lock.
+        key = (workflow, instance_id)
+        watch = self._watches.get(key)
+        if watch is None:
+            watch = Watch(workflow, instance_id)
+            self._watches[key] = watch
+        return watch
+
+    def in_flight(self, workflow: str, instance_id: str) -> str | None:
+        """The key of the step this engine is executing for the instance, if any."""
+        with self._lock:
+            run = self._active.get((workflow, instance_id))
+            ctx = None if run is None else run.ctx
+        return None if ctx is None else ctx._in_flight
+
+    def start_run(
+        self,
+        workflow: Workflow,
+        instance_id: str,
+        fresh_input: tuple[Any] | None,
+        *,
+        claim: Claim = "resume",
+    ) -> Watch:
+        """Submit a run the user asked for, unless one is active; return its Watch.
+
+        User calls need the engine accepting; runs that timers and signals
+        start (``wake``) only need it started: they go on while wait_all drains.
+        """
+        with self._lock:
+            if not self._accepting:
+                raise NotStarted(workflow.name)
+            return self._submit(workflow, instance_id, fresh_input, claim)
+
+    def _submit(
+        self,
+        workflow: Workflow,
+        instance_id: str,
+        fresh_input: tuple[Any] | None,
+        claim: Claim,
+    ) -> Watch:
+        # Caller holds _lock and has checked that the engine is started.
+        assert self._executor is not None
+        active = self._active.get((workflow.name, instance_id))
+        if active is not None:  # at most one run per instance
+            return active.watch
+        run = self._register(workflow, instance_id, fresh_input, claim, None)
+        self._executor.submit(self._execute, run)
+        return run.watch
+
+    def _register(
+        self,
+        workflow: Workflow,
+        instance_id: str,
+        fresh_input: tuple[Any] | None,
+        claim: Claim,
+        snapshot: RunSnapshot | None,
+    ) -> _Run:
+        # Caller holds _lock and knows no run of the instance is active.
+        watch = self._watch(workflow.name, instance_id)
+        run = _Run(workflow, instance_id, watch, fresh_input, snapshot, claim=claim)
+        self._active[(workflow.name, instance_id)] = run
+        watch.begin()
+        return run
+
+    def wake(self, name: str, instance_id: str, claim: Claim = "wake") -> None:
+        """A key the instance may wait on completed (or its owner died): run it.
+
+        Now, or when its active run here ends.
+        """
+        workflow = self.workflows.get(name)
+        with self._lock:
+            active = self._active.get((name, instance_id))
+            if active is not None:
+                active.rerun = active.rerun or claim == "wake"
+            elif workflow is not None and self.phase == "started":
+                self._submit(workflow, instance_id, None, claim)
+            # Else another engine has the workflow, or this one stopped: the
+            # instance stays suspended with its key completed, and the poll of
+            # whichever engine runs it next picks it up.
+
+    def cancelled(self, name: str, instance_id: str) -> None:
+        """The instance was cancelled: its run here (if any) stops at once."""
+        with self._lock:
+            run = self._active.get((name, instance_id))
+            if run is not None:
+                run.cancel_requested = True
+                run.interrupt.set()
+
+    # ------------------------------------------------------------------ the background tick
+
+    def fire_due(self) -> int:
+        """Fire the timers due now and start the runs they resume; return how many."""
+        self.check_fork()
+        with self._lock:
+            if self.phase != "started":
+                raise NotStarted()
+        fired, _ = self._fire_due()
+        return fired
+
+    def _fire_due(self) -> tuple[int, float]:
+        """Fire the timers due now; return how many, and the wall-clock time used."""
+        with self._lock:
+            self._firing += 1
+        try:
+            # Read here, not higher up: see BackgroundThread on freezegun.
+            now = self.clock.wall()
+            fired = self.store.fire_due_timers(now, utcnow().isoformat())
+            for name, instance_id, key in fired:
+                log.info("timer fired: %s", key, extra=where(name, instance_id, key))
+                self.wake(name, instance_id)
+            return len(fired), now
+        finally:
+            with self._lock:
+                self._firing -= 1
+                if not self._firing and not self._active:
+                    self._idle.notify_all()
+
+    def _tick(self, poll: bool) -> float | None:
+        """Fire due timers, and look at the store; return seconds to the next deadline."""
+        _, now = self._fire_due()
+        if now >= self._next_heartbeat:
+            self.store.heartbeat(now)
+            self._next_heartbeat = now + self.options.lease / 3
+        if poll:
+            self._look_around(now)
+        deadline = self.store.next_deadline()
+        return None if deadline is None else deadline - now
+
+    def _look_around(self, now: float) -> None:
+        look = self.store.look_around(sorted(self.workflows), now)
+        for name, instance_id in look.ready:
+            self.wake(name, instance_id)
+        if self.options.recover:
+            for name, instance_id in look.orphaned:
+                log.warning(
+                    "recovering an instance whose owner died", extra=where(name, instance_id)
+                )
+                self.wake(name, instance_id, "recover")
+        for name, instance_id in look.cancelled:
+            self.cancelled(name, instance_id)
+        # Instances this engine owns but no longer runs (a run whose end could
+        # not be recorded): run them again. Read after the store, so a run that
+        # registered before the look is seen; one that ended since is refused
+        # by the claim.
+        with self._lock:
+            lost = [key for key in look.mine if key not in self._active]
+        for name, instance_id in lost:
+            if name in self.workflows:
+                log.warning("running again an instance whose run here did not record its end",
+                            extra=where(name, instance_id))
+                self.wake(name, instance_id, "recover")
+
+    # ------------------------------------------------------------------ one run
+
+    def _execute(self, first: _Run) -> None:
+        """Worker thread: run the workflow function and record how it ended.
+
+        A run that ends at a wait whose key had already completed is followed
+        by the next run of the instance on this same thread: no hand-off.
+        """
+        run: _Run | None = first
+        while run is not None:
+            state: WorkflowState | None
+            try:
+                state = self._run_workflow(run)
+            except BaseException:  # the store failed while recording the end
+                log.exception(
+                    "run could not be recorded; it runs again from the store",
+                    extra=where(run.workflow.name, run.instance_id),
+                )
+                state = None  # watchers go on following the instance in the store
+            run = self._ended(run, state)
+
+    def _ended(self, run: _Run, state: WorkflowState | None) -> _Run | None:
+        """Record that ``run`` ended in ``state``; return the run to go on with here, if any."""
+        release = False
+        with self._lock:
+            del self._active[(run.workflow.name, run.instance_id)]
+            follow: _Run | None = None
+            if run.go_on is not None:
+                if self.phase == "started":
+                    # What it suspended at was there already: go on, still claimed.
+                    follow = self._register(
+                        run.workflow, run.instance_id, None, "wake", run.go_on
+                    )
+                    follow.cancel_requested = run.cancel_requested
+                else:
+                    release = True
+            elif run.rerun and isinstance(state, Suspended) and self.phase == "started":
+                # A signal or timer arrived while it ran: go on right away.
+                self._submit(run.workflow, run.instance_id, None, "wake")
+        if release:
+            state = self._release(run)
+        run.watch.finish(state)
+        with self._lock:
+            if not self._active and not self._firing:
+                self._idle.notify_all()
+        return follow
+
+    def _release(self, run: _Run) -> WorkflowState | None:
+        """The engine stopped before a run could go on past a satisfied wait: let go.
+
+        The instance is stored suspended on that key, which is complete, so
+        the next engine's poll runs it on.
+        """
+        waited = run.waited
+        assert waited is not None
+        try:
+            self.store.finish(
+                run.workflow.name, run.instance_id, status="suspended",
+                message=waited.message, waiting_for=waited.key, now=utcnow().isoformat(),
+            )
+        except BaseException:
+            log.exception("could not release the instance",
+                          extra=where(run.workflow.name, run.instance_id))
+            return None
+        return Suspended(waited.message)
+
+    def _run_workflow(self, run: _Run) -> WorkflowState:
+        workflow, instance_id = run.workflow, run.instance_id
+        name = workflow.name
+        if run.fresh_input is not None:
+            input_value, memo = run.fresh_input[0], {}
+        else:
+            snapshot = run.snapshot or self.store.begin_run(
+                name, instance_id, now=utcnow().isoformat(), claim=run.claim
+            )
+            if snapshot is None:  # gone, or run by a live engine, or not waiting any more
+                row = self.store.get_instance(name, instance_id)
+                if row is None:
+                    return Failed(str(InstanceNotFound(name, instance_id)))
+                return state_of(row)
+            memo = snapshot.steps
+            try:
+                input_value = decode_for(
+                    name, instance_id, "input", snapshot.instance.input,
+                    snapshot.instance.input_type, workflow.input_hint,
+                )
+            except SerializationError as exc:
+                return self._fail(run, f"input failed: {type(exc).__name__}: {exc}")
+        ctx = Context(
+            workflow=name, instance_id=instance_id, input=input_value, store=self.store,
+            memo=memo, publish=run.watch.publish, run=run, options=self.options,
+        )
+        run.ctx = ctx
+        log.info("running", extra=where(name, instance_id))
+        try:
+            value = workflow.fn(ctx, input_value) if workflow.takes_input else workflow.fn(ctx)
+        except Suspension as suspension:
+            return self._suspend(run, suspension.waiting, suspension.message,
+                                 suspension.deadline, suspension)
+        except EngineStopping as stopping:
+            return self._suspend(run, stopping.waiting, f"retry {stopping.waiting.key}",
+                                 stopping.deadline, None)
+        except (RunCancelled, LostInstance) as stop:
+            # Cancelled (already recorded), or taken over by another engine:
+            # nothing more to write but letting go of the instance.
+            lost = isinstance(stop, LostInstance)
+            log.log(30 if lost else 20, "run stopped: %s",
+                    "the instance was taken over by another engine" if lost else "cancelled",
+                    extra=where(name, instance_id))
+            return self._finish(run, Cancelled(), status="cancelled", message=None)
+        except BaseException as exc:  # whatever else user code raises ends the run Failed
+            failure = ctx._failure
+            step = failure[0] if failure is not None and failure[1] is exc else None
+            return self._fail(run, ctx._failure_message(exc), step)
+        finally:
+            run.ctx = None
+        ctx._end_replay()
+        try:
+            text, tag, _ = store_form(name, instance_id, "output", value, workflow.output_hint)
+        except SerializationError as exc:
+            return self._fail(run, f"output failed: {type(exc).__name__}: {exc}")
+        log.info("completed", extra=where(name, instance_id))
+        return self._finish(
+            run, Completed(), status="completed", message=None, output=(text, tag)
+        )
+
+    def _suspend(
+        self,
+        run: _Run,
+        waiting: StepWrite,
+        message: str,
+        deadline: float | None,
+        suspension: Suspension | None,
+    ) -> WorkflowState:
+        """Record the wait; if what it waits for is there already, go on in a new run."""
+        at = where(run.workflow.name, run.instance_id, waiting.key)
+        try:
+            recorded = self.store.suspend(waiting, message, deadline, self.clock.wall())
+        except LostInstance:
+            log.warning("run stopped: the instance was taken over by another engine", extra=at)
+            return self._stored_state(run)
+        except EngineError as exc:  # the key is stored as another kind
+            return self._fail(run, f"step {waiting.key!r} failed: {type(exc).__name__}: {exc}",
+                              waiting.key)
+        if recorded.outcome == "stopped":
+            return self._stored_state(run)
+        if recorded.outcome == "ready":
+            run.go_on = recorded.snapshot  # _execute starts the next run from it
+            run.waited = suspension or Suspension(waiting.key, message, waiting, deadline)
+            log.debug("went straight on past %s", waiting.key, extra=at)
+        elif recorded.deadline is not None:
+            self.armed()
+        log.info("suspended: %s", message, extra=at)
+        return Suspended(message)
+
+    def _stored_state(self, run: _Run) -> WorkflowState:
+        row = self.store.get_instance(run.workflow.name, run.instance_id)
+        return Failed("the instance vanished") if row is None else state_of(row)
+
+    def _finish(
+        self,
+        run: _Run,
+        state: WorkflowState,
+        *,
+        status: StatusName,
+        message: str | None,
+        output: tuple[str, str | None] | None = None,
+    ) -> WorkflowState:
+        """Record how the run ended; if the instance is no longer ours, report what is stored."""
+        recorded = self.store.finish(
+            run.workflow.name, run.instance_id, status=status, message=message,
+            output=output, now=utcnow().isoformat(),
+        )
+        return state if recorded else self._stored_state(run)
+
+    def _fail(self, run: _Run, message: str, step: str | None = None) -> WorkflowState:
+        log.info("failed: %s", message, extra=where(run.workflow.name, run.instance_id, step))
+        return self._finish(run, Failed(message), status="failed", message=message)
+
+    # ------------------------------------------------------------------ Invocation host
+
+    def _stored_row(self, workflow: str, instance_id: str) -> InstanceRow:
+        """The instance's row; raise InstanceNotFound if there is none."""
+        row = self.store.get_instance(workflow, instance_id)
+        if row is None:
+            raise InstanceNotFound(workflow, instance_id)
+        return row
+
+    def _decode_output(self, row: InstanceRow) -> Any:
+        """The stored output of a Completed instance, rebuilt as its workflow returns it."""
+        registered = self.workflows.get(row.workflow)
+        hint = registered.output_hint if registered is not None else None
+        return decode_for(
+            row.workflow, row.instance_id, "output", row.output or "null", row.output_type, hint
+        )
+
+    @property
+    def _poll_interval(self) -> float:
+        return self.poll_interval
+
