@@ -39,7 +39,7 @@ _NATIVE: frozenset[type] = frozenset({dict, list, str, int, float, bool, type(No
 
 # Classes seen when storing, by tag, so that classes defined inside functions
 # (which no import can reach) still rebuild in this process. Guarded by
-# _types_lock; written once per class, read on every tagged decode.
+# _types_lock; written when a tag's class changes, read on every tagged decode.
 _types_lock = threading.Lock()
 _types_by_tag: dict[str, type] = {}
 
@@ -80,7 +80,9 @@ def encode(value: Any) -> tuple[str, str | None]:
         tag = None
     else:
         tag = _tag_of(cls)
-        if tag not in _types_by_tag:
+        # The latest class stored under a tag wins: a class defined again (a
+        # function-local class, made anew per call) rebuilds as itself.
+        if _types_by_tag.get(tag) is not cls:
             with _types_lock:
                 _types_by_tag[tag] = cls
     if tag is None:
