@@ -1,0 +1,209 @@
+"""Interleavings forced with hooks: each test guards one correctness fix of the engine.
+
+Each wraps one store operation (or the group commit's queue) to make the
+race happen every time, instead of repeating rounds and hoping.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Callable
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from memable import Cancelled, Context, Engine, StorageError
+from memable._group_commit import GroupCommit
+
+
+class _Interrupting:
+    """A connection whose ``n``-th COMMIT raises KeyboardInterrupt (as Ctrl-C would)."""
+
+    def __init__(self, conn: sqlite3.Connection, n: int) -> None:
+        self._conn = conn
+        self._commits_left = n
+
+    def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
+        if sql == "COMMIT":
+            self._commits_left -= 1
+            if self._commits_left == 0:
+                raise KeyboardInterrupt
+        return self._conn.execute(sql, *args)
+
+    @property
+    def in_transaction(self) -> bool:
+        return self._conn.in_transaction
+
+
+def test_group_commit_fails_closed_when_the_leader_is_interrupted(tmp_path: Path) -> None:
+    """An interrupt at a batch's COMMIT fails every writer of it and leaves no open transaction.
+
+    Writer A commits alone while B, C and D queue; B leads their batch and
+    its COMMIT is interrupted: B sees the interrupt, C and D a StorageError,
+    none of their rows is stored, and a later write commits on its own.
+    """
+    path = tmp_path / "t.db"
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.execute("CREATE TABLE t (x TEXT)")
+    proxy = _Interrupting(conn, 2)
+    lock = threading.Lock()
+    commits = GroupCommit(lock, str(path), lambda: proxy)  # type: ignore[arg-type,return-value]
+    three_queued = threading.Event()
+    commits.on_queue = lambda n: three_queued.set() if n == 3 else None
+
+    def insert(x: str, wait: bool = False) -> Callable[[sqlite3.Connection], None]:
+        def body(c: sqlite3.Connection) -> None:
+            if wait:
+                assert three_queued.wait(10)
+            c.execute("INSERT INTO t VALUES (?)", (x,))
+
+        return body
+
+    outcomes: dict[str, BaseException | None] = {}
+
+    def write(x: str, wait: bool = False) -> None:
+        try:
+            commits.write("insert", None, None, None, insert(x, wait))
+            outcomes[x] = None
+        except BaseException as exc:
+            outcomes[x] = exc
+
+    a = threading.Thread(target=write, args=("a", True))
+    a.start()
+    others = [threading.Thread(target=write, args=(x,)) for x in "bcd"]
+    for thread in others:
+        thread.start()
+    for thread in [a, *others]:
+        thread.join(10)
+
+    assert outcomes["a"] is None
+    failed = {x: type(outcomes[x]).__name__ for x in "bcd"}
+    assert sorted(failed.values()) == ["KeyboardInterrupt", "StorageError", "StorageError"]
+    assert not conn.in_transaction
+    commits.write("insert", None, None, None, insert("e"))
+    with closing(sqlite3.connect(path)) as reader:
+        rows = sorted(x for (x,) in reader.execute("SELECT x FROM t"))
+    assert rows == ["a", "e"]
+    conn.close()
+
+
+def _wrap(obj: object, name: str, after: Callable[[Any], None]) -> None:
+    """Make ``obj.name(...)`` call ``after(result)`` once the real method returned."""
+    real = getattr(obj, name)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        result = real(*args, **kwargs)
+        after(result)
+        return result
+
+    setattr(obj, name, wrapper)
+
+
+def test_a_cancel_before_the_run_goes_on_past_a_satisfied_wait_stops_it(tmp_path: Path) -> None:
+    """A cancel between a zero timer's firing and the run going on: no later step runs."""
+    engine = Engine.open(tmp_path / "db", poll_interval=60)
+    ran: list[str] = []
+
+    def wf(ctx: Context) -> None:
+        ctx.step("a").run(lambda: ran.append("a"))
+        ctx.timer("z", 0)
+        ctx.step("b").run(lambda: ran.append("b"))
+
+    engine.register("wf", wf)
+
+    def cancel_once_ready(outcome: Any) -> None:
+        if outcome.outcome == "ready" and not ran.count("cancel"):
+            ran.append("cancel")
+            engine.cancel("wf", "x")
+
+    _wrap(engine._store, "suspend", cancel_once_ready)
+    with engine:
+        inv = engine.invoke("wf", instance_id="x")
+        states = [inv.wait(timeout=10)]
+        while states[-1] != Cancelled():
+            states.append(inv.wait(timeout=10))
+    engine.close()
+    assert ran == ["a", "cancel"]
+
+
+def test_a_cancel_from_another_engine_arms_no_timer_and_stops_the_next_step(
+    tmp_path: Path,
+) -> None:
+    """Cancelled elsewhere while a step runs: the step is stored, no timer armed, no step after.
+
+    The running engine polls once a minute, so only the store's own checks
+    can stop it.
+    """
+    db = tmp_path / "db"
+    engine = Engine.open(db, poll_interval=60)
+    other = Engine.open(db)
+    inside, release = threading.Event(), threading.Event()
+    ran: list[str] = []
+
+    def a() -> str:
+        inside.set()
+        assert release.wait(10)
+        ran.append("a")
+        return "a"
+
+    def wf(ctx: Context) -> None:
+        ctx.step("a").run(a)
+        ctx.timer("t", 3600)
+        ctx.step("b").run(lambda: ran.append("b"))
+
+    def wf_b(ctx: Context) -> None:
+        ctx.step("a").run(a)
+        ctx.step("b").run(lambda: ran.append("b"))
+
+    engine.register("wf", wf)
+    engine.register("wf_b", wf_b)
+    with engine:
+        for name in ("wf", "wf_b"):
+            inside.clear()
+            release.clear()
+            inv = engine.invoke(name, instance_id=name)
+            assert inside.wait(10)
+            other.cancel(name, name)
+            release.set()
+            assert inv.wait(timeout=10) == Cancelled()
+    with closing(sqlite3.connect(db)) as reader:
+        timers = reader.execute("SELECT key FROM timers").fetchall()
+        steps = reader.execute("SELECT instance_id, key, state FROM steps ORDER BY 1").fetchall()
+    other.close()
+    engine.close()
+    assert timers == []
+    assert ran == ["a", "a"]
+    assert steps == [("wf", "a", "completed"), ("wf_b", "a", "completed")]
+
+
+@pytest.mark.parametrize("store", ["memory", "file"])
+def test_a_run_whose_end_could_not_be_recorded_runs_again_and_completes(
+    tmp_path: Path, store: str
+) -> None:
+    """The end write fails once: watchers keep following, the engine runs it again, it completes."""
+    options: dict[str, Any] = {"poll_interval": 0.05}
+    engine = (
+        Engine.in_memory(**options) if store == "memory"
+        else Engine.open(tmp_path / "db", **options)
+    )
+    ran: list[int] = []
+    engine.register("wf", lambda ctx: ctx.step("s").run(lambda: ran.append(1) or 7))
+    real = engine._store.finish
+    failures: list[str] = []
+
+    def finish_failing_once(*args: Any, **kwargs: Any) -> bool:
+        if not failures:
+            failures.append("failed")
+            raise StorageError("cannot record the run (forced)")
+        return real(*args, **kwargs)
+
+    engine._store.finish = finish_failing_once  # type: ignore[method-assign]
+    with engine:
+        inv = engine.invoke("wf", instance_id="x")
+        assert inv.result(timeout=10) == 7
+    engine.close()
+    assert failures == ["failed"]
+    assert ran == [1]
