@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -314,7 +313,7 @@ def test_stop_ends_a_retry_backoff_at_once(make_engine: Callable[..., Engine]) -
 
 
 def test_a_long_retry_backoff_is_a_durable_timer(make_engine: Callable[..., Engine]) -> None:
-    """A 1.5 s backoff ends the run Suspended("retry s") holding no worker; the timer resumes it."""
+    """A 1.5 s backoff ends the run Suspended("retry s"), holding no worker; a timer resumes it."""
     engine = make_engine(max_workers=1)
     calls, failed, at = failing_with_retry(
         engine, Retry(max_attempts=2, initial_delay=1.5, jitter=False), succeed_on=2
@@ -329,3 +328,111 @@ def test_a_long_retry_backoff_is_a_durable_timer(make_engine: Callable[..., Engi
         assert inv.result(timeout=PATIENCE) == "ok"
     assert calls.count == 2
     assert at[1] - at[0] >= 1.4
+
+
+# ---------------------------------------------------------------------- engines, classes, fork
+
+
+@file_store_only
+def test_wait_from_another_engine_waits_for_the_run_to_end(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """An Invocation from an engine that is not running the instance never returns Started()."""
+    inside, release, watching = threading.Event(), threading.Event(), threading.Event()
+
+    def body() -> str:
+        inside.set()
+        release.wait(PATIENCE)
+        return "ok"
+
+    runner, watcher = make_engine(poll_interval=0.1), make_engine(poll_interval=0.1)
+    for engine in (runner, watcher):
+        engine.register("wf", lambda ctx: ctx.step("s").run(body))
+        engine.start()
+    got: list[object] = []
+
+    def watch(inv: Invocation) -> None:
+        watching.set()
+        try:
+            got.append(inv.wait(timeout=5))
+        except BaseException as err:  # reported by the assertion below
+            got.append(err)
+
+    try:
+        instance_id = runner.invoke("wf").instance_id
+        assert inside.wait(PATIENCE)
+        waiter = threading.Thread(target=watch, args=(watcher.invocation("wf", instance_id),))
+        waiter.start()
+        assert watching.wait(PATIENCE)
+    finally:
+        release.set()
+    waiter.join(PATIENCE)
+    runner.wait_all()
+    assert got == [Completed()]
+
+
+def make_point_class() -> type[Any]:
+    """A function-local attrs class: each call makes a new class with the same qualified name."""
+    @attrs.frozen
+    class Point:
+        x: int
+
+    return Point
+
+
+def test_a_class_defined_again_under_the_same_name_round_trips(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """Each run rebuilds its value as the class used in that run, not an older same-named one."""
+    first, second = make_point_class(), make_point_class()
+    assert first is not second
+    current: list[type[Any]] = []
+    engine = make_engine()
+    engine.register("wf", lambda ctx: ctx.step("p").run(lambda: current[0](x=1)))
+    with engine:
+        for n, cls in enumerate((first, second), 1):
+            current[:] = [cls]
+            inv = engine.invoke("wf")
+            assert final_state(inv) == Completed(), f"the run with class #{n}"
+            value = inv.result(timeout=PATIENCE)
+            assert type(value) is cls
+            assert value == cls(x=1)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX only")
+@pytest.mark.filterwarnings("ignore:.*fork.*:DeprecationWarning")
+@file_store_only
+def test_an_engine_started_before_fork_refuses_work_in_the_child(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """In a forked child, invoke raises EngineError saying to start the engine after the fork."""
+    engine = make_engine()
+    engine.register("wf", lambda ctx: "ok")
+    engine.start()
+    pid = os.fork()
+    if pid == 0:  # the child: leave through os._exit on every path
+        code = 3
+        try:
+            engine.invoke("wf")
+            code = 1  # not refused
+        except EngineError as err:
+            code = 0 if "after the fork" in str(err) else 2
+        except BaseException:
+            code = 4
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + PATIENCE
+    while (reaped := os.waitpid(pid, os.WNOHANG))[0] == 0:
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            reaped = os.waitpid(pid, 0)
+            break
+        time.sleep(0.01)
+    outcomes = {
+        0: "refused", 1: "invoke worked", 2: "another EngineError", 4: "another error",
+        -signal.SIGKILL: f"hung, killed after {PATIENCE} s",
+    }
+    code = os.waitstatus_to_exitcode(reaped[1])
+    assert code == 0, f"the child's invoke: {outcomes.get(code, code)}"
+    assert engine.invoke("wf").result(timeout=PATIENCE) == "ok"
+    engine.wait_all()
