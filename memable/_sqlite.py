@@ -35,6 +35,7 @@ import attrs
 import cattrs
 
 from . import _liveness
+from . import _sqlite_sql as sql
 from ._control import LostInstance
 from ._errors import (
     InstanceFinished,
@@ -46,7 +47,7 @@ from ._errors import (
 from ._group_commit import GroupCommit
 from ._options import Synchronous
 from ._records import StatusName, StepRecord
-from ._schema import INSTANCE_COLUMNS, open_store
+from ._schema import open_store
 from ._store import (
     Claim,
     InstanceRow,
@@ -60,59 +61,6 @@ from ._store import (
 _rows = cattrs.Converter()
 _rows.register_structure_hook(datetime, lambda value, _: datetime.fromisoformat(value))
 
-# An instance is free to claim when nobody runs it, or its owner's lease ran out.
-_OWNER_FREE = """(
-    instances.owner IS NULL OR instances.owner = :me OR NOT EXISTS (
-        SELECT 1 FROM owners WHERE owners.id = instances.owner
-        AND owners.heartbeat + owners.lease >= :now))"""
-_CLAIMS: dict[Claim, str] = {
-    "resume": f"status != 'cancelled' AND (status != 'running' OR {_OWNER_FREE})",
-    "wake": "status = 'suspended'",
-    "recover": f"status = 'running' AND {_OWNER_FREE}",
-}
-_OWNED = (
-    "EXISTS (SELECT 1 FROM instances WHERE workflow = :workflow "
-    "AND instance_id = :instance_id AND owner = :me)"
-)
-# A completed step is never overwritten: that is the exactly-once record. Nor
-# is a row of another kind: a stored row is only ever served as what it was
-# written as.
-_UPSERT_STEP = f"""
-INSERT INTO steps (workflow, instance_id, key, seq, kind, state, result, result_type,
-                   status, error, attempts, completed_at, started_at)
-SELECT :workflow, :instance_id, :key, :seq, :kind, :state, :result, :result_type,
-       :status, :error, 1, :completed_at, :started_at
-WHERE {_OWNED}
-ON CONFLICT (workflow, instance_id, key) DO UPDATE SET
-    state = excluded.state, result = excluded.result, result_type = excluded.result_type,
-    status = excluded.status, error = excluded.error, attempts = steps.attempts + 1,
-    completed_at = excluded.completed_at, started_at = excluded.started_at
-WHERE steps.state != 'completed' AND steps.kind = excluded.kind
-"""
-_SELECT_RUN_STEPS = (
-    "SELECT key, seq, kind, state, result, result_type, status, attempts "
-    "FROM steps WHERE workflow = ? AND instance_id = ?"
-)
-_SELECT_STEP = _SELECT_RUN_STEPS + " AND key = ?"
-# A waiting row marks a suspend point or timer reached, or a step waiting out a
-# retry backoff (its failed row turns waiting, ``result`` holding the attempt
-# number the backoff follows). It never replaces a row of another kind.
-_INSERT_WAITING = f"""
-INSERT INTO steps (workflow, instance_id, key, seq, kind, state, result, status, attempts)
-SELECT :workflow, :instance_id, :key, :seq, :kind, 'waiting', :result, :status, 0
-WHERE {_OWNED}
-ON CONFLICT (workflow, instance_id, key) DO UPDATE SET
-    state = 'waiting', result = excluded.result
-WHERE steps.state = 'failed' AND steps.kind = excluded.kind
-"""
-_INSTANCE_RETURNING = ", ".join(INSTANCE_COLUMNS)
-_SELECT_INSTANCE = (
-    f"SELECT {_INSTANCE_RETURNING} FROM instances WHERE workflow = ? AND instance_id = ?"
-)
-_INSERT_INSTANCE = (
-    f"INSERT OR IGNORE INTO instances ({_INSTANCE_RETURNING}) "
-    f"VALUES ({', '.join('?' * len(INSTANCE_COLUMNS))})"
-)
 _TERMINAL = ("completed", "failed", "cancelled")
 
 
@@ -194,7 +142,7 @@ class SQLiteStore:
         values = (*attrs.astuple(attrs.evolve(row, owner=self.owner)),)
 
         def insert(conn: sqlite3.Connection) -> bool:
-            return conn.execute(_INSERT_INSTANCE, values).rowcount == 1
+            return conn.execute(sql.INSERT_INSTANCE, values).rowcount == 1
 
         where = (row.workflow, row.instance_id, None)
         return self._grouped("create the instance", *where, insert, single=True)
@@ -208,13 +156,13 @@ class SQLiteStore:
                 "UPDATE instances SET status = 'running', message = NULL, waiting_for = NULL, "
                 "owner = :me, updated_at = :at, completed_at = NULL "
                 "WHERE workflow = :workflow AND instance_id = :instance_id "
-                f"AND {_CLAIMS[claim]} RETURNING {_INSTANCE_RETURNING}",
+                f"AND {sql.CLAIMS[claim]} RETURNING {sql.INSTANCE_RETURNING}",
                 {"me": self.owner, "at": now, "now": _wall_of(now), "workflow": workflow,
                  "instance_id": instance_id},
             ).fetchone()
             if found is None:
                 return None
-            steps = conn.execute(_SELECT_RUN_STEPS, (workflow, instance_id)).fetchall()
+            steps = conn.execute(sql.SELECT_RUN_STEPS, (workflow, instance_id)).fetchall()
             return RunSnapshot(InstanceRow(*found), {s[0]: StoredStep(*s) for s in steps})
 
         return self._grouped("start a run", workflow, instance_id, None, claim_it)
@@ -223,7 +171,7 @@ class SQLiteStore:
         params = self._params(write)
 
         def store(conn: sqlite3.Connection) -> None:
-            if conn.execute(_UPSERT_STEP, params).rowcount == 0:
+            if conn.execute(sql.UPSERT_STEP, params).rowcount == 0:
                 self._refused(conn, write)
 
         where = (write.workflow, write.instance_id, write.key)
@@ -233,7 +181,8 @@ class SQLiteStore:
         """Say why a step write matched nothing: the instance is lost, or the key taken."""
         if not self._owns(conn, write.workflow, write.instance_id):
             raise LostInstance(write.workflow, write.instance_id)
-        row = conn.execute(_SELECT_STEP, (write.workflow, write.instance_id, write.key)).fetchone()
+        where = (write.workflow, write.instance_id, write.key)
+        row = conn.execute(sql.SELECT_STEP, where).fetchone()
         step = None if row is None else StoredStep(*row)
         if step is not None and step.kind != write.kind:
             raise key_taken(write.workflow, write.instance_id, write.key, step.kind, write.kind)
@@ -251,7 +200,7 @@ class SQLiteStore:
 
     def read_step(self, workflow: str, instance_id: str, key: str) -> StoredStep | None:
         with self._using("read the step", workflow, instance_id, key) as conn:
-            row = conn.execute(_SELECT_STEP, (workflow, instance_id, key)).fetchone()
+            row = conn.execute(sql.SELECT_STEP, (workflow, instance_id, key)).fetchone()
         return None if row is None else StoredStep(*row)
 
     def suspend(
@@ -268,13 +217,13 @@ class SQLiteStore:
                 raise LostInstance(workflow, instance_id)
             if state[0] != "running":  # cancelled meanwhile: arm nothing, write nothing
                 return Suspend("stopped")
-            stored = conn.execute(_SELECT_STEP, (workflow, instance_id, key)).fetchone()
+            stored = conn.execute(sql.SELECT_STEP, (workflow, instance_id, key)).fetchone()
             step = None if stored is None else StoredStep(*stored)
             if step is not None and step.kind != waiting.kind:
                 raise key_taken(workflow, instance_id, key, step.kind, waiting.kind)
             armed = None
             if waiting.kind == "step":  # a retry backoff: the failed row turns waiting
-                conn.execute(_INSERT_WAITING, self._params(waiting))
+                conn.execute(sql.INSERT_WAITING, self._params(waiting))
             ready = step is not None and step.state == "completed"
             if not ready and deadline is not None:
                 # The first arming sets the deadline; runs after it do not move it.
@@ -291,7 +240,7 @@ class SQLiteStore:
                         pass  # a backoff already over: the next attempt goes on now
                     else:  # never armed: store it fired, without touching the timers
                         fired = attrs.evolve(waiting, state="completed", result="null")
-                        conn.execute(_UPSERT_STEP, self._params(fired))
+                        conn.execute(sql.UPSERT_STEP, self._params(fired))
                     ready = True
                 elif row is None:
                     conn.execute(
@@ -300,10 +249,10 @@ class SQLiteStore:
                         (workflow, instance_id, key, deadline),
                     )
             if not ready and waiting.kind != "step":
-                conn.execute(_INSERT_WAITING, self._params(waiting))
+                conn.execute(sql.INSERT_WAITING, self._params(waiting))
             if ready:  # go on at once: the instance stays running, and ours
-                steps = conn.execute(_SELECT_RUN_STEPS, (workflow, instance_id)).fetchall()
-                instance = conn.execute(_SELECT_INSTANCE, (workflow, instance_id)).fetchone()
+                steps = conn.execute(sql.SELECT_RUN_STEPS, (workflow, instance_id)).fetchall()
+                instance = conn.execute(sql.SELECT_INSTANCE, (workflow, instance_id)).fetchone()
                 memo = {s[0]: StoredStep(*s) for s in steps}
                 return Suspend("ready", snapshot=RunSnapshot(InstanceRow(*instance), memo))
             suspended = conn.execute(
@@ -381,7 +330,7 @@ class SQLiteStore:
                     workflow, instance_id,
                     f"it is {status}" + ("; resume it instead" if status == "failed" else ""),
                 )
-            stored = conn.execute(_SELECT_STEP, (workflow, instance_id, key)).fetchone()
+            stored = conn.execute(sql.SELECT_STEP, (workflow, instance_id, key)).fetchone()
             if stored is not None:
                 step = StoredStep(*stored)
                 if step.kind != "signal":
@@ -534,7 +483,7 @@ class SQLiteStore:
             ).fetchall()
             orphaned = conn.execute(
                 "SELECT workflow, instance_id FROM instances WHERE status = 'running' "
-                f"AND owner IS NOT :me AND {_OWNER_FREE} AND workflow IN ({marks})",
+                f"AND owner IS NOT :me AND {sql.OWNER_FREE} AND workflow IN ({marks})",
                 params,
             ).fetchall()
             cancelled = conn.execute(
@@ -559,7 +508,7 @@ class SQLiteStore:
     def get_instance(self, workflow: str, instance_id: str) -> InstanceRow | None:
         # Fixed SQL: Invocation.state and result() read this on every look.
         with self._using("read the instance", workflow, instance_id) as conn:
-            row = conn.execute(_SELECT_INSTANCE, (workflow, instance_id)).fetchone()
+            row = conn.execute(sql.SELECT_INSTANCE, (workflow, instance_id)).fetchone()
         return None if row is None else InstanceRow(*row)
 
     def list_instances(self, workflow: str) -> list[InstanceRow]:

@@ -425,26 +425,3 @@ def test_stored_value_that_no_longer_fits_fails_and_keeps_the_row(
         assert calls == []
     finally:
         new.close()
-
-
-def test_a_class_defined_again_under_the_same_name_rebuilds_as_itself(
-    make_engine: Callable[..., Engine],
-) -> None:
-    """Two function-local classes with one qualified name each store and rebuild as themselves."""
-
-    def make() -> type:
-        @attrs.frozen
-        class Point:
-            x: int
-
-        return Point
-
-    first, second = make(), make()
-    engine = make_engine()
-    engine.register("first", lambda ctx: ctx.step("p").run(lambda: first(1)))
-    engine.register("second", lambda ctx: ctx.step("p").run(lambda: second(2)))
-    with engine:
-        a = engine.invoke("first").result(timeout=10)
-        b = engine.invoke("second").result(timeout=10)
-    assert (type(a), a) == (first, first(1))
-    assert (type(b), b) == (second, second(2))

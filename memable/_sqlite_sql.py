@@ -1,0 +1,65 @@
+"""The fixed SQL of the SQLite store's hot paths (see ``_sqlite``).
+
+sqlite-utils introspects the schema on every call, so the per-step
+statements are prepared text on the connection; they live here, apart from
+the store's logic.
+"""
+
+from __future__ import annotations
+
+from ._schema import INSTANCE_COLUMNS
+from ._store import Claim
+
+# An instance is free to claim when nobody runs it, or its owner's lease ran out.
+OWNER_FREE = """(
+    instances.owner IS NULL OR instances.owner = :me OR NOT EXISTS (
+        SELECT 1 FROM owners WHERE owners.id = instances.owner
+        AND owners.heartbeat + owners.lease >= :now))"""
+CLAIMS: dict[Claim, str] = {
+    "resume": f"status != 'cancelled' AND (status != 'running' OR {OWNER_FREE})",
+    "wake": "status = 'suspended'",
+    "recover": f"status = 'running' AND {OWNER_FREE}",
+}
+OWNED = (
+    "EXISTS (SELECT 1 FROM instances WHERE workflow = :workflow "
+    "AND instance_id = :instance_id AND owner = :me)"
+)
+# A completed step is never overwritten: that is the exactly-once record. Nor
+# is a row of another kind: a stored row is only ever served as what it was
+# written as.
+UPSERT_STEP = f"""
+INSERT INTO steps (workflow, instance_id, key, seq, kind, state, result, result_type,
+                   status, error, attempts, completed_at, started_at)
+SELECT :workflow, :instance_id, :key, :seq, :kind, :state, :result, :result_type,
+       :status, :error, 1, :completed_at, :started_at
+WHERE {OWNED}
+ON CONFLICT (workflow, instance_id, key) DO UPDATE SET
+    state = excluded.state, result = excluded.result, result_type = excluded.result_type,
+    status = excluded.status, error = excluded.error, attempts = steps.attempts + 1,
+    completed_at = excluded.completed_at, started_at = excluded.started_at
+WHERE steps.state != 'completed' AND steps.kind = excluded.kind
+"""
+SELECT_RUN_STEPS = (
+    "SELECT key, seq, kind, state, result, result_type, status, attempts "
+    "FROM steps WHERE workflow = ? AND instance_id = ?"
+)
+SELECT_STEP = SELECT_RUN_STEPS + " AND key = ?"
+# A waiting row marks a suspend point or timer reached, or a step waiting out a
+# retry backoff (its failed row turns waiting, ``result`` holding the attempt
+# number the backoff follows). It never replaces a row of another kind.
+INSERT_WAITING = f"""
+INSERT INTO steps (workflow, instance_id, key, seq, kind, state, result, status, attempts)
+SELECT :workflow, :instance_id, :key, :seq, :kind, 'waiting', :result, :status, 0
+WHERE {OWNED}
+ON CONFLICT (workflow, instance_id, key) DO UPDATE SET
+    state = 'waiting', result = excluded.result
+WHERE steps.state = 'failed' AND steps.kind = excluded.kind
+"""
+INSTANCE_RETURNING = ", ".join(INSTANCE_COLUMNS)
+SELECT_INSTANCE = (
+    f"SELECT {INSTANCE_RETURNING} FROM instances WHERE workflow = ? AND instance_id = ?"
+)
+INSERT_INSTANCE = (
+    f"INSERT OR IGNORE INTO instances ({INSTANCE_RETURNING}) "
+    f"VALUES ({', '.join('?' * len(INSTANCE_COLUMNS))})"
+)
