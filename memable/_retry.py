@@ -25,6 +25,15 @@ class Retry:
     at most ``max_delay``; with ``jitter`` it is drawn uniformly from
     [0, that delay]. Any exception is retried but ``StepError.permanent``.
 
+    A delay of a second or more ends the run: the step waits as a durable
+    timer (``Suspended("retry <key>")``) and holds no thread, and any engine
+    on the store makes the next attempt when it is due. A shorter delay waits
+    on the worker; ``cancel()`` and ``stop()`` end it at once (after a stop,
+    the rest of it is stored as a timer). The next attempt of a step that
+    timed out starts only once the timed-out call has returned; if it is
+    still running after another timeout's length, the step fails without
+    another attempt, so two attempts of one step never run at once.
+
     >>> from memable import Engine, Retry, StepError
     >>> calls = []
     >>> def flaky() -> str:
