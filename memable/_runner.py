@@ -25,6 +25,7 @@ from ._errors import (
     AlreadyStarted,
     EngineError,
     InstanceNotFound,
+    InvalidKey,
     NotStarted,
     SerializationError,
     WorkflowNotFound,
@@ -460,7 +461,8 @@ class Runner:
             return None
         return Suspended(waited.message)
 
-    def _run_workflow(self, run: _Run) -> WorkflowState:
+    def _run_workflow(self, run: _Run) -> WorkflowState | None:
+        """Run the workflow function once; the state it ended in (None: not ended here)."""
         workflow, instance_id = run.workflow, run.instance_id
         name = workflow.name
         if run.fresh_input is not None:
@@ -473,7 +475,7 @@ class Runner:
                 row = self.store.get_instance(name, instance_id)
                 if row is None:
                     return Failed(str(InstanceNotFound(name, instance_id)))
-                return state_of(row)
+                return None if row.status == "running" else state_of(row)
             memo = snapshot.steps
             try:
                 input_value = decode_for(
@@ -499,10 +501,11 @@ class Runner:
         except (RunCancelled, LostInstance) as stop:
             # Cancelled (already recorded), or taken over by another engine:
             # nothing more to write but letting go of the instance.
-            lost = isinstance(stop, LostInstance)
-            log.log(30 if lost else 20, "run stopped: %s",
-                    "the instance was taken over by another engine" if lost else "cancelled",
-                    extra=where(name, instance_id))
+            if isinstance(stop, LostInstance):
+                log.warning("run stopped: the instance was taken over by another engine",
+                            extra=where(name, instance_id))
+            else:
+                log.info("run stopped: cancelled", extra=where(name, instance_id))
             return self._finish(run, Cancelled(), status="cancelled", message=None)
         except BaseException as exc:  # whatever else user code raises ends the run Failed
             failure = ctx._failure
@@ -527,7 +530,7 @@ class Runner:
         message: str,
         deadline: float | None,
         suspension: Suspension | None,
-    ) -> WorkflowState:
+    ) -> WorkflowState | None:
         """Record the wait; if what it waits for is there already, go on in a new run."""
         at = where(run.workflow.name, run.instance_id, waiting.key)
         try:
@@ -535,7 +538,7 @@ class Runner:
         except LostInstance:
             log.warning("run stopped: the instance was taken over by another engine", extra=at)
             return self._stored_state(run)
-        except EngineError as exc:  # the key is stored as another kind
+        except InvalidKey as exc:  # the key is stored as another kind
             return self._fail(run, f"step {waiting.key!r} failed: {type(exc).__name__}: {exc}",
                               waiting.key)
         if recorded.outcome == "stopped":
@@ -549,9 +552,16 @@ class Runner:
         log.info("suspended: %s", message, extra=at)
         return Suspended(message)
 
-    def _stored_state(self, run: _Run) -> WorkflowState:
+    def _stored_state(self, run: _Run) -> WorkflowState | None:
+        """What the store says of an instance this run no longer holds.
+
+        None while it is running (another engine has it): the run's watchers
+        then follow the instance in the store, whichever engine ends it.
+        """
         row = self.store.get_instance(run.workflow.name, run.instance_id)
-        return Failed("the instance vanished") if row is None else state_of(row)
+        if row is None:
+            return Failed("the instance vanished")
+        return None if row.status == "running" else state_of(row)
 
     def _finish(
         self,
@@ -561,7 +571,7 @@ class Runner:
         status: StatusName,
         message: str | None,
         output: tuple[str, str | None] | None = None,
-    ) -> WorkflowState:
+    ) -> WorkflowState | None:
         """Record how the run ended; if the instance is no longer ours, report what is stored."""
         recorded = self.store.finish(
             run.workflow.name, run.instance_id, status=status, message=message,
@@ -569,7 +579,7 @@ class Runner:
         )
         return state if recorded else self._stored_state(run)
 
-    def _fail(self, run: _Run, message: str, step: str | None = None) -> WorkflowState:
+    def _fail(self, run: _Run, message: str, step: str | None = None) -> WorkflowState | None:
         log.info("failed: %s", message, extra=where(run.workflow.name, run.instance_id, step))
         return self._finish(run, Failed(message), status="failed", message=message)
 
