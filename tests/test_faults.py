@@ -1,0 +1,231 @@
+"""Faults the other suites miss: stalled and zombie owners, deadlines, late signals, namespaces.
+
+Only the public API, the CLI, real processes and read-only looks at the SQLite
+file: these tests must hold whatever the engine's internals become.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import closing, contextmanager
+from pathlib import Path
+
+import pytest
+from _fault_procs import held
+
+from memable import Context, Engine
+
+CHILD = str(Path(__file__).with_name("_fault_procs.py"))
+WAIT = 60.0  # generous: the CI machine runs four Pythons on two cores
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def query(db: Path, sql: str, *params: object) -> list[tuple[object, ...]]:
+    """Rows of ``sql`` on the store, read through a read-only connection."""
+    with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+        return conn.execute(sql, params).fetchall()
+
+
+def stored_steps(db: Path, instance_id: str) -> dict[str, object]:
+    """Each completed step of the instance and its stored value (decoded JSON)."""
+    rows = query(
+        db, "SELECT key, result FROM steps WHERE instance_id = ? AND state = 'completed'",
+        instance_id,
+    )
+    return {str(key): json.loads(str(result)) for key, result in rows}
+
+
+def instance_row(db: Path, instance_id: str) -> tuple[object, ...]:
+    (row,) = query(db, "SELECT status, owner FROM instances WHERE instance_id = ?", instance_id)
+    return row
+
+
+def proc_state(pid: int) -> str:
+    """The one-letter state of a process (R, S, T, Z, ...) from /proc/PID/stat."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
+class Holder:
+    """A child engine running "held" on one instance, blocked inside step s2."""
+
+    def __init__(self, argv: list[str]) -> None:
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def readline(self) -> str:
+        assert self.proc.stdout is not None
+        return self.proc.stdout.readline()
+
+    def release(self) -> None:
+        """Let the blocked step s2 return."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+
+    def finish(self) -> tuple[int, str, str]:
+        """Close its stdin (a blocked s2 returns), wait; its exit code, stdout and stderr."""
+        proc = self.proc
+        assert proc.stdin is not None
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        proc.stdin.close()
+        try:  # its output is small: it fits the pipes while we wait
+            proc.wait(timeout=WAIT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        # Through the text wrappers: readline() may have buffered more than a line.
+        with proc.stdout, proc.stderr:
+            return proc.returncode, proc.stdout.read(), proc.stderr.read()
+
+
+@contextmanager
+def holding(*argv: str | Path) -> Iterator[Holder]:
+    """Start a Holder, wait until it is inside s2; in the end, let it finish and reap it."""
+    holder = Holder(list(map(str, argv)))
+    try:
+        assert holder.readline() == "in step 2\n", holder.finish()
+        yield holder
+    finally:
+        if holder.proc.returncode is None:
+            holder.finish()
+
+
+def hold_argv(db: Path, log: Path, instance_id: str, lease: float) -> list[str | Path]:
+    return [sys.executable, CHILD, "hold", db, log, instance_id, str(lease)]
+
+
+def takeover_engine(db: Path, log: Path, gate: Callable[[], object] = lambda: None) -> Engine:
+    """Engine B, in this process: recovers what dead owners left, runs "held" as "B"."""
+    engine = Engine.open(db, recover=True, poll_interval=0.05, lease=30.0)
+    engine.register("held", held(str(log), "B", gate))
+    return engine
+
+
+# ------------------------------------------------- 1. a stalled owner is fenced
+
+
+@pytest.mark.parametrize(
+    "b_done_first", [False, True], ids=["late-write-while-B-in-s2", "late-write-after-B-done"]
+)
+def test_a_stalled_owner_cannot_write_after_its_instance_was_taken_over(
+    tmp_path: Path, b_done_first: bool
+) -> None:
+    """A SIGSTOPped owner's lease expires, B takes the instance over; A's late write is refused.
+
+    A (lease 1 s) stalls inside s2; B recovers the instance and runs s2. A then
+    wakes and its s2 returns, either while B is still inside s2 (no s2 row is
+    stored yet: only the ownership check refuses A's write) or after B
+    completed the instance. A must not store s2, must not run s3, and must
+    exit cleanly reporting B's result.
+    """
+    db, log = tmp_path / "fenced.db", tmp_path / "effects.log"
+    b_in_s2, release_b = threading.Event(), threading.Event()
+    if b_done_first:
+        release_b.set()
+
+    def b_gate() -> None:
+        b_in_s2.set()
+        assert release_b.wait(WAIT)
+
+    with holding(*hold_argv(db, log, "x", 1.0)) as a:
+        os.kill(a.proc.pid, signal.SIGSTOP)
+        os.waitpid(a.proc.pid, os.WUNTRACED)  # returns once A is stopped
+        engine_b = takeover_engine(db, log, b_gate)
+        with engine_b:
+            assert b_in_s2.wait(WAIT), "B never took over the stalled instance"
+            b_result = engine_b.invocation("held", "x")
+            if b_done_first:
+                assert b_result.result(timeout=WAIT) == "A1B2B3"
+            os.kill(a.proc.pid, signal.SIGCONT)
+            a.release()
+            # A's s2 returned and it tried to store it: its run is over.
+            assert a.readline().startswith("run ended: ")
+            release_b.set()
+            assert b_result.result(timeout=WAIT) == "A1B2B3"
+        code, out, err = a.finish()
+
+    assert (code, out.strip()) == (0, json.dumps("A1B2B3")), (out, err)
+    assert "Traceback" not in err, err
+    assert Counter(lines(log)) == Counter(["s1 A", "s2 A", "s2 B", "s3 B"])
+    assert stored_steps(db, "x") == {"s1": "A1", "s2": "B2", "s3": "B3"}
+    assert instance_row(db, "x") == ("completed", None)
+
+
+# -------------------------------------------- 2. the timer thread honours deadlines
+
+
+def test_a_short_timer_fires_on_its_deadline_not_on_the_poll(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """A 0.3 s timer fires after about 0.3 s although the poll interval is 5 s.
+
+    Guards the timer thread sleeping until the earliest deadline: one that
+    only woke on its poll would deliver the result after ~5 s.
+    """
+    engine = make_engine(poll_interval=5.0)
+
+    @engine.workflow("nap")
+    def nap(ctx: Context) -> str:
+        ctx.timer("t", 0.3)
+        return ctx.step("after").run(lambda: "woke")
+
+    with engine:
+        started = time.monotonic()
+        inv = engine.invoke("nap")
+        assert inv.result(timeout=WAIT) == "woke"
+        elapsed = time.monotonic() - started
+    assert 0.3 <= elapsed < 2.5, elapsed
+
+
+# ------------------------------------- 3. a signal that arrives while the run is busy
+
+
+def test_a_signal_sent_while_the_run_is_busy_is_taken_at_once(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """A signal sent while step "a" runs is used when the run reaches its suspend point.
+
+    With a 30 s poll interval, only the engine noticing the signal that came
+    during the run (not a later poll) makes the result arrive within seconds.
+    """
+    engine = make_engine(poll_interval=30.0)
+    in_a, release_a = threading.Event(), threading.Event()
+
+    def step_a() -> str:
+        in_a.set()
+        assert release_a.wait(WAIT)
+        return "a"
+
+    @engine.workflow("busy")
+    def busy(ctx: Context) -> str:
+        a = ctx.step("a").run(step_a)
+        payload: int = ctx.suspend("go")
+        return f"{a}{payload}"
+
+    with engine:
+        inv = engine.invoke("busy", instance_id="b")
+        assert in_a.wait(WAIT)
+        engine.signal("busy", "b", "go", 5)
+        started = time.monotonic()
+        release_a.set()
+        assert inv.result(timeout=WAIT) == "a5"
+        assert time.monotonic() - started < 3.0
