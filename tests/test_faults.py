@@ -229,3 +229,75 @@ def test_a_signal_sent_while_the_run_is_busy_is_taken_at_once(
         release_a.set()
         assert inv.result(timeout=WAIT) == "a5"
         assert time.monotonic() - started < 3.0
+
+
+# ------------------------------------------------ 4. a zombie owner counts as dead
+
+
+def test_a_killed_but_unreaped_owner_counts_as_dead(tmp_path: Path) -> None:
+    """An owner SIGKILLed but not yet reaped by its parent (a zombie) is dead at once.
+
+    Its lease (30 s) has not run out, and a zombie still answers kill(pid, 0):
+    another engine on the same host must not wait out the lease to recover it.
+    """
+    db, log = tmp_path / "zombie.db", tmp_path / "effects.log"
+    with holding(*hold_argv(db, log, "z", 30.0)) as a:
+        a.proc.kill()
+        # Waits until A has exited, without reaping it: A stays a zombie.
+        os.waitid(os.P_PID, a.proc.pid, os.WEXITED | os.WNOWAIT)
+        assert proc_state(a.proc.pid) == "Z"
+        with takeover_engine(db, log) as engine_b:
+            # Well before A's 30 s lease runs out (a TimeoutError here: it waited).
+            assert engine_b.invocation("held", "z").result(timeout=5.0) == "A1B2B3"
+        assert proc_state(a.proc.pid) == "Z"  # it was a zombie throughout
+        code, _, _ = a.finish()
+    assert code == -signal.SIGKILL
+    assert Counter(lines(log)) == Counter(["s1 A", "s2 A", "s2 B", "s3 B"])
+
+
+# ------------------------------------- 5. owners in other PID namespaces, same host
+
+
+def free_pid() -> int:
+    """A small pid that no process or thread of this (the root) PID namespace uses."""
+    for pid in range(30, 30_000):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return pid
+        except PermissionError:
+            continue
+    raise AssertionError("no free pid")
+
+
+def test_an_owner_in_another_pid_namespace_is_not_judged_by_its_pid(tmp_path: Path) -> None:
+    """An engine does not reap an owner of its host name whose pid is of another namespace.
+
+    A runs in a new PID namespace (same host name) as a pid that no process
+    here has, holding instance "p" inside s2 with a 30 s lease. B, here, with
+    recover=True and a 0.05 s poll, must leave it alone: A is alive.
+    """
+    unshare = "/usr/bin/unshare"
+    assert os.access(unshare, os.X_OK), "this test needs util-linux unshare (and root)"
+    db, log = tmp_path / "ns.db", tmp_path / "effects.log"
+    pid = free_pid()
+    argv = [unshare, "--pid", "--fork", "--mount-proc", "--kill-child",
+            sys.executable, CHILD, "at-pid", str(pid), *hold_argv(db, log, "p", 30.0)[2:]]
+    with holding(*argv) as a:
+        (owner,) = query(db, "SELECT id FROM owners WHERE pid = ?", pid)
+        assert instance_row(db, "p") == ("running", owner[0])
+        with takeover_engine(db, log) as engine_b:
+            # B must NOT finish "p"; the bounded wait is unavoidable when
+            # asserting that nothing happens. 1.5 s is ~30 of B's polls, and
+            # returns early (failing) if B recovers and completes "p".
+            with pytest.raises(TimeoutError):
+                engine_b.invocation("held", "p").result(timeout=1.5)
+            assert query(db, "SELECT id FROM owners WHERE pid = ?", pid) == [owner]
+            assert instance_row(db, "p") == ("running", owner[0])
+            assert lines(log) == ["s1 A", "s2 A"]
+            a.release()
+            assert a.readline() == "run ended: completed\n"
+            assert engine_b.invocation("held", "p").result(timeout=WAIT) == "A1A2A3"
+        code, out, err = a.finish()
+    assert (code, out) == (0, json.dumps("A1A2A3") + "\n"), err
+    assert Counter(lines(log)) == Counter(["s1 A", "s2 A", "s3 A"])
