@@ -86,6 +86,8 @@ class Holder:
         assert proc.stdin is not None
         assert proc.stdout is not None
         assert proc.stderr is not None
+        if proc.returncode is None:  # a test that failed may have left it stopped
+            os.kill(proc.pid, signal.SIGCONT)
         proc.stdin.close()
         try:  # its output is small: it fits the pipes while we wait
             proc.wait(timeout=WAIT)
