@@ -3,8 +3,10 @@
     python _fault_procs.py hold DB LOG ID LEASE
         run the three-step workflow "held" as instance ID on DB (engine lease
         LEASE s, poll 0.05 s); step s2 prints "in step 2" and blocks until a
-        line (or EOF) arrives on stdin. Then print "run ended: STATE" when the
-        run ends, and the instance's result as JSON once it is terminal.
+        line (or EOF) arrives on stdin. memable's warnings are printed as
+        "warning: MESSAGE" lines. Then print "run ended: STATE" when the run
+        (or the run of whichever engine took the instance over) ends, and the
+        instance's result as JSON once it is terminal.
     python _fault_procs.py at-pid P COMMAND ...
         (as pid 1 of a new PID namespace) fork until a child gets pid P, run
         COMMAND ... in that child, and exit with its exit code.
@@ -16,6 +18,7 @@ process), so the parent counts executions. Any exception exits non-zero.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import traceback
@@ -55,7 +58,16 @@ def stdin_gate() -> None:
     sys.stdin.readline()
 
 
+class _StdoutWarnings(logging.Handler):
+    """Print memable's warnings on stdout, one line each, for the parent to read."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(f"warning: {record.getMessage()}", flush=True)
+
+
 def hold(db: str, log: str, instance_id: str, lease: str) -> None:
+    handler = _StdoutWarnings(logging.WARNING)
+    logging.getLogger("memable").addHandler(handler)
     engine = Engine.open(db, lease=float(lease), poll_interval=0.05)
     engine.register("held", held(log, "A", stdin_gate))
     with engine:

@@ -159,10 +159,12 @@ def test_a_stalled_owner_cannot_write_after_its_instance_was_taken_over(
                 assert b_result.result(timeout=WAIT) == "A1B2B3"
             os.kill(a.proc.pid, signal.SIGCONT)
             a.release()
-            # A's s2 returned and it tried to store it: its run is over.
-            assert a.readline().startswith("run ended: ")
+            # A's s2 returned and it tried to store it: refused, its run stopped.
+            assert "taken over by another engine" in a.readline()
             release_b.set()
             assert b_result.result(timeout=WAIT) == "A1B2B3"
+            # A's Invocation followed the instance to the end B gave it.
+            assert a.readline() == "run ended: completed\n"
         code, out, err = a.finish()
 
     assert (code, out.strip()) == (0, json.dumps("A1B2B3")), (out, err)

@@ -207,3 +207,34 @@ def test_a_run_whose_end_could_not_be_recorded_runs_again_and_completes(
     engine.close()
     assert failures == ["failed"]
     assert ran == [1]
+
+
+@pytest.mark.parametrize("store", ["memory", "file"])
+def test_a_signal_after_the_suspension_is_recorded_but_before_the_run_ended_runs_it_again(
+    tmp_path: Path, store: str
+) -> None:
+    """A signal in the window between recording the suspension and the run's end is not lost.
+
+    The signal is sent from inside the store's suspend, right after it
+    committed: the run is still active, so only the re-run at its end (not
+    the poll, once a minute here, nor the heartbeat's look every lease / 3)
+    can carry the instance on.
+    """
+    options: dict[str, Any] = {"poll_interval": 60, "lease": 600}
+    engine = (
+        Engine.in_memory(**options) if store == "memory"
+        else Engine.open(tmp_path / "db", **options)
+    )
+    engine.register("wf", lambda ctx: ctx.suspend("go") + 1)
+    sent: list[str] = []
+
+    def signal_once_waiting(outcome: Any) -> None:
+        if outcome.outcome == "waiting" and not sent:
+            sent.append("go")
+            engine.signal("wf", "x", "go", 41)
+
+    _wrap(engine._store, "suspend", signal_once_waiting)
+    with engine:
+        assert engine.invoke("wf", instance_id="x").result(timeout=10) == 42
+    engine.close()
+    assert sent == ["go"]
