@@ -183,7 +183,7 @@ def test_a_cancel_from_another_engine_arms_no_timer_and_stops_the_next_step(
 def test_a_run_whose_end_could_not_be_recorded_runs_again_and_completes(
     tmp_path: Path, store: str
 ) -> None:
-    """The end write fails once: watchers keep following, the engine runs it again, it completes."""
+    """The end write fails once: watchers keep following; the engine runs it again to the end."""
     options: dict[str, Any] = {"poll_interval": 0.05}
     engine = (
         Engine.in_memory(**options) if store == "memory"
