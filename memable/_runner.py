@@ -587,6 +587,7 @@ class Runner:
 
     def _stored_row(self, workflow: str, instance_id: str) -> InstanceRow:
         """The instance's row; raise InstanceNotFound if there is none."""
+        self.check_fork()
         row = self.store.get_instance(workflow, instance_id)
         if row is None:
             raise InstanceNotFound(workflow, instance_id)

@@ -238,3 +238,23 @@ def test_a_signal_after_the_suspension_is_recorded_but_before_the_run_ended_runs
         assert engine.invoke("wf", instance_id="x").result(timeout=10) == 42
     engine.close()
     assert sent == ["go"]
+
+
+def test_timers_and_leases_read_the_clock_the_engine_is_given() -> None:
+    """An engine given its own clock fires a timer when that clock says so, without freezegun."""
+    from memable._clock import Clock
+    from memable._options import Options
+    from memable._sqlite import SQLiteStore
+
+    now = [1_800_000_000.0]
+    clock = Clock(wall=lambda: now[0])
+    engine = Engine(SQLiteStore(None, "full"), Options(poll_interval=60, lease=600, clock=clock))
+    engine.register("wf", lambda ctx: ctx.timer("t", 3600) or "woke")
+    with engine:
+        inv = engine.invoke("wf", instance_id="x")
+        assert str(inv.wait(timeout=10)) == "suspended: timer t"
+        assert engine.fire_due_timers() == 0
+        now[0] += 3600
+        assert engine.fire_due_timers() == 1
+        assert inv.result(timeout=10) == "woke"
+    engine.close()
