@@ -16,7 +16,8 @@ from ._log import log, where
 from ._options import Options, Synchronous
 from ._records import StepRecord, WorkflowMetadata
 from ._retry import Retry
-from ._runner import Runner, new_instance_id
+from ._run import new_instance_id
+from ._runner import Runner
 from ._serde import store_form
 from ._store import InstanceRow, Store, metadata_of, utcnow
 from ._validate import check_key

@@ -9,9 +9,7 @@ the engine; ``Engine`` is the public face in front of it.
 from __future__ import annotations
 
 import os
-import secrets
 import threading
-import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
@@ -34,6 +32,7 @@ from ._invocation import Watch, state_of
 from ._log import log, where
 from ._options import Options
 from ._records import StatusName
+from ._run import Run
 from ._serde import decode_for, store_form
 from ._states import Cancelled, Completed, Failed, Suspended, WorkflowState
 from ._store import Claim, InstanceRow, RunSnapshot, StepWrite, Store, utcnow
@@ -52,43 +51,6 @@ def _forked() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forked)
-
-
-@attrs.define(eq=False)
-class _Run:
-    """One execution of an instance's workflow function, from submit to end."""
-
-    workflow: Workflow
-    instance_id: str
-    watch: Watch
-    # For a run of an instance created by this invoke: the input, already
-    # validated; the run then needs to read nothing from the store.
-    fresh_input: tuple[Any] | None = None
-    # For a run that goes straight on from the one before it (what it waited
-    # for had arrived): the instance is still claimed, its steps already read.
-    snapshot: RunSnapshot | None = None
-    # Set by this run when it ends at a wait whose key had completed: the
-    # snapshot its successor starts from, and the wait (to release the
-    # instance with, should the engine stop first).
-    go_on: RunSnapshot | None = None
-    waited: Suspension | None = None
-    # How the run claims its instance (see Store.begin_run).
-    claim: Claim = "resume"
-    # Set under Runner._lock when a signal or timer completed a key while
-    # this run was active: if it ends Suspended, run the instance again.
-    rerun: bool = False
-    # Set under Runner._lock when the instance was cancelled; read without the
-    # lock by the run's thread (a stale read is caught by the store's check).
-    cancel_requested: bool = False
-    # Set when the run must stop waiting (a cancel, or the engine stopping).
-    interrupt: threading.Event = attrs.Factory(threading.Event)
-    # The run's Context while its function runs (for the key in flight).
-    ctx: Context | None = None
-
-
-def new_instance_id() -> str:
-    """A time-ordered, random instance id (lists read oldest first)."""
-    return f"{int(time.time() * 1000):013d}-{secrets.token_hex(6)}"
 
 
 class Runner:
@@ -114,7 +76,7 @@ class Runner:
         self.phase: Phase = "new"
         self._accepting = False  # user calls (invoke, resume) are taken
         self.workflows: dict[str, Workflow] = {}
-        self._active: dict[tuple[str, str], _Run] = {}
+        self._active: dict[tuple[str, str], Run] = {}
         self._watches: weakref.WeakValueDictionary[tuple[str, str], Watch] = (
             weakref.WeakValueDictionary()
         )
@@ -299,10 +261,10 @@ class Runner:
         fresh_input: tuple[Any] | None,
         claim: Claim,
         snapshot: RunSnapshot | None,
-    ) -> _Run:
+    ) -> Run:
         # Caller holds _lock and knows no run of the instance is active.
         watch = self._watch(workflow.name, instance_id)
-        run = _Run(workflow, instance_id, watch, fresh_input, snapshot, claim=claim)
+        run = Run(workflow, instance_id, watch, fresh_input, snapshot, claim=claim)
         self._active[(workflow.name, instance_id)] = run
         watch.begin()
         return run
@@ -397,13 +359,13 @@ class Runner:
 
     # ------------------------------------------------------------------ one run
 
-    def _execute(self, first: _Run) -> None:
+    def _execute(self, first: Run) -> None:
         """Worker thread: run the workflow function and record how it ended.
 
         A run that ends at a wait whose key had already completed is followed
         by the next run of the instance on this same thread: no hand-off.
         """
-        run: _Run | None = first
+        run: Run | None = first
         while run is not None:
             state: WorkflowState | None
             try:
@@ -416,12 +378,12 @@ class Runner:
                 state = None  # watchers go on following the instance in the store
             run = self._ended(run, state)
 
-    def _ended(self, run: _Run, state: WorkflowState | None) -> _Run | None:
+    def _ended(self, run: Run, state: WorkflowState | None) -> Run | None:
         """Record that ``run`` ended in ``state``; return the run to go on with here, if any."""
         release = False
         with self._lock:
             del self._active[(run.workflow.name, run.instance_id)]
-            follow: _Run | None = None
+            follow: Run | None = None
             if run.go_on is not None:
                 if self.phase == "started":
                     # What it suspended at was there already: go on, still claimed.
@@ -442,7 +404,7 @@ class Runner:
                 self._idle.notify_all()
         return follow
 
-    def _release(self, run: _Run) -> WorkflowState | None:
+    def _release(self, run: Run) -> WorkflowState | None:
         """The engine stopped before a run could go on past a satisfied wait: let go.
 
         The instance is stored suspended on that key, which is complete, so
@@ -461,7 +423,7 @@ class Runner:
             return None
         return Suspended(waited.message)
 
-    def _run_workflow(self, run: _Run) -> WorkflowState | None:
+    def _run_workflow(self, run: Run) -> WorkflowState | None:
         """Run the workflow function once; the state it ended in (None: not ended here)."""
         workflow, instance_id = run.workflow, run.instance_id
         name = workflow.name
@@ -525,7 +487,7 @@ class Runner:
 
     def _suspend(
         self,
-        run: _Run,
+        run: Run,
         waiting: StepWrite,
         message: str,
         deadline: float | None,
@@ -552,7 +514,7 @@ class Runner:
         log.info("suspended: %s", message, extra=at)
         return Suspended(message)
 
-    def _stored_state(self, run: _Run) -> WorkflowState | None:
+    def _stored_state(self, run: Run) -> WorkflowState | None:
         """What the store says of an instance this run no longer holds.
 
         None while it is running (another engine has it): the run's watchers
@@ -565,7 +527,7 @@ class Runner:
 
     def _finish(
         self,
-        run: _Run,
+        run: Run,
         state: WorkflowState,
         *,
         status: StatusName,
@@ -579,7 +541,7 @@ class Runner:
         )
         return state if recorded else self._stored_state(run)
 
-    def _fail(self, run: _Run, message: str, step: str | None = None) -> WorkflowState | None:
+    def _fail(self, run: Run, message: str, step: str | None = None) -> WorkflowState | None:
         log.info("failed: %s", message, extra=where(run.workflow.name, run.instance_id, step))
         return self._finish(run, Failed(message), status="failed", message=message)
 

@@ -1,0 +1,53 @@
+"""One run of an instance, as the runner tracks it from submit to end."""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from typing import Any
+
+import attrs
+
+from ._context import Context
+from ._control import Suspension
+from ._invocation import Watch
+from ._store import Claim, RunSnapshot
+from ._workflow import Workflow
+
+
+@attrs.define(eq=False)
+class Run:
+    """One execution of an instance's workflow function, from submit to end."""
+
+    workflow: Workflow
+    instance_id: str
+    watch: Watch
+    # For a run of an instance created by this invoke: the input, already
+    # validated; the run then needs to read nothing from the store.
+    fresh_input: tuple[Any] | None = None
+    # For a run that goes straight on from the one before it (what it waited
+    # for had arrived): the instance is still claimed, its steps already read.
+    snapshot: RunSnapshot | None = None
+    # Set by this run when it ends at a wait whose key had completed: the
+    # snapshot its successor starts from, and the wait (to release the
+    # instance with, should the engine stop first).
+    go_on: RunSnapshot | None = None
+    waited: Suspension | None = None
+    # How the run claims its instance (see Store.begin_run).
+    claim: Claim = "resume"
+    # Set under Runner._lock when a signal or timer completed a key while
+    # this run was active: if it ends Suspended, run the instance again.
+    rerun: bool = False
+    # Set under Runner._lock when the instance was cancelled; read without the
+    # lock by the run's thread (a stale read is caught by the store's check).
+    cancel_requested: bool = False
+    # Set when the run must stop waiting (a cancel, or the engine stopping).
+    interrupt: threading.Event = attrs.Factory(threading.Event)
+    # The run's Context while its function runs (for the key in flight).
+    ctx: Context | None = None
+
+
+def new_instance_id() -> str:
+    """A time-ordered, random instance id (lists read oldest first)."""
+    return f"{int(time.time() * 1000):013d}-{secrets.token_hex(6)}"
