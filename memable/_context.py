@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
+import traceback
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, ParamSpec, Protocol, TypeVar
@@ -42,6 +43,11 @@ class _NoRun:
     def __init__(self) -> None:
         self.cancel_requested = False
         self.interrupt = threading.Event()
+
+
+def traceback_of(exc: BaseException) -> str:
+    """The traceback text of ``exc``, as stored with a failure."""
+    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
 
 
 class Context:
@@ -90,8 +96,10 @@ class Context:
         self._sleep = options.sleep
         self._clock = options.clock
         self._seen: set[str] = set()
-        # The key of the step whose function is running now (for signals).
+        # The key of the step whose function is running now, and since when
+        # (for signals, and what an operator sees).
         self._in_flight: str | None = None
+        self._in_flight_since = ""
         # Attempts that timed out and may still run, by key: the next attempt
         # waits for them (never two attempts of one step at once).
         self._abandoned: dict[str, concurrent.futures.Future[Any]] = {}
@@ -168,6 +176,8 @@ class Context:
             raise TypeError(f"set_status takes a str, not {type(message).__name__}")
         self._status = message
         if not self._replaying:
+            # Stored now, so an operator sees it while the step after it runs.
+            self._store.set_status(self._workflow, self._instance_id, message)
             self._publish(InProgress(message))
 
     def step(self, key: str) -> Step:
@@ -307,7 +317,7 @@ class Context:
             attempt += 1
             self._before_attempt(key, step.timeout_seconds)
             started = utcnow().isoformat()
-            self._in_flight = key
+            self._in_flight, self._in_flight_since = key, started
             try:
                 if step.timeout_seconds is None:
                     result = fn(*args, **kwargs)
@@ -488,4 +498,5 @@ class Context:
             error=None if error is None else f"{type(error).__name__}: {error}",
             at=utcnow().isoformat(),
             started=started,
+            traceback=None if error is None else traceback_of(error),
         )

@@ -150,7 +150,8 @@ class StepRecord:
 
     ``result`` is the stored value as decoded JSON (not rebuilt into its
     type), None unless ``state`` is ``"completed"``. ``error`` is the last
-    error of a failed step; ``attempts`` counts executions so far.
+    error of a failed step, and ``traceback`` its traceback; ``attempts``
+    counts executions so far.
 
     >>> from memable import Engine
     >>> def wf(ctx):
@@ -174,3 +175,5 @@ class StepRecord:
     error: str | None
     attempts: int
     completed_at: datetime | None
+    #: The traceback of a failed step's last error (None otherwise).
+    traceback: str | None = None

@@ -17,7 +17,7 @@ from typing import Any, Literal
 import attrs
 
 from ._background import BackgroundThread
-from ._context import Context
+from ._context import Context, traceback_of
 from ._control import EngineStopping, LostInstance, RunCancelled, Suspension
 from ._errors import (
     AlreadyStarted,
@@ -328,10 +328,23 @@ class Runner:
         if now >= self._next_heartbeat:
             self.store.heartbeat(now)
             self._next_heartbeat = now + self.options.lease / 3
+            self.store.record_in_flight(self._in_flight_steps())
         if poll:
             self._look_around(now)
         deadline = self.store.next_deadline()
         return None if deadline is None else deadline - now
+
+    def _in_flight_steps(self) -> list[tuple[str, str, str, str]]:
+        """(workflow, id, key, since) of each step a run here is executing."""
+        with self._lock:
+            runs = list(self._active.values())
+        found = []
+        for run in runs:
+            ctx = run.ctx
+            key = None if ctx is None else ctx._in_flight
+            if ctx is not None and key is not None:
+                found.append((run.workflow.name, run.instance_id, key, ctx._in_flight_since))
+        return found
 
     def _look_around(self, now: float) -> None:
         look = self.store.look_around(sorted(self.workflows), now)
@@ -339,9 +352,7 @@ class Runner:
             self.wake(name, instance_id)
         if self.options.recover:
             for name, instance_id in look.orphaned:
-                log.warning(
-                    "recovering an instance whose owner died", extra=where(name, instance_id)
-                )
+                # Logged by the run that wins the claim: every engine sees it.
                 self.wake(name, instance_id, "recover")
         for name, instance_id in look.cancelled:
             self.cancelled(name, instance_id)
@@ -438,6 +449,10 @@ class Runner:
                 if row is None:
                     return Failed(str(InstanceNotFound(name, instance_id)))
                 return None if row.status == "running" else state_of(row)
+            if run.claim == "recover":
+                log.warning(
+                    "recovering the instance: its owner died", extra=where(name, instance_id)
+                )
             memo = snapshot.steps
             try:
                 input_value = decode_for(
@@ -472,7 +487,7 @@ class Runner:
         except BaseException as exc:  # whatever else user code raises ends the run Failed
             failure = ctx._failure
             step = failure[0] if failure is not None and failure[1] is exc else None
-            return self._fail(run, ctx._failure_message(exc), step)
+            return self._fail(run, ctx._failure_message(exc), step, exc)
         finally:
             run.ctx = None
         ctx._end_replay()
@@ -533,17 +548,26 @@ class Runner:
         status: StatusName,
         message: str | None,
         output: tuple[str, str | None] | None = None,
+        traceback: str | None = None,
     ) -> WorkflowState | None:
         """Record how the run ended; if the instance is no longer ours, report what is stored."""
         recorded = self.store.finish(
             run.workflow.name, run.instance_id, status=status, message=message,
-            output=output, now=utcnow().isoformat(),
+            output=output, traceback=traceback, now=utcnow().isoformat(),
         )
         return state if recorded else self._stored_state(run)
 
-    def _fail(self, run: Run, message: str, step: str | None = None) -> WorkflowState | None:
-        log.info("failed: %s", message, extra=where(run.workflow.name, run.instance_id, step))
-        return self._finish(run, Failed(message), status="failed", message=message)
+    def _fail(
+        self, run: Run, message: str, step: str | None = None, exc: BaseException | None = None
+    ) -> WorkflowState | None:
+        log.warning(
+            "failed: %s", message, extra=where(run.workflow.name, run.instance_id, step),
+            exc_info=None if exc is None else (type(exc), exc, exc.__traceback__),
+        )
+        return self._finish(
+            run, Failed(message), status="failed", message=message,
+            traceback=None if exc is None else traceback_of(exc),
+        )
 
     # ------------------------------------------------------------------ Invocation host
 

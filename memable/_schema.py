@@ -19,7 +19,7 @@ from ._errors import StorageError
 from ._options import Synchronous
 
 #: The schema this code writes; ``PRAGMA user_version`` of every store.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 #: Seconds a statement waits for another process's lock before failing.
 BUSY_TIMEOUT = 10.0
 
@@ -37,11 +37,19 @@ INSTANCE_COLUMNS: dict[str, type] = {
     "completed_at": str,
     "waiting_for": str,  # v2: the signal or timer key a suspended instance waits on
     "owner": str,  # v3: the engine running the instance (owners.id), NULL when none
+    # v6: what an operator sees of a run: the status message last set, the
+    # step in flight (written at the owner's heartbeat) and since when, and
+    # the traceback of a failure
+    "status_message": str,
+    "step_key": str,
+    "step_started": str,
+    "traceback": str,
 }
 #: Columns every store has had since version 1: what a file must show before
 #: we migrate it.
 V1_INSTANCE_COLUMNS = {
-    c: t for c, t in INSTANCE_COLUMNS.items() if c not in ("waiting_for", "owner")
+    c: t for c, t in INSTANCE_COLUMNS.items()
+    if c not in ("waiting_for", "owner", "status_message", "step_key", "step_started", "traceback")
 }
 STEP_COLUMNS: dict[str, type] = {
     "workflow": str,
@@ -57,9 +65,12 @@ STEP_COLUMNS: dict[str, type] = {
     "attempts": int,
     "completed_at": str,
     "started_at": str,  # v4: when the execution that wrote the row began (its duration)
+    "traceback": str,  # v6: the traceback of a failed step's last error
 }
 #: Columns of steps since version 1.
-V1_STEP_COLUMNS = {c: t for c, t in STEP_COLUMNS.items() if c != "started_at"}
+V1_STEP_COLUMNS = {
+    c: t for c, t in STEP_COLUMNS.items() if c not in ("started_at", "traceback")
+}
 TIMER_COLUMNS: dict[str, type] = {
     "workflow": str, "instance_id": str, "key": str, "deadline": float,
 }
@@ -133,6 +144,13 @@ def migrate_to_5(db: sqlite_utils.Database) -> None:
         db["owners"].add_column(column, str)  # type: ignore[union-attr]
 
 
+def migrate_to_6(db: sqlite_utils.Database) -> None:
+    """What an operator sees: status message, step in flight, tracebacks."""
+    for column in ("status_message", "step_key", "step_started", "traceback"):
+        db["instances"].add_column(column, str)  # type: ignore[union-attr]
+    db["steps"].add_column("traceback", str)  # type: ignore[union-attr]
+
+
 #: Migration to version N is MIGRATIONS[N - 1]; all run in the opening transaction.
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     migrate_to_1,
@@ -140,6 +158,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     migrate_to_3,
     migrate_to_4,
     migrate_to_5,
+    migrate_to_6,
 ]
 
 

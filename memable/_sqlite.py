@@ -126,6 +126,7 @@ class SQLiteStore:
             "status": write.status, "error": write.error,
             "completed_at": write.at if write.state == "completed" else None,
             "started_at": write.started,
+            "traceback": write.traceback,
             "me": self.owner,
         }
 
@@ -154,7 +155,8 @@ class SQLiteStore:
         def claim_it(conn: sqlite3.Connection) -> RunSnapshot | None:
             found = conn.execute(
                 "UPDATE instances SET status = 'running', message = NULL, waiting_for = NULL, "
-                "owner = :me, updated_at = :at, completed_at = NULL "
+                "owner = :me, updated_at = :at, completed_at = NULL, traceback = NULL, "
+                "step_key = NULL, step_started = NULL "
                 "WHERE workflow = :workflow AND instance_id = :instance_id "
                 f"AND {sql.CLAIMS[claim]} RETURNING {sql.INSTANCE_RETURNING}",
                 {"me": self.owner, "at": now, "now": _wall_of(now), "workflow": workflow,
@@ -197,6 +199,32 @@ class SQLiteStore:
         if row is None or row[1] != self.owner:
             raise LostInstance(workflow, instance_id)
         return row[0]  # type: ignore[no-any-return]
+
+    def set_status(self, workflow: str, instance_id: str, message: str) -> None:
+        def store(conn: sqlite3.Connection) -> None:
+            if conn.execute(
+                "UPDATE instances SET status_message = ? WHERE workflow = ? "
+                "AND instance_id = ? AND owner = ?",
+                (message, workflow, instance_id, self.owner),
+            ).rowcount == 0:
+                raise LostInstance(workflow, instance_id)
+
+        where = (workflow, instance_id, None)
+        self._grouped("store the status message", *where, store, single=True)
+
+    def record_in_flight(self, steps: list[tuple[str, str, str, str]]) -> None:
+        if not steps:
+            return
+
+        def store(conn: sqlite3.Connection) -> None:
+            for workflow, instance_id, key, started in steps:
+                conn.execute(
+                    "UPDATE instances SET step_key = ?, step_started = ? WHERE workflow = ? "
+                    "AND instance_id = ? AND owner = ? AND status = 'running'",
+                    (key, started, workflow, instance_id, self.owner),
+                )
+
+        self._grouped("record the steps in flight", None, None, None, store)
 
     def read_step(self, workflow: str, instance_id: str, key: str) -> StoredStep | None:
         with self._using("read the step", workflow, instance_id, key) as conn:
@@ -292,6 +320,7 @@ class SQLiteStore:
         message: str | None,
         output: tuple[str, str | None] | None = None,
         waiting_for: str | None = None,
+        traceback: str | None = None,
         now: str,
     ) -> bool:
         text, tag = output if output is not None else (None, None)
@@ -301,11 +330,13 @@ class SQLiteStore:
             done = conn.execute(
                 "UPDATE instances SET status = :status, message = :message, output = :output, "
                 "output_type = :output_type, waiting_for = :waiting_for, owner = NULL, "
-                "updated_at = :at, completed_at = :completed_at "
+                "updated_at = :at, completed_at = :completed_at, traceback = :traceback, "
+                "step_key = NULL, step_started = NULL "
                 "WHERE workflow = :workflow AND instance_id = :instance_id "
                 "AND owner = :me AND status = 'running'",
                 {**where, "status": status, "message": message, "output": text,
                  "output_type": tag, "waiting_for": waiting_for, "at": now,
+                 "traceback": traceback,
                  "completed_at": now if status in _TERMINAL else None},
             ).rowcount == 1
             if not done:  # cancelled meanwhile: let go of it all the same

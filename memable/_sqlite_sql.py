@@ -29,14 +29,15 @@ OWNED = (
 # written as.
 UPSERT_STEP = f"""
 INSERT INTO steps (workflow, instance_id, key, seq, kind, state, result, result_type,
-                   status, error, attempts, completed_at, started_at)
+                   status, error, attempts, completed_at, started_at, traceback)
 SELECT :workflow, :instance_id, :key, :seq, :kind, :state, :result, :result_type,
-       :status, :error, 1, :completed_at, :started_at
+       :status, :error, 1, :completed_at, :started_at, :traceback
 WHERE {OWNED}
 ON CONFLICT (workflow, instance_id, key) DO UPDATE SET
     state = excluded.state, result = excluded.result, result_type = excluded.result_type,
     status = excluded.status, error = excluded.error, attempts = steps.attempts + 1,
-    completed_at = excluded.completed_at, started_at = excluded.started_at
+    completed_at = excluded.completed_at, started_at = excluded.started_at,
+    traceback = excluded.traceback
 WHERE steps.state != 'completed' AND steps.kind = excluded.kind
 """
 SELECT_RUN_STEPS = (

@@ -42,6 +42,10 @@ class InstanceRow:
     completed_at: str | None
     waiting_for: str | None = None
     owner: str | None = None
+    status_message: str | None = None
+    step_key: str | None = None
+    step_started: str | None = None
+    traceback: str | None = None
 
 
 @attrs.frozen
@@ -75,6 +79,8 @@ class StepWrite:
     at: str
     #: When the execution that produced this outcome began (None for signals, waits).
     started: str | None = None
+    #: The traceback of a failed execution's error.
+    traceback: str | None = None
 
 
 @attrs.frozen
@@ -154,6 +160,17 @@ class Store(Protocol):
         step in flight at a cancel stores its outcome.
         """
 
+    def set_status(self, workflow: str, instance_id: str, message: str) -> None:
+        """Store the run's status message now; only if owned (else ``LostInstance``)."""
+
+    def record_in_flight(self, steps: list[tuple[str, str, str, str]]) -> None:
+        """Note, for operators, the step each run is executing: (workflow, id, key, since).
+
+        Only for instances this engine owns and runs; written at heartbeats,
+        so a step shows once it has run that long, and an entry may outlive
+        its step until the next one (readers compare it with the step's row).
+        """
+
     def check_run(self, workflow: str, instance_id: str) -> StatusName:
         """The instance's status, read before a step starts; ``LostInstance`` if not owned."""
 
@@ -202,6 +219,7 @@ class Store(Protocol):
         message: str | None,
         output: tuple[str, str | None] | None = None,
         waiting_for: str | None = None,
+        traceback: str | None = None,
         now: str,
     ) -> bool:
         """Record how this engine's run ended, and release the instance, atomically.

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 
 from ._engine import Engine
 from ._errors import EngineError
-from ._log import FIELDS, log
+from ._log import log
 
 
 class WorkerError(EngineError):
@@ -52,23 +52,9 @@ def load_engine(spec: str) -> Engine:
     return found
 
 
-class _Where(logging.Filter):
-    """Adds ``where`` ("workflow/instance step") to every record, for the worker's format."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        workflow, instance, step = (getattr(record, name, None) for name in FIELDS)
-        parts = [str(p) for p in (workflow, instance) if p is not None]
-        where = "/".join(parts) + (f" [{step}]" if step is not None else "")
-        record.where = f" {where}" if where else ""
-        return True
-
-
 def _log_to_stderr() -> logging.Handler:
     handler = logging.StreamHandler(sys.stderr)
-    handler.addFilter(_Where())
-    handler.setFormatter(
-        logging.Formatter("%(asctime)s %(levelname)s memable%(where)s: %(message)s")
-    )
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s memable: %(message)s"))
     log.addHandler(handler)
     if log.level == logging.NOTSET or log.level > logging.INFO:
         log.setLevel(logging.INFO)

@@ -180,7 +180,8 @@ def test_worker_runs_what_another_process_invoked_and_signalled(
     assert status == "completed"
     assert steps == {"prepare:v1": "prepared", "approval:v1": "yes", "finish:v1": "approved yes"}
     # One line per state change, each naming the instance.
-    assert [line.split(": ", 1)[1] for line in worker.lines if "approve/job-1" in line] == [
+    named = "approve/job-1: "
+    assert [line.split(named, 1)[1] for line in worker.lines if named in line] == [
         "running", "completed",
     ]
 
