@@ -5,11 +5,14 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
+from typing import TypeVar
 
 import attrs
 
 from ._context import Context
 from ._engine import Engine
+
+T = TypeVar("T")
 
 
 @attrs.frozen
@@ -39,10 +42,15 @@ class _Shop:
         self.executions: list[str] = []
         self._charged: set[int] = set()
 
+    def executed(self, key: str) -> int:
+        """How many times the step function of ``key`` has executed."""
+        with self._lock:
+            return self.executions.count(key)
+
     def fetch(self, order: Order) -> str:
         with self._lock:
             self.executions.append("fetch:v1")
-        self._say(f"  executing fetch:v1   -> order #{order.id}: {', '.join(order.items)}")
+        self._say(f"  fetch:v1   executing -> order #{order.id}: {', '.join(order.items)}")
         return f"order #{order.id}"
 
     def charge(self, order: Order) -> float:
@@ -51,9 +59,9 @@ class _Shop:
             first_attempt = order.id not in self._charged
             self._charged.add(order.id)
         if first_attempt:
-            self._say("  executing charge:v1  -> payment gateway timed out (simulated, once)")
+            self._say("  charge:v1  executing -> payment gateway timed out (simulated, once)")
             raise ConnectionError("payment gateway timed out")
-        self._say(f"  executing charge:v1  -> charged {order.total:.2f}")
+        self._say(f"  charge:v1  executing -> charged {order.total:.2f}")
         return order.total
 
 
@@ -61,11 +69,21 @@ def run_demo(path: str | os.PathLike[str], say: Callable[[str], None] = print) -
     """Run the demo on the store at ``path``; return 0 if it went as it should."""
     shop = _Shop(say)
 
+    def step(ctx: Context, key: str, fn: Callable[[Order], T], order: Order) -> T:
+        # A step function says "executing" when it runs; a step it did not run
+        # for was served from the store. Either way the line comes as the
+        # workflow reaches the step, so the lines are in step order.
+        before = shop.executed(key)
+        result = ctx.step(key).run(fn, order)
+        if shop.executed(key) == before:
+            say(f"  {key:<10} served from the store (not executed again)")
+        return result
+
     def checkout(ctx: Context, order: Order) -> Receipt:
         ctx.set_status("fetching the order")
-        ctx.step("fetch:v1").run(shop.fetch, order)
+        step(ctx, "fetch:v1", shop.fetch, order)
         ctx.set_status("charging the card")
-        charged = ctx.step("charge:v1").run(shop.charge, order)
+        charged = step(ctx, "charge:v1", shop.charge, order)
         return Receipt(order.id, charged)
 
     engine = Engine.open(path)
@@ -79,16 +97,13 @@ def run_demo(path: str | os.PathLike[str], say: Callable[[str], None] = print) -
         say(f"  instance {inv.instance_id} ended {inv.wait()}")
         say("run 2: resume the same instance")
         resumed = engine.resume("checkout", inv.instance_id)
-        state = resumed.wait()
-        fetched_again = shop.executions.count("fetch:v1") > 1
-        say("  fetch:v1 " + ("EXECUTED AGAIN" if fetched_again else "served from the store"))
-        say(f"  ended {state}; result {resumed.result()!r}")
+        say(f"  ended {resumed.wait()}; result {resumed.result()!r}")
         say("stored steps:")
         for step in engine.steps("checkout", inv.instance_id):
             say(
                 f"  {step.key:<10} {step.state:<9} attempts={step.attempts} "
                 f"status={step.status!r} result={step.result!r}"
             )
-    ok = not fetched_again and shop.executions == ["fetch:v1", "charge:v1", "charge:v1"]
+    ok = shop.executions == ["fetch:v1", "charge:v1", "charge:v1"]
     say("the demo went as it should" if ok else "the demo did NOT go as it should")
     return 0 if ok else 1
