@@ -20,9 +20,11 @@ R = TypeVar("R")
 
 @attrs.frozen
 class Step:
-    """A step under construction: ``ctx.step(key)[.returns(T)].run(fn, *args, **kwargs)``.
+    """A step under construction: ``ctx.step(key)``, then ``.run(fn, *args, **kwargs)``.
 
-    Each method returns a new ``Step``; nothing happens until ``run``.
+    In between, ``.returns(T)``, ``.timeout(d)`` and ``.retry(policy)`` set
+    the result's type, a time limit and a retry policy, in any order. Each
+    method returns a new ``Step``; nothing happens until ``run``.
 
     >>> from memable import Engine
     >>> def wf(ctx):
