@@ -69,7 +69,7 @@ def run_demo(path: str | os.PathLike[str], say: Callable[[str], None] = print) -
     """Run the demo on the store at ``path``; return 0 if it went as it should."""
     shop = _Shop(say)
 
-    def step(ctx: Context, key: str, fn: Callable[[Order], T], order: Order) -> T:
+    def reach(ctx: Context, key: str, fn: Callable[[Order], T], order: Order) -> T:
         # A step function says "executing" when it runs; a step it did not run
         # for was served from the store. Either way the line comes as the
         # workflow reaches the step, so the lines are in step order.
@@ -81,9 +81,9 @@ def run_demo(path: str | os.PathLike[str], say: Callable[[str], None] = print) -
 
     def checkout(ctx: Context, order: Order) -> Receipt:
         ctx.set_status("fetching the order")
-        step(ctx, "fetch:v1", shop.fetch, order)
+        reach(ctx, "fetch:v1", shop.fetch, order)
         ctx.set_status("charging the card")
-        charged = step(ctx, "charge:v1", shop.charge, order)
+        charged = reach(ctx, "charge:v1", shop.charge, order)
         return Receipt(order.id, charged)
 
     engine = Engine.open(path)
