@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from memable import Engine
 from memable.testing import _leak_report, _leaked_threads, _memable_threads
@@ -44,3 +45,23 @@ def make_engine(
 def engine(make_engine: Callable[..., Engine]) -> Engine:
     """A fresh, not yet started engine on the parametrised store."""
     return make_engine()
+
+
+# Hypothesis profiles, registered at import time: the plugin loads the one named by
+# --hypothesis-profile in pytest_configure, after this file is imported. "default"
+# keeps tests/test_stateful.py well under a minute; "long" runs it for minutes.
+_STATEFUL_HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large]
+settings.register_profile(
+    "default",
+    max_examples=20,
+    stateful_step_count=15,
+    deadline=None,
+    suppress_health_check=_STATEFUL_HEALTH,
+)
+settings.register_profile(
+    "long",
+    max_examples=400,
+    stateful_step_count=50,
+    deadline=None,
+    suppress_health_check=_STATEFUL_HEALTH,
+)
