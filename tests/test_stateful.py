@@ -37,12 +37,15 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from memable import (
     Engine,
     InstanceFinished,
+    Invocation,
     MetadataStatus,
     SignalRejected,
 )
 
 CHILD = str(Path(__file__).with_name("_stateful_proc.py"))
-LEASE = 1.0  # seconds: a killed child's instances are recovered fast
+LEASE = 1.0  # seconds: this process's engines (a stopped one's lease runs out fast)
+CHILD_LEASE = 5.0  # a killed child is dead by its pid, long before this lease expires
+RECOVER_WITHIN = 2.5  # seconds after the kill
 POLL = 0.05
 SETTLE = 20.0  # seconds the store gets to come to rest after a rule
 DELAY_HERE, DELAY_CHILD = 0.003, 0.01  # each step body sleeps this long
@@ -81,6 +84,9 @@ class StoreMachine(RuleBasedStateMachine):
         self.engines: list[Engine] = []
         self.children: list[subprocess.Popen[str]] = []
         self.next_id = 0
+        # Runs a rule started: settle() waits for them, as their claim is asynchronous
+        # and the stored state from before it would look at rest.
+        self.started: list[Invocation] = []
         self.engine: Engine | None = self.open_engine()
 
     # ------------------------------------------------------------------ helpers
@@ -154,6 +160,9 @@ class StoreMachine(RuleBasedStateMachine):
 
     def settle(self) -> None:
         """Wait until every instance is terminal or suspended on a "go" not yet sent."""
+        for inv in self.started:
+            inv.wait(timeout=SETTLE)
+        self.started.clear()
         deadline = time.monotonic() + SETTLE
         running = "SELECT instance_id FROM instances WHERE status = 'running'"
         while busy := [i for i in self.models if not self.at_rest(i)] + self.read_store(running):
@@ -194,7 +203,7 @@ class StoreMachine(RuleBasedStateMachine):
         terminal = self.terminal(instance_id)
         already = {"go": m.go is not None, "zz": m.zz is not None, "b": m.b_signal}[key]
         try:
-            self.live.signal("wf", instance_id, key, payload)
+            self.started.append(self.live.signal("wf", instance_id, key, payload))
         except InstanceFinished:
             assert terminal, f"signal {key} to {instance_id}: InstanceFinished, model {m}"
         except SignalRejected:
@@ -234,7 +243,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.live.signal("wf", instance_id, "go", go)
         m.go = go
         try:
-            self.live.signal("wf", instance_id, "b", b)
+            self.started.append(self.live.signal("wf", instance_id, "b", b))
         except SignalRejected:
             m.b_rejected = True  # b was reached as a step: check() finds its step row
         except InstanceFinished:
@@ -280,22 +289,26 @@ class StoreMachine(RuleBasedStateMachine):
             return
         m = self.models[instance_id]
         try:
-            # Its run claims the instance on a worker: wait, or settle() could see
-            # the stored state from before the claim.
-            self.live.resume("wf", instance_id).wait(timeout=SETTLE)
+            self.started.append(self.live.resume("wf", instance_id))
         except InstanceFinished:
             assert m.cancelled, f"resume of {instance_id} refused: {m}"
         else:
             assert not m.cancelled, f"resume of cancelled {instance_id} worked"
 
-    @rule(at=INDEX, race=st.booleans(), go=PAYLOADS)
-    def restart(self, at: int, race: bool, go: int) -> None:
-        """Stop and close the engine (just after a "go" if race) and open a new one."""
-        if race and self.waiting():
-            instance_id = self.pick(at, self.waiting())
-            assert instance_id is not None
-            self.live.signal("wf", instance_id, "go", go)
-            self.models[instance_id].go = go
+    @rule(at=INDEX, race=st.sampled_from(["none", "go", "zz", "resume"]), payload=PAYLOADS)
+    def restart(self, at: int, race: str, payload: int) -> None:
+        """Stop and close the engine (just after a signal or resume starts a run) and open
+        a new one."""
+        instance_id = self.pick(at, self.waiting())
+        if race != "none" and instance_id is not None:
+            if race == "resume":
+                self.live.resume("wf", instance_id)
+            elif race == "zz" and self.models[instance_id].zz is None:
+                self.live.signal("wf", instance_id, "zz", payload)
+                self.models[instance_id].zz = payload
+            elif race == "go":
+                self.live.signal("wf", instance_id, "go", payload)
+                self.models[instance_id].go = payload
         self.stop_engine()
         self.engine = self.open_engine()
 
@@ -304,8 +317,10 @@ class StoreMachine(RuleBasedStateMachine):
         new=st.lists(st.integers(0, 99), max_size=2),
         signals=st.lists(st.tuples(INDEX, PAYLOADS), max_size=2),
         resume=st.booleans(),
+        cancel=st.booleans(),
         kill_after_ms=st.integers(0, 80),
         keep_engine=st.booleans(),
+        reap_late=st.booleans(),
     )
     def kill_a_child(
         self,
@@ -313,14 +328,18 @@ class StoreMachine(RuleBasedStateMachine):
         new: list[int],
         signals: list[tuple[int, int]],
         resume: bool,
+        cancel: bool,
         kill_after_ms: int,
         keep_engine: bool,
+        reap_late: bool,
     ) -> None:
         """A child engine invokes, signals and resumes; SIGKILL it at a random moment.
 
         With keep_engine this process's engine recovers the child's instances
-        at a poll; otherwise it is closed first and a new one recovers them at
-        start.
+        at a poll (and, with cancel, cancels the first instance the child
+        signalled once the child said so, while the child runs it); otherwise
+        it is closed first and a new one recovers them at start. With
+        reap_late the child stays a zombie until its instances are recovered.
         """
         ops, fresh = [], {}
         for n in new:
@@ -340,25 +359,26 @@ class StoreMachine(RuleBasedStateMachine):
         with open(self.dir / f"child-{len(self.children)}.err", "w") as err:
             proc = subprocess.Popen(
                 [sys.executable, CHILD, str(self.db), str(self.log), str(DELAY_CHILD),
-                 str(LEASE), *ops],
+                 str(CHILD_LEASE), *ops],
                 stdout=subprocess.PIPE, stderr=err, text=True,
             )
         self.children.append(proc)
-        assert proc.stdout is not None
-        guard = threading.Timer(30, proc.kill)
-        guard.start()
-        try:
-            first = proc.stdout.readline()
-        finally:
-            guard.cancel()
-        assert first == "ready\n", f"child did not start: {first!r}"
+        out = self.read_until(proc, "ready")
+        if cancel and keep_engine and signalled:
+            target, go = next(iter(signalled.items()))
+            out += self.read_until(proc, f"ok signal:{target}:go:{go}")
+            self.models[target].go = go
+            try:
+                self.live.cancel("wf", target)
+            except InstanceFinished:
+                self.models[target].cancel_refused = True
+            else:
+                self.models[target].cancelled = True
+                self.models[target].cancel_mark = len(read_log(str(self.log)))
         time.sleep(kill_after_ms / 1000)
         proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-        out = proc.stdout.read().splitlines()
-        proc.stdout.close()
-        assert not [line for line in out if line.startswith("err")], out
-        acked = {line[3:] for line in out if line.startswith("ok ")}
+        if not reap_late:
+            proc.wait(timeout=30)
         self.killed.add(str(proc.pid))
         # A run executes its steps one after another: of each instance, only the
         # last step the killed child started can have been in flight.
@@ -370,6 +390,13 @@ class StoreMachine(RuleBasedStateMachine):
             self.allow[instance_id, key] += 1
         if self.engine is None:
             self.engine = self.open_engine()
+        self.check_recovered(proc.pid, zombie=reap_late)
+        proc.wait(timeout=30)
+        assert proc.stdout is not None
+        out += proc.stdout.read().splitlines()
+        proc.stdout.close()
+        assert not [line for line in out if line.startswith("err")], out
+        acked = {line[3:] for line in out if line.startswith("ok ")}
         # What the child did without saying so before it died is read from the store.
         for instance_id, n in fresh.items():
             stored = self.live.get_metadata("wf", instance_id) is not None
@@ -382,6 +409,36 @@ class StoreMachine(RuleBasedStateMachine):
             assert stored or f"signal:{instance_id}:go:{go}" not in acked, f"lost go {instance_id}"
             if stored:
                 self.models[instance_id].go = go
+
+    @staticmethod
+    def read_until(proc: subprocess.Popen[str], want: str) -> list[str]:
+        """The child's stdout lines up to and including ``want`` (30 s, then it is killed)."""
+        assert proc.stdout is not None
+        guard = threading.Timer(30, proc.kill)
+        guard.start()
+        lines: list[str] = []
+        try:
+            while (line := proc.stdout.readline()) and line.strip() not in (want, "done"):
+                lines.append(line.strip())
+        finally:
+            guard.cancel()
+        assert line.strip() == want, f"child never said {want!r}: {lines}"
+        return [*lines, want]
+
+    def check_recovered(self, pid: int, *, zombie: bool) -> None:
+        """A killed owner (a zombie too) is dead at once: its running instances are
+        taken well before its lease (CHILD_LEASE) could expire."""
+        held = (
+            "SELECT i.instance_id FROM instances i JOIN owners o ON o.id = i.owner "
+            f"WHERE i.status = 'running' AND o.pid = {pid}"
+        )
+        deadline = time.monotonic() + RECOVER_WITHIN
+        while rows := self.read_store(held):
+            assert time.monotonic() < deadline, (
+                f"killed owner pid {pid} (zombie: {zombie}) still holds {rows} after "
+                f"{RECOVER_WITHIN} s; its lease is {CHILD_LEASE} s"
+            )
+            time.sleep(0.02)
 
     # ------------------------------------------------------------------ checks
 
