@@ -17,6 +17,7 @@ Only the public API, real processes and read-only sqlite3 reads are used.
 
 from __future__ import annotations
 
+import functools
 import shutil
 import signal
 import sqlite3
@@ -26,6 +27,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,6 +70,27 @@ class Model:
     cancel_refused: bool = False  # cancel() raised InstanceFinished (it had completed)
 
 
+def recorded(method: Callable[..., None]) -> Callable[..., None]:
+    """Keep a rule's or check's first failure for teardown, and skip the rest after it.
+
+    Failures depend on timing, so a replay may fail one rule earlier or later;
+    were it raised at once, the example would stop drawing at a different
+    point and Hypothesis would call the data generation flaky. Raised from
+    teardown, every example draws its full sequence of rules, and the
+    exception keeps its traceback, so distinct failures stay distinct.
+    """
+
+    @functools.wraps(method)
+    def run(self: StoreMachine, **kwargs: object) -> None:
+        if self.failure is None:
+            try:
+                method(self, **kwargs)
+            except Exception as exc:
+                self.failure = exc
+
+    return run
+
+
 def status_name(meta: object) -> str:
     return type(meta.status).__name__  # type: ignore[attr-defined]
 
@@ -84,6 +107,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.engines: list[Engine] = []
         self.children: list[subprocess.Popen[str]] = []
         self.next_id = 0
+        self.failure: Exception | None = None  # the first, raised by teardown
         # Runs a rule started: settle() waits for them, as their claim is asynchronous
         # and the stored state from before it would look at rest.
         self.started: list[Invocation] = []
@@ -180,6 +204,7 @@ class StoreMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------------ rules
 
     @rule(n=st.integers(0, 99))
+    @recorded
     def invoke(self, n: int) -> None:
         instance_id = self.new_id()
         inv = self.live.invoke("wf", n, instance_id=instance_id)
@@ -187,6 +212,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.models[instance_id] = Model(n)
 
     @rule(at=INDEX, n=st.integers(0, 99))
+    @recorded
     def invoke_again(self, at: int, n: int) -> None:
         """An existing id: the same instance, nothing new runs, its stored input stands."""
         instance_id = self.pick(at, list(self.models))
@@ -195,6 +221,7 @@ class StoreMachine(RuleBasedStateMachine):
         assert self.live.invoke("wf", n, instance_id=instance_id).instance_id == instance_id
 
     @rule(at=INDEX, key=st.sampled_from(["go", "zz", "b"]), payload=PAYLOADS)
+    @recorded
     def signal(self, at: int, key: str, payload: int) -> None:
         instance_id = self.pick(at, list(self.models))
         if instance_id is None:
@@ -219,6 +246,7 @@ class StoreMachine(RuleBasedStateMachine):
                 m.b_signal = True
 
     @rule(at=INDEX, go=PAYLOADS, again=PAYLOADS)
+    @recorded
     def signal_go_twice(self, at: int, go: int, again: int) -> None:
         """Back to back: the second signal for "go" is refused, whatever the run is doing."""
         instance_id = self.pick(at, self.waiting())
@@ -234,6 +262,7 @@ class StoreMachine(RuleBasedStateMachine):
             raise AssertionError(f"a second signal for go to {instance_id} was accepted")
 
     @rule(at=INDEX, go=PAYLOADS, b=PAYLOADS)
+    @recorded
     def signal_go_then_b(self, at: int, go: int, b: int) -> None:
         """Race a signal for the step key "b" against the run that "go" starts."""
         instance_id = self.pick(at, self.waiting())
@@ -252,6 +281,7 @@ class StoreMachine(RuleBasedStateMachine):
             m.b_signal = True
 
     @rule(at=INDEX, go=PAYLOADS)
+    @recorded
     def signal_go_then_cancel(self, at: int, go: int) -> None:
         """Cancel a run that a signal just started: at most the step in flight runs on."""
         instance_id = self.pick(at, self.waiting())
@@ -268,6 +298,7 @@ class StoreMachine(RuleBasedStateMachine):
             m.cancelled, m.cancel_mark = True, len(read_log(str(self.log)))
 
     @rule(at=INDEX)
+    @recorded
     def cancel(self, at: int) -> None:
         instance_id = self.pick(at, list(self.models))
         if instance_id is None:
@@ -283,6 +314,7 @@ class StoreMachine(RuleBasedStateMachine):
             m.cancelled, m.cancel_mark = True, len(read_log(str(self.log)))
 
     @rule(at=INDEX)
+    @recorded
     def resume(self, at: int) -> None:
         instance_id = self.pick(at, list(self.models))
         if instance_id is None:
@@ -296,6 +328,7 @@ class StoreMachine(RuleBasedStateMachine):
             assert not m.cancelled, f"resume of cancelled {instance_id} worked"
 
     @rule(at=INDEX, race=st.sampled_from(["none", "go", "zz", "resume"]), payload=PAYLOADS)
+    @recorded
     def restart(self, at: int, race: str, payload: int) -> None:
         """Stop and close the engine (just after a signal or resume starts a run) and open
         a new one."""
@@ -322,6 +355,7 @@ class StoreMachine(RuleBasedStateMachine):
         keep_engine=st.booleans(),
         reap_late=st.booleans(),
     )
+    @recorded
     def kill_a_child(
         self,
         at: int,
@@ -395,7 +429,8 @@ class StoreMachine(RuleBasedStateMachine):
         assert proc.stdout is not None
         out += proc.stdout.read().splitlines()
         proc.stdout.close()
-        assert not [line for line in out if line.startswith("err")], out
+        cancelled_here = [f"err resume:{i} InstanceFinished" for i in signalled if cancel]
+        assert not [x for x in out if x.startswith("err") and x not in cancelled_here], out
         acked = {line[3:] for line in out if line.startswith("ok ")}
         # What the child did without saying so before it died is read from the store.
         for instance_id, n in fresh.items():
@@ -443,6 +478,7 @@ class StoreMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------------ checks
 
     @invariant()
+    @recorded
     def check(self) -> None:
         self.settle()
         rows = read_log(str(self.log))
@@ -521,6 +557,8 @@ class StoreMachine(RuleBasedStateMachine):
             engine.stop()
             engine.close()
         shutil.rmtree(self.dir, ignore_errors=True)
+        if self.failure is not None:
+            raise self.failure
         leaked = [t.name for t in threading.enumerate() if t.name.startswith("memable")]
         assert not leaked, f"memable threads outlived their engines: {leaked}"
 
