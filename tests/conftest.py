@@ -53,7 +53,7 @@ def engine(make_engine: Callable[..., Engine]) -> Engine:
 _STATEFUL_HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large]
 settings.register_profile(
     "default",
-    max_examples=20,
+    max_examples=15,
     stateful_step_count=15,
     deadline=None,
     suppress_health_check=_STATEFUL_HEALTH,
