@@ -144,7 +144,10 @@ def test_a_failed_batch_tells_each_writer_what_of_its_own_failed(tmp_path: Path)
     failed = {x: e for x, e in outcomes.items() if isinstance(e, StorageError)}
     assert len(failed) == 2
     for x, error in failed.items():
-        assert str(error).startswith(f"cannot store {x} in t.db: the transaction was interrupted")
+        assert str(error).startswith(
+            f"cannot store {x} in t.db: the transaction was interrupted "
+            "(KeyboardInterrupt) and rolled back"
+        )
         assert (error.workflow, error.instance_id, error.key) == (f"wf-{x}", f"id-{x}", f"key-{x}")
         assert isinstance(error.__cause__, KeyboardInterrupt)
     assert _rows(tmp_path) == ["a"]
@@ -160,3 +163,66 @@ def test_a_timer_armed_while_the_thread_sleeps_to_the_next_poll_wakes_it(tmp_pat
     with engine:
         assert engine.invoke("wf").result(timeout=10) == "fired"
     engine.close()
+
+
+def test_a_writer_that_refuses_in_a_batch_undoes_only_its_own_statements(tmp_path: Path) -> None:
+    """c inserts, then refuses, in one batch with b and d: c gets its error, b and d commit."""
+    commits, proxy = _commits(tmp_path)
+    outcomes: dict[str, BaseException | None] = {}
+
+    def write(x: str, before: Callable[[], None]) -> None:
+        def body(c: sqlite3.Connection) -> None:
+            _insert(x, before)(c)
+            if x == "c":
+                raise EngineError("c refuses")
+
+        try:
+            commits.write("insert", None, None, None, body)
+            outcomes[x] = None
+        except BaseException as exc:
+            outcomes[x] = exc
+
+    _queue_three_behind_one(commits, write)
+    assert isinstance(outcomes.pop("c"), EngineError)
+    assert outcomes == {"a": None, "b": None, "d": None}
+    assert _rows(tmp_path) == ["a", "b", "d"]
+    assert proxy.statements.count("ROLLBACK TO write") == 1
+
+
+def test_a_storage_error_in_a_write_names_the_sqlite_error(tmp_path: Path) -> None:
+    """A sqlite3 error in a body fails the write with a StorageError that quotes it."""
+    commits, proxy = _commits(tmp_path)
+
+    def broken(c: sqlite3.Connection) -> None:
+        c.execute("INSERT INTO missing VALUES (1)")
+
+    with pytest.raises(StorageError, match=r"^cannot insert in t\.db \(no such table: missing\)"):
+        commits.write("insert", None, None, None, broken)
+    assert proxy.statements[-1] == "ROLLBACK"
+    assert not proxy.in_transaction
+
+
+def test_the_timer_thread_is_a_daemon_named_for_memable(tmp_path: Path) -> None:
+    """One daemon thread named memable-timers per started engine (a forgotten stop never hangs)."""
+    engine = Engine.open(tmp_path / "db")
+    with engine:
+        timers = [t for t in threading.enumerate() if t.name == "memable-timers"]
+        assert len(timers) == 1
+        assert timers[0].daemon
+    engine.close()
+    assert not timers[0].is_alive()
+
+
+def test_an_engine_whose_start_failed_stops_and_closes_cleanly(tmp_path: Path) -> None:
+    """Registering as an owner fails: start raises it, and stop and close still work."""
+    engine = Engine.open(tmp_path / "db")
+
+    def register_owner(lease: float, now: float) -> None:
+        raise StorageError("cannot register the engine (forced)")
+
+    engine._store.register_owner = register_owner  # type: ignore[method-assign]
+    with pytest.raises(StorageError, match="forced"):
+        engine.start()
+    engine.stop()
+    engine.close()
+    assert not [t for t in threading.enumerate() if t.name == "memable-timers"]
