@@ -8,15 +8,21 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from contextlib import closing
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from memable import Engine, EngineError, StorageError
+from memable._background import BackgroundThread
+from memable._clock import Clock
+from memable._control import LostInstance
 from memable._group_commit import GroupCommit
+from memable._store import InstanceRow, StepWrite
 
 
 class _Recording:
@@ -226,3 +232,161 @@ def test_an_engine_whose_start_failed_stops_and_closes_cleanly(tmp_path: Path) -
     engine.stop()
     engine.close()
     assert not [t for t in threading.enumerate() if t.name == "memable-timers"]
+
+
+# ---------------------------------------------------------------------- the timer thread's loop
+
+
+def _ticking(
+    poll_interval: float, answer: Callable[[int], float | None], clock: Clock | None = None
+) -> tuple[BackgroundThread, list[bool], threading.Condition]:
+    """A timer thread whose tick records its ``poll`` flags and answers ``answer(n)``."""
+    polls: list[bool] = []
+    ticked = threading.Condition()
+
+    def tick(poll: bool) -> float | None:
+        with ticked:
+            polls.append(poll)
+            ticked.notify_all()
+            return answer(len(polls))
+
+    thread = BackgroundThread(tick, poll_interval, clock or Clock())
+    return thread, polls, ticked
+
+
+def _wait_ticks(polls: list[bool], ticked: threading.Condition, n: int, timeout: float) -> bool:
+    with ticked:
+        return ticked.wait_for(lambda: len(polls) >= n, timeout)
+
+
+def test_the_timer_thread_polls_once_per_interval_and_ticks_again_when_armed() -> None:
+    """A first look polls; a timer armed later gets a look without a poll (next poll: 60 s)."""
+    thread, polls, ticked = _ticking(60, lambda n: None)
+    thread.start()
+    assert _wait_ticks(polls, ticked, 1, 10)
+    thread.armed()
+    assert _wait_ticks(polls, ticked, 2, 10)
+    thread.stop()
+    assert polls == [True, False]
+
+
+def test_the_timer_thread_looks_again_at_once_when_a_deadline_is_due() -> None:
+    """Ticks that answer "due now" get the next look at once: five in well under a second each."""
+    thread, polls, ticked = _ticking(60, lambda n: 0.0)
+    start = time.monotonic()
+    thread.start()
+    assert _wait_ticks(polls, ticked, 5, 10)
+    thread.stop()
+    assert time.monotonic() - start < 2.5
+
+
+def test_the_timer_thread_polls_every_interval_even_below_a_second() -> None:
+    """With a 10 ms poll interval, five polls take far less than five seconds."""
+    thread, polls, ticked = _ticking(0.01, lambda n: None)
+    start = time.monotonic()
+    thread.start()
+    assert _wait_ticks(polls, ticked, 5, 10)
+    thread.stop()
+    assert time.monotonic() - start < 2.5
+    assert polls[:5] == [True] * 5
+
+
+def test_a_timer_thread_stopped_before_its_first_look_never_ticks() -> None:
+    """stop() lands while the thread starts up: it ends without a single tick."""
+    started, go = threading.Event(), threading.Event()
+
+    def monotonic() -> float:
+        if not started.is_set():
+            started.set()
+            assert go.wait(10)
+        return time.monotonic()
+
+    thread, polls, _ = _ticking(60, lambda n: None, Clock(monotonic=monotonic))
+    thread.start()
+    assert started.wait(10)
+    stopper = threading.Thread(target=thread.stop)
+    stopper.start()
+    with thread._cond:
+        assert thread._cond.wait_for(lambda: thread._stopping, 10)
+    go.set()
+    stopper.join(10)
+    assert not thread.is_alive()
+    assert polls == []
+
+
+# ---------------------------------------------------------------------- step writes and fencing
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat()
+
+
+@pytest.fixture
+def two_engines(tmp_path: Path) -> Iterator[tuple[Engine, Engine]]:
+    """Two engines on one file, not started (neither has an owner row, so either may claim)."""
+    a, b = Engine.open(tmp_path / "db"), Engine.open(tmp_path / "db")
+    yield a, b
+    a.close()
+    b.close()
+
+
+def _instance(engine: Engine, instance_id: str) -> None:
+    now = _now()
+    assert engine._store.create_instance(InstanceRow(
+        workflow="wf", instance_id=instance_id, status="running", message=None,
+        input="null", input_type=None, output=None, output_type=None,
+        created_at=now, updated_at=now, completed_at=None,
+    ))
+
+
+def _step(key: str, result: str, kind: str = "step") -> StepWrite:
+    return StepWrite(
+        workflow="wf", instance_id="i", key=key, seq=0, kind=kind,  # type: ignore[arg-type]
+        state="completed", result=result, result_type=None, status=None, error=None,
+        at=_now(), started=_now(),
+    )
+
+
+def test_a_step_write_of_an_engine_that_lost_its_instance_is_refused(
+    two_engines: tuple[Engine, Engine],
+) -> None:
+    """B claims the instance A created: A's step write raises LostInstance and stores nothing."""
+    a, b = two_engines
+    _instance(a, "i")
+    a._store.save_step(_step("first", "1"))
+    assert b._store.begin_run("wf", "i", now=_now(), claim="resume") is not None
+    with pytest.raises(LostInstance):
+        a._store.save_step(_step("second", "2"))
+    assert a._store.read_step("wf", "i", "second") is None
+    b._store.save_step(_step("second", "3"))
+    stored = b._store.read_step("wf", "i", "second")
+    assert stored is not None
+    assert stored.result == "3"
+
+
+def test_a_step_write_to_a_key_stored_as_another_kind_is_refused(
+    two_engines: tuple[Engine, Engine],
+) -> None:
+    """The owner writes a step where a signal is stored: InvalidKey names both kinds."""
+    a, _ = two_engines
+    _instance(a, "i")
+    a._store.save_step(_step("k", "1", kind="signal"))
+    with pytest.raises(EngineError, match="signal") as info:
+        a._store.save_step(_step("k", "2"))
+    assert type(info.value).__name__ == "InvalidKey"
+    stored = a._store.read_step("wf", "i", "k")
+    assert stored is not None
+    assert (stored.kind, stored.result) == ("signal", "1")
+
+
+def test_a_step_write_to_a_key_completed_meanwhile_leaves_it(
+    two_engines: tuple[Engine, Engine],
+) -> None:
+    """The owner writes a key completed as the same kind: no error, the first row stands."""
+    a, _ = two_engines
+    _instance(a, "i")
+    a._store.save_step(_step("k", "1"))
+    a._store.save_step(_step("k", "2"))
+    stored = a._store.read_step("wf", "i", "k")
+    assert stored is not None
+    assert stored.result == "1"
