@@ -355,8 +355,9 @@ def test_a_step_write_of_an_engine_that_lost_its_instance_is_refused(
     _instance(a, "i")
     a._store.save_step(_step("first", "1"))
     assert b._store.begin_run("wf", "i", now=_now(), claim="resume") is not None
-    with pytest.raises(LostInstance):
+    with pytest.raises(LostInstance) as lost:
         a._store.save_step(_step("second", "2"))
+    assert lost.value.args == ("wf", "i")
     assert a._store.read_step("wf", "i", "second") is None
     b._store.save_step(_step("second", "3"))
     stored = b._store.read_step("wf", "i", "second")
@@ -371,9 +372,13 @@ def test_a_step_write_to_a_key_stored_as_another_kind_is_refused(
     a, _ = two_engines
     _instance(a, "i")
     a._store.save_step(_step("k", "1", kind="signal"))
-    with pytest.raises(EngineError, match="signal") as info:
+    with pytest.raises(EngineError) as info:
         a._store.save_step(_step("k", "2"))
     assert type(info.value).__name__ == "InvalidKey"
+    assert str(info.value) == (
+        "invalid key 'k' (it holds a signal, and the workflow uses it as a step): "
+        "workflow 'wf', instance 'i'"
+    )
     stored = a._store.read_step("wf", "i", "k")
     assert stored is not None
     assert (stored.kind, stored.result) == ("signal", "1")
