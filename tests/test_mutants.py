@@ -162,11 +162,22 @@ def test_a_failed_batch_tells_each_writer_what_of_its_own_failed(tmp_path: Path)
 def test_a_timer_armed_while_the_thread_sleeps_to_the_next_poll_wakes_it(tmp_path: Path) -> None:
     """A 0.2 s timer fires long before the thread's next look (60 s poll, 200 s heartbeat).
 
-    Arming the timer wakes the sleeping timer thread to look at the deadlines.
+    The run starts only once the thread made its first look and went to
+    sleep: arming the timer must wake it to look at the deadlines again.
     """
     engine = Engine.open(tmp_path / "db", poll_interval=60, lease=600)
     engine.register("wf", lambda ctx: ctx.timer("soon:v1", 0.2) or "fired")
+    looked = threading.Event()
+    real = engine._runner._tick
+
+    def tick(poll: bool) -> float | None:
+        until = real(poll)
+        looked.set()
+        return until
+
+    engine._runner._tick = tick  # type: ignore[method-assign]
     with engine:
+        assert looked.wait(10)
         assert engine.invoke("wf").result(timeout=10) == "fired"
     engine.close()
 
@@ -395,3 +406,48 @@ def test_a_step_write_to_a_key_completed_meanwhile_leaves_it(
     stored = a._store.read_step("wf", "i", "k")
     assert stored is not None
     assert stored.result == "1"
+
+
+def test_a_run_check_by_an_engine_that_lost_its_instance_raises_lost_instance(
+    two_engines: tuple[Engine, Engine],
+) -> None:
+    """check_run: the owner sees the status; a former owner, or a missing instance, is lost."""
+    a, b = two_engines
+    _instance(a, "i")
+    assert a._store.check_run("wf", "i") == "running"
+    assert b._store.begin_run("wf", "i", now=_now(), claim="resume") is not None
+    assert b._store.check_run("wf", "i") == "running"
+    for store, instance_id in [(a._store, "i"), (b._store, "missing")]:
+        with pytest.raises(LostInstance) as lost:
+            store.check_run("wf", instance_id)
+        assert lost.value.args == ("wf", instance_id)
+
+
+def test_a_fired_timer_records_when_it_completed(tmp_path: Path) -> None:
+    """The timer thread fires a due timer: its step row is completed with a completion time."""
+    engine = Engine.open(tmp_path / "db", poll_interval=0.05)
+    engine.register("wf", lambda ctx: ctx.timer("t:v1", 0.1) or "fired")
+    with engine:
+        inv = engine.invoke("wf")
+        assert inv.result(timeout=10) == "fired"
+    engine.close()
+    with closing(sqlite3.connect(tmp_path / "db")) as reader:
+        sql = "SELECT state, completed_at FROM steps WHERE key = 't:v1'"
+        rows = reader.execute(sql).fetchall()
+    [(state, completed_at)] = rows
+    assert state == "completed"
+    assert completed_at is not None
+
+
+def test_stop_leaves_an_engine_stopped_for_good() -> None:
+    """stop() on a new engine or a started one: it says stopped, and it cannot start (again)."""
+    for start_first in (False, True):
+        engine = Engine.in_memory()
+        if start_first:
+            engine.start()
+        engine.stop()
+        assert repr(engine).startswith("<Engine stopped ")
+        with pytest.raises(EngineError):
+            engine.start()
+        engine.close()
+        assert repr(engine).startswith("<Engine closed ")
