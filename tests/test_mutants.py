@@ -451,3 +451,72 @@ def test_stop_leaves_an_engine_stopped_for_good() -> None:
             engine.start()
         engine.close()
         assert repr(engine).startswith("<Engine closed ")
+
+
+def _owner_row(path: Path, owner: str) -> tuple[Any, ...] | None:
+    with closing(sqlite3.connect(path)) as reader:
+        return reader.execute(  # type: ignore[no-any-return]
+            "SELECT heartbeat, lease, started_at FROM owners WHERE id = ?", (owner,)
+        ).fetchone()
+
+
+def test_a_heartbeat_renews_the_lease_and_brings_back_a_reaped_owner(tmp_path: Path) -> None:
+    """heartbeat moves only the heartbeat; an owner row reaped meanwhile is registered again."""
+    db = tmp_path / "db"
+    engine = Engine.open(db)
+    store = engine._store
+    store.register_owner(30.0, 1000.0)
+    first = _owner_row(db, store.owner)
+    assert first is not None
+    store.heartbeat(1010.0)
+    assert _owner_row(db, store.owner) == (1010.0, 30.0, first[2])
+    with closing(sqlite3.connect(db)) as writer, writer:
+        writer.execute("DELETE FROM owners WHERE id = ?", (store.owner,))
+    store.heartbeat(5000.0)
+    again = _owner_row(db, store.owner)
+    assert again is not None
+    assert again[:2] == (5000.0, 30.0)
+    assert again[2] != first[2]
+    engine.close()
+
+
+def test_a_step_with_a_timeout_gets_its_arguments_and_fails_with_its_own_error(
+    tmp_path: Path,
+) -> None:
+    """fn(*args, **kwargs) on the timeout thread: the arguments arrive, its error is the step's."""
+    engine = Engine.open(tmp_path / "db")
+
+    def add(a: int, b: int = 0) -> int:
+        return a + b
+
+    def boom() -> None:
+        raise ValueError("boom")
+
+    def wf(ctx: Any) -> int:
+        total: int = ctx.step("add").timeout(10).run(add, 1, b=2)
+        ctx.step("boom").timeout(10).run(boom)
+        return total
+
+    engine.register("wf", wf)
+    with engine:
+        inv = engine.invoke("wf")
+        state = inv.wait(timeout=10)
+        [add_row, boom_row] = engine.steps("wf", inv.instance_id)
+    engine.close()
+    assert add_row.result == 3
+    assert "ValueError" in str(state)
+    assert "boom" in str(state)
+    assert boom_row.error is not None
+    assert "boom" in boom_row.error
+
+
+def test_a_stored_step_keeps_when_its_execution_started(tmp_path: Path) -> None:
+    """A completed step's row holds the time its execution began."""
+    engine = Engine.open(tmp_path / "db")
+    engine.register("wf", lambda ctx: ctx.step("s").run(lambda: 1))
+    with engine:
+        assert engine.invoke("wf").result(timeout=10) == 1
+    engine.close()
+    with closing(sqlite3.connect(tmp_path / "db")) as reader:
+        [(started_at,)] = reader.execute("SELECT started_at FROM steps").fetchall()
+    assert started_at is not None
