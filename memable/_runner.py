@@ -81,6 +81,7 @@ class Runner:
             weakref.WeakValueDictionary()
         )
         self._firing = 0  # timer firings and wakes under way outside _lock
+        self._turnover = 0  # runs registered or ended so far (see _look_around)
         self._executor: ThreadPoolExecutor | None = None
         self._background: BackgroundThread | None = None
         self._next_heartbeat = 0.0  # wall clock; the background thread's alone
@@ -266,6 +267,7 @@ class Runner:
         watch = self._watch(workflow.name, instance_id)
         run = Run(workflow, instance_id, watch, fresh_input, snapshot, claim=claim)
         self._active[(workflow.name, instance_id)] = run
+        self._turnover += 1
         watch.begin()
         return run
 
@@ -347,6 +349,8 @@ class Runner:
         return found
 
     def _look_around(self, now: float) -> None:
+        with self._lock:
+            turnover = self._turnover
         look = self.store.look_around(sorted(self.workflows), now)
         for name, instance_id in look.ready:
             self.wake(name, instance_id)
@@ -357,10 +361,12 @@ class Runner:
         for name, instance_id in look.cancelled:
             self.cancelled(name, instance_id)
         # Instances this engine owns but no longer runs (a run whose end could
-        # not be recorded): run them again. Read after the store, so a run that
-        # registered before the look is seen; one that ended since is refused
-        # by the claim.
+        # not be recorded): run them again. Only when no run here began or
+        # ended while the store was read: else "owned, and not active now" may
+        # be a run that ended meanwhile, and the next poll looks again.
         with self._lock:
+            if self._turnover != turnover:
+                return
             lost = [key for key in look.mine if key not in self._active]
         for name, instance_id in lost:
             if name in self.workflows:
@@ -394,6 +400,7 @@ class Runner:
         release = False
         with self._lock:
             del self._active[(run.workflow.name, run.instance_id)]
+            self._turnover += 1
             follow: Run | None = None
             if run.go_on is not None:
                 if self.phase == "started":
@@ -404,7 +411,10 @@ class Runner:
                     follow.cancel_requested = run.cancel_requested
                 else:
                     release = True
-            elif run.rerun and isinstance(state, Suspended) and self.phase == "started":
+            elif (
+                run.rerun and (state is None or isinstance(state, Suspended))
+                and self.phase == "started"
+            ):
                 # A signal or timer arrived while it ran: go on right away.
                 self._submit(run.workflow, run.instance_id, None, "wake")
         if release:
@@ -448,7 +458,10 @@ class Runner:
                 row = self.store.get_instance(name, instance_id)
                 if row is None:
                     return Failed(str(InstanceNotFound(name, instance_id)))
-                return None if row.status == "running" else state_of(row)
+                # Not claimed: nothing ran here, and nothing of this run to report.
+                if row.status == "running" or run.claim != "resume":
+                    return None
+                return state_of(row)
             if run.claim == "recover":
                 log.warning(
                     "recovering the instance: its owner died", extra=where(name, instance_id)

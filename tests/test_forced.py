@@ -258,3 +258,42 @@ def test_timers_and_leases_read_the_clock_the_engine_is_given() -> None:
         assert engine.fire_due_timers() == 1
         assert inv.result(timeout=10) == "woke"
     engine.close()
+
+
+def test_a_run_that_ends_while_the_poll_reads_the_store_is_not_taken_for_lost(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The poll sees the instance owned and running; the run ends before it checks: no re-run.
+
+    Without the guard, the poll took the ended run for one whose end was not
+    recorded and started a spurious recovery run that watchers saw.
+    """
+    engine = Engine.open(tmp_path / "db", poll_interval=60, lease=600)
+    inside, release = threading.Event(), threading.Event()
+
+    def wf(ctx: Context) -> str:
+        ctx.step("a").run(lambda: inside.set() or release.wait(10))
+        return str(ctx.suspend("gate"))
+
+    engine.register("wf", wf)
+    runner = engine._runner
+    real = engine._store.look_around
+    invocation: list[Any] = []
+
+    def look_then_let_the_run_end(*args: Any) -> Any:
+        look = real(*args)
+        assert ("wf", "x") in look.mine
+        release.set()
+        assert str(invocation[0].wait(timeout=10)) == "suspended: gate"
+        return look
+
+    with engine:
+        invocation.append(engine.invoke("wf", instance_id="x"))
+        assert inside.wait(10)
+        engine._store.look_around = look_then_let_the_run_end  # type: ignore[method-assign]
+        runner._look_around(0.0)
+        engine._store.look_around = real  # type: ignore[method-assign]
+        assert runner._active == {}
+        assert "did not record its end" not in caplog.text
+        assert engine.signal("wf", "x", "gate", 5).result(timeout=10) == "5"
+    engine.close()
