@@ -83,6 +83,7 @@ class Context:
         publish: Callable[[WorkflowState], None],
         run: RunControl | None = None,
         options: Options | None = None,
+        flight_lock: threading.Lock | None = None,
     ) -> None:
         options = options or Options()
         self._workflow = workflow
@@ -100,6 +101,9 @@ class Context:
         # (for signals, and what an operator sees).
         self._in_flight: str | None = None
         self._in_flight_since = ""
+        # Held while _in_flight is set: Engine.signal holds it (the runner's
+        # lock) from its look at _in_flight until the signal is stored.
+        self._flight_lock = flight_lock or threading.Lock()
         # Attempts that timed out and may still run, by key: the next attempt
         # waits for them (never two attempts of one step at once).
         self._abandoned: dict[str, concurrent.futures.Future[Any]] = {}
@@ -315,9 +319,14 @@ class Context:
         attempt = int(stored.result or 0) if stored is not None and waited else 0
         while True:
             attempt += 1
-            self._before_attempt(key, step.timeout_seconds)
             started = utcnow().isoformat()
-            self._in_flight, self._in_flight_since = key, started
+            with self._flight_lock:  # against a signal to the key (Engine.signal)
+                self._in_flight, self._in_flight_since = key, started
+            try:
+                self._before_attempt(key, step.timeout_seconds)
+            except BaseException:
+                self._in_flight = None
+                raise
             try:
                 if step.timeout_seconds is None:
                     result = fn(*args, **kwargs)
@@ -354,7 +363,7 @@ class Context:
         for it, up to the step's timeout again, and past that the step fails
         without another attempt.
         """
-        self._boundary(read=True)
+        self._boundary(read=key)
         previous = self._abandoned.pop(key, None)
         if previous is None or timeout is None:
             return
@@ -407,17 +416,24 @@ class Context:
             self._refuse_kind(key, stored.kind, kind)
         return stored
 
-    def _boundary(self, *, read: bool = False) -> None:
+    def _boundary(self, *, read: str | None = None) -> None:
         """Between steps: stop here if the instance was cancelled (or taken over).
 
-        With ``read``, before anything executes, ask the store too: a cancel
-        from another process is not known here until the next poll.
+        With ``read`` (the key of a step about to execute, already marked in
+        flight), ask the store too: a cancel from another process is not known
+        here until the next poll, and a signal may have taken the key since
+        the run read its steps.
         """
         if self._run.cancel_requested:
             raise RunCancelled()
-        if read and self._store.check_run(self._workflow, self._instance_id) == "cancelled":
+        if read is None:
+            return
+        status, kind = self._store.check_run(self._workflow, self._instance_id, read)
+        if status == "cancelled":
             self._run.cancel_requested = True
             raise RunCancelled()
+        if kind is not None and kind != "step":
+            self._refuse_kind(read, kind, "step")
 
     def _replayed(self, key: str, stored: StoredStep, hint: Any) -> Any:
         if stored.status is not None:

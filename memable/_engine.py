@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 from ._admin import cancel_instance, purge_finished, store_signal
 from ._builder import EngineBuilder
-from ._errors import InstanceFinished, SignalRejected
+from ._errors import InstanceFinished, InstanceNotFound
 from ._invocation import Invocation
 from ._log import log, where
 from ._options import Options, Synchronous
@@ -18,7 +18,7 @@ from ._records import StepRecord, WorkflowMetadata
 from ._retry import Retry
 from ._run import new_instance_id
 from ._runner import Runner
-from ._serde import store_form
+from ._serde import decode_for, store_form
 from ._store import InstanceRow, Store, metadata_of, utcnow
 from ._validate import check_key
 from ._workflow import Workflow
@@ -302,7 +302,7 @@ class Engine:
         if not self._store.create_instance(row):
             return self.invocation(name, instance_id)
         log.debug("invoked", extra=where(name, instance_id))
-        return Invocation(self._runner, self._runner.start_run(workflow, instance_id, (value,)))
+        return Invocation(self, self._runner.start_run(workflow, instance_id, (value,)))
 
     def resume(self, name: str, instance_id: str) -> Invocation:
         """Run an instance again: stored steps return their results, the rest execute.
@@ -331,11 +331,11 @@ class Engine:
         """
         workflow = self._runner.workflow(name)
         self._runner.require_accepting(name)
-        row = self._runner._stored_row(name, instance_id)
+        row = self._stored_row(name, instance_id)
         if row.status == "cancelled":
             raise InstanceFinished(name, instance_id, "it is cancelled")
         watch = self._runner.start_run(workflow, instance_id, None, claim="resume")
-        return Invocation(self._runner, watch)
+        return Invocation(self, watch)
 
     def signal(self, name: str, instance_id: str, key: str, payload: Any) -> Invocation:
         """Store ``payload`` as the value of the suspend point ``key`` and run the instance.
@@ -366,13 +366,12 @@ class Engine:
         InstanceFinished
         """
         self._runner.require_accepting(name)
-        if self._runner.in_flight(name, instance_id) == key:
-            raise SignalRejected(name, instance_id, key, "the key is a step in flight")
-        store_signal(self._store, name, instance_id, key, payload)
+        with self._runner.signalling(name, instance_id, key):
+            store_signal(self._store, name, instance_id, key, payload)
         log.info("signal stored", extra=where(name, instance_id, key))
         watch = self._runner.watch(name, instance_id)
         self._runner.wake(name, instance_id)
-        return Invocation(self._runner, watch)
+        return Invocation(self, watch)
 
     def fire_due_timers(self) -> int:
         """Fire every timer due now (wall clock) and start the runs they resume.
@@ -462,8 +461,8 @@ class Engine:
         5
         """
         self._runner.check_fork()
-        self._runner._stored_row(name, instance_id)
-        return Invocation(self._runner, self._runner.watch(name, instance_id))
+        self._stored_row(name, instance_id)
+        return Invocation(self, self._runner.watch(name, instance_id))
 
     # ------------------------------------------------------------------ reading
 
@@ -512,5 +511,28 @@ class Engine:
         [('a', 1), ('b', 2)]
         """
         self._runner.check_fork()
-        self._runner._stored_row(name, instance_id)
+        self._stored_row(name, instance_id)
         return self._store.list_steps(name, instance_id)
+
+    # ------------------------------------------------------------------ Invocation host
+
+    def _stored_row(self, workflow: str, instance_id: str) -> InstanceRow:
+        """The instance's row; raise InstanceNotFound if there is none."""
+        self._runner.check_fork()
+        row = self._store.get_instance(workflow, instance_id)
+        if row is None:
+            raise InstanceNotFound(workflow, instance_id)
+        return row
+
+    def _decode_output(self, row: InstanceRow) -> Any:
+        """The stored output of a Completed instance, rebuilt as its workflow returns it."""
+        registered = self._runner.workflows.get(row.workflow)
+        hint = registered.output_hint if registered is not None else None
+        return decode_for(
+            row.workflow, row.instance_id, "output", row.output or "null", row.output_type, hint
+        )
+
+    @property
+    def _poll_interval(self) -> float:
+        return self._runner.poll_interval
+

@@ -11,7 +11,9 @@ from __future__ import annotations
 import os
 import threading
 import weakref
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any, Literal
 
 import attrs
@@ -26,6 +28,7 @@ from ._errors import (
     InvalidKey,
     NotStarted,
     SerializationError,
+    SignalRejected,
     WorkflowNotFound,
 )
 from ._invocation import Watch, state_of
@@ -35,7 +38,7 @@ from ._records import StatusName
 from ._run import Run
 from ._serde import decode_for, store_form
 from ._states import Cancelled, Completed, Failed, Suspended, WorkflowState
-from ._store import Claim, InstanceRow, RunSnapshot, StepWrite, Store, utcnow
+from ._store import Claim, RunSnapshot, StepWrite, Store, utcnow
 from ._workflow import Workflow
 
 Phase = Literal["new", "started", "stopped", "closed"]
@@ -214,12 +217,20 @@ class Runner:
             self._watches[key] = watch
         return watch
 
-    def in_flight(self, workflow: str, instance_id: str) -> str | None:
-        """The key of the step this engine is executing for the instance, if any."""
+    @contextmanager
+    def signalling(self, workflow: str, instance_id: str, key: str) -> Iterator[None]:
+        """Hold off steps starting while a signal to ``key`` is stored here.
+
+        Raise SignalRejected if a run here is executing ``key``. A run marks
+        its key in flight under this same lock before it reads the store, so
+        it either is seen here, or sees the signal's row and refuses the key.
+        """
         with self._lock:
             run = self._active.get((workflow, instance_id))
             ctx = None if run is None else run.ctx
-        return None if ctx is None else ctx._in_flight
+            if ctx is not None and ctx._in_flight == key:
+                raise SignalRejected(workflow, instance_id, key, "the key is a step in flight")
+            yield
 
     def start_run(
         self,
@@ -477,6 +488,7 @@ class Runner:
         ctx = Context(
             workflow=name, instance_id=instance_id, input=input_value, store=self.store,
             memo=memo, publish=run.watch.publish, run=run, options=self.options,
+            flight_lock=self._lock,
         )
         run.ctx = ctx
         log.info("running", extra=where(name, instance_id))
@@ -581,26 +593,3 @@ class Runner:
             run, Failed(message), status="failed", message=message,
             traceback=None if exc is None else traceback_of(exc),
         )
-
-    # ------------------------------------------------------------------ Invocation host
-
-    def _stored_row(self, workflow: str, instance_id: str) -> InstanceRow:
-        """The instance's row; raise InstanceNotFound if there is none."""
-        self.check_fork()
-        row = self.store.get_instance(workflow, instance_id)
-        if row is None:
-            raise InstanceNotFound(workflow, instance_id)
-        return row
-
-    def _decode_output(self, row: InstanceRow) -> Any:
-        """The stored output of a Completed instance, rebuilt as its workflow returns it."""
-        registered = self.workflows.get(row.workflow)
-        hint = registered.output_hint if registered is not None else None
-        return decode_for(
-            row.workflow, row.instance_id, "output", row.output or "null", row.output_type, hint
-        )
-
-    @property
-    def _poll_interval(self) -> float:
-        return self.poll_interval
-

@@ -46,7 +46,7 @@ from ._errors import (
 )
 from ._group_commit import GroupCommit
 from ._options import Synchronous
-from ._records import StatusName, StepRecord
+from ._records import StatusName, StepKind, StepRecord
 from ._schema import open_store
 from ._store import (
     Claim,
@@ -190,15 +190,19 @@ class SQLiteStore:
             raise key_taken(write.workflow, write.instance_id, write.key, step.kind, write.kind)
         # Else the key completed meanwhile (a timer fired): that row stands.
 
-    def check_run(self, workflow: str, instance_id: str) -> StatusName:
-        with self._using("check the run", workflow, instance_id) as conn:
+    def check_run(
+        self, workflow: str, instance_id: str, key: str
+    ) -> tuple[StatusName, StepKind | None]:
+        with self._using("check the run", workflow, instance_id, key) as conn:
             row = conn.execute(
-                "SELECT status, owner FROM instances WHERE workflow = ? AND instance_id = ?",
-                (workflow, instance_id),
+                "SELECT status, owner, (SELECT kind FROM steps WHERE steps.workflow = "
+                "instances.workflow AND steps.instance_id = instances.instance_id "
+                "AND steps.key = ?) FROM instances WHERE workflow = ? AND instance_id = ?",
+                (key, workflow, instance_id),
             ).fetchone()
         if row is None or row[1] != self.owner:
             raise LostInstance(workflow, instance_id)
-        return row[0]  # type: ignore[no-any-return]
+        return row[0], row[2]
 
     def set_status(self, workflow: str, instance_id: str, message: str) -> None:
         def store(conn: sqlite3.Connection) -> None:

@@ -171,8 +171,13 @@ class Store(Protocol):
         its step until the next one (readers compare it with the step's row).
         """
 
-    def check_run(self, workflow: str, instance_id: str) -> StatusName:
-        """The instance's status, read before a step starts; ``LostInstance`` if not owned."""
+    def check_run(
+        self, workflow: str, instance_id: str, key: str
+    ) -> tuple[StatusName, StepKind | None]:
+        """Read, before step ``key`` executes, the instance's status and the key's stored kind.
+
+        In one statement. ``LostInstance`` if not owned.
+        """
 
     def read_step(self, workflow: str, instance_id: str, key: str) -> StoredStep | None:
         """The stored row of one key, or None."""

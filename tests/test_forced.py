@@ -297,3 +297,35 @@ def test_a_run_that_ends_while_the_poll_reads_the_store_is_not_taken_for_lost(
         assert "did not record its end" not in caplog.text
         assert engine.signal("wf", "x", "gate", 5).result(timeout=10) == "5"
     engine.close()
+
+
+def test_a_signal_to_a_step_about_to_start_is_refused_or_refuses_the_step(tmp_path: Path) -> None:
+    """A signal for step b sent just as b starts: refused, and b runs once; never both stored.
+
+    The signal is sent from inside the run's last look at the store before b
+    executes: b is already marked in flight, so the signal is refused.
+    """
+    engine = Engine.open(tmp_path / "db", poll_interval=60)
+    ran: list[str] = []
+    engine.register("wf", lambda ctx: ctx.step("b").run(lambda: ran.append("b") or "own"))
+    real = engine._store.check_run
+    outcome: list[str] = []
+
+    def signal_then_check(workflow: str, instance_id: str, key: str) -> Any:
+        def send() -> None:
+            try:
+                engine.signal(workflow, instance_id, key, "signalled")
+                outcome.append("stored")
+            except Exception as exc:
+                outcome.append(type(exc).__name__)
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        sender.join(10)
+        return real(workflow, instance_id, key)
+
+    engine._store.check_run = signal_then_check  # type: ignore[method-assign]
+    with engine:
+        assert engine.invoke("wf", instance_id="x").result(timeout=10) == "own"
+    engine.close()
+    assert (outcome, ran) == (["SignalRejected"], ["b"])

@@ -414,12 +414,12 @@ def test_a_run_check_by_an_engine_that_lost_its_instance_raises_lost_instance(
     """check_run: the owner sees the status; a former owner, or a missing instance, is lost."""
     a, b = two_engines
     _instance(a, "i")
-    assert a._store.check_run("wf", "i") == "running"
+    assert a._store.check_run("wf", "i", "k") == ("running", None)
     assert b._store.begin_run("wf", "i", now=_now(), claim="resume") is not None
-    assert b._store.check_run("wf", "i") == "running"
+    assert b._store.check_run("wf", "i", "k") == ("running", None)
     for store, instance_id in [(a._store, "i"), (b._store, "missing")]:
         with pytest.raises(LostInstance) as lost:
-            store.check_run("wf", instance_id)
+            store.check_run("wf", instance_id, "k")
         assert lost.value.args == ("wf", instance_id)
 
 
