@@ -193,13 +193,18 @@ class SQLiteStore:
     def check_run(
         self, workflow: str, instance_id: str, key: str
     ) -> tuple[StatusName, StepKind | None]:
-        with self._using("check the run", workflow, instance_id, key) as conn:
-            row = conn.execute(
-                "SELECT status, owner, (SELECT kind FROM steps WHERE steps.workflow = "
-                "instances.workflow AND steps.instance_id = instances.instance_id "
-                "AND steps.key = ?) FROM instances WHERE workflow = ? AND instance_id = ?",
-                (key, workflow, instance_id),
-            ).fetchone()
+        # Before every executed step: the lock and the statement, without the
+        # context manager of _using (a generator per call).
+        with self._lock:
+            try:
+                if self._closed:
+                    raise sqlite3.ProgrammingError("the store is closed")
+                row = self._conn.execute(sql.CHECK_RUN, (key, workflow, instance_id)).fetchone()
+            except sqlite3.Error as exc:
+                raise StorageError(
+                    f"cannot check the run in {self._where} ({exc})",
+                    workflow=workflow, instance_id=instance_id, key=key,
+                ) from exc
         if row is None or row[1] != self.owner:
             raise LostInstance(workflow, instance_id)
         return row[0], row[2]

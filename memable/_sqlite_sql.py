@@ -64,3 +64,10 @@ INSERT_INSTANCE = (
     f"INSERT OR IGNORE INTO instances ({INSTANCE_RETURNING}) "
     f"VALUES ({', '.join('?' * len(INSTANCE_COLUMNS))})"
 )
+# Before a step executes: is the run still this engine's, not cancelled, and
+# has no signal taken the step's key?
+CHECK_RUN = (
+    "SELECT status, owner, (SELECT kind FROM steps WHERE steps.workflow = instances.workflow "
+    "AND steps.instance_id = instances.instance_id AND steps.key = ?) "
+    "FROM instances WHERE workflow = ? AND instance_id = ?"
+)
