@@ -31,10 +31,12 @@ DURABLE_BACKOFF = 1.0
 
 
 class RunControl(Protocol):
-    """What a Context sees of the run it belongs to (the runner's ``_Run``)."""
+    """What a Context sees of the run it belongs to (the runner's ``Run``)."""
 
     cancel_requested: bool
     interrupt: threading.Event
+    #: Keys this engine stored signals for while the run was active.
+    signalled: set[str]
 
 
 class _NoRun:
@@ -43,6 +45,7 @@ class _NoRun:
     def __init__(self) -> None:
         self.cancel_requested = False
         self.interrupt = threading.Event()
+        self.signalled: set[str] = set()
 
 
 def traceback_of(exc: BaseException) -> str:
@@ -337,9 +340,7 @@ class Context:
                 )
             except Exception as exc:
                 self._in_flight = None
-                self._store.save_step(
-                    self._write(key, seq, "failed", error=exc, started=started)
-                )
+                self._saved(self._write(key, seq, "failed", error=exc, started=started))
                 if policy is not None and policy.should_retry(attempt, exc):
                     self._back_off(key, seq, attempt, policy.delay(attempt))
                     continue
@@ -348,9 +349,8 @@ class Context:
             finally:
                 self._in_flight = None
             try:
-                self._store.save_step(
-                    self._write(key, seq, "completed", result=(text, tag), started=started)
-                )
+                done = self._write(key, seq, "completed", result=(text, tag), started=started)
+                self._saved(done)
             except InvalidKey as exc:  # a signal took the key while the step ran
                 self._failure = (key, exc, None)
                 raise
@@ -363,7 +363,7 @@ class Context:
         for it, up to the step's timeout again, and past that the step fails
         without another attempt.
         """
-        self._boundary(read=key)
+        self._boundary(starting=key)
         previous = self._abandoned.pop(key, None)
         if previous is None or timeout is None:
             return
@@ -397,6 +397,11 @@ class Context:
             self._boundary()  # cancelled: stop here
             raise EngineStopping(waiting, deadline)
 
+    def _saved(self, write: StepWrite) -> None:
+        """Store a step outcome; a cancel stored before it stops the run at the next step."""
+        if self._store.save_step(write) == "cancelled":
+            self._run.cancel_requested = True
+
     def _refuse_kind(self, key: str, stored: str, used: str) -> None:
         exc = key_taken(self._workflow, self._instance_id, key, stored, used)
         self._failure = (key, exc, None)
@@ -416,24 +421,19 @@ class Context:
             self._refuse_kind(key, stored.kind, kind)
         return stored
 
-    def _boundary(self, *, read: str | None = None) -> None:
-        """Between steps: stop here if the instance was cancelled (or taken over).
+    def _boundary(self, *, starting: str | None = None) -> None:
+        """Between steps: stop here if the instance was cancelled.
 
-        With ``read`` (the key of a step about to execute, already marked in
-        flight), ask the store too: a cancel from another process is not known
-        here until the next poll, and a signal may have taken the key since
-        the run read its steps.
+        The flag is set by a cancel in this engine, by the poll for one from
+        elsewhere, and by the store's answer to this run's last step write
+        (which reads the status in the same statement). With ``starting`` (the
+        key of a step about to execute, already marked in flight), refuse it
+        if a signal took the key since the run read its steps.
         """
         if self._run.cancel_requested:
             raise RunCancelled()
-        if read is None:
-            return
-        status, kind = self._store.check_run(self._workflow, self._instance_id, read)
-        if status == "cancelled":
-            self._run.cancel_requested = True
-            raise RunCancelled()
-        if kind is not None and kind != "step":
-            self._refuse_kind(read, kind, "step")
+        if starting is not None and starting in self._run.signalled:
+            self._refuse_kind(starting, "signal", "step")
 
     def _replayed(self, key: str, stored: StoredStep, hint: Any) -> Any:
         if stored.status is not None:

@@ -44,6 +44,9 @@ class Run:
     cancel_requested: bool = False
     # Set when the run must stop waiting (a cancel, or the engine stopping).
     interrupt: threading.Event = attrs.Factory(threading.Event)
+    # Keys this engine stored signals for while the run was active (under
+    # Runner._lock): a step reaching one refuses it, without a read.
+    signalled: set[str] = attrs.Factory(set)
     # The run's Context while its function runs (for the key in flight).
     ctx: Context | None = None
 

@@ -222,8 +222,10 @@ class Runner:
         """Hold off steps starting while a signal to ``key`` is stored here.
 
         Raise SignalRejected if a run here is executing ``key``. A run marks
-        its key in flight under this same lock before it reads the store, so
-        it either is seen here, or sees the signal's row and refuses the key.
+        its key in flight under this same lock and then looks at the keys
+        signalled while it was active, so it either is seen here, or sees the
+        signal and refuses the key; a run that starts later reads the signal
+        with its steps.
         """
         with self._lock:
             run = self._active.get((workflow, instance_id))
@@ -231,6 +233,8 @@ class Runner:
             if ctx is not None and ctx._in_flight == key:
                 raise SignalRejected(workflow, instance_id, key, "the key is a step in flight")
             yield
+            if run is not None:
+                run.signalled.add(key)
 
     def start_run(
         self,
@@ -420,6 +424,7 @@ class Runner:
                         run.workflow, run.instance_id, None, "wake", run.go_on
                     )
                     follow.cancel_requested = run.cancel_requested
+                    follow.signalled = run.signalled
                 else:
                     release = True
             elif (

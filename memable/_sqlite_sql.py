@@ -39,6 +39,8 @@ ON CONFLICT (workflow, instance_id, key) DO UPDATE SET
     completed_at = excluded.completed_at, started_at = excluded.started_at,
     traceback = excluded.traceback
 WHERE steps.state != 'completed' AND steps.kind = excluded.kind
+RETURNING (SELECT status FROM instances
+           WHERE workflow = :workflow AND instance_id = :instance_id)
 """
 SELECT_RUN_STEPS = (
     "SELECT key, seq, kind, state, result, result_type, status, attempts "
@@ -63,11 +65,4 @@ SELECT_INSTANCE = (
 INSERT_INSTANCE = (
     f"INSERT OR IGNORE INTO instances ({INSTANCE_RETURNING}) "
     f"VALUES ({', '.join('?' * len(INSTANCE_COLUMNS))})"
-)
-# Before a step executes: is the run still this engine's, not cancelled, and
-# has no signal taken the step's key?
-CHECK_RUN = (
-    "SELECT status, owner, (SELECT kind FROM steps WHERE steps.workflow = instances.workflow "
-    "AND steps.instance_id = instances.instance_id AND steps.key = ?) "
-    "FROM instances WHERE workflow = ? AND instance_id = ?"
 )

@@ -150,14 +150,16 @@ class Store(Protocol):
         nothing written, if unknown or not claimable.
         """
 
-    def save_step(self, write: StepWrite) -> None:
-        """Store one step outcome (completed or failed).
+    def save_step(self, write: StepWrite) -> StatusName:
+        """Store one step outcome (completed or failed); return the instance's status.
 
         Atomically, only if owned (else ``LostInstance``), and only over a row
         of the same kind that is not completed: a completed row is never
         overwritten, and a key stored as another kind (an early signal)
         raises ``InvalidKey`` naming it. Allowed on a cancelled instance: the
-        step in flight at a cancel stores its outcome.
+        step in flight at a cancel stores its outcome. The status returned is
+        read in the same transaction, so a run learns of a cancel stored
+        before its write and starts no further step.
         """
 
     def set_status(self, workflow: str, instance_id: str, message: str) -> None:
@@ -169,14 +171,6 @@ class Store(Protocol):
         Only for instances this engine owns and runs; written at heartbeats,
         so a step shows once it has run that long, and an entry may outlive
         its step until the next one (readers compare it with the step's row).
-        """
-
-    def check_run(
-        self, workflow: str, instance_id: str, key: str
-    ) -> tuple[StatusName, StepKind | None]:
-        """Read, before step ``key`` executes, the instance's status and the key's stored kind.
-
-        In one statement. ``LostInstance`` if not owned.
         """
 
     def read_step(self, workflow: str, instance_id: str, key: str) -> StoredStep | None:

@@ -299,33 +299,34 @@ def test_a_run_that_ends_while_the_poll_reads_the_store_is_not_taken_for_lost(
     engine.close()
 
 
-def test_a_signal_to_a_step_about_to_start_is_refused_or_refuses_the_step(tmp_path: Path) -> None:
-    """A signal for step b sent just as b starts: refused, and b runs once; never both stored.
+def test_a_signal_stored_after_the_run_read_its_steps_refuses_the_step_it_names(
+    tmp_path: Path,
+) -> None:
+    """A signal for b stored after the run read its steps, before b starts: b never runs.
 
-    The signal is sent from inside the run's last look at the store before b
-    executes: b is already marked in flight, so the signal is refused.
+    It is sent right after step a is stored, the run's memo has no b, and b
+    is not yet in flight: the signal is accepted, and the run refuses the key.
     """
     engine = Engine.open(tmp_path / "db", poll_interval=60)
     ran: list[str] = []
-    engine.register("wf", lambda ctx: ctx.step("b").run(lambda: ran.append("b") or "own"))
-    real = engine._store.check_run
-    outcome: list[str] = []
 
-    def signal_then_check(workflow: str, instance_id: str, key: str) -> Any:
-        def send() -> None:
-            try:
-                engine.signal(workflow, instance_id, key, "signalled")
-                outcome.append("stored")
-            except Exception as exc:
-                outcome.append(type(exc).__name__)
+    def wf(ctx: Context) -> str:
+        ctx.step("a").run(lambda: ran.append("a"))
+        return str(ctx.step("b").run(lambda: ran.append("b") or "own"))
 
-        sender = threading.Thread(target=send)
-        sender.start()
-        sender.join(10)
-        return real(workflow, instance_id, key)
+    engine.register("wf", wf)
 
-    engine._store.check_run = signal_then_check  # type: ignore[method-assign]
+    def signal_b_after_a(status: Any) -> None:
+        if ran == ["a"]:
+            ran.append("signal")
+            sender = threading.Thread(target=engine.signal, args=("wf", "x", "b", "s"))
+            sender.start()
+            sender.join(10)
+
+    _wrap(engine._store, "save_step", signal_b_after_a)
     with engine:
-        assert engine.invoke("wf", instance_id="x").result(timeout=10) == "own"
+        state = engine.invoke("wf", instance_id="x").wait(timeout=10)
     engine.close()
-    assert (outcome, ran) == (["SignalRejected"], ["b"])
+    assert ran == ["a", "signal"]
+    assert state.message is not None
+    assert "invalid key 'b' (it holds a signal" in state.message
