@@ -398,9 +398,7 @@ class Context:
             raise EngineStopping(waiting, deadline)
 
     def _saved(self, write: StepWrite) -> None:
-        """Store a step outcome; a cancel stored before it stops the run at the next step."""
-        if self._store.save_step(write) == "cancelled":
-            self._run.cancel_requested = True
+        self._store.save_step(write)
 
     def _refuse_kind(self, key: str, stored: str, used: str) -> None:
         exc = key_taken(self._workflow, self._instance_id, key, stored, used)
@@ -424,16 +422,22 @@ class Context:
     def _boundary(self, *, starting: str | None = None) -> None:
         """Between steps: stop here if the instance was cancelled.
 
-        The flag is set by a cancel in this engine, by the poll for one from
-        elsewhere, and by the store's answer to this run's last step write
-        (which reads the status in the same statement). With ``starting`` (the
-        key of a step about to execute, already marked in flight), refuse it
-        if a signal took the key since the run read its steps.
+        The flag is set by a cancel in this engine and by the poll for one
+        from elsewhere. With ``starting`` (the key of a step about to execute,
+        already marked in flight), also read the instance's status, so a
+        cancel from another process stops the run before the step starts; and
+        refuse the key if this engine stored a signal for it since the run
+        read its steps.
         """
         if self._run.cancel_requested:
             raise RunCancelled()
-        if starting is not None and starting in self._run.signalled:
+        if starting is None:
+            return
+        if starting in self._run.signalled:
             self._refuse_kind(starting, "signal", "step")
+        if self._store.check_run(self._workflow, self._instance_id) == "cancelled":
+            self._run.cancel_requested = True
+            raise RunCancelled()
 
     def _replayed(self, key: str, stored: StoredStep, hint: Any) -> Any:
         if stored.status is not None:

@@ -169,19 +169,15 @@ class SQLiteStore:
 
         return self._grouped("start a run", workflow, instance_id, None, claim_it)
 
-    def save_step(self, write: StepWrite) -> StatusName:
+    def save_step(self, write: StepWrite) -> None:
         params = self._params(write)
 
-        def store(conn: sqlite3.Connection) -> StatusName:
-            # The instance's status comes back from the same statement.
-            row = conn.execute(sql.UPSERT_STEP, params).fetchone()
-            if row is not None:
-                return row[0]  # type: ignore[no-any-return]
-            self._refused(conn, write)
-            return _status_of(conn, write.workflow, write.instance_id)  # type: ignore[return-value]
+        def store(conn: sqlite3.Connection) -> None:
+            if conn.execute(sql.UPSERT_STEP, params).rowcount == 0:
+                self._refused(conn, write)
 
         where = (write.workflow, write.instance_id, write.key)
-        return self._grouped("store the step", *where, store, single=True)
+        self._grouped("store the step", *where, store, single=True)
 
     def _refused(self, conn: sqlite3.Connection, write: StepWrite) -> None:
         """Say why a step write matched nothing: the instance is lost, or the key taken."""
@@ -193,6 +189,23 @@ class SQLiteStore:
         if step is not None and step.kind != write.kind:
             raise key_taken(write.workflow, write.instance_id, write.key, step.kind, write.kind)
         # Else the key completed meanwhile (a timer fired): that row stands.
+
+    def check_run(self, workflow: str, instance_id: str) -> StatusName:
+        # Before every executed step: the lock and one statement, without the
+        # context manager of _using (a generator per call).
+        with self._lock:
+            try:
+                if self._closed:
+                    raise sqlite3.ProgrammingError("the store is closed")
+                row = self._conn.execute(sql.CHECK_RUN, (workflow, instance_id)).fetchone()
+            except sqlite3.Error as exc:
+                raise StorageError(
+                    f"cannot check the run in {self._where} ({exc})",
+                    workflow=workflow, instance_id=instance_id,
+                ) from exc
+        if row is None or row[1] != self.owner:
+            raise LostInstance(workflow, instance_id)
+        return row[0]  # type: ignore[no-any-return]
 
     def set_status(self, workflow: str, instance_id: str, message: str) -> None:
         def store(conn: sqlite3.Connection) -> None:

@@ -39,9 +39,9 @@ ON CONFLICT (workflow, instance_id, key) DO UPDATE SET
     completed_at = excluded.completed_at, started_at = excluded.started_at,
     traceback = excluded.traceback
 WHERE steps.state != 'completed' AND steps.kind = excluded.kind
-RETURNING (SELECT status FROM instances
-           WHERE workflow = :workflow AND instance_id = :instance_id)
 """
+# Before a step executes: the instance's status, and whose it is.
+CHECK_RUN = "SELECT status, owner FROM instances WHERE workflow = ? AND instance_id = ?"
 SELECT_RUN_STEPS = (
     "SELECT key, seq, kind, state, result, result_type, status, attempts "
     "FROM steps WHERE workflow = ? AND instance_id = ?"

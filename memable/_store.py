@@ -150,17 +150,18 @@ class Store(Protocol):
         nothing written, if unknown or not claimable.
         """
 
-    def save_step(self, write: StepWrite) -> StatusName:
-        """Store one step outcome (completed or failed); return the instance's status.
+    def save_step(self, write: StepWrite) -> None:
+        """Store one step outcome (completed or failed).
 
         Atomically, only if owned (else ``LostInstance``), and only over a row
         of the same kind that is not completed: a completed row is never
         overwritten, and a key stored as another kind (an early signal)
         raises ``InvalidKey`` naming it. Allowed on a cancelled instance: the
-        step in flight at a cancel stores its outcome. The status returned is
-        read in the same transaction, so a run learns of a cancel stored
-        before its write and starts no further step.
+        step in flight at a cancel stores its outcome.
         """
+
+    def check_run(self, workflow: str, instance_id: str) -> StatusName:
+        """The instance's status, read before a step executes; ``LostInstance`` if not owned."""
 
     def set_status(self, workflow: str, instance_id: str, message: str) -> None:
         """Store the run's status message now; only if owned (else ``LostInstance``)."""

@@ -408,19 +408,21 @@ def test_a_step_write_to_a_key_completed_meanwhile_leaves_it(
     assert stored.result == "1"
 
 
-def test_a_step_write_answers_the_instance_status_read_with_it(
+def test_a_run_check_by_an_engine_that_lost_its_instance_raises_lost_instance(
     two_engines: tuple[Engine, Engine],
 ) -> None:
-    """save_step returns the status in its transaction: running, then cancelled (still stored)."""
+    """check_run: the owner sees the status; a former owner, or a missing instance, is lost."""
     a, b = two_engines
     _instance(a, "i")
-    assert a._store.save_step(_step("first", "1")) == "running"
-    b._store.cancel("wf", "i", now=_now())
-    assert a._store.save_step(_step("second", "2")) == "cancelled"
-    assert a._store.save_step(_step("second", "3")) == "cancelled"  # completed meanwhile
-    stored = a._store.read_step("wf", "i", "second")
-    assert stored is not None
-    assert stored.result == "2"
+    assert a._store.check_run("wf", "i") == "running"
+    assert b._store.begin_run("wf", "i", now=_now(), claim="resume") is not None
+    assert b._store.check_run("wf", "i") == "running"
+    a._store.cancel("wf", "i", now=_now())
+    assert b._store.check_run("wf", "i") == "cancelled"
+    for store, instance_id in [(a._store, "i"), (b._store, "missing")]:
+        with pytest.raises(LostInstance) as lost:
+            store.check_run("wf", instance_id)
+        assert lost.value.args == ("wf", instance_id)
 
 
 def test_a_fired_timer_records_when_it_completed(tmp_path: Path) -> None:
