@@ -46,8 +46,8 @@ from memable import (
 
 CHILD = str(Path(__file__).with_name("_stateful_proc.py"))
 LEASE = 1.0  # seconds: this process's engines (a stopped one's lease runs out fast)
-CHILD_LEASE = 5.0  # a killed child is dead by its pid, long before this lease expires
-RECOVER_WITHIN = 2.5  # seconds after the kill
+CHILD_LEASE = 60.0  # a killed child is dead by its pid, long before this lease expires
+RECOVER_WITHIN = 20.0  # seconds after the kill: generous for a loaded machine, far below the lease
 POLL = 0.05
 SETTLE = 20.0  # seconds the store gets to come to rest after a rule
 DELAY_HERE, DELAY_CHILD = 0.003, 0.01  # each step body sleeps this long
