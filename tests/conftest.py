@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 from memable import Engine
 from memable.testing import _leak_report, _leaked_threads, _memable_threads
@@ -57,6 +57,9 @@ settings.register_profile(
     stateful_step_count=15,
     deadline=None,
     suppress_health_check=_STATEFUL_HEALTH,
+    # No shrinking in the suite: a failure is reported as found, so a run that
+    # fails still ends in minutes (each step may start real processes).
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
 )
 settings.register_profile(
     "long",

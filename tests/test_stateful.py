@@ -274,7 +274,9 @@ class StoreMachine(RuleBasedStateMachine):
         try:
             self.started.append(self.live.signal("wf", instance_id, "b", b))
         except SignalRejected:
-            m.b_rejected = True  # b was reached as a step: check() finds its step row
+            # b was reached as a step (check() finds its step row), unless an
+            # earlier signal already holds the key.
+            m.b_rejected = not m.b_signal
         except InstanceFinished:
             pass  # the run already ended
         else:
