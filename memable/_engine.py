@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 from ._admin import cancel_instance, purge_finished, store_signal
 from ._builder import EngineBuilder
-from ._errors import InstanceFinished, InstanceNotFound
+from ._errors import InstanceFinished, InstanceNotFound, WorkflowNotFound
 from ._invocation import Invocation
 from ._log import log, where
 from ._options import Options, Synchronous
@@ -24,6 +24,16 @@ from ._validate import check_key
 from ._workflow import Workflow
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+class _NoInput:
+    """The default of ``invoke``'s input: none given (``None`` is a value)."""
+
+    def __repr__(self) -> str:
+        return "<no input>"
+
+
+_NO_INPUT: Any = _NoInput()
 
 
 class Engine:
@@ -263,7 +273,7 @@ class Engine:
     # ------------------------------------------------------------------ invoking
 
     def invoke(
-        self, name: str, input: Any = None, *, instance_id: str | None = None
+        self, name: str, input: Any = _NO_INPUT, *, instance_id: str | None = None
     ) -> Invocation:
         """Create an instance of workflow ``name`` with ``input`` and start running it.
 
@@ -290,6 +300,14 @@ class Engine:
             instance_id = new_instance_id()
         else:
             check_key(instance_id, name, instance_id)
+        if input is _NO_INPUT:
+            if not workflow.input_required:
+                input = None
+            else:
+                raise TypeError(
+                    f"workflow {name!r} takes an input and was invoked without one "
+                    "(give its parameter a default to make it optional)"
+                )
         if input is not None and not workflow.takes_input:
             raise TypeError(f"workflow {name!r} takes no input, got {type(input).__name__}")
         text, tag, value = store_form(name, instance_id, "input", input, workflow.input_hint)
@@ -366,8 +384,13 @@ class Engine:
         InstanceFinished
         """
         self._runner.require_accepting(name)
-        with self._runner.signalling(name, instance_id, key):
-            store_signal(self._store, name, instance_id, key, payload)
+        try:
+            with self._runner.signalling(name, instance_id, key):
+                store_signal(self._store, name, instance_id, key, payload)
+        except InstanceNotFound:
+            if name not in self._runner.workflows and not self._store.list_instances(name):
+                raise WorkflowNotFound(name) from None
+            raise
         log.info("signal stored", extra=where(name, instance_id, key))
         watch = self._runner.watch(name, instance_id)
         self._runner.wake(name, instance_id)

@@ -72,8 +72,13 @@ class NotStarted(EngineError):
     >>> engine.close()
     """
 
-    def __init__(self, workflow: str | None = None) -> None:
-        super().__init__("the engine is not running (call start() first)", workflow=workflow)
+    def __init__(self, workflow: str | None = None, phase: str = "new") -> None:
+        why = {
+            "stopped": "the engine is stopped (make a new engine to run more)",
+            "closed": "the engine is closed (make a new engine to run more)",
+            "started": "the engine is stopping (wait_all() or stop() was called)",
+        }.get(phase, "the engine is not running (call start() first)")
+        super().__init__(why, workflow=workflow)
 
 
 class AlreadyStarted(EngineError):
@@ -88,8 +93,12 @@ class AlreadyStarted(EngineError):
     the engine has already been started: workflow 'late'
     """
 
-    def __init__(self, workflow: str | None = None) -> None:
-        super().__init__("the engine has already been started", workflow=workflow)
+    def __init__(self, workflow: str | None = None, phase: str = "started") -> None:
+        why = {
+            "stopped": "the engine was stopped and cannot start again (make a new engine)",
+            "closed": "the engine is closed and cannot start again (make a new engine)",
+        }.get(phase, "the engine has already been started")
+        super().__init__(why, workflow=workflow)
 
 
 class WorkflowNotFound(EngineError):

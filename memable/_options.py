@@ -11,24 +11,17 @@ import attrs
 
 from ._clock import SYSTEM_CLOCK, Clock
 from ._retry import Retry
-from ._validate import seconds_of
+from ._validate import positive_seconds
 
 Synchronous = Literal["full", "normal"]
 
 
-def _positive(value: float | timedelta, what: str) -> float:
-    seconds = seconds_of(value, what)
-    if seconds == 0:
-        raise ValueError(f"{what} is > 0 seconds, not {value!r}")
-    return seconds
-
-
 def _poll_interval(value: float | timedelta) -> float:
-    return _positive(value, "poll_interval")
+    return positive_seconds(value, "poll_interval")
 
 
 def _lease(value: float | timedelta) -> float:
-    return _positive(value, "lease")
+    return positive_seconds(value, "lease")
 
 
 @attrs.frozen

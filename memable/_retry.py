@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable
+from datetime import timedelta
 
 import attrs
 
@@ -14,6 +15,11 @@ from ._step_error import StepError
 def _seconds(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
     if isinstance(value, bool) or not 0 <= value < math.inf:
         raise ValueError(f"Retry.{attribute.name} must be a finite number >= 0, not {value!r}")
+
+
+def _delay(value: float | timedelta) -> float:
+    """A delay given as seconds or a timedelta, as seconds (checked by ``_seconds``)."""
+    return value.total_seconds() if isinstance(value, timedelta) else value
 
 
 @attrs.frozen(kw_only=True)
@@ -51,8 +57,8 @@ class Retry:
     """
 
     max_attempts: int = attrs.field(default=3)
-    initial_delay: float = attrs.field(default=0.1, validator=_seconds)
-    max_delay: float = attrs.field(default=30.0, validator=_seconds)
+    initial_delay: float = attrs.field(default=0.1, converter=_delay, validator=_seconds)
+    max_delay: float = attrs.field(default=30.0, converter=_delay, validator=_seconds)
     multiplier: float = attrs.field(default=2.0, validator=_seconds)
     jitter: bool = True
 

@@ -106,7 +106,7 @@ class Runner:
         self.check_fork()
         with self._lock:
             if not self._accepting:
-                raise NotStarted(name)
+                raise NotStarted(name, self.phase)
 
     def workflow(self, name: str) -> Workflow:
         workflow = self.workflows.get(name)
@@ -119,7 +119,7 @@ class Runner:
     def register(self, workflow: Workflow) -> None:
         with self._lock:
             if self.phase != "new":
-                raise AlreadyStarted(workflow.name)
+                raise AlreadyStarted(workflow.name, self.phase)
             if workflow.name in self.workflows:
                 raise ValueError(f"workflow {workflow.name!r} is already registered")
             self.workflows[workflow.name] = workflow
@@ -134,7 +134,7 @@ class Runner:
         self.check_fork()
         with self._lock:
             if self.phase != "new":
-                raise AlreadyStarted()
+                raise AlreadyStarted(phase=self.phase)
             self._executor = ThreadPoolExecutor(
                 max_workers=self.options.max_workers, thread_name_prefix="memable-worker"
             )
@@ -251,7 +251,7 @@ class Runner:
         """
         with self._lock:
             if not self._accepting:
-                raise NotStarted(workflow.name)
+                raise NotStarted(workflow.name, self.phase)
             return self._submit(workflow, instance_id, fresh_input, claim)
 
     def _submit(
@@ -317,7 +317,7 @@ class Runner:
         self.check_fork()
         with self._lock:
             if self.phase != "started":
-                raise NotStarted()
+                raise NotStarted(phase=self.phase)
         fired, _ = self._fire_due()
         return fired
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 import attrs
 
 from ._retry import Retry
-from ._validate import seconds_of
+from ._validate import positive_seconds
 
 if TYPE_CHECKING:
     from ._context import Context
@@ -78,9 +78,7 @@ class Step:
         failed: step 'slow:v1' failed: StepTimeout: timed out after 0.05 s: ...
         >>> release.set()
         """
-        seconds = seconds_of(duration, "step timeout")
-        if seconds <= 0:
-            raise ValueError("a step timeout is > 0 seconds")
+        seconds = positive_seconds(duration, "step timeout")
         return attrs.evolve(self, timeout_seconds=seconds)
 
     def retry(self, policy: Retry) -> Step:

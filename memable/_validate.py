@@ -68,3 +68,18 @@ def check_deadline(deadline: float, what: str, duration: object) -> float:
     if deadline > MAX_DEADLINE:
         raise ValueError(f"{what} {duration!r} puts the deadline past the year 9999")
     return deadline
+
+
+def positive_seconds(duration: object, what: str) -> float:
+    """``seconds_of``, and more than zero: one rule for 0 and for negatives.
+
+    >>> positive_seconds(0, "step timeout")
+    Traceback (most recent call last):
+    ...
+    ValueError: step timeout is > 0 seconds, not 0
+    """
+    if isinstance(duration, (int, float, timedelta)) and not isinstance(duration, bool):
+        seconds = duration.total_seconds() if isinstance(duration, timedelta) else duration
+        if seconds <= 0:
+            raise ValueError(f"{what} is > 0 seconds, not {duration!r}")
+    return seconds_of(duration, what)

@@ -27,6 +27,8 @@ class Workflow:
     takes_input: bool
     input_hint: Any
     output_hint: Any
+    #: The input parameter has no default: invoking without an input is an error.
+    input_required: bool = False
 
     @classmethod
     def of(cls, name: str, fn: Callable[..., Any]) -> Workflow:
@@ -42,4 +44,5 @@ class Workflow:
             )
         hints = hints_of(fn)
         input_hint = hints.get(params[1].name) if len(params) == 2 else None
-        return cls(name, fn, len(params) == 2, input_hint, return_hint(fn))
+        required = len(params) == 2 and params[1].default is params[1].empty
+        return cls(name, fn, len(params) == 2, input_hint, return_hint(fn), required)
