@@ -278,7 +278,8 @@ class Engine:
         """Create an instance of workflow ``name`` with ``input`` and start running it.
 
         The input is stored with the instance and typed by the workflow's
-        annotation. With ``instance_id`` given and already stored, return
+        annotation; a workflow whose input parameter has no default must be
+        given one (``TypeError`` otherwise; ``None`` counts as given). With ``instance_id`` given and already stored, return
         that instance's Invocation and start nothing (the stored input
         stands). Raise ``SerializationError`` (storing nothing) for an input
         that cannot be stored.
