@@ -279,10 +279,11 @@ class Engine:
 
         The input is stored with the instance and typed by the workflow's
         annotation; a workflow whose input parameter has no default must be
-        given one (``TypeError`` otherwise; ``None`` counts as given). With ``instance_id`` given and already stored, return
-        that instance's Invocation and start nothing (the stored input
-        stands). Raise ``SerializationError`` (storing nothing) for an input
-        that cannot be stored.
+        given one (``TypeError`` otherwise; ``None`` counts as given). With
+        ``instance_id`` given and already stored, return that instance's
+        Invocation and start nothing (the stored input stands). Raise
+        ``SerializationError`` (storing nothing) for an input that cannot be
+        stored.
 
         >>> from memable import Engine
         >>> runs = []

@@ -21,7 +21,6 @@ guarantees ``_store.Store`` states.
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import threading
@@ -32,14 +31,12 @@ from datetime import datetime
 from typing import Any
 
 import attrs
-import cattrs
 
 from . import _liveness
 from . import _sqlite_sql as sql
 from ._control import LostInstance
 from ._errors import (
     InstanceFinished,
-    InstanceNotFound,
     SignalRejected,
     StorageError,
     key_taken,
@@ -57,9 +54,6 @@ from ._store import (
     StoredStep,
     Suspend,
 )
-
-_rows = cattrs.Converter()
-_rows.register_structure_hook(datetime, lambda value, _: datetime.fromisoformat(value))
 
 _TERMINAL = ("completed", "failed", "cancelled")
 
@@ -159,7 +153,7 @@ class SQLiteStore:
                 "step_key = NULL, step_started = NULL "
                 "WHERE workflow = :workflow AND instance_id = :instance_id "
                 f"AND {sql.CLAIMS[claim]} RETURNING {sql.INSTANCE_RETURNING}",
-                {"me": self.owner, "at": now, "now": _wall_of(now), "workflow": workflow,
+                {"me": self.owner, "at": now, "now": sql.wall_of(now), "workflow": workflow,
                  "instance_id": instance_id},
             ).fetchone()
             if found is None:
@@ -362,7 +356,7 @@ class SQLiteStore:
         workflow, instance_id, key = write.workflow, write.instance_id, write.key
 
         def deliver(conn: sqlite3.Connection) -> None:
-            status = _status_of(conn, workflow, instance_id)
+            status = sql.status_of(conn, workflow, instance_id)
             if status in _TERMINAL:
                 raise InstanceFinished(
                     workflow, instance_id,
@@ -418,7 +412,7 @@ class SQLiteStore:
 
     def cancel(self, workflow: str, instance_id: str, *, now: str) -> None:
         def cancel_it(conn: sqlite3.Connection) -> None:
-            status = _status_of(conn, workflow, instance_id)
+            status = sql.status_of(conn, workflow, instance_id)
             if status in ("completed", "cancelled"):
                 raise InstanceFinished(workflow, instance_id, f"it is {status}")
             # The owner stays: a run in flight stores its current step, then stops.
@@ -556,7 +550,7 @@ class SQLiteStore:
                     "workflow = ?", [workflow], order_by="created_at, instance_id"
                 )
             )
-        return [_rows.structure(row, InstanceRow) for row in rows]
+        return [sql.ROWS.structure(row, InstanceRow) for row in rows]
 
     def list_steps(self, workflow: str, instance_id: str) -> list[StepRecord]:
         with self._using("read the steps", workflow, instance_id):
@@ -565,7 +559,7 @@ class SQLiteStore:
                     "workflow = ? AND instance_id = ?", [workflow, instance_id], order_by="seq"
                 )
             )
-        return [_step_record(row) for row in rows]
+        return [sql.step_record(row) for row in rows]
 
     def read_rows(
         self, what: str, sql: str, params: dict[str, Any]
@@ -580,24 +574,3 @@ class SQLiteStore:
         with self._lock:
             self._closed = True
             self._conn.close()
-
-
-def _status_of(conn: sqlite3.Connection, workflow: str, instance_id: str) -> str:
-    """The stored status of the instance; InstanceNotFound if there is none."""
-    row = conn.execute(
-        "SELECT status FROM instances WHERE workflow = ? AND instance_id = ?",
-        (workflow, instance_id),
-    ).fetchone()
-    if row is None:
-        raise InstanceNotFound(workflow, instance_id)
-    return str(row[0])
-
-
-def _wall_of(iso: str) -> float:
-    return datetime.fromisoformat(iso).timestamp()
-
-
-def _step_record(row: dict[str, Any]) -> StepRecord:
-    row = dict(row)
-    row["result"] = json.loads(row["result"]) if row["state"] == "completed" else None
-    return _rows.structure(row, StepRecord)

@@ -1,4 +1,4 @@
-"""The fixed SQL of the SQLite store's hot paths (see ``_sqlite``).
+"""The fixed SQL of the SQLite store's hot paths, and its row conversions (see ``_sqlite``).
 
 sqlite-utils introspects the schema on every call, so the per-step
 statements are prepared text on the connection; they live here, apart from
@@ -7,6 +7,15 @@ the store's logic.
 
 from __future__ import annotations
 
+import json
+import sqlite3
+from datetime import datetime
+from typing import Any
+
+import cattrs
+
+from ._errors import InstanceNotFound
+from ._records import StepRecord
 from ._schema import INSTANCE_COLUMNS
 from ._store import Claim
 
@@ -66,3 +75,27 @@ INSERT_INSTANCE = (
     f"INSERT OR IGNORE INTO instances ({INSTANCE_RETURNING}) "
     f"VALUES ({', '.join('?' * len(INSTANCE_COLUMNS))})"
 )
+
+ROWS = cattrs.Converter()
+ROWS.register_structure_hook(datetime, lambda value, _: datetime.fromisoformat(value))
+
+
+def status_of(conn: sqlite3.Connection, workflow: str, instance_id: str) -> str:
+    """The stored status of the instance; InstanceNotFound if there is none."""
+    row = conn.execute(
+        "SELECT status FROM instances WHERE workflow = ? AND instance_id = ?",
+        (workflow, instance_id),
+    ).fetchone()
+    if row is None:
+        raise InstanceNotFound(workflow, instance_id)
+    return str(row[0])
+
+
+def wall_of(iso: str) -> float:
+    return datetime.fromisoformat(iso).timestamp()
+
+
+def step_record(row: dict[str, Any]) -> StepRecord:
+    row = dict(row)
+    row["result"] = json.loads(row["result"]) if row["state"] == "completed" else None
+    return ROWS.structure(row, StepRecord)

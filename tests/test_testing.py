@@ -478,7 +478,7 @@ def test_the_default_fixtures_give_an_empty_started_engine_closed_after(
     inner.makepyfile(
         """
         import pytest
-        from memable import Engine, InstanceNotFound, NotStarted, WorkflowNotFound
+        from memable import Engine, NotStarted, WorkflowNotFound
 
         seen = []
 
@@ -487,7 +487,7 @@ def test_the_default_fixtures_give_an_empty_started_engine_closed_after(
             assert (memable_workflows, memable_options) == ({}, {})
             with pytest.raises(WorkflowNotFound):
                 engine.invoke("nothing")
-            with pytest.raises(InstanceNotFound):  # started: the signal is taken, and looked up
+            with pytest.raises(WorkflowNotFound):  # started: taken, and no such workflow
                 engine.signal("wf", "id", "key", 1)
             seen.append(engine)
 
