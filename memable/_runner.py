@@ -62,8 +62,9 @@ class Runner:
     >>> from memable._options import Options
     >>> from memable._sqlite import SQLiteStore
     >>> runner = Runner(SQLiteStore(None, "full"), Options())
-    >>> runner.phase
-    'new'
+    >>> runner.phase, runner.close(), runner.phase
+    ('new', True, 'closed')
+    >>> runner.store.close()
     """
 
     def __init__(self, store: Store, options: Options) -> None:
@@ -299,8 +300,7 @@ class Runner:
             elif workflow is not None and self.phase == "started":
                 self._submit(workflow, instance_id, None, claim)
             # Else another engine has the workflow, or this one stopped: the
-            # instance stays suspended with its key completed, and the poll of
-            # whichever engine runs it next picks it up.
+            # next poll of whichever engine runs it picks the instance up.
 
     def cancelled(self, name: str, instance_id: str) -> None:
         """The instance was cancelled: its run here (if any) stops at once."""

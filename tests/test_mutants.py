@@ -46,10 +46,22 @@ class _Recording:
         return self._conn.in_transaction
 
 
+# Connections _commits opened, closed after each test (an unclosed one warns at GC).
+_OPENED: list[sqlite3.Connection] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_opened_connections() -> Iterator[None]:
+    yield
+    while _OPENED:
+        _OPENED.pop().close()
+
+
 def _commits(tmp_path: Path, interrupt_commit: int = 0) -> tuple[GroupCommit, _Recording]:
     conn = sqlite3.connect(
         tmp_path / "t.db", isolation_level=None, check_same_thread=False
     )
+    _OPENED.append(conn)
     conn.execute("CREATE TABLE t (x TEXT)")
     proxy = _Recording(conn, interrupt_commit)
     commits = GroupCommit(threading.Lock(), "t.db", lambda: proxy)  # type: ignore[arg-type,return-value]
