@@ -24,18 +24,11 @@ import sys
 import traceback
 from collections.abc import Callable
 
+from _procs import log_line  # the one O_APPEND writer of both helpers
+
 from memable import Context, Engine
 
 STEPS = ("s1", "s2", "s3")
-
-
-def log_line(path: str, line: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-    try:
-        os.write(fd, f"{line}\n".encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def held(log: str, who: str, gate: Callable[[], object]) -> Callable[[Context], str]:
