@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from memable import Context, Engine
+from memable import _sqlite_sql as sql
 from memable._options import Options, Synchronous
 from memable._schema import open_store
-from memable._sqlite import _UPSERT_STEP, SQLiteStore
+from memable._sqlite import SQLiteStore
 from memable._store import StepWrite
 
 from ._floor import insert_commit_us
@@ -44,10 +45,10 @@ class _ProbeStore(SQLiteStore):
     def save_step(self, write: StepWrite) -> None:
         if not self.write:
             return
-        params = self._params(write)
+        params = sql.step_params(write, self.owner)
         start = time.perf_counter()
         with self._lock:
-            self._conn.execute(_UPSERT_STEP, params)
+            self._conn.execute(sql.UPSERT_STEP, params)
         self.seconds += time.perf_counter() - start
         self.calls += 1
 
@@ -88,11 +89,11 @@ def _loop_per_upsert(directory: Path, synchronous: Synchronous) -> float:
 
         def upsert(first: int, count: int) -> None:
             for seq in range(first, first + count):
-                conn.execute(_UPSERT_STEP, {
+                conn.execute(sql.UPSERT_STEP, {
                     "workflow": "w", "instance_id": "i", "key": f"s{seq}", "seq": seq,
                     "kind": "step", "state": "completed", "result": PAYLOAD,
                     "result_type": None, "status": None, "error": None,
-                    "completed_at": AT, "started_at": AT, "me": "me",
+                    "completed_at": AT, "started_at": AT, "traceback": None, "me": "me",
                 })
 
         upsert(0, 2000)

@@ -326,7 +326,9 @@ class Context:
             with self._flight_lock:  # against a signal to the key (Engine.signal)
                 self._in_flight, self._in_flight_since = key, started
             try:
-                self._before_attempt(key, step.timeout_seconds)
+                self._boundary_before(key)
+                if self._abandoned:
+                    self._await_abandoned(key, step.timeout_seconds)
             except BaseException:
                 self._in_flight = None
                 raise
@@ -340,7 +342,7 @@ class Context:
                 )
             except Exception as exc:
                 self._in_flight = None
-                self._saved(self._write(key, seq, "failed", error=exc, started=started))
+                self._store.save_step(self._write(key, seq, "failed", error=exc, started=started))
                 if policy is not None and policy.should_retry(attempt, exc):
                     self._back_off(key, seq, attempt, policy.delay(attempt))
                     continue
@@ -350,20 +352,19 @@ class Context:
                 self._in_flight = None
             try:
                 done = self._write(key, seq, "completed", result=(text, tag), started=started)
-                self._saved(done)
+                self._store.save_step(done)
             except InvalidKey as exc:  # a signal took the key while the step ran
                 self._failure = (key, exc, None)
                 raise
             return value
 
-    def _before_attempt(self, key: str, timeout: float | None) -> None:
-        """Stop if the instance was cancelled or lost; wait for an abandoned attempt.
+    def _await_abandoned(self, key: str, timeout: float | None) -> None:
+        """Wait for an abandoned attempt of ``key`` before the next one starts.
 
         An attempt that timed out may still be running: the next one waits
         for it, up to the step's timeout again, and past that the step fails
         without another attempt.
         """
-        self._boundary(starting=key)
         previous = self._abandoned.pop(key, None)
         if previous is None or timeout is None:
             return
@@ -397,9 +398,6 @@ class Context:
             self._boundary()  # cancelled: stop here
             raise EngineStopping(waiting, deadline)
 
-    def _saved(self, write: StepWrite) -> None:
-        self._store.save_step(write)
-
     def _refuse_kind(self, key: str, stored: str, used: str) -> None:
         exc = key_taken(self._workflow, self._instance_id, key, stored, used)
         self._failure = (key, exc, None)
@@ -419,24 +417,30 @@ class Context:
             self._refuse_kind(key, stored.kind, kind)
         return stored
 
-    def _boundary(self, *, starting: str | None = None) -> None:
+    def _boundary(self) -> None:
         """Between steps: stop here if the instance was cancelled.
 
         The flag is set by a cancel in this engine and by the poll for one
-        from elsewhere. With ``starting`` (the key of a step about to execute,
-        already marked in flight), also read the instance's status, so a
-        cancel from another process stops the run before the step starts; and
-        refuse the key if this engine stored a signal for it since the run
-        read its steps.
+        from elsewhere.
         """
         if self._run.cancel_requested:
             raise RunCancelled()
-        if starting is None:
-            return
-        if starting in self._run.signalled:
-            self._refuse_kind(starting, "signal", "step")
+
+    def _boundary_before(self, key: str) -> None:
+        """Before step ``key`` executes (already marked in flight): the boundary, and more.
+
+        Also read the instance's status (the store may answer unread while
+        nothing can have changed it), so a cancel from another process stops
+        the run before the step starts; and refuse the key if this engine
+        stored a signal for it since the run read its steps.
+        """
+        run = self._run
+        if run.cancel_requested:
+            raise RunCancelled()
+        if key in run.signalled:
+            self._refuse_kind(key, "signal", "step")
         if self._store.check_run(self._workflow, self._instance_id) == "cancelled":
-            self._run.cancel_requested = True
+            run.cancel_requested = True
             raise RunCancelled()
 
     def _replayed(self, key: str, stored: StoredStep, hint: Any) -> Any:

@@ -20,14 +20,16 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import attrs
 
 from ._control import LostInstance, RunCancelled
 from ._errors import EngineError, StorageError
+from ._sqlite_watch import RunChecks
 
 T = TypeVar("T")
+Changes = Literal["none", "instance", "any"]
 
 #: What a body raises to refuse its own write, leaving the batch's others be.
 REFUSALS: tuple[type[BaseException], ...] = (EngineError, LostInstance, RunCancelled)
@@ -44,11 +46,13 @@ class _Pending:
     key: str | None
     # One statement: alone in a commit, it runs as its own autocommit transaction.
     single: bool = False
+    # Whose status or owner it may change: no instance's, its own, or any.
+    changes: Changes = "any"
     done: bool = False  # set under GroupCommit._queue_lock
     result: Any = None
     error: BaseException | None = None
-    # Held from birth; the leader releases it to wake this writer.
-    wake: threading.Lock = attrs.field(factory=lambda: _held_lock())
+    # A follower's, held from when it queues; the leader releases it to wake it.
+    wake: threading.Lock | None = None
 
     def outcome(self) -> Any:
         if self.error is not None:
@@ -78,12 +82,15 @@ class GroupCommit:
         lock: threading.Lock,
         where: str,
         connection: Callable[[], sqlite3.Connection | None],
+        watch: RunChecks | None = None,
     ) -> None:
         # ``lock`` is the store's connection lock; ``connection()`` (called
         # under it) gives the connection, or None once the store is closed.
+        # ``watch`` (used under it) is told of every transaction.
         self._lock = lock
         self._where = where
         self._connection = connection
+        self._watch = watch
         # _queue_lock guards _queue (writers waiting for the next commit) and
         # _leading (a writer is committing or about to).
         self._queue_lock = threading.Lock()
@@ -101,17 +108,25 @@ class GroupCommit:
         body: Callable[[sqlite3.Connection], T],
         *,
         single: bool = False,
+        changes: Changes = "any",
     ) -> T:
-        """Run ``body`` in a write transaction, sharing the commit with concurrent writers."""
-        pending = _Pending(body, what, workflow, instance_id, key, single)
+        """Run ``body`` in a write transaction, sharing the commit with concurrent writers.
+
+        ``single``: the body runs one statement. ``changes``: whose status or
+        owner it may change: ``"none"``, its own instance's
+        (``"instance"``), or ``"any"`` instance's.
+        """
+        pending = _Pending(body, what, workflow, instance_id, key, single, changes)
         with self._queue_lock:
             self._queue.append(pending)
             follower, self._leading = self._leading, True
+            if follower:  # a lone writer needs no lock to be woken by
+                pending.wake = _held_lock()
             if self.on_queue is not None:
                 self.on_queue(len(self._queue))
         if follower:
             # Woken by a leader: with our work decided, or to lead the next commit.
-            pending.wake.acquire()
+            pending.wake.acquire()  # type: ignore[union-attr]
             if pending.done:
                 return pending.outcome()  # type: ignore[no-any-return]
         with self._queue_lock:
@@ -127,9 +142,9 @@ class GroupCommit:
                 self._leading = successor is not None
             for item in batch:
                 if item is not pending:
-                    item.wake.release()
+                    item.wake.release()  # type: ignore[union-attr]
             if successor is not None:
-                successor.wake.release()
+                successor.wake.release()  # type: ignore[union-attr]
         return pending.outcome()  # type: ignore[no-any-return]
 
     def _commit(self, batch: list[_Pending]) -> None:
@@ -141,6 +156,7 @@ class GroupCommit:
         committed = False
         with self._lock:
             conn = self._connection()
+            before = None if self._watch is None or conn is None else self._watch.before_write()
             try:
                 if conn is None:
                     raise sqlite3.ProgrammingError("the store is closed")
@@ -166,6 +182,23 @@ class GroupCommit:
             finally:
                 if not committed and conn is not None and conn.in_transaction:
                     conn.execute("ROLLBACK")
+                if before is not None:
+                    self._tell_watch(before, committed, batch)
+
+    def _tell_watch(self, before: int, committed: bool, batch: list[_Pending]) -> None:
+        # The instances whose status or owner the batch may have changed: a
+        # list, or None for any.
+        forget: list[tuple[str, str]] | None = []
+        ok = committed
+        for item in batch:
+            ok = ok and item.error is None
+            if forget is None or item.changes == "none":
+                continue
+            if item.changes == "instance" and item.workflow and item.instance_id:
+                forget.append((item.workflow, item.instance_id))
+            else:
+                forget = None
+        self._watch.after_write(before, ok, forget)  # type: ignore[union-attr]
 
     @staticmethod
     def _run_alone(conn: sqlite3.Connection, item: _Pending) -> None:

@@ -45,6 +45,7 @@ from ._group_commit import GroupCommit
 from ._options import Synchronous
 from ._records import StatusName, StepRecord
 from ._schema import open_store
+from ._sqlite_watch import run_checks
 from ._store import (
     Claim,
     InstanceRow,
@@ -56,6 +57,7 @@ from ._store import (
 )
 
 _TERMINAL = ("completed", "failed", "cancelled")
+
 
 
 class SQLiteStore:
@@ -75,7 +77,9 @@ class SQLiteStore:
         self._conn = conn
         self._db = db
         self._closed = False
-        self._commits = GroupCommit(self._lock, where, self._connection)
+        # Used under _lock: which instances check_run may answer for unread.
+        self._checks = run_checks(conn, in_memory=path is None)
+        self._commits = GroupCommit(self._lock, where, self._connection, self._checks)
         self._grouped = self._commits.write
         #: This engine's id as an owner of instances.
         self.owner = uuid.uuid4().hex
@@ -112,18 +116,6 @@ class SQLiteStore:
                     workflow=workflow, instance_id=instance_id, key=key,
                 ) from exc
 
-    def _params(self, write: StepWrite) -> dict[str, Any]:
-        return {
-            "workflow": write.workflow, "instance_id": write.instance_id, "key": write.key,
-            "seq": write.seq, "kind": write.kind, "state": write.state,
-            "result": write.result, "result_type": write.result_type,
-            "status": write.status, "error": write.error,
-            "completed_at": write.at if write.state == "completed" else None,
-            "started_at": write.started,
-            "traceback": write.traceback,
-            "me": self.owner,
-        }
-
     def _owns(self, conn: sqlite3.Connection, workflow: str, instance_id: str) -> bool:
         row = conn.execute(
             "SELECT owner FROM instances WHERE workflow = ? AND instance_id = ?",
@@ -137,10 +129,15 @@ class SQLiteStore:
         values = (*attrs.astuple(attrs.evolve(row, owner=self.owner)),)
 
         def insert(conn: sqlite3.Connection) -> bool:
-            return conn.execute(sql.INSERT_INSTANCE, values).rowcount == 1
+            created = conn.execute(sql.INSERT_INSTANCE, values).rowcount == 1
+            if created and row.status == "running" and self._checks is not None:
+                self._checks.claimed(row.workflow, row.instance_id)
+            return created
 
         where = (row.workflow, row.instance_id, None)
-        return self._grouped("create the instance", *where, insert, single=True)
+        return self._grouped(
+            "create the instance", *where, insert, single=True, changes="none"
+        )
 
     def begin_run(
         self, workflow: str, instance_id: str, *, now: str, claim: Claim
@@ -158,20 +155,24 @@ class SQLiteStore:
             ).fetchone()
             if found is None:
                 return None
+            if self._checks is not None:
+                self._checks.claimed(workflow, instance_id)
             steps = conn.execute(sql.SELECT_RUN_STEPS, (workflow, instance_id)).fetchall()
             return RunSnapshot(InstanceRow(*found), {s[0]: StoredStep(*s) for s in steps})
 
-        return self._grouped("start a run", workflow, instance_id, None, claim_it)
+        return self._grouped(
+            "start a run", workflow, instance_id, None, claim_it, changes="none"
+        )
 
     def save_step(self, write: StepWrite) -> None:
-        params = self._params(write)
+        params = sql.step_params(write, self.owner)
 
         def store(conn: sqlite3.Connection) -> None:
             if conn.execute(sql.UPSERT_STEP, params).rowcount == 0:
                 self._refused(conn, write)
 
         where = (write.workflow, write.instance_id, write.key)
-        self._grouped("store the step", *where, store, single=True)
+        self._grouped("store the step", *where, store, single=True, changes="none")
 
     def _refused(self, conn: sqlite3.Connection, write: StepWrite) -> None:
         """Say why a step write matched nothing: the instance is lost, or the key taken."""
@@ -186,8 +187,14 @@ class SQLiteStore:
 
     def check_run(self, workflow: str, instance_id: str) -> StatusName:
         # Before every executed step: the lock and one statement, without the
-        # context manager of _using (a generator per call).
+        # context manager of _using (a generator per call); no statement at
+        # all while nothing can have changed the instance (_sqlite_watch).
         with self._lock:
+            checks = self._checks
+            if checks is not None and not self._closed and checks.known_running(
+                workflow, instance_id
+            ):
+                return "running"
             try:
                 if self._closed:
                     raise sqlite3.ProgrammingError("the store is closed")
@@ -197,21 +204,20 @@ class SQLiteStore:
                     f"cannot check the run in {self._where} ({exc})",
                     workflow=workflow, instance_id=instance_id,
                 ) from exc
-        if row is None or row[1] != self.owner:
-            raise LostInstance(workflow, instance_id)
+            if row is None or row[1] != self.owner:
+                raise LostInstance(workflow, instance_id)
+            if checks is not None and row[0] == "running":
+                checks.saw_running(workflow, instance_id)
         return row[0]  # type: ignore[no-any-return]
 
     def set_status(self, workflow: str, instance_id: str, message: str) -> None:
         def store(conn: sqlite3.Connection) -> None:
-            if conn.execute(
-                "UPDATE instances SET status_message = ? WHERE workflow = ? "
-                "AND instance_id = ? AND owner = ?",
-                (message, workflow, instance_id, self.owner),
-            ).rowcount == 0:
+            where = (message, workflow, instance_id, self.owner)
+            if conn.execute(sql.SET_STATUS, where).rowcount == 0:
                 raise LostInstance(workflow, instance_id)
 
         where = (workflow, instance_id, None)
-        self._grouped("store the status message", *where, store, single=True)
+        self._grouped("store the status message", *where, store, single=True, changes="none")
 
     def record_in_flight(self, steps: list[tuple[str, str, str, str]]) -> None:
         if not steps:
@@ -219,13 +225,9 @@ class SQLiteStore:
 
         def store(conn: sqlite3.Connection) -> None:
             for workflow, instance_id, key, started in steps:
-                conn.execute(
-                    "UPDATE instances SET step_key = ?, step_started = ? WHERE workflow = ? "
-                    "AND instance_id = ? AND owner = ? AND status = 'running'",
-                    (key, started, workflow, instance_id, self.owner),
-                )
+                conn.execute(sql.SET_IN_FLIGHT, (key, started, workflow, instance_id, self.owner))
 
-        self._grouped("record the steps in flight", None, None, None, store)
+        self._grouped("record the steps in flight", None, None, None, store, changes="none")
 
     def read_step(self, workflow: str, instance_id: str, key: str) -> StoredStep | None:
         with self._using("read the step", workflow, instance_id, key) as conn:
@@ -252,7 +254,7 @@ class SQLiteStore:
                 raise key_taken(workflow, instance_id, key, step.kind, waiting.kind)
             armed = None
             if waiting.kind == "step":  # a retry backoff: the failed row turns waiting
-                conn.execute(sql.INSERT_WAITING, self._params(waiting))
+                conn.execute(sql.INSERT_WAITING, sql.step_params(waiting, self.owner))
             ready = step is not None and step.state == "completed"
             if not ready and deadline is not None:
                 # The first arming sets the deadline; runs after it do not move it.
@@ -269,7 +271,7 @@ class SQLiteStore:
                         pass  # a backoff already over: the next attempt goes on now
                     else:  # never armed: store it fired, without touching the timers
                         fired = attrs.evolve(waiting, state="completed", result="null")
-                        conn.execute(sql.UPSERT_STEP, self._params(fired))
+                        conn.execute(sql.UPSERT_STEP, sql.step_params(fired, self.owner))
                     ready = True
                 elif row is None:
                     conn.execute(
@@ -278,7 +280,7 @@ class SQLiteStore:
                         (workflow, instance_id, key, deadline),
                     )
             if not ready and waiting.kind != "step":
-                conn.execute(sql.INSERT_WAITING, self._params(waiting))
+                conn.execute(sql.INSERT_WAITING, sql.step_params(waiting, self.owner))
             if ready:  # go on at once: the instance stays running, and ours
                 steps = conn.execute(sql.SELECT_RUN_STEPS, (workflow, instance_id)).fetchall()
                 instance = conn.execute(sql.SELECT_INSTANCE, (workflow, instance_id)).fetchone()
@@ -294,7 +296,9 @@ class SQLiteStore:
                 return Suspend("stopped")
             return Suspend("waiting", deadline=armed)
 
-        return self._grouped("record the suspension", workflow, instance_id, key, record)
+        return self._grouped(
+            "record the suspension", workflow, instance_id, key, record, changes="instance"
+        )
 
     def _fire(self, conn: sqlite3.Connection, due: list[tuple[str, str, str]], at: str) -> None:
         for workflow, instance_id, key in due:
@@ -348,7 +352,10 @@ class SQLiteStore:
                 )
             return done
 
-        return self._grouped(f"record the run as {status}", workflow, instance_id, None, record)
+        return self._grouped(
+            f"record the run as {status}", workflow, instance_id, None, record,
+            changes="instance",
+        )
 
     # ------------------------------------------------------------------ from outside a run
 
@@ -388,7 +395,9 @@ class SQLiteStore:
                 (workflow, instance_id, key, seq, write.result, write.result_type, write.at),
             )
 
-        self._grouped("deliver the signal", workflow, instance_id, key, deliver)
+        self._grouped(
+            "deliver the signal", workflow, instance_id, key, deliver, changes="instance"
+        )
 
     def fire_due_timers(self, now: float, at: str) -> list[tuple[str, str, str]]:
         with self._using("look for due timers") as conn:
@@ -426,7 +435,9 @@ class SQLiteStore:
                 (workflow, instance_id),
             )
 
-        self._grouped("cancel the instance", workflow, instance_id, None, cancel_it)
+        self._grouped(
+            "cancel the instance", workflow, instance_id, None, cancel_it, changes="instance"
+        )
 
     def purge(self, completed_before: str) -> int:
         # Not one still owned: a run cancelled in flight stores its last step first.
@@ -573,4 +584,6 @@ class SQLiteStore:
     def close(self) -> None:
         with self._lock:
             self._closed = True
+            if self._checks is not None:
+                self._checks.close()
             self._conn.close()

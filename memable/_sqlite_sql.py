@@ -17,7 +17,7 @@ import cattrs
 from ._errors import InstanceNotFound
 from ._records import StepRecord
 from ._schema import INSTANCE_COLUMNS
-from ._store import Claim
+from ._store import Claim, StepWrite
 
 # An instance is free to claim when nobody runs it, or its owner's lease ran out.
 OWNER_FREE = """(
@@ -76,6 +76,15 @@ INSERT_INSTANCE = (
     f"VALUES ({', '.join('?' * len(INSTANCE_COLUMNS))})"
 )
 
+SET_STATUS = (
+    "UPDATE instances SET status_message = ? WHERE workflow = ? AND instance_id = ? "
+    "AND owner = ?"
+)
+SET_IN_FLIGHT = (
+    "UPDATE instances SET step_key = ?, step_started = ? WHERE workflow = ? "
+    "AND instance_id = ? AND owner = ? AND status = 'running'"
+)
+
 ROWS = cattrs.Converter()
 ROWS.register_structure_hook(datetime, lambda value, _: datetime.fromisoformat(value))
 
@@ -99,3 +108,17 @@ def step_record(row: dict[str, Any]) -> StepRecord:
     row = dict(row)
     row["result"] = json.loads(row["result"]) if row["state"] == "completed" else None
     return ROWS.structure(row, StepRecord)
+
+
+def step_params(write: StepWrite, owner: str) -> dict[str, Any]:
+    """The named parameters of UPSERT_STEP and INSERT_WAITING for ``write`` by ``owner``."""
+    return {
+        "workflow": write.workflow, "instance_id": write.instance_id, "key": write.key,
+        "seq": write.seq, "kind": write.kind, "state": write.state,
+        "result": write.result, "result_type": write.result_type,
+        "status": write.status, "error": write.error,
+        "completed_at": write.at if write.state == "completed" else None,
+        "started_at": write.started,
+        "traceback": write.traceback,
+        "me": owner,
+    }

@@ -161,7 +161,13 @@ class Store(Protocol):
         """
 
     def check_run(self, workflow: str, instance_id: str) -> StatusName:
-        """The instance's status, read before a step executes; ``LostInstance`` if not owned."""
+        """The instance's status, read before a step executes; ``LostInstance`` if not owned.
+
+        A store may answer without reading while it knows that nothing can
+        have changed the instance's status or owner since it last read them
+        (the SQLite store watches the WAL's commit counter); never from
+        knowledge older than the last commit of another connection.
+        """
 
     def set_status(self, workflow: str, instance_id: str, message: str) -> None:
         """Store the run's status message now; only if owned (else ``LostInstance``)."""

@@ -1,0 +1,167 @@
+"""The read before each step, and when the store may skip it (``memable._sqlite_watch``).
+
+A run checks its instance's status before each step it executes; the SQLite
+store skips the read while nothing but its own step writes committed since
+it last read the instance as running. These tests count the statements the
+store runs, and cancel from real processes between two steps, so that a
+skip that is wrong (a missed commit) fails them.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
+from pathlib import Path
+
+import pytest
+
+from memable import Cancelled, Context, Engine, _sqlite_watch
+from memable._sqlite import SQLiteStore
+from memable._store import InstanceRow, StepWrite, utcnow
+
+WAIT = 60.0
+
+
+@contextmanager
+def traced(store: SQLiteStore) -> Iterator[list[str]]:
+    """The statements the store's connection runs meanwhile."""
+    statements: list[str] = []
+    store._conn.set_trace_callback(statements.append)
+    try:
+        yield statements
+    finally:
+        store._conn.set_trace_callback(None)
+
+
+def reads(statements: list[str]) -> int:
+    return sum(s.startswith("SELECT status, owner FROM instances") for s in statements)
+
+
+def start(store: SQLiteStore, instance_id: str) -> None:
+    """Create ``wf/<instance_id>`` running and claim it."""
+    now = utcnow().isoformat()
+    store.create_instance(
+        InstanceRow("wf", instance_id, "running", None, "null", None, None, None, now, now, None)
+    )
+    assert store.begin_run("wf", instance_id, now=now, claim="resume") is not None
+
+
+def running_store(path: Path | None) -> SQLiteStore:
+    """A store with one instance ``wf/x`` claimed by it and running."""
+    store = SQLiteStore(path, "normal")
+    store.register_owner(15.0, 0.0)
+    start(store, "x")
+    return store
+
+
+def step(key: str) -> StepWrite:
+    at = utcnow().isoformat()
+    return StepWrite(
+        workflow="wf", instance_id="x", key=key, seq=0, kind="step", state="completed",
+        result="1", result_type=None, status=None, error=None, at=at, started=at,
+    )
+
+
+def test_a_file_store_reads_again_only_after_another_commit(tmp_path: Path) -> None:
+    db = tmp_path / "db"
+    store = running_store(db)
+    assert store._checks is not None, "the WAL counter was not found: every check reads"
+    with closing(sqlite3.connect(db, isolation_level=None)) as other, traced(store) as seen:
+        assert store.check_run("wf", "x") == "running"
+        assert reads(seen) == 1
+        store.save_step(step("a"))  # its own step write: nothing to read again
+        assert store.check_run("wf", "x") == "running"
+        assert reads(seen) == 1
+        start(store, "y")  # another instance's claim leaves x known, and y is known
+        assert store.check_run("wf", "x") == "running"
+        assert store.check_run("wf", "y") == "running"
+        assert reads(seen) == 1
+        other.execute("UPDATE instances SET status_message = 'elsewhere'")
+        assert store.check_run("wf", "x") == "running"
+        assert reads(seen) == 2
+        other.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        other.execute("UPDATE instances SET status_message = 'after a checkpoint'")
+        assert store.check_run("wf", "x") == "running"
+        assert reads(seen) == 3
+        other.execute("UPDATE instances SET status = 'cancelled'")
+        assert store.check_run("wf", "x") == "cancelled"
+    store.close()
+
+
+@pytest.mark.parametrize("where", ["memory", "file"])
+def test_the_stores_own_cancel_is_read_at_the_next_check(tmp_path: Path, where: str) -> None:
+    store = running_store(None if where == "memory" else tmp_path / "db")
+    with traced(store) as seen:
+        assert store.check_run("wf", "x") == "running"
+        assert store.check_run("wf", "x") == "running"
+        assert reads(seen) == 1
+        store.cancel("wf", "x", now=utcnow().isoformat())
+        assert store.check_run("wf", "x") == "cancelled"
+    store.close()
+
+
+def test_a_store_that_cannot_see_the_counter_reads_every_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No /proc, or another descriptor on the -shm file: no skipping, same answers."""
+    monkeypatch.setattr(_sqlite_watch, "_sqlite_descriptor", lambda shm: None)
+    store = running_store(tmp_path / "db")
+    assert store._checks is None
+    with traced(store) as seen:
+        for _ in range(3):
+            assert store.check_run("wf", "x") == "running"
+        assert reads(seen) == 3
+    store.close()
+
+
+def _cancel_from_another_process(db: Path, checkpoint: bool) -> None:
+    if checkpoint:  # the WAL starts over: the header is rewritten from scratch
+        subprocess.run(
+            [sys.executable, "-c", "import sqlite3, sys; sqlite3.connect(sys.argv[1])"
+             ".execute('PRAGMA wal_checkpoint(TRUNCATE)')", str(db)],
+            check=True, timeout=WAIT,
+        )
+    subprocess.run(
+        [sys.executable, "-m", "memable", "cancel", str(db), "wf", "x"],
+        check=True, timeout=WAIT, capture_output=True,
+    )
+
+
+@pytest.mark.parametrize("checkpoint", [False, True], ids=["plain", "after-checkpoint"])
+def test_a_cancel_from_another_process_between_steps_stops_the_next_one(
+    tmp_path: Path, checkpoint: bool
+) -> None:
+    """Steps before it ran unread; the cancel commits while a step runs; no step after it.
+
+    The engine polls once a minute, so only the read before each step can
+    see the cancel.
+    """
+    db = tmp_path / "db"
+    engine = Engine.open(db, poll_interval=60)
+    inside, release = threading.Event(), threading.Event()
+    ran: list[str] = []
+
+    def blocking() -> None:
+        inside.set()
+        assert release.wait(WAIT)
+        ran.append("blocking")
+
+    def wf(ctx: Context) -> None:
+        for i in range(20):  # checked once, then skipped
+            ctx.step(f"warm{i}").run(lambda: None)
+        ctx.step("blocking").run(blocking)
+        ctx.step("after").run(lambda: ran.append("after"))
+
+    engine.register("wf", wf)
+    with engine:
+        inv = engine.invoke("wf", instance_id="x")
+        assert inside.wait(WAIT)
+        _cancel_from_another_process(db, checkpoint)
+        release.set()
+        assert inv.wait(timeout=WAIT) == Cancelled()
+    engine.close()
+    assert ran == ["blocking"]
