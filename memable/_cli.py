@@ -10,6 +10,7 @@ as it was.
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 from collections.abc import Iterator, Sequence
@@ -20,8 +21,18 @@ import click
 
 from ._admin import cancel_instance, purge_finished, store_signal
 from ._demo import run_demo
-from ._errors import EngineError
-from ._inspect import STATUSES, list_instances, open_existing, show_instance
+from ._errors import EngineError, InstanceNotFound
+from ._inspect import (
+    CUT,
+    STATUSES,
+    awaited_signals,
+    did_you_mean,
+    list_instances,
+    open_existing,
+    raise_unknown,
+    show_instance,
+    stored_workflows,
+)
 from ._sqlite import SQLiteStore
 from ._worker import load_engine, run_worker
 
@@ -100,19 +111,37 @@ def list_command(db: str, workflow: str | None, status: str | None, as_json: boo
     """List the instances in the store DB, oldest first."""
     with _store(db) as store:
         found = list_instances(store, workflow, status)
+        names = stored_workflows(store) if workflow is not None and not found else []
+    if workflow is not None and not found and workflow not in names:
+        hint = did_you_mean(workflow, names)
+        _note(f"the store has no instance of workflow {workflow!r}{'; ' + hint if hint else ''}")
     if as_json:
         click.echo(_json(found))
         return
     click.echo(
         _table(
-            ["WORKFLOW", "INSTANCE", "STATUS", "MESSAGE", "CREATED", "UPDATED"],
+            ["WORKFLOW", "INSTANCE", "STATUS", "MESSAGE", "OWNER", "AGE", "CREATED", "UPDATED"],
             [
                 [i["workflow"], i["instance_id"], i["status"], i["message"],
-                 _short_time(i["created_at"]), _short_time(i["updated_at"])]
+                 None if i["owner"] is None else f"{i['owner']['host']}:{i['owner']['pid']}",
+                 _age(i["age_seconds"]), _short_time(i["created_at"]),
+                 _short_time(i["updated_at"])]
                 for i in found
             ],
         )
     )
+
+
+def _age(seconds: float) -> str:
+    """A coarse age for tables: 45s, 12m, 5h, 3d."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{max(0, int(seconds))}s"
+
+
+def _note(message: str) -> None:
+    click.echo(f"memable: note: {message}", err=True)
 
 
 def _seconds(duration: float | None) -> str | None:
@@ -121,19 +150,47 @@ def _seconds(duration: float | None) -> str | None:
     return f"{duration * 1000:.1f}ms" if duration < 1 else f"{duration:.2f}s"
 
 
-def _output(value: Any) -> str:
-    return "-" if value is None else json.dumps(value, ensure_ascii=False)
+def _owner_text(owner: dict[str, Any]) -> str:
+    if owner["judged_by"] == "gone":
+        return f"engine {owner['id']} (dead: its owner row is gone)"
+    state = "alive" if owner["alive"] else "dead"
+    how = (
+        "its pid" if owner["judged_by"] == "pid"
+        else f"its lease, which {'ends' if owner['alive'] else 'ended'} {owner['lease_ends']}"
+    )
+    return f"{owner['host']} pid {owner['pid']} ({state}, judged by {how})"
 
 
 def _show_text(view: dict[str, Any]) -> str:
+    cut = view["cut"]
+
+    def value(place: str, shown: str) -> str:
+        if place not in cut:
+            return shown
+        return f"{shown}… (cut: {cut[place]:,} characters; --full prints them all)"
+
+    def json_value(place: str, data: Any) -> str:
+        if place in cut:  # already the start of its JSON text
+            return value(place, data)
+        return "-" if data is None else json.dumps(data, ensure_ascii=False)
+
     lines = [
         f"{view['workflow']}/{view['instance_id']}: {view['status']}"
-        + (f" ({view['message']})" if view["message"] else ""),
+        + (f" ({value('message', view['message'])})" if view["message"] else ""),
+    ]
+    if view["status_message"]:
+        lines.append(f"status     {value('status_message', view['status_message'])}")
+    if view["owner"] is not None:
+        lines.append(f"owner      {_owner_text(view['owner'])}")
+    if view["in_flight"] is not None:
+        flight = view["in_flight"]
+        lines.append(f"in flight  {flight['key']} since {flight['since'] or '-'}")
+    lines += [
         f"created    {view['created_at']}",
         f"updated    {view['updated_at']}",
         f"completed  {view['completed_at'] or '-'}",
-        f"input      {json.dumps(view['input'], ensure_ascii=False)}",
-        f"output     {_output(view['output'])}",
+        f"input      {json_value('input', view['input'])}",
+        f"output     {json_value('output', view['output'])}",
         "",
         "steps:",
         _table(
@@ -145,12 +202,19 @@ def _show_text(view: dict[str, Any]) -> str:
             ],
         ),
     ]
+    cut_steps = sorted(p for p in cut if p.startswith("steps["))
+    if cut_steps:
+        lines += ["", "cut (--full prints them all): " + ", ".join(
+            f"{p} ({cut[p]:,} characters)" for p in cut_steps
+        )]
     if view["timers"]:
         lines += ["", "pending timers:", _table(["KEY", "DUE"], [
             [t["key"], t["due"]] for t in view["timers"]
         ])]
     if view["awaiting_signals"]:
         lines += ["", "awaiting signals: " + ", ".join(view["awaiting_signals"])]
+    if view["traceback"]:
+        lines += ["", "traceback:", value("traceback", view["traceback"].rstrip("\n"))]
     return "\n".join(lines)
 
 
@@ -159,10 +223,12 @@ def _show_text(view: dict[str, Any]) -> str:
 @click.argument("workflow")
 @click.argument("instance_id", metavar="ID")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON record.")
-def show(db: str, workflow: str, instance_id: str, as_json: bool) -> None:
-    """Show one instance: its status, input, output, steps, timers and awaited signals."""
+@click.option("--full", is_flag=True, help=f"Print values longer than {CUT} characters whole.")
+def show(db: str, workflow: str, instance_id: str, as_json: bool, full: bool) -> None:
+    """Show one instance: status, owner, step in flight, input, output, steps, timers,
+    awaited signals and the traceback of a failure."""
     with _store(db) as store:
-        view = show_instance(store, workflow, instance_id)
+        view = show_instance(store, workflow, instance_id, full=full)
     click.echo(_json(view) if as_json else _show_text(view))
 
 
@@ -180,8 +246,19 @@ def signal(db: str, workflow: str, instance_id: str, key: str, payload: str) -> 
     except json.JSONDecodeError as exc:
         _fail(f"the payload is not JSON ({exc}): {payload!r}")
     with _store(db) as store:
-        store_signal(store, workflow, instance_id, key, value)
+        awaited = awaited_signals(store, workflow, instance_id)
+        try:
+            store_signal(store, workflow, instance_id, key, value)
+        except InstanceNotFound:
+            raise_unknown(store, workflow, instance_id)
     click.echo(f"signal {key} stored for {workflow}/{instance_id}")
+    if key not in awaited:
+        waits = f" (it waits on {', '.join(map(repr, awaited))})" if awaited else ""
+        hint = did_you_mean(key, awaited)
+        _note(
+            f"{workflow}/{instance_id} is not waiting on {key!r}{waits}; the value is kept "
+            f"for when the workflow reaches that key{'; ' + hint if hint else ''}"
+        )
 
 
 @main.command()
@@ -191,7 +268,10 @@ def signal(db: str, workflow: str, instance_id: str, key: str, payload: str) -> 
 def cancel(db: str, workflow: str, instance_id: str) -> None:
     """Cancel an instance: it ends Cancelled at its next step boundary."""
     with _store(db) as store:
-        cancel_instance(store, workflow, instance_id)
+        try:
+            cancel_instance(store, workflow, instance_id)
+        except InstanceNotFound:
+            raise_unknown(store, workflow, instance_id)
     click.echo(f"cancelled {workflow}/{instance_id}")
 
 
@@ -215,13 +295,19 @@ def purge(db: str, older_than: str) -> None:
     click.echo(f"purged {deleted} finished instance{'' if deleted == 1 else 's'}")
 
 
+def _grace(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    if not math.isfinite(value) or value < 0:
+        raise click.BadParameter(f"{value} is not a number of seconds, 0 or more")
+    return value
+
+
 @main.command()
 @click.argument("spec", metavar="MODULE:ENGINE")
 @click.option(
     "--threads", type=click.IntRange(min=1), help="Worker threads (default: the engine's)."
 )
 @click.option(
-    "--grace", type=float, default=30.0, show_default=True,
+    "--grace", type=float, default=30.0, show_default=True, callback=_grace,
     help="Seconds to let runs in flight end after SIGINT or SIGTERM.",
 )
 def worker(spec: str, threads: int | None, grace: float) -> None:

@@ -113,8 +113,12 @@ class WorkflowNotFound(EngineError):
     no workflow registered under this name: workflow 'nonexistent'
     """
 
-    def __init__(self, workflow: str) -> None:
-        super().__init__("no workflow registered under this name", workflow=workflow)
+    def __init__(
+        self, workflow: str, why: str = "no workflow registered under this name", hint: str = ""
+    ) -> None:
+        super().__init__(why, workflow=workflow)
+        if hint:  # e.g. "did you mean 'approve'?"
+            self.args = (f"{self.args[0]}; {hint}",)
 
 
 class InstanceNotFound(EngineError):

@@ -8,7 +8,6 @@ the engine; ``Engine`` is the public face in front of it.
 
 from __future__ import annotations
 
-import os
 import threading
 import weakref
 from collections.abc import Iterator
@@ -23,7 +22,6 @@ from ._context import Context, traceback_of
 from ._control import EngineStopping, LostInstance, RunCancelled, Suspension
 from ._errors import (
     AlreadyStarted,
-    EngineError,
     InstanceNotFound,
     InvalidKey,
     NotStarted,
@@ -31,6 +29,7 @@ from ._errors import (
     SignalRejected,
     WorkflowNotFound,
 )
+from ._fork import ForkGuard
 from ._invocation import Watch, state_of
 from ._log import log, where
 from ._options import Options
@@ -42,19 +41,6 @@ from ._store import Claim, RunSnapshot, StepWrite, Store, utcnow
 from ._workflow import Workflow
 
 Phase = Literal["new", "started", "stopped", "closed"]
-
-# Runners of this process, so that a forked child can mark them unusable.
-_runners: weakref.WeakSet[Runner] = weakref.WeakSet()
-
-
-def _forked() -> None:
-    for runner in list(_runners):
-        runner._forked = True
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forked)
-
 
 class Runner:
     """Starts runs on the worker pool, records how they end, and keeps watch.
@@ -89,19 +75,13 @@ class Runner:
         self._executor: ThreadPoolExecutor | None = None
         self._background: BackgroundThread | None = None
         self._next_heartbeat = 0.0  # wall clock; the background thread's alone
-        self._forked = False  # set in a forked child: nothing here works there
-        _runners.add(self)
+        self._fork = ForkGuard()  # nothing here works in a forked child
 
     # ------------------------------------------------------------------ guards
 
     def check_fork(self) -> None:
         """Raise EngineError in a child forked after this engine was made."""
-        if self._forked:
-            raise EngineError(
-                "this engine was made before os.fork() and cannot be used in the child "
-                "process; create and start the engine after the fork (e.g. in gunicorn's "
-                "post_fork hook, or without --preload)"
-            )
+        self._fork.check()
 
     def require_accepting(self, name: str) -> None:
         self.check_fork()
@@ -345,22 +325,22 @@ class Runner:
         if now >= self._next_heartbeat:
             self.store.heartbeat(now)
             self._next_heartbeat = now + self.options.lease / 3
-            self.store.record_in_flight(self._in_flight_steps())
+            steps = [(w, i, k, t) for w, i, k, t in self.in_flight() if k and t]
+            self.store.record_in_flight(steps)
         if poll:
             self._look_around(now)
         deadline = self.store.next_deadline()
         return None if deadline is None else deadline - now
 
-    def _in_flight_steps(self) -> list[tuple[str, str, str, str]]:
-        """(workflow, id, key, since) of each step a run here is executing."""
+    def in_flight(self) -> list[tuple[str, str, str | None, str | None]]:
+        """(workflow, id, key, since) of each active run: the step it executes (None between)."""
         with self._lock:
             runs = list(self._active.values())
-        found = []
+        found: list[tuple[str, str, str | None, str | None]] = []
         for run in runs:
             ctx = run.ctx
-            key = None if ctx is None else ctx._in_flight
-            if ctx is not None and key is not None:
-                found.append((run.workflow.name, run.instance_id, key, ctx._in_flight_since))
+            key, since = (None, None) if ctx is None else (ctx._in_flight, ctx._in_flight_since)
+            found.append((run.workflow.name, run.instance_id, key, since))
         return found
 
     def _look_around(self, now: float) -> None:

@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -112,16 +113,59 @@ def run_worker(engine: Engine, *, threads: int | None, grace: float) -> int:
             # grace period can run out while it waits.
             drain = threading.Thread(target=engine.stop, name="memable-drain", daemon=True)
             drain.start()
-            drain.join(grace)
-        if drain.is_alive():
-            log.error(
-                "runs still in flight after the %gs grace period; exiting, "
-                "the next engine on the store recovers them", grace,
-            )
+            left = _drain(engine, drain, grace)
+        if left is not None:
             handler.flush()
-            os._exit(1)  # the worker threads cannot be interrupted, only abandoned
+            os._exit(left)  # the worker threads cannot be interrupted, only abandoned
         engine.close()
         log.info("worker %d stopped", os.getpid())
         return 0
     finally:
         log.removeHandler(handler)
+
+
+def _drain(engine: Engine, drain: threading.Thread, grace: float) -> int | None:
+    """Wait for ``drain`` (engine.stop) up to ``grace`` seconds; None once it ended.
+
+    With nothing in flight it ends at once, whatever the grace. It gives up
+    before the grace ends when every run left is of a cancelled instance
+    (a step that hangs: nothing of it is to be recovered), looking at the
+    store once per poll interval. Else, past the grace, it logs the runs
+    left and returns the exit status: 1 if some are to be recovered by the
+    next engine, 0 if all were cancelled.
+    """
+    deadline = time.monotonic() + grace
+    while True:
+        runs = engine._runner.in_flight()
+        if not runs:
+            drain.join()  # stop() has nothing to wait for but its own threads
+            return None
+        cancelled = [run for run in runs if _is_cancelled(engine, run[0], run[1])]
+        remaining = deadline - time.monotonic()
+        if len(cancelled) == len(runs) or remaining <= 0:
+            break
+        drain.join(min(remaining, engine._runner.poll_interval))
+        if not drain.is_alive():
+            return None
+    others = [run for run in runs if run not in cancelled]
+    if cancelled:
+        log.warning("leaving %s: cancelled, its step still running", _names(cancelled))
+    if others:
+        log.error(
+            "%s still in flight after the %gs grace period; exiting, the next engine "
+            "on the store recovers %s", _names(others), grace,
+            "it" if len(others) == 1 else "them",
+        )
+        return 1
+    return 0
+
+
+def _is_cancelled(engine: Engine, workflow: str, instance_id: str) -> bool:
+    row = engine._store.get_instance(workflow, instance_id)
+    return row is not None and row.status == "cancelled"
+
+
+def _names(runs: list[tuple[str, str, str | None, str | None]]) -> str:
+    return ", ".join(
+        f"{w}/{i}" + (f" [{key} since {since}]" if key else "") for w, i, key, since in runs
+    )

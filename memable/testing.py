@@ -1,19 +1,20 @@
-"""The memable pytest plugin: an ``engine`` fixture and ``advance`` for frozen clocks.
+"""The memable pytest plugin: a ``memable_engine`` fixture and ``advance`` for frozen clocks.
 
 pytest loads this module by itself once memable is installed (the ``pytest11``
 entry point ``memable``). It gives every test suite three fixtures:
 
-- ``memable_workflows``: the workflows the ``engine`` fixture registers, by
+- ``memable_workflows``: the workflows the ``memable_engine`` fixture registers, by
   name; ``{}`` unless a conftest overrides it.
 - ``memable_options``: the keyword options of ``Engine.in_memory``; ``{}``
   unless overridden (e.g. ``{"poll_interval": 60}``).
-- ``engine``: an in-memory ``Engine`` with those workflows, started. At
+- ``memable_engine``: an in-memory ``Engine`` with those workflows, started. At
   teardown it is drained (``wait_all``) and closed, and a thread named
   ``memable...`` that the test started and that outlived it fails the test.
 
 and two functions: ``advance(engine, clock, by)`` moves a freezegun clock and
 fires the timers that fell due, and ``running(engine, workflows)`` does for an
-engine of your own (a file-backed one, say) what the ``engine`` fixture does.
+engine of your own (a file-backed one, say) what the ``memable_engine`` fixture
+does. The fixture's old name, ``engine``, works for one more release and warns.
 The ini option ``memable_thread_timeout`` (seconds, 10 by default) bounds how
 long teardown waits for the threads of timed-out steps to end.
 
@@ -41,6 +42,7 @@ from __future__ import annotations
 import math
 import sys
 import threading
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import timedelta
@@ -103,7 +105,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 @pytest.fixture
 def memable_workflows() -> Mapping[str, Callable[..., Any]]:
-    """The workflows the ``engine`` fixture registers, by name: none unless overridden.
+    """The workflows the ``memable_engine`` fixture registers, by name: none unless overridden.
 
     Override it in a ``conftest.py`` (or a test module, or a class) to return
     ``{"ship": ship, ...}``.
@@ -113,7 +115,7 @@ def memable_workflows() -> Mapping[str, Callable[..., Any]]:
 
 @pytest.fixture
 def memable_options() -> dict[str, Any]:
-    """Keyword options of ``Engine.in_memory`` for the ``engine`` fixture: none unless overridden.
+    """Keyword options of ``Engine.in_memory`` for ``memable_engine``: none unless overridden.
 
     E.g. ``{"poll_interval": 60, "max_workers": 2}``.
     """
@@ -121,7 +123,7 @@ def memable_options() -> dict[str, Any]:
 
 
 @pytest.fixture
-def engine(
+def memable_engine(
     request: pytest.FixtureRequest,
     memable_workflows: Mapping[str, Callable[..., Any]],
     memable_options: dict[str, Any],
@@ -140,6 +142,22 @@ def engine(
         Engine.in_memory(**memable_options), memable_workflows, thread_timeout=timeout
     ) as started:
         yield started
+
+
+@pytest.fixture
+def engine(memable_engine: Engine) -> Engine:
+    """Deprecated: the old name of ``memable_engine``, kept for one release.
+
+    Many projects have an ``engine`` fixture of their own (SQLAlchemy's, say);
+    a project's own fixture of that name wins over this one.
+    """
+    warnings.warn(
+        "the memable fixture 'engine' is now 'memable_engine'; the old name goes in the "
+        "next release",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return memable_engine
 
 
 # ---------------------------------------------------------------------- helpers

@@ -177,6 +177,15 @@ def ok(*args: str | os.PathLike[str]) -> str:
     return result.stdout
 
 
+def noted(*args: str | os.PathLike[str]) -> tuple[str, str]:
+    """Run a command that must succeed with one note on stderr; return (stdout, the note)."""
+    result = cli(*args)
+    assert result.exit_code == 0, result.output
+    assert result.stderr.startswith("memable: note: ")
+    assert result.stderr.count("\n") == 1
+    return result.stdout, result.stderr.removeprefix("memable: note: ").rstrip("\n")
+
+
 def sidecars(path: Path) -> list[str]:
     """The files SQLite keeps beside ``path`` (-wal, -shm, -journal)."""
     return sorted(p.name for p in path.parent.glob(f"{path.name}-*"))
@@ -293,10 +302,19 @@ def test_list_filters_by_workflow_and_status_together(store: Store) -> None:
 
 
 def test_list_of_nothing_prints_the_header_alone(store: Store) -> None:
-    assert ok("list", store.path, "--workflow", "nobody").split() == [
-        "WORKFLOW", "INSTANCE", "STATUS", "MESSAGE", "CREATED", "UPDATED",
+    assert ok("list", store.path, "--status", "running").split() == [
+        "WORKFLOW", "INSTANCE", "STATUS", "MESSAGE", "OWNER", "AGE", "CREATED", "UPDATED",
     ]
-    assert json.loads(ok("list", store.path, "--workflow", "nobody", "--json")) == []
+    assert json.loads(ok("list", store.path, "--status", "running", "--json")) == []
+
+
+def test_list_of_a_workflow_the_store_never_saw_says_so(store: Store) -> None:
+    out, note = noted("list", store.path, "--workflow", "aprove")
+    assert out.split()[0] == "WORKFLOW"
+    assert len(out.splitlines()) == 1
+    assert note == "the store has no instance of workflow 'aprove'; did you mean 'approve'?"
+    out, note = noted("list", store.path, "--workflow", "nobody", "--json")
+    assert (json.loads(out), note) == ([], "the store has no instance of workflow 'nobody'")
 
 
 def test_list_json_gives_one_record_per_instance(store: Store) -> None:
@@ -307,9 +325,11 @@ def test_list_json_gives_one_record_per_instance(store: Store) -> None:
     assert {frozenset(r) for r in records} == {
         frozenset(
             {"workflow", "instance_id", "status", "message", "created_at", "updated_at",
-             "completed_at"}
+             "completed_at", "owner", "age_seconds"}
         )
     }
+    assert {r["owner"] for r in records} == {None}  # none is running
+    assert all(3590 < r["age_seconds"] < 36000 for r in records)  # made an hour ago
     first = records[0]
     assert datetime.fromisoformat(first["created_at"]) == store.t0
     assert datetime.fromisoformat(first["completed_at"]) == store.later
@@ -483,7 +503,12 @@ def test_signal_takes_any_json_value(store: Store) -> None:
 
 
 def test_signal_for_a_key_not_reached_yet_is_kept(store: Store) -> None:
-    ok("signal", store.path, "cool", "cool-1", "later:v1", "42")
+    out, note = noted("signal", store.path, "cool", "cool-1", "later:v1", "42")
+    assert out == "signal later:v1 stored for cool/cool-1\n"
+    assert note == (
+        "cool/cool-1 is not waiting on 'later:v1'; the value is kept for when the "
+        "workflow reaches that key"
+    )
     view = shown(store, "cool", "cool-1")
     assert [(s["key"], s["kind"], s["state"], s["result"]) for s in view["steps"]] == [
         ("cool-off:v1", "timer", "waiting", None), ("later:v1", "signal", "completed", 42),
@@ -582,7 +607,7 @@ def test_purge_keeps_what_is_not_finished_and_what_finished_since(store: Store) 
     assert listed(os.fspath(store.path)) == [INSTANCES[4]]
     assert timer_rows(store.path, "cool-1") == 1
     message = refused(store.path, "show", store.path, "ship", "order-7")
-    assert "no stored instance" in message
+    assert message == "the store has no instance of this workflow: workflow 'ship'"
 
 
 # ---------------------------------------------------------------------- refusals
@@ -667,6 +692,9 @@ def test_an_unknown_instance_or_workflow_is_refused(
     message = refused(store.path, *args)
     assert message == (
         f"no stored instance: workflow {workflow!r}, instance {instance_id!r}"
+        if workflow == "approve" else
+        f"the store has no instance of this workflow: workflow {workflow!r}; "
+        "did you mean 'ship'?"
     )
 
 

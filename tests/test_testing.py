@@ -463,8 +463,8 @@ def test_the_testing_page_file_backed_engine_passes_the_same_tests(
         test_on_a_file="""
         from pathlib import Path
 
-        def test_the_engine_is_on_a_file(engine, tmp_path: Path) -> None:
-            engine.invoke("remind", "x@example.com").wait(timeout=10)
+        def test_the_engine_is_on_a_file(memable_engine, tmp_path: Path) -> None:
+            memable_engine.invoke("remind", "x@example.com").wait(timeout=10)
             assert (tmp_path / "workflows.db").exists()
         """
     )
@@ -482,14 +482,14 @@ def test_the_default_fixtures_give_an_empty_started_engine_closed_after(
 
         seen = []
 
-        def test_defaults(engine, memable_workflows, memable_options):
-            assert isinstance(engine, Engine)
+        def test_defaults(memable_engine, memable_workflows, memable_options):
+            assert isinstance(memable_engine, Engine)
             assert (memable_workflows, memable_options) == ({}, {})
             with pytest.raises(WorkflowNotFound):
-                engine.invoke("nothing")
+                memable_engine.invoke("nothing")
             with pytest.raises(WorkflowNotFound):  # started: taken, and no such workflow
-                engine.signal("wf", "id", "key", 1)
-            seen.append(engine)
+                memable_engine.signal("wf", "id", "key", 1)
+            seen.append(memable_engine)
 
         def test_the_previous_engine_is_stopped():
             [previous] = seen
@@ -532,8 +532,8 @@ def test_overrides_in_a_conftest_a_module_and_a_parametrize(inner: pytest.Pytest
     )
     inner.makepyfile(
         test_conftest_level="""
-        def test_the_options_reach_the_engine(engine, slept):
-            assert engine.invoke("flaky").result(timeout=10) == 3
+        def test_the_options_reach_the_engine(memable_engine, slept):
+            assert memable_engine.invoke("flaky").result(timeout=10) == 3
             assert slept == [1.5, 3.0]  # the retry policy and the sleep of the options
         """,
         test_module_level="""
@@ -544,19 +544,19 @@ def test_overrides_in_a_conftest_a_module_and_a_parametrize(inner: pytest.Pytest
         def memable_workflows():
             return {"double": lambda ctx, n: 2 * n}
 
-        def test_the_module_workflows_replace_the_conftest_ones(engine):
-            assert engine.invoke("double", 21).result(timeout=10) == 42
+        def test_the_module_workflows_replace_the_conftest_ones(memable_engine):
+            assert memable_engine.invoke("double", 21).result(timeout=10) == 42
             with pytest.raises(WorkflowNotFound):
-                engine.invoke("flaky")
+                memable_engine.invoke("flaky")
         """,
         test_parametrize_level="""
         import pytest
         from memable import Failed
 
         @pytest.mark.parametrize("memable_options", [{"max_workers": 1}])
-        def test_options_for_one_test(engine, memable_options):
+        def test_options_for_one_test(memable_engine, memable_options):
             # No retry policy in these options: the first error fails the run.
-            assert isinstance(engine.invoke("flaky").wait(timeout=10), Failed)
+            assert isinstance(memable_engine.invoke("flaky").wait(timeout=10), Failed)
         """,
     )
     inner.runpytest().assert_outcomes(passed=3)
@@ -572,7 +572,7 @@ def test_bad_options_are_an_error_of_the_fixture(inner: pytest.Pytester) -> None
         def memable_options():
             return {"pol_interval": 60}
 
-        def test_x(engine):
+        def test_x(memable_engine):
             pass
         """
     )
@@ -621,8 +621,8 @@ def test_a_timed_out_step_left_running_is_reported_at_teardown(
         def memable_workflows():
             return {"hang": hang}
 
-        def test_leaks(engine):
-            state = engine.invoke("hang", instance_id="h-1").wait(timeout=10)
+        def test_leaks(memable_engine):
+            state = memable_engine.invoke("hang", instance_id="h-1").wait(timeout=10)
             assert "timed out" in state.message
         """
     )
@@ -647,7 +647,7 @@ def test_an_engine_the_test_started_and_left_open_is_reported(
         from memable import Engine
         from memable_leak_gate import ENGINES
 
-        def test_forgets_to_close(engine):
+        def test_forgets_to_close(memable_engine):
             other = Engine.in_memory()
             ENGINES.append(other)
             other.register("wf", lambda ctx: 1)
@@ -677,8 +677,8 @@ def test_a_released_step_thread_is_no_leak(inner: pytest.Pytester, gate: ModuleT
         def memable_workflows():
             return {"hang": lambda ctx: ctx.step("h").timeout(0.05).run(RELEASE.wait, 30)}
 
-        def test_releases(engine):
-            assert "timed out" in engine.invoke("hang").wait(timeout=10).message
+        def test_releases(memable_engine):
+            assert "timed out" in memable_engine.invoke("hang").wait(timeout=10).message
             RELEASE.set()
         """
     )
@@ -687,10 +687,49 @@ def test_a_released_step_thread_is_no_leak(inner: pytest.Pytester, gate: ModuleT
 
 def test_a_bad_thread_timeout_setting_is_a_usage_error(inner: pytest.Pytester) -> None:
     """memable_thread_timeout must be a number of seconds >= 0."""
-    inner.makepyfile("def test_x(engine):\n    pass\n")
+    inner.makepyfile("def test_x(memable_engine):\n    pass\n")
     result = inner.runpytest("-o", "memable_thread_timeout=soon")
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*memable_thread_timeout must be a number of seconds*"])
+
+
+def test_the_old_fixture_name_works_and_warns(inner: pytest.Pytester) -> None:
+    """``engine`` is the same engine as ``memable_engine``, with a DeprecationWarning."""
+    inner.makepyfile(
+        """
+        def test_old_name(engine, memable_engine):
+            assert engine is memable_engine
+        """
+    )
+    result = inner.runpytest("-W", "always::DeprecationWarning")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(
+        ["*DeprecationWarning: the memable fixture 'engine' is now 'memable_engine'*"]
+    )
+
+
+def test_a_projects_own_engine_fixture_wins_over_the_old_name(inner: pytest.Pytester) -> None:
+    """A conftest ``engine`` (SQLAlchemy's, say) is the one tests get; memable warns nothing."""
+    inner.makeconftest(
+        """
+        import pytest
+
+        @pytest.fixture
+        def engine():
+            return "the project's own"
+        """
+    )
+    inner.makepyfile(
+        """
+        from memable import Engine
+
+        def test_both(engine, memable_engine):
+            assert engine == "the project's own"
+            assert isinstance(memable_engine, Engine)
+        """
+    )
+    result = inner.runpytest("-W", "error::DeprecationWarning")
+    result.assert_outcomes(passed=1)
 
 
 def test_the_plugin_loads_and_runs_without_freezegun(pytester: pytest.Pytester) -> None:
@@ -705,10 +744,10 @@ def test_the_plugin_loads_and_runs_without_freezegun(pytester: pytest.Pytester) 
         def memable_workflows():
             return {"hello": lambda ctx: "hello"}
 
-        def test_without_freezegun(engine):
+        def test_without_freezegun(memable_engine):
             with pytest.raises(ImportError, match="not installed here"):
                 import freezegun
-            assert engine.invoke("hello").result(timeout=10) == "hello"
+            assert memable_engine.invoke("hello").result(timeout=10) == "hello"
         """,
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")

@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
 import threading
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -211,10 +213,54 @@ def test_a_run_still_in_flight_after_the_grace_period_is_left_for_recovery(
     worker, _ = _held_in_a_step(app_dir, workers, "job-3", "--grace", "0.2")  # never released
 
     assert worker.stop(signal.SIGINT) == 1
-    worker.wait_for(r"grace period")
+    line = worker.wait_for(r"grace period")
+    assert "approve/job-3 [gate:v1 since " in line
+    assert "recovers it" in line
     status, steps = _stored(app_dir / "store.db", "job-3")
     assert status == "running"
     assert steps == {"prepare:v1": "prepared", "approval:v1": 1}
+
+
+def test_grace_zero_with_nothing_in_flight_stops_cleanly(
+    app_dir: Path, workers: list[Worker]
+) -> None:
+    """--grace 0 and no run: exit 0, no ERROR, and the worker's owner row is gone."""
+    worker = Worker(app_dir, "--grace", "0")
+    workers.append(worker)
+    worker.wait_for(r"worker \d+ started")
+    assert worker.stop(signal.SIGTERM) == 0
+    worker.wait_for(r"worker \d+ stopped")
+    assert not [line for line in worker.lines if " ERROR " in line]
+    assert _owners(app_dir / "store.db") == []
+
+
+@pytest.mark.parametrize("grace", ["-5", "-0.1", "nan", "inf"])
+def test_a_negative_grace_is_refused_before_anything_starts(app_dir: Path, grace: str) -> None:
+    done = _cli(app_dir, "worker", "app:engine", "--grace", grace)
+    assert done.returncode == 2
+    assert "--grace" in done.stderr
+    assert not (app_dir / "store.db").exists()
+
+
+def test_sigterm_does_not_wait_for_a_cancelled_instance_nor_promise_its_recovery(
+    app_dir: Path, workers: list[Worker]
+) -> None:
+    """A hung step of a cancelled instance: SIGTERM exits at once (not after --grace), 0."""
+    worker, _ = _held_in_a_step(app_dir, workers, "job-4", "--grace", "600")  # never released
+    done = _cli(app_dir, "cancel", "store.db", "approve", "job-4")
+    assert done.returncode == 0, done.stderr
+    assert worker.stop(signal.SIGTERM) == 0  # within WAIT, far short of the grace
+    line = worker.wait_for(r"leaving approve/job-4")
+    assert "cancelled" in line
+    assert "[gate:v1 since " in line
+    assert not [line for line in worker.lines if "recovers" in line or " ERROR " in line]
+    status, _ = _stored(app_dir / "store.db", "job-4")
+    assert status == "cancelled"
+
+
+def _owners(db: Path) -> list[tuple[object, ...]]:
+    with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+        return conn.execute("SELECT id FROM owners").fetchall()
 
 
 @pytest.mark.parametrize(

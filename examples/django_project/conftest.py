@@ -1,4 +1,4 @@
-"""Django setup for the example's tests; the memable plugin's ``engine`` runs WORKFLOWS."""
+"""Django setup for the example's tests; the memable plugin's ``memable_engine`` runs WORKFLOWS."""
 
 from __future__ import annotations
 
@@ -25,8 +25,14 @@ from orders.workflows import WORKFLOWS  # noqa: E402
 
 @pytest.fixture
 def memable_workflows() -> dict[str, Callable[..., Any]]:
-    """What the plugin's ``engine`` fixture registers before it starts the engine."""
+    """What the plugin's ``memable_engine`` fixture registers before it starts the engine."""
     return WORKFLOWS
+
+
+@pytest.fixture
+def engine(memable_engine: Engine) -> Engine:
+    """The plugin's engine, under the shorter name these tests use."""
+    return memable_engine
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Fixtures of the Flask example: the memable plugin's ``engine`` runs the app's WORKFLOWS."""
+"""Fixtures of the Flask example: the plugin's ``memable_engine`` runs the app's WORKFLOWS."""
 
 from __future__ import annotations
 
@@ -19,8 +19,14 @@ from workflows import WORKFLOWS
 
 @pytest.fixture
 def memable_workflows() -> dict[str, Callable[..., Any]]:
-    """What the plugin's ``engine`` fixture registers before it starts the engine."""
+    """What the plugin's ``memable_engine`` fixture registers before it starts the engine."""
     return WORKFLOWS
+
+
+@pytest.fixture
+def engine(memable_engine: Engine) -> Engine:
+    """The plugin's engine, under the shorter name these tests use."""
+    return memable_engine
 
 
 @pytest.fixture

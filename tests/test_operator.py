@@ -1,0 +1,225 @@
+"""What an operator sees with ``memable show``, ``list`` and ``signal`` (issue 11's findings).
+
+Each test runs the command line against a store a real engine is writing (in
+this process, or in a child killed with SIGKILL): a running instance names
+its owner and whether it lives, the step in flight and the status message;
+a failed one its traceback; large values are cut unless ``--full``; a
+signal to a key nobody waits on, or to a workflow the store never saw, is
+answered with a word, not silence.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from memable import Context, Engine
+from memable._cli import main
+
+WAIT = 30.0
+CHILD = str(Path(__file__).with_name("_procs.py"))
+
+
+def cli(*args: object) -> Result:
+    result = CliRunner().invoke(main, [os.fspath(a) for a in args])  # type: ignore[arg-type]
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result
+
+
+def shown(db: Path, workflow: str, instance_id: str, *more: str) -> dict[str, Any]:
+    result = cli("show", db, workflow, instance_id, "--json", *more)
+    assert (result.exit_code, result.stderr) == (0, ""), result.output
+    view: dict[str, Any] = json.loads(result.stdout)
+    return view
+
+
+def eventually(look: Callable[[], Any]) -> Any:
+    """The first truthy value of ``look()``, read again every 20 ms up to WAIT seconds.
+
+    For what another thread or process writes to the store at its heartbeat:
+    there is no event to wait on across a store.
+    """
+    pause = threading.Event()
+    for _ in range(int(WAIT / 0.02)):
+        found = look()
+        if found:
+            return found
+        pause.wait(0.02)
+    pytest.fail("the store never showed it")
+
+
+@pytest.fixture
+def held(tmp_path: Path) -> Iterator[tuple[Path, Engine, threading.Event]]:
+    """An engine on a file whose instance pay/order-1 is inside step charge:v1 until set."""
+    db = tmp_path / "store.db"
+    release = threading.Event()
+
+    def pay(ctx: Context, total: int) -> str:
+        ctx.step("reserve:v1").run(lambda: "reserved")
+        ctx.set_status("charging the card")
+        return ctx.step("charge:v1").run(lambda: release.wait(WAIT) and f"charged {total}")
+
+    # A short lease: the heartbeat that notes the step in flight comes every 0.1 s.
+    engine = Engine.open(db, lease=0.3)
+    engine.register("pay", pay)
+    engine.start()
+    invocation = engine.invoke("pay", 12, instance_id="order-1")
+    try:
+        yield db, engine, release
+    finally:
+        release.set()
+        invocation.wait(timeout=WAIT)
+        engine.close()
+
+
+def test_show_of_a_running_instance_names_its_owner_step_in_flight_and_status(
+    held: tuple[Path, Engine, threading.Event],
+) -> None:
+    db, _, _ = held
+    view = eventually(lambda: (v := shown(db, "pay", "order-1"))["in_flight"] and v)
+    assert view["status"] == "running"
+    assert view["status_message"] == "charging the card"
+    assert view["in_flight"]["key"] == "charge:v1"
+    assert view["in_flight"]["since"] >= view["created_at"]
+    owner = view["owner"]
+    assert (owner["host"], owner["pid"], owner["alive"], owner["judged_by"]) == (
+        socket.gethostname(), os.getpid(), True, "pid",
+    )
+    lines = cli("show", db, "pay", "order-1").stdout.splitlines()
+    assert "status     charging the card" in lines
+    assert f"owner      {socket.gethostname()} pid {os.getpid()} (alive, judged by its pid)" in (
+        lines
+    )
+    assert f"in flight  charge:v1 since {view['in_flight']['since']}" in lines
+
+
+def test_list_names_the_owner_of_a_running_instance_and_its_age(
+    held: tuple[Path, Engine, threading.Event],
+) -> None:
+    db, _, _ = held
+    [record] = json.loads(cli("list", db, "--status", "running", "--json").stdout)
+    assert record["owner"] == {"host": socket.gethostname(), "pid": os.getpid()}
+    assert 0 <= record["age_seconds"] < WAIT
+    header, row = cli("list", db, "--status", "running").stdout.splitlines()
+    assert header.split() == [
+        "WORKFLOW", "INSTANCE", "STATUS", "MESSAGE", "OWNER", "AGE", "CREATED", "UPDATED",
+    ]
+    assert f"{socket.gethostname()}:{os.getpid()}" in row.split()
+
+
+def test_show_of_an_instance_whose_owner_was_killed_says_it_is_dead(tmp_path: Path) -> None:
+    """SIGKILL the engine's process inside step s3: its instance shows a dead owner."""
+    db, log = tmp_path / "store.db", tmp_path / "log"
+    child = subprocess.Popen(
+        [sys.executable, CHILD, "crash", str(db), str(log), "3"],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline() == "in step 3\n"
+        eventually(lambda: shown(db, "ten", "crash")["in_flight"])
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(timeout=WAIT)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        if child.stdout is not None:
+            child.stdout.close()
+    view = shown(db, "ten", "crash")
+    assert view["status"] == "running"
+    assert view["in_flight"]["key"] == "s3"
+    owner = view["owner"]
+    assert (owner["pid"], owner["alive"], owner["judged_by"]) == (child.pid, False, "pid")
+    text = cli("show", db, "ten", "crash").stdout
+    assert f"pid {child.pid} (dead, judged by its pid)" in text
+
+
+def test_show_of_a_failed_instance_prints_its_traceback(tmp_path: Path) -> None:
+    db = tmp_path / "store.db"
+
+    def declined() -> None:
+        raise RuntimeError("card declined")
+
+    engine = Engine.open(db)
+    engine.register("charge", lambda ctx: ctx.step("charge:v1").run(declined))
+    with engine:
+        engine.invoke("charge", instance_id="order-8").wait(timeout=WAIT)
+    engine.close()
+    view = shown(db, "charge", "order-8")
+    assert view["traceback"].startswith("Traceback (most recent call last):")
+    assert "RuntimeError: card declined" in view["traceback"]
+    assert "RuntimeError: card declined" in view["steps"][0]["traceback"]
+    text = cli("show", db, "charge", "order-8").stdout
+    after = text.split("\ntraceback:\n", 1)[1]
+    assert after.startswith("Traceback (most recent call last):")
+    assert 'raise RuntimeError("card declined")' in after
+
+
+def test_show_cuts_large_values_and_full_prints_them(tmp_path: Path) -> None:
+    db = tmp_path / "store.db"
+    big = "x" * 100_000
+    engine = Engine.open(db)
+    engine.register("echo", lambda ctx, text: ctx.step("copy:v1").run(lambda: text))
+    with engine:
+        engine.invoke("echo", big, instance_id="big").result(timeout=WAIT)
+    engine.close()
+    whole = len(json.dumps(big))
+    view = shown(db, "echo", "big")
+    assert view["cut"] == {"input": whole, "output": whole, "steps[0].result": whole}
+    assert view["input"] == json.dumps(big)[:2000]
+    text = cli("show", db, "echo", "big").stdout
+    assert len(text) < 10_000
+    assert f"… (cut: {whole:,} characters; --full prints them all)" in text
+    assert f"steps[0].result ({whole:,} characters)" in text
+    full = shown(db, "echo", "big", "--full")
+    assert (full["cut"], full["input"], full["steps"][0]["result"]) == ({}, big, big)
+    assert big in cli("show", db, "echo", "big", "--full").stdout
+
+
+@pytest.fixture
+def parked(tmp_path: Path) -> Path:
+    """A store with approve/doc-1 suspended on the signal approval:v1."""
+    db = tmp_path / "store.db"
+    engine = Engine.open(db)
+    engine.register("approve", lambda ctx: ctx.suspend("approval:v1"))
+    with engine:
+        engine.invoke("approve", instance_id="doc-1").wait(timeout=WAIT)
+    engine.close()
+    return db
+
+
+def test_a_signal_to_a_key_the_instance_does_not_wait_on_says_so(parked: Path) -> None:
+    result = cli("signal", parked, "approve", "doc-1", "approval", '"carol"')
+    assert result.exit_code == 0
+    assert result.stdout == "signal approval stored for approve/doc-1\n"
+    assert result.stderr == (
+        "memable: note: approve/doc-1 is not waiting on 'approval' (it waits on "
+        "'approval:v1'); the value is kept for when the workflow reaches that key; "
+        "did you mean 'approval:v1'?\n"
+    )
+    right = cli("signal", parked, "approve", "doc-1", "approval:v1", '"carol"')
+    assert (right.exit_code, right.stderr) == (0, "")
+
+
+def test_a_signal_to_a_workflow_the_store_never_saw_is_refused(parked: Path) -> None:
+    before = parked.read_bytes()
+    result = cli("signal", parked, "aprove", "doc-1", "approval:v1", '"carol"')
+    assert result.exit_code == 2
+    assert result.stderr == (
+        "memable: error: the store has no instance of this workflow: workflow 'aprove'; "
+        "did you mean 'approve'?\n"
+    )
+    assert parked.read_bytes() == before
