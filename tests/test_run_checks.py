@@ -9,7 +9,11 @@ skip that is wrong (a missed commit) fails them.
 
 from __future__ import annotations
 
+import ctypes
+import mmap
+import os
 import sqlite3
+import struct
 import subprocess
 import sys
 import threading
@@ -165,3 +169,143 @@ def test_a_cancel_from_another_process_between_steps_stops_the_next_one(
         assert inv.wait(timeout=WAIT) == Cancelled()
     engine.close()
     assert ran == ["blocking"]
+
+
+# ---------------------------------------------------------------------- the counter itself
+
+
+def shm_maps(db: Path) -> int:
+    """How many mappings of the store's -shm file this process has (deleted or not)."""
+    shm = f"{db}-shm"
+    with open("/proc/self/maps") as maps:
+        return sum(line.rstrip("\n").removesuffix(" (deleted)").endswith(shm) for line in maps)
+
+
+def test_a_write_that_changed_no_row_keeps_the_instances_known(tmp_path: Path) -> None:
+    """No row changed: no commit, so the counter is expected where it was."""
+    store = running_store(tmp_path / "db")
+    with traced(store) as seen:
+        assert store.check_run("wf", "x") == "running"
+        store.record_in_flight([("wf", "no-such-instance", "k", "t")])
+        store.save_step(step("a"))
+        store.record_in_flight([("wf", "no-such-instance", "k", "t")])
+        assert store.check_run("wf", "x") == "running"
+        assert reads(seen) == 1
+    store.close()
+
+
+class _Word:
+    value = 0
+
+
+class _Counter:
+    """Stands for ShmCounter: a counter word the test sets."""
+
+    def __init__(self) -> None:
+        self.word = _Word()
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_counter_wraps_around_at_32_bits() -> None:
+    counter = _Counter()
+    counter.word.value = 0xFFFFFFFF
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE TABLE t (x)")
+    checks = _sqlite_watch.RunChecks(conn, counter)  # type: ignore[arg-type]
+    assert not checks.known_running("wf", "x")
+    checks.saw_running("wf", "x")
+    before = checks.before_write()
+    conn.execute("INSERT INTO t VALUES (1)")
+    counter.word.value = 0  # the commit raised the counter past 2**32 - 1
+    checks.after_write(before, ok=True, forget=[])
+    assert checks.known_running("wf", "x")
+    conn.close()
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs /proc (Linux)")
+def test_closing_the_store_unmaps_the_counter(tmp_path: Path) -> None:
+    db = tmp_path / "db"
+    store = running_store(db)
+    assert store._checks is not None
+    assert shm_maps(db) >= 2  # SQLite's and the counter's
+    store.close()
+    assert shm_maps(db) == 0
+
+
+def test_a_failed_mapping_means_no_counter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = _sqlite_watch._libc()
+
+    class FailingLibc:
+        munmap = real.munmap
+
+        @staticmethod
+        def mmap(*args: object) -> int | None:
+            return ctypes.c_void_p(-1).value  # MAP_FAILED
+
+    monkeypatch.setattr(_sqlite_watch, "_libc", FailingLibc)
+    store = running_store(tmp_path / "db")
+    assert store._checks is None
+    assert store.check_run("wf", "x") == "running"
+    store.close()
+
+
+@pytest.mark.parametrize(
+    "damage", ["copies differ", "wrong version", "not initialised"]
+)
+def test_a_header_that_is_not_a_wal_index_means_no_counter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: str
+) -> None:
+    """The mapped file must hold a WAL-index header (two equal copies, version, isInit)."""
+    header = bytearray(struct.pack("=I", 3007000) + bytes(44))
+    header[12] = 1
+    first, second = bytearray(header), bytearray(header)
+    if damage == "copies differ":
+        second[8] = 7
+    elif damage == "wrong version":
+        first[0] = second[0] = 9
+    else:
+        first[12] = second[12] = 0
+    fake = tmp_path / "fake-shm"
+    fake.write_bytes(bytes(first + second) + bytes(mmap.PAGESIZE))
+    fd = os.open(fake, os.O_RDONLY)  # not a SQLite file: closing it drops no lock
+    try:
+        monkeypatch.setattr(_sqlite_watch, "_sqlite_descriptor", lambda shm: fd)
+        assert _sqlite_watch.ShmCounter.open(str(tmp_path / "anything")) is None
+        fake.write_bytes(bytes(header + header) + bytes(mmap.PAGESIZE))
+        counter = _sqlite_watch.ShmCounter.open(str(tmp_path / "anything"))
+        assert counter is not None
+        counter.close()
+    finally:
+        os.close(fd)
+
+
+def test_a_second_descriptor_on_the_shm_file_means_no_counter(tmp_path: Path) -> None:
+    """Two descriptors: one may not be SQLite's, so the store reads every time."""
+    db = tmp_path / "db"
+    first = running_store(db)
+    assert first._checks is not None
+    extra = os.open(f"{db}-shm", os.O_RDONLY)
+    try:
+        second = SQLiteStore(db, "normal")
+        assert second._checks is None
+        second.close()
+    finally:
+        first.close()
+        os.close(extra)  # after every connection to the file: no lock of theirs to drop
+
+
+def test_the_descriptor_scan_skips_what_it_cannot_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = os.listdir
+    monkeypatch.setattr(
+        _sqlite_watch.os, "listdir",
+        lambda path: ["not-a-descriptor", "999999", *real(path)],
+    )
+    store = running_store(tmp_path / "db")
+    assert store._checks is not None
+    store.close()
