@@ -112,10 +112,7 @@ def show_instance(
         "WHERE workflow = :workflow AND instance_id = :instance_id ORDER BY deadline",
         where,
     )
-    view["timers"] = [
-        {"key": t["key"], "due": datetime.fromtimestamp(t["deadline"], timezone.utc).isoformat()}
-        for t in timers
-    ]
+    view["timers"] = [{"key": t["key"], "due": _due(t["deadline"])} for t in timers]
     # A finished instance awaits nothing, whatever rows its last run left waiting.
     view["awaiting_signals"] = [
         s["key"] for s in steps
@@ -124,6 +121,21 @@ def show_instance(
     ]
     view["cut"] = {} if full else _cut_large(view)
     return view
+
+
+def _due(deadline: float) -> str:
+    """A timer's deadline as ISO text; one past the calendar (stored by an older memable,
+    which took any number) as the seconds it holds.
+
+    >>> _due(0.0)
+    '1970-01-01T00:00:00+00:00'
+    >>> _due(1e12)
+    '1000000000000.0 s after 1970-01-01 (past the calendar)'
+    """
+    try:
+        return datetime.fromtimestamp(deadline, timezone.utc).isoformat()
+    except (OverflowError, ValueError, OSError):
+        return f"{deadline} s after 1970-01-01 (past the calendar)"
 
 
 def _owner(store: SQLiteStore, owner_id: str) -> dict[str, Any]:

@@ -14,10 +14,12 @@ import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -223,3 +225,20 @@ def test_a_signal_to_a_workflow_the_store_never_saw_is_refused(parked: Path) -> 
         "did you mean 'approve'?\n"
     )
     assert parked.read_bytes() == before
+
+
+def test_show_of_a_timer_past_the_calendar_does_not_crash(tmp_path: Path) -> None:
+    """An older memable stored ``ctx.timer(key, 1e12)``: show prints it, it does not crash."""
+    db = tmp_path / "store.db"
+    engine = Engine.open(db)
+    engine.register("cool", lambda ctx: ctx.timer("cool-off:v1", 3600))
+    with engine:
+        engine.invoke("cool", instance_id="c").wait(timeout=WAIT)
+    engine.close()
+    with closing(sqlite3.connect(db)) as conn, conn:
+        conn.execute("UPDATE timers SET deadline = 1e12")
+    [timer] = shown(db, "cool", "c")["timers"]
+    assert timer == {
+        "key": "cool-off:v1", "due": "1000000000000.0 s after 1970-01-01 (past the calendar)",
+    }
+    assert "past the calendar" in cli("show", db, "cool", "c").stdout
