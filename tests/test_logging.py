@@ -8,20 +8,16 @@ a plain ``%(levelname)s %(message)s`` format would show them.
 from __future__ import annotations
 
 import logging
-import os
-import signal
-import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import killed_in_a_step
 
 from memable import Context, Engine
 
 WAIT = 30.0
-CHILD = str(Path(__file__).with_name("_procs.py"))
 
 
 def test_every_record_about_an_instance_names_it_in_its_message(
@@ -60,22 +56,6 @@ def test_a_failure_is_logged_at_warning_with_its_traceback(
     text = logging.Formatter("%(message)s").format(failed)
     assert "Traceback (most recent call last):" in text
     assert "RuntimeError: card declined" in text
-
-
-def _killed_in_a_step(db: Path, log: Path) -> None:
-    """A child engine runs ten/crash into step s3 and is SIGKILLed there (reaped)."""
-    child = subprocess.Popen(
-        [sys.executable, CHILD, "crash", str(db), str(log), "3"],
-        stdout=subprocess.PIPE, text=True,
-    )
-    try:
-        assert child.stdout is not None
-        assert child.stdout.readline() == "in step 3\n"
-    finally:
-        os.kill(child.pid, signal.SIGKILL)
-        child.wait(timeout=WAIT)
-        if child.stdout is not None:
-            child.stdout.close()
 
 
 def _ten(log: Path) -> Any:
@@ -125,7 +105,8 @@ def test_only_the_engine_that_takes_a_dead_owners_instance_logs_its_recovery(
         try:
             blocker = b.invoke("block")
             assert busy.wait(WAIT)
-            _killed_in_a_step(db, log)
+            with killed_in_a_step(db, log):
+                pass
             killed.set()
             # A look that ended after the kill may have begun before it; the
             # one after it began after: B has seen the orphan.

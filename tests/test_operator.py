@@ -12,11 +12,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import sqlite3
-import subprocess
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import closing
@@ -25,12 +22,12 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
+from helpers import killed_in_a_step
 
 from memable import Context, Engine
 from memable._cli import main
 
 WAIT = 30.0
-CHILD = str(Path(__file__).with_name("_procs.py"))
 
 
 def cli(*args: object) -> Result:
@@ -124,29 +121,15 @@ def test_list_names_the_owner_of_a_running_instance_and_its_age(
 def test_show_of_an_instance_whose_owner_was_killed_says_it_is_dead(tmp_path: Path) -> None:
     """SIGKILL the engine's process inside step s3: its instance shows a dead owner."""
     db, log = tmp_path / "store.db", tmp_path / "log"
-    child = subprocess.Popen(
-        [sys.executable, CHILD, "crash", str(db), str(log), "3"],
-        stdout=subprocess.PIPE, text=True,
-    )
-    try:
-        assert child.stdout is not None
-        assert child.stdout.readline() == "in step 3\n"
+    with killed_in_a_step(db, log, 3) as pid:
         eventually(lambda: shown(db, "ten", "crash")["in_flight"])
-        os.kill(child.pid, signal.SIGKILL)
-        child.wait(timeout=WAIT)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
-        if child.stdout is not None:
-            child.stdout.close()
     view = shown(db, "ten", "crash")
     assert view["status"] == "running"
     assert view["in_flight"]["key"] == "s3"
     owner = view["owner"]
-    assert (owner["pid"], owner["alive"], owner["judged_by"]) == (child.pid, False, "pid")
+    assert (owner["pid"], owner["alive"], owner["judged_by"]) == (pid, False, "pid")
     text = cli("show", db, "ten", "crash").stdout
-    assert f"pid {child.pid} (dead, judged by its pid)" in text
+    assert f"pid {pid} (dead, judged by its pid)" in text
 
 
 def test_show_of_a_failed_instance_prints_its_traceback(tmp_path: Path) -> None:
