@@ -22,6 +22,7 @@ from memable._background import BackgroundThread
 from memable._clock import Clock
 from memable._control import LostInstance
 from memable._group_commit import GroupCommit
+from memable._sqlite import SQLiteStore
 from memable._store import InstanceRow, StepWrite
 
 
@@ -534,3 +535,20 @@ def test_a_stored_step_keeps_when_its_execution_started(tmp_path: Path) -> None:
     with closing(sqlite3.connect(tmp_path / "db")) as reader:
         [(started_at,)] = reader.execute("SELECT started_at FROM steps").fetchall()
     assert started_at is not None
+
+
+@pytest.mark.parametrize("where", ["memory", "file"])
+def test_a_write_after_the_store_closed_fails_naming_it(tmp_path: Path, where: str) -> None:
+    """Not an AttributeError from the closed connection: a StorageError that says why."""
+    store = SQLiteStore(None if where == "memory" else tmp_path / "db", "normal")
+    store.close()
+    write = StepWrite(
+        workflow="wf", instance_id="x", key="k", seq=0, kind="step", state="completed",
+        result="1", result_type=None, status=None, error=None, at="2026-01-01T00:00:00+00:00",
+    )
+    with pytest.raises(StorageError) as raised:
+        store.save_step(write)
+    assert str(raised.value).startswith("cannot store the step in ")
+    assert str(raised.value).endswith(
+        "(the store is closed): workflow 'wf', instance 'x', step 'k'"
+    )
