@@ -6,6 +6,7 @@ batching and its refusals, the timer thread's wake-up on a newly armed timer.
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import threading
 import time
@@ -552,3 +553,26 @@ def test_a_write_after_the_store_closed_fails_naming_it(tmp_path: Path, where: s
     assert str(raised.value).endswith(
         "(the store is closed): workflow 'wf', instance 'x', step 'k'"
     )
+
+
+def test_a_tick_that_raises_is_logged_and_the_thread_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A failed look (a store locked past its timeout) is logged; the next look still comes."""
+
+    def answer(n: int) -> float | None:
+        if n == 1:
+            raise sqlite3.OperationalError("database is locked")
+        return None
+
+    thread, polls, ticked = _ticking(60, answer)
+    with caplog.at_level(logging.ERROR, logger="memable"):
+        thread.start()
+        assert _wait_ticks(polls, ticked, 1, 10)
+        thread.armed()
+        assert _wait_ticks(polls, ticked, 2, 10)
+        thread.stop()
+    [failed] = caplog.records
+    assert failed.getMessage() == "timer thread: looking at the store failed; trying again"
+    assert failed.exc_info is not None
+    assert isinstance(failed.exc_info[1], sqlite3.OperationalError)
