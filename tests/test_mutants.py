@@ -22,7 +22,7 @@ from memable import Engine, EngineError, StorageError
 from memable._background import BackgroundThread
 from memable._clock import Clock
 from memable._control import LostInstance
-from memable._group_commit import GroupCommit
+from memable._group_commit import GroupCommit, _Pending
 from memable._sqlite import SQLiteStore
 from memable._store import InstanceRow, StepWrite
 
@@ -576,3 +576,52 @@ def test_a_tick_that_raises_is_logged_and_the_thread_goes_on(
     assert failed.getMessage() == "timer thread: looking at the store failed; trying again"
     assert failed.exc_info is not None
     assert isinstance(failed.exc_info[1], sqlite3.OperationalError)
+
+
+class _Told:
+    """Stands for RunChecks: records what the group commit tells it after a transaction."""
+
+    def __init__(self) -> None:
+        self.told: list[tuple[bool, list[tuple[str, str]] | None]] = []
+
+    def after_write(self, before: int, ok: bool, forget: list[tuple[str, str]] | None) -> None:
+        self.told.append((ok, forget))
+
+
+def _item(changes: str, workflow: str | None = "wf", instance_id: str | None = "x") -> Any:
+    return _Pending(lambda conn: None, "write", workflow, instance_id, None, False, changes)
+
+
+@pytest.mark.parametrize(
+    ("batch", "forget"),
+    [
+        ([("none",)], []),
+        ([("none",), ("instance",)], [("wf", "x")]),
+        ([("instance",), ("none",)], [("wf", "x")]),
+        ([("instance", "wf", "x"), ("instance", "wf", "y")], [("wf", "x"), ("wf", "y")]),
+        ([("instance", "wf", None)], None),
+        ([("instance", None, "x")], None),
+        ([("any",)], None),
+        ([("none",), ("any",), ("instance",)], None),
+    ],
+    ids=["none", "none-then-instance", "instance-then-none", "two-instances",
+         "instance-without-id", "instance-without-workflow", "any", "any-among-others"],
+)
+def test_the_group_commit_tells_the_run_checks_whose_status_may_have_changed(
+    batch: list[tuple[Any, ...]], forget: list[tuple[str, str]] | None
+) -> None:
+    told = _Told()
+    commits = GroupCommit(threading.Lock(), "here", lambda: None, told)  # type: ignore[arg-type]
+    commits._tell_watch(0, True, [_item(*spec) for spec in batch])
+    assert told.told == [(True, forget)]
+    assert (told.told[0][1] is None) == (forget is None)
+
+
+def test_a_refused_write_in_a_batch_is_told_as_not_ok() -> None:
+    told = _Told()
+    commits = GroupCommit(threading.Lock(), "here", lambda: None, told)  # type: ignore[arg-type]
+    refused = _item("none")
+    refused.error = LostInstance("wf", "x")
+    commits._tell_watch(0, True, [_item("none"), refused, _item("none")])
+    commits._tell_watch(0, False, [_item("none")])
+    assert told.told == [(False, []), (False, [])]
