@@ -330,3 +330,64 @@ def test_a_signal_stored_after_the_run_read_its_steps_refuses_the_step_it_names(
     assert ran == ["a", "signal"]
     assert state.message is not None
     assert "invalid key 'b' (it holds a signal" in state.message
+
+
+def _before(obj: object, name: str, first: Callable[..., None]) -> None:
+    """Make ``obj.name(...)`` call ``first(*args)`` just before the real method."""
+    real = getattr(obj, name)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        first(*args)
+        return real(*args, **kwargs)
+
+    setattr(obj, name, wrapper)
+
+
+def test_a_suspend_point_reached_after_a_takeover_writes_nothing(tmp_path: Path) -> None:
+    """Another engine takes the instance just before the run records its suspension.
+
+    The suspension's write is fenced like a step's: refused, nothing stored
+    for the key, the instance left to its new owner.
+    """
+    db = tmp_path / "db"
+    engine = Engine.open(db, poll_interval=60)
+    engine.register("wf", lambda ctx: ctx.suspend("approval:v1"))
+
+    def take_over(waiting: Any, *rest: Any) -> None:
+        with closing(sqlite3.connect(db)) as other, other:
+            other.execute("UPDATE instances SET owner = 'another-engine'")
+
+    _before(engine._store, "suspend", take_over)
+    with engine:  # leaving waits for the run here to end
+        engine.invoke("wf", instance_id="x")
+    with closing(sqlite3.connect(db)) as reader:
+        rows = reader.execute("SELECT key FROM steps").fetchall()
+        owner = reader.execute("SELECT status, owner FROM instances").fetchall()
+    engine.close()
+    assert rows == []
+    assert owner == [("running", "another-engine")]
+
+
+def test_a_signal_from_elsewhere_just_before_the_suspension_is_recorded_goes_on_at_once(
+    tmp_path: Path,
+) -> None:
+    """The signal lands after the run read the key and before it records its suspension.
+
+    The suspension sees it and the run goes on in the same thread: no poll
+    (a minute away) nor heartbeat (200 s) is needed.
+    """
+    db = tmp_path / "db"
+    # Neither a poll nor a heartbeat comes within the test.
+    engine = Engine.open(db, poll_interval=60, lease=600)
+    other = Engine.open(db, poll_interval=60, lease=600)  # runs nothing: stores the signal
+    other.start()
+    engine.register("wf", lambda ctx: f"approved by {ctx.suspend('approval:v1')}")
+
+    def signal_first(waiting: Any, *rest: Any) -> None:
+        other.signal("wf", "x", "approval:v1", "ana")
+
+    _before(engine._store, "suspend", signal_first)
+    with engine:
+        assert engine.invoke("wf", instance_id="x").result(timeout=10) == "approved by ana"
+    other.close()
+    engine.close()

@@ -225,3 +225,36 @@ def test_show_of_a_timer_past_the_calendar_does_not_crash(tmp_path: Path) -> Non
         "key": "cool-off:v1", "due": "1000000000000.0 s after 1970-01-01 (past the calendar)",
     }
     assert "past the calendar" in cli("show", db, "cool", "c").stdout
+
+
+@pytest.mark.parametrize(
+    ("key", "why"),
+    [("approval:v1", "the key already holds a value"),
+     ("draft:v1", "the key is a step, not a suspend point")],
+)
+def test_a_refused_signal_names_the_instance_and_the_key(
+    tmp_path: Path, key: str, why: str
+) -> None:
+    db = tmp_path / "store.db"
+    engine = Engine.open(db)
+
+    def approve(ctx: Context) -> None:
+        ctx.step("draft:v1").run(lambda: "draft")
+        ctx.suspend("approval:v1")
+        ctx.suspend("publish:v1")
+
+    engine.register("approve", approve)
+    with engine:
+        inv = engine.invoke("approve", instance_id="doc-1")
+        inv.wait(timeout=WAIT)
+        engine.signal("approve", "doc-1", "approval:v1", "ana")
+        inv.wait(timeout=WAIT)
+    engine.close()
+    before = db.read_bytes()
+    result = cli("signal", db, "approve", "doc-1", key, '"bob"')
+    assert result.exit_code == 2
+    assert result.stderr == (
+        f"memable: error: signal rejected ({why}): workflow 'approve', instance 'doc-1', "
+        f"step '{key}'\n"
+    )
+    assert db.read_bytes() == before
