@@ -391,3 +391,38 @@ def test_a_signal_from_elsewhere_just_before_the_suspension_is_recorded_goes_on_
         assert engine.invoke("wf", instance_id="x").result(timeout=10) == "approved by ana"
     other.close()
     engine.close()
+
+
+def test_a_run_that_reaches_its_timer_after_the_deadline_but_before_it_fired_goes_on() -> None:
+    """The clock passes the deadline with the timer thread asleep; a resume replays to it.
+
+    The timer row keeps its first deadline (a later run does not move it),
+    and a run that reaches a timer already due fires it itself and goes on.
+    """
+    from memable._clock import Clock
+    from memable._options import Options
+    from memable._sqlite import SQLiteStore
+
+    now = [1_800_000_000.0]
+    clock = Clock(wall=lambda: now[0])
+    engine = Engine(SQLiteStore(None, "full"), Options(poll_interval=60, lease=600, clock=clock))
+    engine.register("wf", lambda ctx: ctx.timer("t", 3600) or "woke")
+
+    def deadlines() -> list[float]:
+        rows = engine._store.read_rows("timers", "SELECT deadline FROM timers", {})
+        return [row["deadline"] for row in rows]
+
+    with engine:
+        inv = engine.invoke("wf", instance_id="x")
+        assert str(inv.wait(timeout=10)) == "suspended: timer t"
+        assert deadlines() == [now[0] + 3600]
+        now[0] += 1800  # a resume before it is due: suspended again, same deadline
+        assert str(engine.resume("wf", "x").wait(timeout=10)) == "suspended: timer t"
+        assert deadlines() == [now[0] + 1800]
+        now[0] += 3600  # due now, and the timer thread sleeps on
+        assert engine.resume("wf", "x").result(timeout=10) == "woke"
+        assert deadlines() == []
+        [timer] = engine.steps("wf", "x")
+        assert timer.state == "completed"
+        assert timer.completed_at is not None
+    engine.close()
