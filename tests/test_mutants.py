@@ -553,6 +553,11 @@ def test_a_write_after_the_store_closed_fails_naming_it(tmp_path: Path, where: s
     assert str(raised.value).endswith(
         "(the store is closed): workflow 'wf', instance 'x', step 'k'"
     )
+    with pytest.raises(StorageError) as raised:
+        store.check_run("wf", "x")
+    assert str(raised.value).startswith("cannot check the run in ")
+    assert str(raised.value).endswith("(the store is closed): workflow 'wf', instance 'x'")
+    assert (raised.value.workflow, raised.value.instance_id) == ("wf", "x")
 
 
 def test_a_tick_that_raises_is_logged_and_the_thread_goes_on(
