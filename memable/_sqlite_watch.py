@@ -35,12 +35,14 @@ would drop them. The mapping is made while the store's connection keeps
 SQLite's descriptor open, and outlives it.
 
 >>> import sqlite3
->>> checks = RunChecks(sqlite3.connect(":memory:"), counter=None)
+>>> conn = sqlite3.connect(":memory:")
+>>> checks = RunChecks(conn, counter=None)
 >>> checks.known_running("wf", "a")
 False
 >>> checks.saw_running("wf", "a")
 >>> checks.known_running("wf", "a")
 True
+>>> conn.close()
 """
 
 from __future__ import annotations
