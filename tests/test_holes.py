@@ -221,6 +221,9 @@ def test_run_passing_a_satisfied_wait_during_stop_goes_on_in_the_next_engine(
         release.set()
     stopper.join(PATIENCE)
     assert not stopper.is_alive()
+    left = first.get_metadata("wf", instance_id)
+    assert left is not None
+    assert (left.status, left.completed_at) == (MetadataStatus.Suspended("timer z"), None)
 
     second = make_engine(recover=False, poll_interval=0.2)
     second.register("wf", wf)
