@@ -630,3 +630,34 @@ def test_a_refused_write_in_a_batch_is_told_as_not_ok() -> None:
     commits._tell_watch(0, True, [_item("none"), refused, _item("none")])
     commits._tell_watch(0, False, [_item("none")])
     assert told.told == [(False, []), (False, [])]
+
+
+def test_an_instance_of_an_owner_elsewhere_whose_lease_ran_out_is_recovered(
+    tmp_path: Path,
+) -> None:
+    """An owner on another host is judged by its lease alone: expired, its instance is taken."""
+    db = tmp_path / "db"
+    ran: list[str] = []
+
+    def wf(ctx: Any) -> str:
+        ctx.step("a").run(lambda: ran.append("a") or "a")
+        return str(ctx.step("b").run(lambda: ran.append("b") or "b"))
+
+    first = Engine.open(db)
+    first.register("wf", wf)
+    with first:
+        first.invoke("wf", instance_id="x").result(timeout=10)
+    first.close()
+    with closing(sqlite3.connect(db)) as conn, conn:  # as if it ran on another host, and died
+        conn.execute(
+            "INSERT INTO owners (id, host, pid, heartbeat, lease, started_at) "
+            "VALUES ('ghost', 'another-host', 4242, 1000.0, 15.0, '2026-01-01')"
+        )
+        conn.execute("UPDATE instances SET status = 'running', owner = 'ghost', output = NULL")
+        conn.execute("DELETE FROM steps WHERE key = 'b'")
+    second = Engine.open(db, poll_interval=0.05)
+    second.register("wf", wf)
+    with second:
+        assert second.invocation("wf", "x").result(timeout=10) == "b"
+    second.close()
+    assert ran == ["a", "b", "b"]
