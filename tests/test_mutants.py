@@ -632,10 +632,13 @@ def test_a_refused_write_in_a_batch_is_told_as_not_ok() -> None:
     assert told.told == [(False, []), (False, [])]
 
 
-def test_an_instance_of_an_owner_elsewhere_whose_lease_ran_out_is_recovered(
-    tmp_path: Path,
-) -> None:
-    """An owner on another host is judged by its lease alone: expired, its instance is taken."""
+@pytest.mark.parametrize("lease", ["expired", "current"])
+def test_an_owner_elsewhere_is_judged_by_its_lease(tmp_path: Path, lease: str) -> None:
+    """An owner on another host is judged by its lease alone.
+
+    Expired, its instance is taken over and run on; current, it is left
+    alone however many times the engine looks.
+    """
     db = tmp_path / "db"
     ran: list[str] = []
 
@@ -648,16 +651,36 @@ def test_an_instance_of_an_owner_elsewhere_whose_lease_ran_out_is_recovered(
     with first:
         first.invoke("wf", instance_id="x").result(timeout=10)
     first.close()
-    with closing(sqlite3.connect(db)) as conn, conn:  # as if it ran on another host, and died
+    heartbeat = 1000.0 if lease == "expired" else time.time()
+    with closing(sqlite3.connect(db)) as conn, conn:  # as if it ran on another host
         conn.execute(
             "INSERT INTO owners (id, host, pid, heartbeat, lease, started_at) "
-            "VALUES ('ghost', 'another-host', 4242, 1000.0, 15.0, '2026-01-01')"
+            "VALUES ('ghost', 'another-host', 4242, ?, 600.0, '2026-01-01')",
+            (heartbeat,),
         )
         conn.execute("UPDATE instances SET status = 'running', owner = 'ghost', output = NULL")
         conn.execute("DELETE FROM steps WHERE key = 'b'")
     second = Engine.open(db, poll_interval=0.05)
     second.register("wf", wf)
+    looks = threading.Semaphore(0)
+    real_look = second._store.look_around
+
+    def look(*args: Any) -> Any:
+        found = real_look(*args)
+        looks.release()
+        return found
+
+    second._store.look_around = look  # type: ignore[method-assign]
     with second:
-        assert second.invocation("wf", "x").result(timeout=10) == "b"
+        if lease == "expired":
+            assert second.invocation("wf", "x").result(timeout=10) == "b"
+        else:
+            for _ in range(3):  # three looks at the store, each after the last
+                assert looks.acquire(timeout=10)
+        owner = second._store.read_rows("owner", "SELECT owner FROM instances", {})
     second.close()
-    assert ran == ["a", "b", "b"]
+    if lease == "expired":
+        assert ran == ["a", "b", "b"]
+    else:
+        assert ran == ["a", "b"]
+        assert owner == [{"owner": "ghost"}]
