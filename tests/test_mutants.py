@@ -11,7 +11,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import closing
+from contextlib import closing, suppress
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -684,3 +684,30 @@ def test_an_owner_elsewhere_is_judged_by_its_lease(tmp_path: Path, lease: str) -
     else:
         assert ran == ["a", "b"]
         assert owner == [{"owner": "ghost"}]
+
+
+def test_a_step_passes_keyword_arguments_to_its_function() -> None:
+    engine = Engine.in_memory()
+    engine.register("wf", lambda ctx: ctx.step("s").run(lambda a, *, b: a + b, 1, b=2))
+    with engine:
+        assert engine.invoke("wf").result(timeout=10) == 3
+    engine.close()
+
+
+def test_a_step_whose_attempt_timed_out_does_not_hold_up_another_steps_timeout() -> None:
+    """Step a timed out (its call abandoned); step b, with a timeout of its own, runs at once."""
+    release = threading.Event()
+    engine = Engine.in_memory()
+
+    def wf(ctx: Any) -> str:
+        with suppress(EngineError):
+            ctx.step("a").timeout(0.05).run(release.wait, 30)
+        return str(ctx.step("b").timeout(10).run(lambda: "b"))
+
+    engine.register("wf", wf)
+    try:
+        with engine:
+            assert engine.invoke("wf").result(timeout=10) == "b"
+    finally:
+        release.set()
+        engine.close()

@@ -147,6 +147,7 @@ def test_show_of_a_failed_instance_prints_its_traceback(tmp_path: Path) -> None:
     assert view["traceback"].startswith("Traceback (most recent call last):")
     assert "RuntimeError: card declined" in view["traceback"]
     assert "RuntimeError: card declined" in view["steps"][0]["traceback"]
+    assert view["steps"][0]["started_at"] is not None  # the failed attempt's start is kept
     text = cli("show", db, "charge", "order-8").stdout
     after = text.split("\ntraceback:\n", 1)[1]
     assert after.startswith("Traceback (most recent call last):")
