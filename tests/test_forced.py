@@ -426,3 +426,38 @@ def test_a_run_that_reaches_its_timer_after_the_deadline_but_before_it_fired_goe
         assert timer.state == "completed"
         assert timer.completed_at is not None
     engine.close()
+
+
+def test_a_durable_backoff_of_exactly_one_second_keeps_counting_attempts() -> None:
+    """1 s is durable (the run suspends), and the attempts go on counting across each wait.
+
+    The engine's clock is the test's: each backoff ends when the test moves
+    the clock and fires the timer, and the third attempt is the last.
+    """
+    from memable import Failed, Retry, Suspended
+    from memable._clock import Clock
+    from memable._options import Options
+    from memable._sqlite import SQLiteStore
+
+    now = [1_800_000_000.0]
+    clock = Clock(wall=lambda: now[0])
+    engine = Engine(SQLiteStore(None, "full"), Options(poll_interval=60, lease=600, clock=clock))
+    calls: list[int] = []
+
+    def flaky() -> None:
+        calls.append(1)
+        raise ConnectionError("down")
+
+    retry = Retry(max_attempts=3, initial_delay=1.0, multiplier=2.0, jitter=False)
+    engine.register("wf", lambda ctx: ctx.step("s").retry(retry).run(flaky))
+    with engine:
+        inv = engine.invoke("wf", instance_id="x")
+        assert inv.wait(timeout=10) == Suspended("retry s")
+        assert len(calls) == 1
+        for delay in (1.0, 2.0):
+            now[0] += delay
+            assert engine.fire_due_timers() == 1
+            state = inv.wait(timeout=10)
+        assert state == Failed("step 's' failed after 3 attempts: ConnectionError: down")
+        assert len(calls) == 3
+    engine.close()
