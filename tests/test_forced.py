@@ -16,7 +16,10 @@ from typing import Any
 import pytest
 
 from memable import Cancelled, Context, Engine, StorageError
+from memable._clock import Clock
 from memable._group_commit import GroupCommit
+from memable._options import Options
+from memable._sqlite import SQLiteStore
 
 
 class _Interrupting:
@@ -240,15 +243,17 @@ def test_a_signal_after_the_suspension_is_recorded_but_before_the_run_ended_runs
     assert sent == ["go"]
 
 
-def test_timers_and_leases_read_the_clock_the_engine_is_given() -> None:
-    """An engine given its own clock fires a timer when that clock says so, without freezegun."""
-    from memable._clock import Clock
-    from memable._options import Options
-    from memable._sqlite import SQLiteStore
-
+def _clocked_engine() -> tuple[Engine, list[float]]:
+    """An in-memory engine on the test's wall clock (``now[0]``); no poll nor heartbeat soon."""
     now = [1_800_000_000.0]
     clock = Clock(wall=lambda: now[0])
     engine = Engine(SQLiteStore(None, "full"), Options(poll_interval=60, lease=600, clock=clock))
+    return engine, now
+
+
+def test_timers_and_leases_read_the_clock_the_engine_is_given() -> None:
+    """An engine given its own clock fires a timer when that clock says so, without freezegun."""
+    engine, now = _clocked_engine()
     engine.register("wf", lambda ctx: ctx.timer("t", 3600) or "woke")
     with engine:
         inv = engine.invoke("wf", instance_id="x")
@@ -399,13 +404,7 @@ def test_a_run_that_reaches_its_timer_after_the_deadline_but_before_it_fired_goe
     The timer row keeps its first deadline (a later run does not move it),
     and a run that reaches a timer already due fires it itself and goes on.
     """
-    from memable._clock import Clock
-    from memable._options import Options
-    from memable._sqlite import SQLiteStore
-
-    now = [1_800_000_000.0]
-    clock = Clock(wall=lambda: now[0])
-    engine = Engine(SQLiteStore(None, "full"), Options(poll_interval=60, lease=600, clock=clock))
+    engine, now = _clocked_engine()
     engine.register("wf", lambda ctx: ctx.timer("t", 3600) or "woke")
 
     def deadlines() -> list[float]:
@@ -435,13 +434,7 @@ def test_a_durable_backoff_of_exactly_one_second_keeps_counting_attempts() -> No
     the clock and fires the timer, and the third attempt is the last.
     """
     from memable import Failed, Retry, Suspended
-    from memable._clock import Clock
-    from memable._options import Options
-    from memable._sqlite import SQLiteStore
-
-    now = [1_800_000_000.0]
-    clock = Clock(wall=lambda: now[0])
-    engine = Engine(SQLiteStore(None, "full"), Options(poll_interval=60, lease=600, clock=clock))
+    engine, now = _clocked_engine()
     calls: list[int] = []
 
     def flaky() -> None:
