@@ -113,12 +113,7 @@ def show_instance(
         where,
     )
     view["timers"] = [{"key": t["key"], "due": _due(t["deadline"])} for t in timers]
-    # A finished instance awaits nothing, whatever rows its last run left waiting.
-    view["awaiting_signals"] = [
-        s["key"] for s in steps
-        if s["kind"] == "signal" and s["state"] == "waiting"
-        and view["status"] in ("running", "suspended")
-    ]
+    view["awaiting_signals"] = awaited_signals(store, workflow, instance_id)
     view["cut"] = {} if full else _cut_large(view)
     return view
 
@@ -189,7 +184,10 @@ def _cut_large(view: dict[str, Any]) -> dict[str, int]:
 
 
 def awaited_signals(store: SQLiteStore, workflow: str, instance_id: str) -> list[str]:
-    """The keys of the suspend points the instance waits on now (none once it ended)."""
+    """The keys of the suspend points the instance waits on now.
+
+    A finished instance awaits nothing, whatever rows its last run left waiting.
+    """
     rows = store.read_rows(
         "read the awaited signals",
         "SELECT s.key FROM steps AS s JOIN instances AS i USING (workflow, instance_id) "
