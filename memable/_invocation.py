@@ -67,6 +67,7 @@ class Watch:
         # cond guards every field below; runs notify it on each transition.
         self.cond = threading.Condition()
         self.active = False  # a run of the instance is in progress in this engine
+        self.begun = 0  # number of runs that have begun
         self.live: WorkflowState = Started()  # last state the active run published
         self.last_end: WorkflowState | None = None  # state the latest run ended in
         self.ended = 0  # number of runs that have ended
@@ -76,6 +77,7 @@ class Watch:
         """A run starts."""
         with self.cond:
             self.active = True
+            self.begun += 1
             self.live = Started()
             self.cond.notify_all()
 
@@ -94,11 +96,13 @@ class Watch:
         failed); the instance runs again, and watchers follow it in the store.
         """
         with self.cond:
-            self.active = False
             if state is not None:
                 self.live = state
             self.last_end = state
             self.ended += 1
+            # The run that goes on after this one (a signal or timer came while
+            # it ran) begins before this one finishes: the instance stays active.
+            self.active = self.begun > self.ended
             for queue in self.subscribers:
                 queue.append((state or self.live, True))
             # Each subscription follows one run; this one is over for all of them.
@@ -204,6 +208,8 @@ class Invocation:
                         left,
                     ):
                         break
+                    if watch.begun > watch.ended:
+                        continue  # another run of it began before this one ended: its end
                     if watch.last_end is not None:
                         return watch.last_end
                     continue  # the run here stopped unrecorded: follow the store

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from memable import Cancelled, Context, Engine, StorageError
+from memable import Cancelled, Completed, Context, Engine, Invocation, StorageError
 from memable._clock import Clock
 from memable._group_commit import GroupCommit
 from memable._options import Options
@@ -241,6 +241,54 @@ def test_a_signal_after_the_suspension_is_recorded_but_before_the_run_ended_runs
         assert engine.invoke("wf", instance_id="x").result(timeout=10) == 42
     engine.close()
     assert sent == ["go"]
+
+
+@pytest.mark.parametrize("store", ["memory", "file"])
+def test_the_wait_of_a_signal_that_came_as_a_run_ended_follows_the_run_it_caused(
+    tmp_path: Path, store: str
+) -> None:
+    """signal().wait() returns how the run the signal causes ends, not the end of the run
+    that was recording its suspension when the signal came.
+
+    Forced as above: the signal is sent from inside the store's suspend; the
+    run it causes is held before it claims the instance, which the store
+    still shows suspended. The watch must stay active across the hand-over
+    (it went inactive, and wait returned the stored Suspended).
+    """
+    options: dict[str, Any] = {"poll_interval": 60, "lease": 600}
+    engine = (
+        Engine.in_memory(**options) if store == "memory"
+        else Engine.open(tmp_path / "db", **options)
+    )
+    engine.register("wf", lambda ctx: ctx.suspend("go") + 1)
+    signalled: list[Invocation] = []
+    sent, claiming, release = threading.Event(), threading.Event(), threading.Event()
+
+    def signal_once_waiting(outcome: Any) -> None:
+        if outcome.outcome == "waiting" and not signalled:
+            signalled.append(engine.signal("wf", "x", "go", 41))
+            sent.set()
+
+    _wrap(engine._store, "suspend", signal_once_waiting)
+    begin_run = engine._store.begin_run
+
+    def held_second_claim(*args: Any, **kwargs: Any) -> Any:
+        if sent.is_set():
+            claiming.set()
+            assert release.wait(10)
+        return begin_run(*args, **kwargs)
+
+    engine._store.begin_run = held_second_claim  # type: ignore[method-assign]
+    with engine:
+        engine.invoke("wf", instance_id="x")
+        assert sent.wait(10) and claiming.wait(10)
+        # The run the signal caused has not claimed the instance yet: still waiting.
+        with pytest.raises(TimeoutError):
+            signalled[0].wait(timeout=0.2)
+        release.set()
+        assert signalled[0].wait(timeout=10) == Completed()
+        assert signalled[0].result(timeout=10) == 42
+    engine.close()
 
 
 def _clocked_engine() -> tuple[Engine, list[float]]:
