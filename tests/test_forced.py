@@ -281,7 +281,8 @@ def test_the_wait_of_a_signal_that_came_as_a_run_ended_follows_the_run_it_caused
     engine._store.begin_run = held_second_claim  # type: ignore[method-assign]
     with engine:
         engine.invoke("wf", instance_id="x")
-        assert sent.wait(10) and claiming.wait(10)
+        assert sent.wait(10)
+        assert claiming.wait(10)
         # The run the signal caused has not claimed the instance yet: still waiting.
         with pytest.raises(TimeoutError):
             signalled[0].wait(timeout=0.2)
