@@ -1,4 +1,5 @@
-"""The memable workloads. Each runs in a fresh process on a fresh file store.
+"""The memable workloads. Each runs in a fresh process on a fresh store: a file, or a
+PostgreSQL schema of its own (``--store URL``).
 
 Every workload checks its own results (values, how many times each step body
 ran, what the store holds) and raises ``BenchFailure`` when one is wrong.
@@ -7,6 +8,8 @@ ran, what the store holds) and raises ``BenchFailure`` when one is wrong.
 from __future__ import annotations
 
 import resource
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -46,7 +49,11 @@ class Bodies:
 
 
 def _engine(tmp: Path, name: str, p: dict[str, Any]) -> Engine:
-    return Engine.open(tmp / f"{name}.db", synchronous=p["synchronous"], max_workers=p["threads"])
+    """A fresh engine: on a file in ``tmp``, or in the PostgreSQL schema the worker made."""
+    options: dict[str, Any] = {"synchronous": p["synchronous"], "max_workers": p["threads"]}
+    if p.get("store"):
+        return Engine.open(p["store"], schema=p["schema"], **options)
+    return Engine.open(tmp / f"{name}.db", **options)
 
 
 def _sequential(bodies: Bodies) -> Any:
@@ -208,6 +215,58 @@ def signal_roundtrip(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
     return latencies(samples)
 
 
+_SIGNALLER = """
+import sys, time
+from memable import Engine
+engine = Engine.open(sys.argv[1], schema=sys.argv[2] or None, poll_interval=60)
+with engine:  # no workflow registered: it only stores signals
+    print("ready", flush=True)
+    for line in sys.stdin:
+        instance_id, value = line.split()
+        sent = time.monotonic()
+        engine.signal("signal", instance_id, "go", int(value))
+        print(sent, flush=True)
+"""
+
+
+def signal_remote(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
+    """W5 across processes: another engine process signals a parked instance; from the
+    moment it sends to the result here (one clock: CLOCK_MONOTONIC is system-wide)."""
+
+    def wf(ctx: Context) -> int:
+        payload = int(ctx.suspend("go"))
+        return ctx.step("after").run(lambda: payload + 1)
+
+    engine = _engine(tmp, "w5x", p)
+    engine.register("signal", wf)
+    target = p["store"] or str(tmp / "w5x.db")
+    child = subprocess.Popen(
+        [sys.executable, "-c", _SIGNALLER, target, p.get("schema") or ""],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    assert child.stdin is not None
+    assert child.stdout is not None
+    samples = []
+    try:
+        with engine:
+            check(child.stdout.readline() == "ready\n", "W5x the signalling process failed")
+            for j in range(-1, p["reps"]):
+                inv = engine.invoke("signal")
+                check(inv.wait(timeout=60) == Suspended("go"), "W5x did not suspend")
+                child.stdin.write(f"{inv.instance_id} {j}\n")
+                child.stdin.flush()
+                result = inv.result(timeout=60)
+                done = time.monotonic()
+                sent = float(child.stdout.readline())
+                if j >= 0:
+                    samples.append(done - sent)
+                check(result == j + 1, "W5x wrong result")
+    finally:
+        child.stdin.close()
+        child.wait(timeout=60)
+    return latencies(samples)
+
+
 def suspended(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
     """Many suspended instances hold no thread; peak RSS of the process."""
     count = p["count"]
@@ -248,5 +307,6 @@ WORKLOADS = {
     "replay_growth": replay_growth,
     "timer_latency": timer_latency,
     "signal_roundtrip": signal_roundtrip,
+    "signal_remote": signal_remote,
     "suspended": suspended,
 }

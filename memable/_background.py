@@ -39,16 +39,23 @@ class BackgroundThread(threading.Thread):
         self._tick = tick
         self._poll_interval = poll_interval
         self._clock = clock
-        # _cond guards _stopping and _kicked.
+        # _cond guards _stopping, _kicked and _poll_now.
         self._cond = threading.Condition()
         self._stopping = False
         self._kicked = False  # a timer was armed since the last look
+        self._poll_now = False  # another engine wrote something: poll without waiting
         self._next_poll = 0.0  # monotonic; read and written by this thread only
 
     def armed(self) -> None:
         """A timer was armed: wake the thread to look at the deadlines again."""
         with self._cond:
             self._kicked = True
+            self._cond.notify()
+
+    def poll_soon(self) -> None:
+        """Another engine changed the store: look at it now, not at the next poll."""
+        with self._cond:
+            self._poll_now = True
             self._cond.notify()
 
     def stop(self) -> None:
@@ -75,7 +82,8 @@ class BackgroundThread(threading.Thread):
             # What was armed before now, the tick below reads from the store;
             # what is armed from now on kicks the thread again.
             self._kicked = False
-        poll = self._clock.monotonic() >= self._next_poll
+            poll_now, self._poll_now = self._poll_now, False
+        poll = poll_now or self._clock.monotonic() >= self._next_poll
         if poll:
             self._next_poll = self._clock.monotonic() + self._poll_interval
         try:
@@ -87,5 +95,5 @@ class BackgroundThread(threading.Thread):
             wait = max(0.0, self._next_poll - self._clock.monotonic())
             if until_deadline is not None:
                 wait = min(wait, max(0.0, until_deadline))
-            self._cond.wait_for(lambda: self._stopping or self._kicked, wait)
+            self._cond.wait_for(lambda: self._stopping or self._kicked or self._poll_now, wait)
             return self._stopping

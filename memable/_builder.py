@@ -11,8 +11,8 @@ import attrs
 
 from ._options import Options, Synchronous
 from ._retry import Retry
-from ._sqlite import SQLiteStore
 from ._store import Store
+from ._stores import check_target, open_store
 
 if TYPE_CHECKING:
     from ._engine import Engine
@@ -36,6 +36,7 @@ class EngineBuilder:
 
     _path: str | os.PathLike[str] | None = None
     _memory: bool = False
+    _schema: str | None = None
     _options: Options = _DEFAULT_OPTIONS
     # What makes the engine from the store and options (Engine itself): the
     # builder does not import the engine module, which imports it.
@@ -49,15 +50,32 @@ class EngineBuilder:
         """
         return attrs.evolve(self, path=None, memory=True)
 
-    def open(self, path: str | os.PathLike[str]) -> EngineBuilder:
-        """Use the SQLite file at ``path`` (created if missing, opened at ``build()``).
+    def open(self, target: str | os.PathLike[str]) -> EngineBuilder:
+        """Use the SQLite file at ``target`` (created if missing), or the PostgreSQL
+        database a ``postgresql://`` URL names; opened at ``build()``.
 
         >>> import os, tempfile
         >>> from memable import Engine
         >>> path = os.path.join(tempfile.mkdtemp(), "workflows.db")
         >>> Engine.builder().open(path).build().close()
         """
-        return attrs.evolve(self, path=path, memory=False)
+        if not isinstance(target, (str, os.PathLike)):
+            raise TypeError(f"a store is a path or a postgresql:// URL, not {target!r}")
+        return attrs.evolve(self, path=target, memory=False)
+
+    def schema(self, name: str) -> EngineBuilder:
+        """The PostgreSQL schema that holds the store's tables (default ``"memable"``).
+
+        Two schemas of one database are two stores. A SQLite target refuses
+        it at ``build()``.
+
+        >>> from memable import Engine
+        >>> Engine.builder().open("jobs.db").schema("jobs").build()
+        Traceback (most recent call last):
+        ...
+        ValueError: schema is for a PostgreSQL URL; 'jobs.db' is a SQLite file
+        """
+        return attrs.evolve(self, schema=name)
 
     def max_workers(self, n: int) -> EngineBuilder:
         """Run workflows on ``n`` worker threads (default 8).
@@ -140,4 +158,12 @@ class EngineBuilder:
         """
         if self._path is None and not self._memory:
             raise ValueError("Engine.builder() needs .in_memory() or .open(path) before .build()")
-        return self._factory(SQLiteStore(self._path, self._options.synchronous), self._options)
+        if self._path is not None:
+            check_target(self._path, self._schema)
+        elif self._schema is not None:
+            raise ValueError("schema is for a PostgreSQL URL, not an in-memory store")
+        store = open_store(
+            self._path, self._options.synchronous, schema=self._schema,
+            pool_size=self._options.max_workers + 3,
+        )
+        return self._factory(store, self._options)

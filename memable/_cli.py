@@ -25,15 +25,13 @@ from ._errors import EngineError, InstanceNotFound
 from ._inspect import (
     CUT,
     STATUSES,
-    awaited_signals,
     did_you_mean,
     list_instances,
     open_existing,
     raise_unknown,
     show_instance,
-    stored_workflows,
 )
-from ._sqlite import SQLiteStore
+from ._store import Store
 from ._worker import load_engine, run_worker
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -45,10 +43,11 @@ def _fail(message: str) -> NoReturn:
 
 
 @contextmanager
-def _store(path: str) -> Iterator[SQLiteStore]:
-    """The store at ``path``; any EngineError on the way is reported and exits 2."""
+def _store(target: str, schema: str | None) -> Iterator[Store]:
+    """The store ``target`` names (a file, or a PostgreSQL URL's ``schema``); any
+    EngineError on the way is reported and exits 2."""
     try:
-        store = open_existing(path)
+        store = open_existing(target, schema)
         try:
             yield store
         finally:
@@ -107,11 +106,17 @@ def demo(path: str) -> None:
 @click.option("--workflow", help="Only instances of this workflow.")
 @click.option("--status", type=click.Choice(STATUSES), help="Only instances in this status.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON records instead of a table.")
-def list_command(db: str, workflow: str | None, status: str | None, as_json: bool) -> None:
+@click.option(
+    "--schema", metavar="NAME",
+    help="PostgreSQL only: the schema that holds the store (default: memable).",
+)
+def list_command(
+    db: str, workflow: str | None, status: str | None, as_json: bool, schema: str | None
+) -> None:
     """List the instances in the store DB, oldest first."""
-    with _store(db) as store:
+    with _store(db, schema) as store:
         found = list_instances(store, workflow, status)
-        names = stored_workflows(store) if workflow is not None and not found else []
+        names = store.workflows() if workflow is not None and not found else []
     if workflow is not None and not found and workflow not in names:
         hint = did_you_mean(workflow, names)
         _note(f"the store has no instance of workflow {workflow!r}{'; ' + hint if hint else ''}")
@@ -224,10 +229,16 @@ def _show_text(view: dict[str, Any]) -> str:
 @click.argument("instance_id", metavar="ID")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON record.")
 @click.option("--full", is_flag=True, help=f"Print values longer than {CUT} characters whole.")
-def show(db: str, workflow: str, instance_id: str, as_json: bool, full: bool) -> None:
+@click.option(
+    "--schema", metavar="NAME",
+    help="PostgreSQL only: the schema that holds the store (default: memable).",
+)
+def show(
+    db: str, workflow: str, instance_id: str, as_json: bool, full: bool, schema: str | None
+) -> None:
     """Show one instance: status, owner, step in flight, input, output, steps, timers,
     awaited signals and the traceback of a failure."""
-    with _store(db) as store:
+    with _store(db, schema) as store:
         view = show_instance(store, workflow, instance_id, full=full)
     click.echo(_json(view) if as_json else _show_text(view))
 
@@ -239,14 +250,20 @@ def show(db: str, workflow: str, instance_id: str, as_json: bool, full: bool) ->
 @click.argument("instance_id", metavar="ID")
 @click.argument("key")
 @click.argument("payload", metavar="JSON")
-def signal(db: str, workflow: str, instance_id: str, key: str, payload: str) -> None:
+@click.option(
+    "--schema", metavar="NAME",
+    help="PostgreSQL only: the schema that holds the store (default: memable).",
+)
+def signal(
+    db: str, workflow: str, instance_id: str, key: str, payload: str, schema: str | None
+) -> None:
     """Deliver the JSON value to the suspend point KEY of an instance."""
     try:
         value = json.loads(payload)
     except json.JSONDecodeError as exc:
         _fail(f"the payload is not JSON ({exc}): {payload!r}")
-    with _store(db) as store:
-        awaited = awaited_signals(store, workflow, instance_id)
+    with _store(db, schema) as store:
+        awaited = store.awaited_signals(workflow, instance_id)
         try:
             store_signal(store, workflow, instance_id, key, value)
         except InstanceNotFound:
@@ -265,9 +282,13 @@ def signal(db: str, workflow: str, instance_id: str, key: str, payload: str) -> 
 @click.argument("db")
 @click.argument("workflow")
 @click.argument("instance_id", metavar="ID")
-def cancel(db: str, workflow: str, instance_id: str) -> None:
+@click.option(
+    "--schema", metavar="NAME",
+    help="PostgreSQL only: the schema that holds the store (default: memable).",
+)
+def cancel(db: str, workflow: str, instance_id: str, schema: str | None) -> None:
     """Cancel an instance: it ends Cancelled at its next step boundary."""
-    with _store(db) as store:
+    with _store(db, schema) as store:
         try:
             cancel_instance(store, workflow, instance_id)
         except InstanceNotFound:
@@ -284,13 +305,17 @@ def cancel(db: str, workflow: str, instance_id: str) -> None:
     metavar="AGE",
     help="Finished longer ago than this: a number with s, m, h or d (e.g. 30d).",
 )
-def purge(db: str, older_than: str) -> None:
+@click.option(
+    "--schema", metavar="NAME",
+    help="PostgreSQL only: the schema that holds the store (default: memable).",
+)
+def purge(db: str, older_than: str, schema: str | None) -> None:
     """Delete finished (completed, failed, cancelled) instances older than AGE."""
     try:
         seconds = _duration(older_than)
     except click.BadParameter as exc:
         _fail(f"--older-than: {exc.message}")
-    with _store(db) as store:
+    with _store(db, schema) as store:
         deleted = purge_finished(store, seconds)
     click.echo(f"purged {deleted} finished instance{'' if deleted == 1 else 's'}")
 

@@ -108,7 +108,7 @@ class Engine:
     @classmethod
     def open(
         cls,
-        path: str | os.PathLike[str],
+        target: str | os.PathLike[str],
         *,
         max_workers: int = 8,
         synchronous: Synchronous = "full",
@@ -117,8 +117,10 @@ class Engine:
         recover: bool = True,
         retry: Retry | None = None,
         sleep: Callable[[float], None] | None = None,
+        schema: str | None = None,
     ) -> Engine:
-        """An engine on the SQLite file at ``path``, created if missing.
+        """An engine on the SQLite file at ``target``, created if missing, or on the
+        PostgreSQL database a ``postgresql://`` (or ``postgres://``) URL names.
 
         Options: ``max_workers`` worker threads (8); ``synchronous``
         ``"full"`` (survives power loss) or ``"normal"`` (faster; survives
@@ -129,9 +131,13 @@ class Engine:
         of every step (None); ``sleep``, what every retry backoff sleeps with
         on the worker (for tests; by default a backoff under a second waits
         interruptibly and a longer one is a durable timer). Durations are
-        float seconds or a ``timedelta``. Raise ``StorageError`` if the file
-        is not a memable store or has a newer schema; such a file is left as
-        it was.
+        float seconds or a ``timedelta``. ``schema``, for a PostgreSQL URL
+        only, is the schema that holds the store's tables (``"memable"``).
+        Raise ``StorageError`` if the file is not a memable store or has a
+        newer schema (such a file is left as it was), or if the server does
+        not answer within its connect timeout (10 s unless the URL sets
+        ``connect_timeout``; the message names host and port, never the
+        password).
 
         >>> import os, tempfile
         >>> from memable import Engine
@@ -142,7 +148,9 @@ class Engine:
         True
         """
         options = Options(max_workers, synchronous, poll_interval, lease, recover, retry, sleep)
-        return EngineBuilder(path=path, options=options, factory=Engine).build()
+        return EngineBuilder(
+            path=target, schema=schema, options=options, factory=Engine
+        ).build()
 
     # ------------------------------------------------------------------ registry
 

@@ -86,3 +86,13 @@ def pid_alive(pid: int, started: str | None) -> bool:
     if fields[0] in ("Z", "X"):  # a zombie (killed, not reaped) or dying
         return False
     return started is None or fields[19] == started
+
+
+def dead_here(me: Identity, owners: list[tuple[str, int, str, str | None, str | None, str | None]]
+              ) -> list[str]:
+    """The ids of the owners (id, pid, host, boot_id, pid_ns, proc_start) that are in this
+    process's PID namespace and whose process is gone."""
+    return [
+        owner_id for owner_id, pid, host, boot_id, pid_ns, started in owners
+        if same_pid_space(me, host, boot_id, pid_ns) and not pid_alive(pid, started)
+    ]

@@ -132,6 +132,7 @@ class Runner:
         # instances whose awaited signal or timer arrived meanwhile, and (with
         # recover) those whose owner died.
         self._background.start()
+        self.store.listen(self._changed)
         log.info("engine started", extra={"workflows": sorted(self.workflows)})
 
     def wait_all(self) -> None:
@@ -161,6 +162,7 @@ class Runner:
             # of it as a timer for the next engine).
             for run in self._active.values():
                 run.interrupt.set()
+        self.store.listen(None)
         if background is not None:
             background.stop()
         # Runs submitted before the phase changed still run; shutdown waits for
@@ -289,6 +291,14 @@ class Runner:
             if run is not None:
                 run.cancel_requested = True
                 run.interrupt.set()
+
+    def _changed(self, kind: str, name: str | None, instance_id: str | None) -> None:
+        """Another engine changed the store (it said so; see ``Store.listen``): act now."""
+        background = self._background
+        if name is not None and instance_id is not None and kind in ("signal", "cancel"):
+            (self.wake if kind == "signal" else self.cancelled)(name, instance_id)
+        elif background is not None:  # a timer armed (look at deadlines again), or anything
+            background.armed() if kind == "timer" else background.poll_soon()
 
     # ------------------------------------------------------------------ the background tick
 

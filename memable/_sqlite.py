@@ -25,7 +25,7 @@ import os
 import sqlite3
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
@@ -34,6 +34,7 @@ import attrs
 
 from . import _liveness
 from . import _sqlite_sql as sql
+from . import _store_reads as reads
 from ._control import LostInstance
 from ._errors import (
     InstanceFinished,
@@ -47,13 +48,18 @@ from ._records import StatusName, StepRecord
 from ._schema import open_store
 from ._sqlite_watch import run_checks
 from ._store import (
+    ROWS,
     Claim,
     InstanceRow,
+    InstanceView,
     Look,
+    OwnerRow,
     RunSnapshot,
     StepWrite,
     StoredStep,
     Suspend,
+    step_params,
+    step_record,
 )
 
 _TERMINAL = ("completed", "failed", "cancelled")
@@ -165,7 +171,7 @@ class SQLiteStore:
         )
 
     def save_step(self, write: StepWrite) -> None:
-        params = sql.step_params(write, self.owner)
+        params = step_params(write, self.owner)
 
         def store(conn: sqlite3.Connection) -> None:
             if conn.execute(sql.UPSERT_STEP, params).rowcount == 0:
@@ -254,7 +260,7 @@ class SQLiteStore:
                 raise key_taken(workflow, instance_id, key, step.kind, waiting.kind)
             armed = None
             if waiting.kind == "step":  # a retry backoff: the failed row turns waiting
-                conn.execute(sql.INSERT_WAITING, sql.step_params(waiting, self.owner))
+                conn.execute(sql.INSERT_WAITING, step_params(waiting, self.owner))
             ready = step is not None and step.state == "completed"
             if not ready and deadline is not None:
                 # The first arming sets the deadline; runs after it do not move it.
@@ -271,7 +277,7 @@ class SQLiteStore:
                         pass  # a backoff already over: the next attempt goes on now
                     else:  # never armed: store it fired, without touching the timers
                         fired = attrs.evolve(waiting, state="completed", result="null")
-                        conn.execute(sql.UPSERT_STEP, sql.step_params(fired, self.owner))
+                        conn.execute(sql.UPSERT_STEP, step_params(fired, self.owner))
                     ready = True
                 elif row is None:
                     conn.execute(
@@ -280,7 +286,7 @@ class SQLiteStore:
                         (workflow, instance_id, key, deadline),
                     )
             if not ready and waiting.kind != "step":
-                conn.execute(sql.INSERT_WAITING, sql.step_params(waiting, self.owner))
+                conn.execute(sql.INSERT_WAITING, step_params(waiting, self.owner))
             if ready:  # go on at once: the instance stays running, and ours
                 steps = conn.execute(sql.SELECT_RUN_STEPS, (workflow, instance_id)).fetchall()
                 instance = conn.execute(sql.SELECT_INSTANCE, (workflow, instance_id)).fetchone()
@@ -497,11 +503,8 @@ class SQLiteStore:
                 "WHERE host = ? AND id != ?",
                 (me.host, self.owner),
             ).fetchall()
-            for owner_id, pid, host, boot_id, pid_ns, started in local:
-                if _liveness.same_pid_space(me, host, boot_id, pid_ns) and not (
-                    _liveness.pid_alive(pid, started)
-                ):
-                    conn.execute("DELETE FROM owners WHERE id = ?", (owner_id,))
+            for owner_id in _liveness.dead_here(me, local):
+                conn.execute("DELETE FROM owners WHERE id = ?", (owner_id,))
             mine = conn.execute(
                 "SELECT workflow, instance_id FROM instances "
                 "WHERE status = 'running' AND owner = ?",
@@ -512,18 +515,7 @@ class SQLiteStore:
             marks = ", ".join(f":w{i}" for i in range(len(workflows)))
             params: dict[str, Any] = {f"w{i}": w for i, w in enumerate(workflows)}
             params.update(me=self.owner, now=now)
-            ready = conn.execute(
-                "SELECT instances.workflow, instances.instance_id FROM instances JOIN steps "
-                "ON steps.workflow = instances.workflow "
-                "AND steps.instance_id = instances.instance_id "
-                "AND steps.key = instances.waiting_for "
-                "WHERE instances.status = 'suspended' AND (steps.state = 'completed' OR ("
-                "steps.kind = 'step' AND NOT EXISTS (SELECT 1 FROM timers "
-                "WHERE timers.workflow = steps.workflow "
-                "AND timers.instance_id = steps.instance_id AND timers.key = steps.key))) "
-                f"AND instances.workflow IN ({marks})",
-                params,
-            ).fetchall()
+            ready = conn.execute(sql.LOOK_READY.format(marks=marks), params).fetchall()
             orphaned = conn.execute(
                 "SELECT workflow, instance_id FROM instances WHERE status = 'running' "
                 f"AND owner IS NOT :me AND {sql.OWNER_FREE} AND workflow IN ({marks})",
@@ -561,7 +553,7 @@ class SQLiteStore:
                     "workflow = ?", [workflow], order_by="created_at, instance_id"
                 )
             )
-        return [sql.ROWS.structure(row, InstanceRow) for row in rows]
+        return [ROWS.structure(row, InstanceRow) for row in rows]
 
     def list_steps(self, workflow: str, instance_id: str) -> list[StepRecord]:
         with self._using("read the steps", workflow, instance_id):
@@ -570,16 +562,35 @@ class SQLiteStore:
                     "workflow = ? AND instance_id = ?", [workflow, instance_id], order_by="seq"
                 )
             )
-        return [sql.step_record(row) for row in rows]
+        return [step_record(row) for row in rows]
+
+    # ------------------------------------------------------------------ an operator's reads
+
+    def list_view(
+        self, workflow: str | None, status: str | None
+    ) -> list[tuple[InstanceRow, OwnerRow | None]]:
+        return reads.list_view(self.read_rows, workflow, status)
+
+    def inspect(self, workflow: str, instance_id: str) -> InstanceView | None:
+        return reads.inspect(self.read_rows, workflow, instance_id)
+
+    def workflows(self) -> list[str]:
+        return reads.workflows(self.read_rows)
+
+    def awaited_signals(self, workflow: str, instance_id: str) -> list[str]:
+        return reads.awaited_signals(self.read_rows, workflow, instance_id)
 
     def read_rows(
         self, what: str, sql: str, params: dict[str, Any]
     ) -> list[dict[str, Any]]:
-        """Rows of one read-only query, as dicts; for tools that look at a store."""
+        """Rows of one read-only query, as dicts (``_store_reads``)."""
         with self._using(what) as conn:
             cursor = conn.execute(sql, params)
             names = [d[0] for d in cursor.description]
             return [dict(zip(names, row, strict=True)) for row in cursor]
+
+    def listen(self, changed: Callable[[str, str | None, str | None], None] | None) -> None:
+        """Nothing to listen to: engines on one file find each other's writes by the poll."""
 
     def close(self) -> None:
         with self._lock:

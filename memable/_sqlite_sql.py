@@ -7,17 +7,12 @@ the store's logic.
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from datetime import datetime
-from typing import Any
-
-import cattrs
 
 from ._errors import InstanceNotFound
-from ._records import StepRecord
 from ._schema import INSTANCE_COLUMNS
-from ._store import Claim, StepWrite
+from ._store import Claim
 
 # An instance is free to claim when nobody runs it, or its owner's lease ran out.
 OWNER_FREE = """(
@@ -85,10 +80,6 @@ SET_IN_FLIGHT = (
     "AND instance_id = ? AND owner = ? AND status = 'running'"
 )
 
-ROWS = cattrs.Converter()
-ROWS.register_structure_hook(datetime, lambda value, _: datetime.fromisoformat(value))
-
-
 def status_of(conn: sqlite3.Connection, workflow: str, instance_id: str) -> str:
     """The stored status of the instance; InstanceNotFound if there is none."""
     row = conn.execute(
@@ -104,21 +95,15 @@ def wall_of(iso: str) -> float:
     return datetime.fromisoformat(iso).timestamp()
 
 
-def step_record(row: dict[str, Any]) -> StepRecord:
-    row = dict(row)
-    row["result"] = json.loads(row["result"]) if row["state"] == "completed" else None
-    return ROWS.structure(row, StepRecord)
-
-
-def step_params(write: StepWrite, owner: str) -> dict[str, Any]:
-    """The named parameters of UPSERT_STEP and INSERT_WAITING for ``write`` by ``owner``."""
-    return {
-        "workflow": write.workflow, "instance_id": write.instance_id, "key": write.key,
-        "seq": write.seq, "kind": write.kind, "state": write.state,
-        "result": write.result, "result_type": write.result_type,
-        "status": write.status, "error": write.error,
-        "completed_at": write.at if write.state == "completed" else None,
-        "started_at": write.started,
-        "traceback": write.traceback,
-        "me": owner,
-    }
+# Suspended instances whose awaited key completed, or whose retry backoff ended
+# (its timer row is gone), among the workflows named by the ``marks`` parameters.
+LOOK_READY = """
+SELECT instances.workflow, instances.instance_id FROM instances JOIN steps
+ON steps.workflow = instances.workflow AND steps.instance_id = instances.instance_id
+AND steps.key = instances.waiting_for
+WHERE instances.status = 'suspended' AND (steps.state = 'completed' OR (
+    steps.kind = 'step' AND NOT EXISTS (SELECT 1 FROM timers
+    WHERE timers.workflow = steps.workflow AND timers.instance_id = steps.instance_id
+    AND timers.key = steps.key)))
+AND instances.workflow IN ({marks})
+"""

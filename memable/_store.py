@@ -12,10 +12,13 @@ matching ``EngineError``, and the transaction writes nothing.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import attrs
+import cattrs
 
 from ._records import MetadataStatus, StatusName, StepKind, StepRecord, StepState, WorkflowMetadata
 
@@ -46,6 +49,32 @@ class InstanceRow:
     step_key: str | None = None
     step_started: str | None = None
     traceback: str | None = None
+
+
+@attrs.frozen
+class OwnerRow:
+    """One row of ``owners``: an engine, where it runs, and its lease."""
+
+    id: str
+    host: str
+    pid: int
+    heartbeat: float  # seconds since the epoch of its last heartbeat
+    lease: float
+    boot_id: str | None
+    pid_ns: str | None
+    proc_start: str | None
+
+
+@attrs.frozen
+class InstanceView:
+    """What ``memable show`` needs of one instance, read by ``Store.inspect``."""
+
+    instance: InstanceRow
+    owner: OwnerRow | None  # the row of ``instance.owner``, if it still has one
+    #: Its steps in order, as dicts of the ``steps`` columns an operator sees.
+    steps: list[dict[str, Any]]
+    timers: list[tuple[str, float]]  # (key, deadline) of each pending timer
+    awaiting: list[str]  # the suspend points it waits on now
 
 
 @attrs.frozen
@@ -272,6 +301,32 @@ class Store(Protocol):
     def list_steps(self, workflow: str, instance_id: str) -> list[StepRecord]:
         """The instance's stored keys, in the order first reached."""
 
+    # Reads an operator makes (``memable list``, ``show``, ``signal``); see ``_store_reads``.
+
+    def list_view(
+        self, workflow: str | None, status: str | None
+    ) -> list[tuple[InstanceRow, OwnerRow | None]]:
+        """Instances oldest first, optionally of one workflow and in one status, each with
+        its owner's row while it runs."""
+
+    def inspect(self, workflow: str, instance_id: str) -> InstanceView | None:
+        """One instance with its owner, steps, timers and awaited signals; None if unknown."""
+
+    def workflows(self) -> list[str]:
+        """The names of the workflows the store has instances of."""
+
+    def awaited_signals(self, workflow: str, instance_id: str) -> list[str]:
+        """The suspend points the instance waits on now (none once it finished)."""
+
+    def listen(self, changed: Callable[[str, str | None, str | None], None] | None) -> None:
+        """Tell ``changed(kind, workflow, instance_id)`` what other engines write, as they do.
+
+        kind: "signal", "cancel", "timer" (armed), or "poll" (anything:
+        look at the store; workflow and id None). None stops listening. A
+        store that cannot tell (SQLite: the engines on one file are found by
+        the poll) does nothing; the poll stays the safety net either way.
+        """
+
     def close(self) -> None:
         """Release the store; later calls raise ``StorageError``."""
 
@@ -284,3 +339,29 @@ def metadata_of(row: InstanceRow) -> WorkflowMetadata:
         updated_at=datetime.fromisoformat(row.updated_at),
         completed_at=datetime.fromisoformat(row.completed_at) if row.completed_at else None,
     )
+
+
+#: Structures stored rows (dicts of column values) into records.
+ROWS = cattrs.Converter()
+ROWS.register_structure_hook(datetime, lambda value, _: datetime.fromisoformat(value))
+
+
+def step_record(row: dict[str, Any]) -> StepRecord:
+    """The public ``StepRecord`` of one stored ``steps`` row (a dict of its columns)."""
+    row = dict(row)
+    row["result"] = json.loads(row["result"]) if row["state"] == "completed" else None
+    return ROWS.structure(row, StepRecord)
+
+
+def step_params(write: StepWrite, owner: str) -> dict[str, Any]:
+    """The named parameters of UPSERT_STEP and INSERT_WAITING for ``write`` by ``owner``."""
+    return {
+        "workflow": write.workflow, "instance_id": write.instance_id, "key": write.key,
+        "seq": write.seq, "kind": write.kind, "state": write.state,
+        "result": write.result, "result_type": write.result_type,
+        "status": write.status, "error": write.error,
+        "completed_at": write.at if write.state == "completed" else None,
+        "started_at": write.started,
+        "traceback": write.traceback,
+        "me": owner,
+    }

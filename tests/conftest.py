@@ -1,9 +1,12 @@
-"""Shared fixtures: the same tests run on an in-memory store and on a file."""
+"""Shared fixtures: the same tests run on an in-memory store, a file and PostgreSQL."""
 
 from __future__ import annotations
 
+import os
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
@@ -14,22 +17,65 @@ from memable.testing import _leak_report, _leaked_threads, _memable_threads
 pytest_plugins = ["pytester"]
 
 
-@pytest.fixture(params=["memory", "file"])
-def make_engine(
-    request: pytest.FixtureRequest, tmp_path: Path
-) -> Iterator[Callable[..., Engine]]:
+#: The PostgreSQL server the tests use (each test in a schema of its own).
+POSTGRES_URL = os.environ.get(
+    "MEMABLE_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test"
+)
+
+
+def _postgres_or_skip() -> None:
+    """Skip the test, saying why, when no server answers; under CI (CI=true) fail instead."""
+    try:
+        import psycopg
+
+        psycopg.connect(POSTGRES_URL, connect_timeout=5).close()
+    except Exception as exc:  # ImportError, or psycopg.OperationalError
+        why = f"no PostgreSQL server for the tests at {POSTGRES_URL} ({exc})"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"{why}; under CI the PostgreSQL cases must run")
+        pytest.skip(why)
+
+
+@pytest.fixture
+def pg_schema() -> Iterator[str]:
+    """A fresh schema name on the test server, dropped (with its tables) afterwards."""
+    _postgres_or_skip()
+    import psycopg
+
+    name = f"test_{uuid.uuid4().hex[:12]}"
+    yield name
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+
+
+@pytest.fixture(params=["memory", "file", "postgres"])
+def store_target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """How ``Engine.open`` reaches the parametrised store: ``{"target": ..., "schema": ...}``;
+    None for the in-memory store."""
+    if request.param == "memory":
+        yield {}
+    elif request.param == "file":
+        yield {"target": tmp_path / "memable.db"}
+    else:
+        schema = request.getfixturevalue("pg_schema")
+        yield {"target": POSTGRES_URL, "schema": schema}
+
+
+@pytest.fixture
+def make_engine(store_target: dict[str, Any]) -> Iterator[Callable[..., Engine]]:
     """Build engines on the parametrised store; close them and check no thread leaks.
 
-    Every engine made on the file store shares ``tmp_path / "memable.db"``.
+    Every engine made in one test shares its store (``tmp_path / "memable.db"``,
+    or one PostgreSQL schema).
     """
     made: list[Engine] = []
     before = _memable_threads()
 
     def make(**options: object) -> Engine:
-        if request.param == "memory":
+        if not store_target:
             engine = Engine.in_memory(**options)  # type: ignore[arg-type]
         else:
-            engine = Engine.open(tmp_path / "memable.db", **options)  # type: ignore[arg-type]
+            engine = Engine.open(**store_target, **options)  # type: ignore[arg-type]
         made.append(engine)
         return engine
 

@@ -10,8 +10,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
+
+from click.testing import CliRunner, Result
 
 from memable import Engine
+from memable._cli import main
+from memable._sqlite import SQLiteStore
 
 PROCS = str(Path(__file__).with_name("_procs.py"))
 
@@ -19,10 +24,91 @@ PROCS = str(Path(__file__).with_name("_procs.py"))
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 
+# The helpers below read a store behind the engine's back, on purpose: a full
+# snapshot, timers and statement traces are not public API.
+
+
+def query(engine: Engine, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Rows of one read (``?`` placeholders) on the engine's store, file or PostgreSQL."""
+    store = engine._store
+    if isinstance(store, SQLiteStore):
+        with store._lock:
+            return [tuple(row) for row in store._conn.execute(sql, params)]
+    with store._db._pool.connection() as conn:  # type: ignore[attr-defined]
+        return [tuple(row) for row in conn.execute(sql.replace("?", "%s"), params)]
+
+
 def dump(engine: Engine) -> list[str]:
-    """Every row of the store, as SQL text (private connection on purpose: a full snapshot)."""
-    with engine._store._lock:  # type: ignore[attr-defined]
-        return list(engine._store._conn.iterdump())  # type: ignore[attr-defined]
+    """Every row of the store, as text: a full snapshot to compare."""
+    store = engine._store
+    if isinstance(store, SQLiteStore):
+        with store._lock:
+            return list(store._conn.iterdump())
+    return [
+        f"{table}: {row!r}"
+        for table in ("instances", "steps", "timers", "owners", "schema_version")
+        for row in sorted(query(engine, f"SELECT * FROM {table}"), key=repr)
+    ]
+
+
+class _TracedConnection:
+    """A pooled psycopg connection that notes each statement, and BEGIN/COMMIT around
+    transactions, as SQLite's trace callback would."""
+
+    def __init__(self, conn: Any, statements: list[str]) -> None:
+        self._conn, self._statements = conn, statements
+
+    def execute(self, sql: str, *args: Any) -> Any:
+        self._statements.append(sql.strip())
+        return self._conn.execute(sql, *args)
+
+    def cursor(self, *args: Any, **kwargs: Any) -> Any:
+        return self._conn.cursor(*args, **kwargs)
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        self._statements.append("BEGIN")
+        try:
+            with self._conn.transaction():
+                yield
+        except BaseException:
+            self._statements.append("ROLLBACK")
+            raise
+        self._statements.append("COMMIT")
+
+
+class _TracedPool:
+    def __init__(self, pool: Any, statements: list[str]) -> None:
+        self._pool, self._statements = pool, statements
+
+    @contextmanager
+    def connection(self) -> Iterator[_TracedConnection]:
+        with self._pool.connection() as conn:
+            yield _TracedConnection(conn, self._statements)
+
+    def close(self) -> None:
+        self._pool.close()
+
+
+@contextmanager
+def traced(engine: Engine) -> Iterator[list[str]]:
+    """The statements the engine's store sends meanwhile (PostgreSQL: with BEGIN and
+    COMMIT around each transaction; a statement outside one commits on its own)."""
+    store = engine._store
+    statements: list[str] = []
+    if isinstance(store, SQLiteStore):
+        store._conn.set_trace_callback(statements.append)
+        try:
+            yield statements
+        finally:
+            store._conn.set_trace_callback(None)
+        return
+    pool = store._db._pool  # type: ignore[attr-defined]
+    store._db._pool = _TracedPool(pool, statements)  # type: ignore[attr-defined]
+    try:
+        yield statements
+    finally:
+        store._db._pool = pool  # type: ignore[attr-defined]
 
 
 @contextmanager
@@ -45,3 +131,19 @@ def killed_in_a_step(db: Path, log: Path, step: int = 3) -> Iterator[int]:
         child.wait(timeout=60)
         if child.stdout is not None:
             child.stdout.close()
+
+
+def runner() -> CliRunner:
+    """A runner that keeps stderr apart (click < 8.2 mixes it into stdout by default)."""
+    try:
+        return CliRunner(mix_stderr=False)  # type: ignore[call-arg]
+    except TypeError:  # click >= 8.2: always apart
+        return CliRunner()
+
+
+def cli(*args: str | os.PathLike[str]) -> Result:
+    """Run ``memable ARGS`` in this process; a crash (not an exit) is raised as it is."""
+    result = runner().invoke(main, [os.fspath(a) for a in args])
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result

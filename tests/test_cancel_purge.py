@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 from freezegun import freeze_time
-from helpers import T0, dump
+from helpers import T0, dump, query
 
 from memable import (
     Cancelled,
@@ -29,23 +29,21 @@ from memable import (
 def timer_rows(engine: Engine, instance_id: str) -> list[tuple[str, float]]:
     """The armed timers of an instance, read on the engine's own connection (private on
     purpose: timers are not part of the public API, and the in-memory store has no file)."""
-    with engine._store._lock:  # type: ignore[attr-defined]
-        return [
-            (key, deadline)
-            for key, deadline in engine._store._conn.execute(  # type: ignore[attr-defined]
-                "SELECT key, deadline FROM timers WHERE instance_id = ?", (instance_id,)
-            )
-        ]
+    return [
+        (key, deadline)
+        for key, deadline in query(
+            engine, "SELECT key, deadline FROM timers WHERE instance_id = ?", (instance_id,)
+        )
+    ]
 
 
 def step_rows(engine: Engine, name: str, instance_id: str) -> int:
     """How many rows the steps table holds for an instance, read on the engine's own
     connection (private on purpose: engine.steps() refuses an instance whose row is gone)."""
-    with engine._store._lock:  # type: ignore[attr-defined]
-        [(count,)] = engine._store._conn.execute(  # type: ignore[attr-defined]
-            "SELECT COUNT(*) FROM steps WHERE workflow = ? AND instance_id = ?",
-            (name, instance_id),
-        ).fetchall()
+    [(count,)] = query(
+        engine, "SELECT COUNT(*) FROM steps WHERE workflow = ? AND instance_id = ?",
+        (name, instance_id),
+    )
     return int(count)
 
 

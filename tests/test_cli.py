@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
-from click.testing import CliRunner, Result
+from click.testing import Result
 from freezegun import freeze_time
+from helpers import cli
 
 import memable
 from memable import (
@@ -37,7 +38,6 @@ from memable import (
     MetadataStatus,
     Suspended,
 )
-from memable._cli import main
 
 # ---------------------------------------------------------------------- the store
 
@@ -152,22 +152,6 @@ def store(pristine_store: Store, tmp_path: Path) -> Store:
 
 
 # ---------------------------------------------------------------------- helpers
-
-
-def runner() -> CliRunner:
-    """A runner that keeps stderr apart (click < 8.2 mixes it into stdout by default)."""
-    try:
-        return CliRunner(mix_stderr=False)  # type: ignore[call-arg]
-    except TypeError:  # click >= 8.2: always apart
-        return CliRunner()
-
-
-def cli(*args: str | os.PathLike[str]) -> Result:
-    """Run ``memable ARGS`` in this process; a crash (not an exit) is raised as it is."""
-    result = runner().invoke(main, [os.fspath(a) for a in args])
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result
 
 
 def ok(*args: str | os.PathLike[str]) -> str:

@@ -39,7 +39,7 @@ from memable import (
 #: Seconds any single wait in these tests may take before the test gives up.
 PATIENCE = 10
 
-file_store_only = pytest.mark.parametrize("make_engine", ["file"], indirect=True)
+shared_store_only = pytest.mark.parametrize("store_target", ["file", "postgres"], indirect=True)
 
 
 def final_state(inv: Invocation, timeout: float = PATIENCE) -> WorkflowState:
@@ -189,7 +189,7 @@ def test_signal_for_a_failed_step_is_rejected(make_engine: Callable[..., Engine]
 # ---------------------------------------------------------------------- stop, timeouts, retries
 
 
-@file_store_only
+@shared_store_only
 def test_run_passing_a_satisfied_wait_during_stop_goes_on_in_the_next_engine(
     make_engine: Callable[..., Engine],
 ) -> None:
@@ -316,7 +316,7 @@ def test_stop_ends_a_retry_backoff_at_once(make_engine: Callable[..., Engine]) -
     assert calls.count == 1
 
 
-@file_store_only
+@shared_store_only
 def test_a_backoff_ended_by_stop_is_resumed_by_the_next_engine(
     make_engine: Callable[..., Engine],
 ) -> None:
@@ -361,7 +361,7 @@ def test_a_long_retry_backoff_is_a_durable_timer(make_engine: Callable[..., Engi
 # ---------------------------------------------------------------------- engines, classes, fork
 
 
-@file_store_only
+@shared_store_only
 def test_wait_from_another_engine_waits_for_the_run_to_end(
     make_engine: Callable[..., Engine],
 ) -> None:
@@ -429,7 +429,7 @@ def test_a_class_defined_again_under_the_same_name_round_trips(
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX only")
 @pytest.mark.filterwarnings("ignore:.*fork.*:DeprecationWarning")
-@file_store_only
+@shared_store_only
 def test_an_engine_started_before_fork_refuses_work_in_the_child(
     make_engine: Callable[..., Engine],
 ) -> None:

@@ -26,7 +26,11 @@ from memable import (
 
 
 def engine_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("memable")]
+    """The engine's threads; not a PostgreSQL store's pool, which lives until close()."""
+    return [
+        t for t in threading.enumerate()
+        if t.name.startswith("memable") and not t.name.startswith("memable-pool")
+    ]
 
 
 def noop(ctx: Context) -> None:

@@ -14,17 +14,22 @@ from typing import Any
 import attrs
 import pytest
 import sqlite_utils
+from helpers import traced
 
 from memable import Completed, Context, Engine, Failed, MetadataStatus, StorageError
 from memable._schema import SCHEMA_VERSION, migrate_to_1
 
 # Several tests look at the engine's own connection (``engine._store._conn``):
-# PRAGMA synchronous is per connection, and the statement trace is the only way
-# to count transactions and reads. Touching that private attribute is deliberate.
+# PRAGMA synchronous is per connection, and the statement trace
+# (``helpers.traced``) is the only way to count transactions and reads.
+# Touching that private attribute is deliberate.
 
-_STEPS_WRITE = re.compile(r"^\s*(INSERT|REPLACE|UPDATE|DELETE)\b.*?\b[\[\"`]?steps\b", re.I | re.S)
+# A write of steps, perhaps after a WITH clause (PostgreSQL's fenced upsert).
+_STEPS_WRITE = re.compile(
+    r"^\s*(WITH\b.*?)?\b(INSERT|REPLACE|UPDATE|DELETE)\b[^;]*?\b[\[\"`]?steps\b", re.I | re.S
+)
 _STEPS_READ = re.compile(r"^\s*SELECT\b.*\bFROM\s+[\[\"`]?steps\b", re.I | re.S)
-_WRITE = re.compile(r"^\s*(INSERT|REPLACE|UPDATE|DELETE)\b", re.I)
+_WRITE = re.compile(r"^\s*(WITH\b.*?)?\b(INSERT|REPLACE|UPDATE|DELETE)\b", re.I | re.S)
 
 
 @attrs.frozen
@@ -114,12 +119,8 @@ def test_each_completed_step_is_one_transaction(make_engine: Callable[..., Engin
 
     engine.register("five", wf)
     engine.start()
-    statements: list[str] = []
-    engine._store._conn.set_trace_callback(statements.append)  # private on purpose: see top
-    try:
+    with traced(engine) as statements:
         assert engine.invoke("five", instance_id="f-1").result() == 10
-    finally:
-        engine._store._conn.set_trace_callback(None)
 
     steps_transactions = [
         t for t in _transactions(statements) if any(_STEPS_WRITE.match(s) for s in t)
@@ -182,12 +183,8 @@ def test_a_resumed_run_reads_its_steps_once(make_engine: Callable[..., Engine]) 
     assert isinstance(state, Failed)
     assert "'step-50'" in state.message
 
-    statements: list[str] = []
-    engine._store._conn.set_trace_callback(statements.append)  # private on purpose: see top
-    try:
+    with traced(engine) as statements:
         assert engine.resume("fifty", "50-1").result() == 51
-    finally:
-        engine._store._conn.set_trace_callback(None)
 
     assert len([s for s in statements if _STEPS_READ.match(s)]) == 1
     assert calls == {f"step-{i}": 1 for i in range(50)} | {"step-50": 2}

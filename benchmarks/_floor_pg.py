@@ -1,0 +1,49 @@
+"""The raw PostgreSQL floor: one committed row and one primary-key read on the same server.
+
+Raw psycopg on one connection, in the same run as the workloads: an
+autocommit INSERT of one step-sized row (its own transaction: one round trip,
+committed as durably as ``synchronous_commit`` says) and a primary-key
+SELECT, in a schema of their own that is dropped afterwards.
+"""
+
+from __future__ import annotations
+
+import time
+
+import psycopg
+
+
+def _connect(url: str, synchronous: str) -> psycopg.Connection[tuple[object, ...]]:
+    conn = psycopg.connect(url, autocommit=True)
+    conn.execute(f"SET synchronous_commit = {'on' if synchronous == 'full' else 'off'}")
+    return conn
+
+
+def measure(url: str, schema: str, synchronous: str, rows: int) -> dict[str, float]:
+    """Microseconds per INSERT+COMMIT and per primary-key read."""
+    payload = '{"i":0,"s":"' + "x" * 32 + '"}'
+    with _connect(url, synchronous) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+        try:
+            conn.execute(
+                f'CREATE TABLE "{schema}".steps (workflow text, instance_id text, key text, '
+                "result text, PRIMARY KEY (workflow, instance_id, key))"
+            )
+            insert = f'INSERT INTO "{schema}".steps VALUES (%s, %s, %s, %s)'
+            for i in range(rows):  # warm the server's caches and the connection
+                conn.execute(insert, ("floor", "warm", f"s{i}", payload))
+            start = time.perf_counter()
+            for i in range(rows):
+                conn.execute(insert, ("floor", "timed", f"s{i}", payload))
+            insert_us = (time.perf_counter() - start) / rows * 1e6
+            select = (
+                f'SELECT result FROM "{schema}".steps WHERE workflow = %s '
+                "AND instance_id = %s AND key = %s"
+            )
+            start = time.perf_counter()
+            for i in range(rows):
+                conn.execute(select, ("floor", "timed", f"s{i}")).fetchone()
+            read_us = (time.perf_counter() - start) / rows * 1e6
+        finally:
+            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+    return {"insert_commit_us": insert_us, "pk_read_us": read_us}

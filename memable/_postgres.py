@@ -1,0 +1,498 @@
+"""The PostgreSQL store: several hosts on one database, with the file store's guarantees.
+
+Each operation is one function run on a pooled connection by
+``_postgres_conn.Connections``, which retries it across lost connections
+(a write with an unknown commit outcome reads back first, by the
+``read_back`` given here). Every write of a run is fenced by its instance
+row's lock (see ``_postgres_sql``). Claims of due timers skip rows another
+engine holds. Leases are judged by the server's clock. The transactions
+that store a signal, a cancel or a timer NOTIFY the other engines
+(``_postgres_listen``).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import uuid
+from datetime import datetime
+from typing import Any
+
+import attrs
+import psycopg
+from psycopg.rows import dict_row
+
+from . import _liveness
+from . import _postgres_schema as schema_
+from . import _postgres_sql as sql
+from . import _store_reads as reads
+from ._control import LostInstance
+from ._errors import InstanceFinished, InstanceNotFound, SignalRejected, key_taken
+from ._options import Synchronous
+from ._postgres_conn import NOT_DONE, Connections
+from ._postgres_listen import Changed, Listener, payload
+from ._records import StatusName, StepRecord
+from ._store import (
+    Claim,
+    InstanceRow,
+    InstanceView,
+    Look,
+    OwnerRow,
+    RunSnapshot,
+    StepWrite,
+    StoredStep,
+    Suspend,
+    step_params,
+    step_record,
+)
+
+_TERMINAL = ("completed", "failed", "cancelled")
+
+
+class PostgresStore:
+    """A memable store in one schema of a PostgreSQL database."""
+
+    def __init__(
+        self,
+        url: str,
+        synchronous: Synchronous,
+        *,
+        schema: str = "memable",
+        create: bool = True,
+        pool_size: int = 10,
+    ) -> None:
+        self.schema = schema_.check_schema_name(schema)
+        self._db = Connections(url, synchronous, schema, create=create, pool_size=pool_size)
+        self._run = self._db.run
+        self.channel = schema_.channel(schema)
+        # _listener_lock guards _listener: the thread LISTENing for this engine, if any.
+        self._listener_lock = threading.Lock()
+        self._listener: Listener | None = None
+        #: This engine's id as an owner of instances.
+        self.owner = uuid.uuid4().hex
+        self._lease = 15.0
+
+    def __repr__(self) -> str:
+        return f"<PostgresStore {self._db.where}>"
+
+    def _owns(self, conn: psycopg.Connection[Any], workflow: str, instance_id: str) -> bool:
+        row = conn.execute(sql.CHECK_RUN, (workflow, instance_id)).fetchone()
+        return row is not None and row[1] == self.owner
+
+    def _notify(
+        self, conn: psycopg.Connection[Any], kind: str, workflow: str, instance_id: str
+    ) -> None:
+        """Tell every engine listening on this store, when the transaction commits."""
+        text = payload(kind, self.owner, workflow, instance_id)
+        conn.execute("SELECT pg_notify(%s, %s)", (self.channel, text))
+
+    def listen(self, changed: Changed | None) -> None:
+        with self._listener_lock:
+            if self._listener is not None:
+                self._listener.stop()
+                self._listener = None
+            if changed is not None and not self._db.closed:
+                self._listener = Listener(self._db.connect, self.channel, self.owner, changed)
+                self._listener.start()
+
+    # ------------------------------------------------------------------ runs
+
+    def create_instance(self, row: InstanceRow) -> bool:
+        values = attrs.astuple(attrs.evolve(row, owner=self.owner))
+
+        def insert(conn: psycopg.Connection[Any]) -> bool:
+            return conn.execute(sql.INSERT_INSTANCE, values).rowcount == 1
+
+        def read_back(conn: psycopg.Connection[Any]) -> object:
+            found = conn.execute(sql.SELECT_INSTANCE, (row.workflow, row.instance_id)).fetchone()
+            if found is None:
+                return NOT_DONE
+            stored = InstanceRow(*found)
+            return stored.created_at == row.created_at and stored.input == row.input
+
+        return self._run("create the instance", insert, row.workflow, row.instance_id,
+                         transaction=False, read_back=read_back)
+
+    def begin_run(
+        self, workflow: str, instance_id: str, *, now: str, claim: Claim
+    ) -> RunSnapshot | None:
+        def claim_it(conn: psycopg.Connection[Any]) -> RunSnapshot | None:
+            found = conn.execute(
+                sql.CLAIM, (workflow, instance_id, self.owner, now, claim)
+            ).fetchone()
+            if found is None:
+                return None
+            # After the claim committed: it sees every step the previous owner
+            # committed, and that owner can write no more.
+            steps = conn.execute(sql.SELECT_RUN_STEPS, (workflow, instance_id)).fetchall()
+            return RunSnapshot(InstanceRow(*found), {s[0]: StoredStep(*s) for s in steps})
+
+        def read_back(conn: psycopg.Connection[Any]) -> object:
+            found = conn.execute(sql.SELECT_INSTANCE, (workflow, instance_id)).fetchone()
+            row = None if found is None else InstanceRow(*found)
+            if row is None or row.owner != self.owner or row.updated_at != now:
+                return NOT_DONE
+            steps = conn.execute(sql.SELECT_RUN_STEPS, (workflow, instance_id)).fetchall()
+            return RunSnapshot(row, {s[0]: StoredStep(*s) for s in steps})
+
+        return self._run("start a run", claim_it, workflow, instance_id,
+                         transaction=False, read_back=read_back)
+
+    def save_step(self, write: StepWrite) -> None:
+        params = step_params(write, self.owner)
+
+        def store(conn: psycopg.Connection[Any]) -> None:
+            if conn.execute(sql.UPSERT_STEP, params).rowcount == 0:
+                self._refused(conn, write)
+
+        def read_back(conn: psycopg.Connection[Any]) -> object:
+            row = conn.execute(
+                "SELECT state, started_at, result, error FROM steps WHERE workflow = %s "
+                "AND instance_id = %s AND key = %s",
+                (write.workflow, write.instance_id, write.key),
+            ).fetchone()
+            mine = (write.state, write.started, write.result, write.error)
+            return None if row is not None and tuple(row) == mine else NOT_DONE
+
+        self._run("store the step", store, write.workflow, write.instance_id, write.key,
+                  transaction=False, read_back=read_back)
+
+    def _refused(self, conn: psycopg.Connection[Any], write: StepWrite) -> None:
+        """Say why a step write matched nothing: the instance is lost, or the key taken."""
+        if not self._owns(conn, write.workflow, write.instance_id):
+            raise LostInstance(write.workflow, write.instance_id)
+        row = conn.execute(sql.SELECT_STEP, (write.workflow, write.instance_id, write.key))
+        found = row.fetchone()
+        step = None if found is None else StoredStep(*found)
+        if step is not None and step.kind != write.kind:
+            raise key_taken(write.workflow, write.instance_id, write.key, step.kind, write.kind)
+        # Else the key completed meanwhile (a timer fired): that row stands.
+
+    def check_run(self, workflow: str, instance_id: str) -> StatusName:
+        def check(conn: psycopg.Connection[Any]) -> StatusName:
+            row = conn.execute(sql.CHECK_RUN, (workflow, instance_id)).fetchone()
+            if row is None or row[1] != self.owner:
+                raise LostInstance(workflow, instance_id)
+            return row[0]  # type: ignore[no-any-return]
+
+        return self._run("check the run", check, workflow, instance_id, transaction=False)
+
+    def set_status(self, workflow: str, instance_id: str, message: str) -> None:
+        def store(conn: psycopg.Connection[Any]) -> None:
+            where = (message, workflow, instance_id, self.owner)
+            if conn.execute(sql.SET_STATUS, where).rowcount == 0:
+                raise LostInstance(workflow, instance_id)
+
+        self._run("store the status message", store, workflow, instance_id, transaction=False)
+
+    def record_in_flight(self, steps: list[tuple[str, str, str, str]]) -> None:
+        if not steps:
+            return
+
+        def store(conn: psycopg.Connection[Any]) -> None:
+            with conn.cursor() as cursor:
+                cursor.executemany(
+                    sql.SET_IN_FLIGHT, [(k, t, w, i, self.owner) for w, i, k, t in steps]
+                )
+
+        self._run("record the steps in flight", store)
+
+    def read_step(self, workflow: str, instance_id: str, key: str) -> StoredStep | None:
+        def read(conn: psycopg.Connection[Any]) -> StoredStep | None:
+            row = conn.execute(sql.SELECT_STEP, (workflow, instance_id, key)).fetchone()
+            return None if row is None else StoredStep(*row)
+
+        return self._run("read the step", read, workflow, instance_id, key, transaction=False)
+
+    def suspend(
+        self, waiting: StepWrite, message: str, deadline: float | None, now: float
+    ) -> Suspend:
+        workflow, instance_id, key = waiting.workflow, waiting.instance_id, waiting.key
+        args = (workflow, instance_id, key, waiting.seq, waiting.kind, waiting.result,
+                waiting.status, message, waiting.at, deadline, now, self.owner, self.channel,
+                payload("timer", self.owner, workflow, instance_id))
+
+        def record(conn: psycopg.Connection[Any]) -> Suspend:
+            found = conn.execute(sql.SUSPEND_RUN, args).fetchone()
+            assert found is not None  # a function's one row
+            outcome, armed = found
+            if outcome == "lost":
+                raise LostInstance(workflow, instance_id)
+            if outcome.startswith("kind "):
+                raise key_taken(workflow, instance_id, key, outcome[5:], waiting.kind)
+            if outcome == "ready":  # committed: the instance stays running, and ours
+                return Suspend("ready", snapshot=self._snapshot(conn, workflow, instance_id))
+            return Suspend(outcome, deadline=armed)
+
+        def read_back(conn: psycopg.Connection[Any]) -> object:
+            row = conn.execute(sql.SELECT_INSTANCE, (workflow, instance_id)).fetchone()
+            found = None if row is None else InstanceRow(*row)
+            if found is None or found.status != "suspended" or found.updated_at != waiting.at:
+                return NOT_DONE
+            timer = conn.execute(
+                "SELECT deadline FROM timers WHERE workflow = %s AND instance_id = %s "
+                "AND key = %s", (workflow, instance_id, key),
+            ).fetchone()
+            return Suspend("waiting", deadline=None if timer is None else float(timer[0]))
+
+        return self._run("record the suspension", record, workflow, instance_id, key,
+                         transaction=False, read_back=read_back)
+
+    def _snapshot(self, conn: psycopg.Connection[Any], workflow: str, instance_id: str
+                  ) -> RunSnapshot:
+        steps = conn.execute(sql.SELECT_RUN_STEPS, (workflow, instance_id)).fetchall()
+        instance = conn.execute(sql.SELECT_INSTANCE, (workflow, instance_id)).fetchone()
+        assert instance is not None  # locked by this transaction: it cannot have gone
+        return RunSnapshot(InstanceRow(*instance), {s[0]: StoredStep(*s) for s in steps})
+
+    def finish(
+        self,
+        workflow: str,
+        instance_id: str,
+        *,
+        status: StatusName,
+        message: str | None,
+        output: tuple[str, str | None] | None = None,
+        waiting_for: str | None = None,
+        traceback: str | None = None,
+        now: str,
+    ) -> bool:
+        text, tag = output if output is not None else (None, None)
+        where = {"workflow": workflow, "instance_id": instance_id, "me": self.owner}
+        params = {**where, "status": status, "message": message, "output": text,
+                  "output_type": tag, "waiting_for": waiting_for, "at": now,
+                  "traceback": traceback, "completed_at": now if status in _TERMINAL else None}
+
+        def record(conn: psycopg.Connection[Any]) -> bool:
+            if conn.execute(sql.FINISH, params).rowcount == 1:
+                return True
+            conn.execute(sql.RELEASE, where)  # cancelled meanwhile: let go of it all the same
+            return False
+
+        def read_back(conn: psycopg.Connection[Any]) -> object:
+            row = conn.execute(sql.SELECT_INSTANCE, (workflow, instance_id)).fetchone()
+            found = None if row is None else InstanceRow(*row)
+            if found is None or found.owner == self.owner:
+                return NOT_DONE
+            return found.status == status and found.updated_at == now
+
+        return self._run(f"record the run as {status}", record, workflow, instance_id,
+                         read_back=read_back)
+
+    # ------------------------------------------------------------------ from outside a run
+
+    def deliver_signal(self, write: StepWrite) -> None:
+        workflow, instance_id, key = write.workflow, write.instance_id, write.key
+
+        args = (workflow, instance_id, key, write.result, write.result_type, write.at,
+                self.channel, payload("signal", self.owner, workflow, instance_id))
+
+        def deliver(conn: psycopg.Connection[Any]) -> None:
+            found = conn.execute(sql.DELIVER_SIGNAL, args).fetchone()
+            answer = "missing" if found is None else str(found[0])
+            if answer == "missing":
+                raise InstanceNotFound(workflow, instance_id)
+            if answer.startswith("finished "):
+                status = answer[9:]
+                raise InstanceFinished(
+                    workflow, instance_id,
+                    f"it is {status}" + ("; resume it instead" if status == "failed" else ""),
+                )
+            if answer.startswith("kind "):
+                why = f"the key is a {answer[5:]}, not a suspend point"
+                raise SignalRejected(workflow, instance_id, key, why)
+            if answer == "holds":
+                raise SignalRejected(workflow, instance_id, key, "the key already holds a value")
+
+        def read_back(conn: psycopg.Connection[Any]) -> object:
+            row = conn.execute(
+                "SELECT state, result, completed_at FROM steps WHERE workflow = %s "
+                "AND instance_id = %s AND key = %s", (workflow, instance_id, key),
+            ).fetchone()
+            mine = ("completed", write.result, write.at)
+            return None if row is not None and tuple(row) == mine else NOT_DONE
+
+        self._run("deliver the signal", deliver, workflow, instance_id, key,
+                  transaction=False, read_back=read_back)
+
+    def fire_due_timers(self, now: float, at: str) -> list[tuple[str, str, str]]:
+        # Deleting the rows claims them: of several engines, one fires each timer.
+        def fire(conn: psycopg.Connection[Any]) -> list[tuple[str, str, str]]:
+            # Most looks find nothing due: a read answers those, without a write.
+            if conn.execute(sql.ANY_DUE, (now,)).fetchone() is None:
+                return []
+            rows = conn.execute(sql.FIRE_DUE, {"now": now, "at": at}).fetchall()
+            return [(w, i, k) for w, i, k in rows]
+
+        return self._run("fire due timers", fire, transaction=False)
+
+    def cancel(self, workflow: str, instance_id: str, *, now: str) -> None:
+        def cancel_it(conn: psycopg.Connection[Any]) -> None:
+            found = conn.execute(sql.LOCK_INSTANCE, (workflow, instance_id)).fetchone()
+            if found is None:
+                raise InstanceNotFound(workflow, instance_id)
+            if found[0] in ("completed", "cancelled"):
+                raise InstanceFinished(workflow, instance_id, f"it is {found[0]}")
+            # The owner stays: a run in flight stores its current step, then stops.
+            conn.execute(sql.CANCEL, (now, now, workflow, instance_id))
+            conn.execute(
+                "DELETE FROM timers WHERE workflow = %s AND instance_id = %s",
+                (workflow, instance_id),
+            )
+            self._notify(conn, "cancel", workflow, instance_id)
+
+        def read_back(conn: psycopg.Connection[Any]) -> object:
+            row = conn.execute(sql.SELECT_INSTANCE, (workflow, instance_id)).fetchone()
+            found = None if row is None else InstanceRow(*row)
+            done = found is not None and found.status == "cancelled" and found.updated_at == now
+            return None if done else NOT_DONE
+
+        self._run("cancel the instance", cancel_it, workflow, instance_id, read_back=read_back)
+
+    def purge(self, completed_before: str) -> int:
+        # Not one still owned: a run cancelled in flight stores its last step first.
+        def purge_them(conn: psycopg.Connection[Any]) -> int:
+            params = {"before": completed_before}
+            for table in ("steps", "timers"):
+                conn.execute(
+                    f"DELETE FROM {table} WHERE (workflow, instance_id) IN ({sql.FINISHED})",
+                    params,
+                )
+            deleted = conn.execute(
+                f"DELETE FROM instances WHERE (workflow, instance_id) IN ({sql.FINISHED})",
+                params,
+            )
+            return int(deleted.rowcount)
+
+        return self._run("purge finished instances", purge_them)
+
+    # ------------------------------------------------------------------ owners
+
+    def register_owner(self, lease: float, now: float) -> None:
+        me = _liveness.current()
+        values = (self.owner, me.host, me.pid, lease,
+                  datetime.fromtimestamp(now).astimezone().isoformat(),
+                  me.boot_id, me.pid_ns, me.started)
+        self._run("register the engine as an owner",
+                  lambda conn: conn.execute(sql.REGISTER_OWNER, values), transaction=False)
+        self._lease = lease
+
+    def heartbeat(self, now: float) -> None:
+        renewed = self._run(
+            "renew the engine's lease",
+            lambda conn: conn.execute(sql.HEARTBEAT, (self.owner,)).rowcount,
+            transaction=False,
+        )
+        if not renewed:  # reaped while stalled: come back (its runs are lost already)
+            self.register_owner(self._lease, now)
+
+    def drop_owner(self) -> None:
+        self._run("remove the engine's owner row",
+                  lambda conn: conn.execute("DELETE FROM owners WHERE id = %s", (self.owner,)),
+                  transaction=False)
+
+    def look_around(self, workflows: list[str], now: float) -> Look:
+        me = _liveness.current()
+
+        def look(conn: psycopg.Connection[Any]) -> Look:
+            # An owner in this PID namespace whose process is gone is dead at once.
+            local = conn.execute(
+                "SELECT id, pid, host, boot_id, pid_ns, proc_start FROM owners "
+                "WHERE host = %s AND id <> %s",
+                (me.host, self.owner),
+            ).fetchall()
+            for owner_id in _liveness.dead_here(me, local):
+                conn.execute("DELETE FROM owners WHERE id = %s", (owner_id,))
+            mine = conn.execute(
+                "SELECT workflow, instance_id FROM instances "
+                "WHERE status = 'running' AND owner = %s",
+                (self.owner,),
+            ).fetchall()
+            if not workflows:
+                return Look(mine=[(w, i) for w, i in mine])
+            params = {"workflows": workflows, "me": self.owner}
+            ready = conn.execute(sql.LOOK_READY, params).fetchall()
+            orphaned = conn.execute(sql.LOOK_ORPHANED, params).fetchall()
+            cancelled = conn.execute(
+                "SELECT workflow, instance_id FROM instances "
+                "WHERE status = 'cancelled' AND owner = %(me)s",
+                params,
+            ).fetchall()
+            return Look(
+                ready=[(w, i) for w, i in ready],
+                orphaned=[(w, i) for w, i in orphaned],
+                cancelled=[(w, i) for w, i in cancelled],
+                mine=[(w, i) for w, i in mine],
+            )
+
+        return self._run("look at the store", look, transaction=False)
+
+    # ------------------------------------------------------------------ reads
+
+    def next_deadline(self) -> float | None:
+        row = self._run("read the next timer deadline",
+                        lambda conn: conn.execute("SELECT MIN(deadline) FROM timers").fetchone(),
+                        transaction=False)
+        return None if row is None or row[0] is None else float(row[0])
+
+    def get_instance(self, workflow: str, instance_id: str) -> InstanceRow | None:
+        row = self._run(
+            "read the instance",
+            lambda conn: conn.execute(sql.SELECT_INSTANCE, (workflow, instance_id)).fetchone(),
+            workflow, instance_id, transaction=False,
+        )
+        return None if row is None else InstanceRow(*row)
+
+    def list_instances(self, workflow: str) -> list[InstanceRow]:
+        rows = self._run(
+            "list instances",
+            lambda conn: conn.execute(
+                f"SELECT {sql.INSTANCE_RETURNING} FROM instances WHERE workflow = %s "
+                "ORDER BY created_at, instance_id", (workflow,),
+            ).fetchall(),
+            workflow, transaction=False,
+        )
+        return [InstanceRow(*row) for row in rows]
+
+    def list_steps(self, workflow: str, instance_id: str) -> list[StepRecord]:
+        def read(conn: psycopg.Connection[Any]) -> list[dict[str, Any]]:
+            with conn.cursor(row_factory=dict_row) as cursor:
+                cursor.execute(
+                    "SELECT * FROM steps WHERE workflow = %s AND instance_id = %s "
+                    "ORDER BY seq", (workflow, instance_id),
+                )
+                return cursor.fetchall()
+
+        rows = self._run("read the steps", read, workflow, instance_id, transaction=False)
+        return [step_record(row) for row in rows]
+
+    # ------------------------------------------------------------------ an operator's reads
+
+    def list_view(
+        self, workflow: str | None, status: str | None
+    ) -> list[tuple[InstanceRow, OwnerRow | None]]:
+        return reads.list_view(self.read_rows, workflow, status)
+
+    def inspect(self, workflow: str, instance_id: str) -> InstanceView | None:
+        return reads.inspect(self.read_rows, workflow, instance_id)
+
+    def workflows(self) -> list[str]:
+        return reads.workflows(self.read_rows)
+
+    def awaited_signals(self, workflow: str, instance_id: str) -> list[str]:
+        return reads.awaited_signals(self.read_rows, workflow, instance_id)
+
+    def read_rows(self, what: str, sql_text: str, params: dict[str, Any]
+                  ) -> list[dict[str, Any]]:
+        """Rows of one read-only query with ``:name`` parameters, as dicts (``_store_reads``)."""
+        query = re.sub(r"(?<!:):(\w+)", r"%(\1)s", sql_text)
+
+        def read(conn: psycopg.Connection[Any]) -> list[dict[str, Any]]:
+            with conn.cursor(row_factory=dict_row) as cursor:
+                return cursor.execute(query, params).fetchall()
+
+        return self._run(what, read, transaction=False)
+
+    def close(self) -> None:
+        self.listen(None)
+        self._db.close()

@@ -1,0 +1,150 @@
+"""Connections to a PostgreSQL store's server: a pool, retries, and no secrets in messages.
+
+Connections come from a ``psycopg_pool`` pool, in autocommit mode: a
+one-statement operation is its own transaction (one round trip), a several-
+statement one runs in ``conn.transaction()``. An operation that meets a lost
+connection, a serialization failure or a deadlock is tried again on a fresh
+connection, with backoff, for up to ``RETRY_FOR`` seconds. A write whose
+commit outcome is unknown (the connection went before the answer came)
+first reads back whether it committed (its ``read_back``), so a retry never
+stores a second outcome. Every message names the server by
+``_postgres_schema.describe``: never the URL's password.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import psycopg
+import psycopg_pool
+
+from . import _postgres_schema as schema_
+from ._errors import StorageError
+from ._options import Synchronous
+
+T = TypeVar("T")
+Connection = psycopg.Connection[Any]
+#: Seconds an operation is tried again across lost connections before it fails.
+RETRY_FOR = 30.0
+#: ``read_back`` found the write not committed: run it (again).
+NOT_DONE = object()
+
+
+def _keep_real_time_in_psycopg() -> None:
+    """Have freezegun (if a test uses it) leave psycopg's and its pool's clocks alone.
+
+    The pool's threads schedule their work by ``time.monotonic``; frozen, they
+    never see a deadline pass and ``close()`` cannot join them. freezegun
+    gives real time to callers in modules on its ignore list.
+    """
+    freezegun = sys.modules.get("freezegun")
+    if freezegun is not None and hasattr(freezegun, "configure"):
+        freezegun.configure(extend_ignore_list=["psycopg"])
+
+
+def _retryable(exc: BaseException) -> bool:
+    """A lost connection, a pool that found none, a serialization failure or a deadlock."""
+    return isinstance(exc, (psycopg.OperationalError, psycopg_pool.PoolTimeout))
+
+
+class Connections:
+    """The pool of one store, and how its operations are run and retried."""
+
+    def __init__(
+        self, url: str, synchronous: Synchronous, schema: str, *, create: bool, pool_size: int
+    ) -> None:
+        self._url = url
+        self._params = schema_.parse(url)
+        #: How messages name the store: server and schema, no password.
+        self.where = f"{schema_.describe(self._params)} (schema {schema!r})"
+        self._kwargs = schema_.connect_kwargs(self._params, synchronous, schema)
+        _keep_real_time_in_psycopg()
+        with self._connect("open the store") as conn:
+            try:
+                schema_.prepare(conn, schema, self.where, create=create)
+            except psycopg.Error as exc:
+                raise StorageError(f"cannot prepare {self.where} ({self._redact(exc)})") from None
+        timeout = float(self._params.get("connect_timeout", schema_.CONNECT_TIMEOUT))
+        # The pool's own threads are named after it; close() joins them.
+        self._pool = psycopg_pool.ConnectionPool(
+            url, kwargs=self._kwargs, min_size=1, max_size=max(2, pool_size),
+            open=False, name="memable-pool", timeout=timeout,
+        )
+        self._pool.open(wait=True, timeout=timeout)
+        # _closing is set once, by close(): retries stop waiting and fail.
+        self._closing = threading.Event()
+
+    @property
+    def closed(self) -> bool:
+        return self._closing.is_set()
+
+    def close(self) -> None:
+        self._closing.set()
+        self._pool.close()
+
+    def _redact(self, exc: BaseException) -> str:
+        return schema_.redact(str(exc).strip(), self._url, self._params)
+
+    def _connect(self, what: str) -> Connection:
+        """A connection of its own (not the pool's): opening, and listening."""
+        try:
+            return psycopg.connect(self._url, **self._kwargs)
+        except psycopg.Error as exc:
+            raise StorageError(f"cannot {what}: cannot connect to {self.where} "
+                               f"({self._redact(exc)})") from None
+
+    def connect(self) -> Connection:
+        """A new connection of its own to the store (the listener's); StorageError if none."""
+        return self._connect("listen for changes")
+
+    def run(
+        self,
+        what: str,
+        fn: Callable[[Connection], T],
+        workflow: str | None = None,
+        instance_id: str | None = None,
+        key: str | None = None,
+        *,
+        transaction: bool = True,
+        read_back: Callable[[Connection], object] | None = None,
+    ) -> T:
+        """Run ``fn`` on a pooled connection (in a transaction unless told not to).
+
+        On a retryable error try again with backoff; a write whose commit
+        outcome is unknown runs ``read_back`` first (its answer, unless
+        ``NOT_DONE``, is the write's).
+        """
+        deadline = time.monotonic() + RETRY_FOR
+        delay = 0.05
+        unknown = False
+        while True:
+            if self._closing.is_set():
+                raise StorageError(f"cannot {what}: the store {self.where} is closed",
+                                   workflow=workflow, instance_id=instance_id, key=key)
+            try:
+                with self._pool.connection() as conn:
+                    if unknown and read_back is not None:
+                        done = read_back(conn)
+                        if done is not NOT_DONE:
+                            return done  # type: ignore[return-value]
+                    if not transaction:
+                        return fn(conn)
+                    with conn.transaction():
+                        return fn(conn)
+            except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+                if not _retryable(exc) or time.monotonic() + delay > deadline:
+                    raise StorageError(
+                        f"cannot {what} in {self.where} ({self._redact(exc)})",
+                        workflow=workflow, instance_id=instance_id, key=key,
+                    ) from None
+                # A serialization failure or deadlock rolled back; else the
+                # connection went, and the commit may or may not have happened.
+                unknown = unknown or not isinstance(exc, psycopg.errors.TransactionRollback)
+            # A wait between attempts that close() ends at once.
+            self._closing.wait(delay)
+            delay = min(delay * 2, 1.0)
+

@@ -1,0 +1,154 @@
+"""Server-side functions of the PostgreSQL store: one round trip for an operation of several
+statements.
+
+A network round trip costs as much as a primary-key read, so the store's
+branching operations (deliver a signal, record a suspension, claim an
+instance) run as PL/pgSQL functions, created with the tables. Each is one
+statement, so one transaction: it locks the instance row first, decides and
+writes, and its caller maps the answer to the engine's outcome or error.
+
+Durability: a claim, and a suspension that goes on at once (its key
+completed), commit with ``synchronous_commit`` off. Neither is acknowledged
+to anyone; the run's next write commits durably and, the WAL being one
+sequence, makes them durable too. A server crash that loses one leaves the
+instance as it was before it, and the run's next write is refused.
+"""
+
+from __future__ import annotations
+
+from ._postgres_sql import OWNER_FREE
+
+#: Whether an instance's owner is gone (its lease ran out), by the server's clock.
+_OWNER_FREE = OWNER_FREE.replace("%(me)s", "p_me")
+
+FUNCTIONS = f"""
+CREATE OR REPLACE FUNCTION memable_claim(
+    p_workflow text, p_instance text, p_me text, p_at text, p_claim text)
+RETURNS SETOF instances LANGUAGE plpgsql AS $fn$
+BEGIN
+    PERFORM set_config('synchronous_commit', 'off', true);
+    RETURN QUERY UPDATE instances SET status = 'running', message = NULL, waiting_for = NULL,
+        owner = p_me, updated_at = p_at, completed_at = NULL, traceback = NULL,
+        step_key = NULL, step_started = NULL
+    WHERE workflow = p_workflow AND instance_id = p_instance AND CASE p_claim
+        WHEN 'wake' THEN status = 'suspended'
+        WHEN 'resume' THEN status <> 'cancelled' AND (status <> 'running' OR {_OWNER_FREE})
+        ELSE status = 'running' AND {_OWNER_FREE} END
+    RETURNING *;
+END $fn$;
+
+CREATE OR REPLACE FUNCTION memable_deliver_signal(
+    p_workflow text, p_instance text, p_key text, p_result text, p_result_type text,
+    p_at text, p_channel text, p_payload text)
+RETURNS text LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_status text; v_kind text; v_state text; v_seq integer;
+BEGIN
+    SELECT status INTO v_status FROM instances
+    WHERE workflow = p_workflow AND instance_id = p_instance FOR UPDATE;
+    IF NOT FOUND THEN RETURN 'missing'; END IF;
+    IF v_status IN ('completed', 'failed', 'cancelled') THEN
+        RETURN 'finished ' || v_status;
+    END IF;
+    SELECT kind, state, seq INTO v_kind, v_state, v_seq FROM steps
+    WHERE workflow = p_workflow AND instance_id = p_instance AND key = p_key;
+    IF FOUND THEN
+        IF v_kind <> 'signal' THEN RETURN 'kind ' || v_kind; END IF;
+        IF v_state = 'completed' THEN RETURN 'holds'; END IF;
+    ELSE
+        SELECT COALESCE(MAX(seq), -1) + 1 INTO v_seq FROM steps
+        WHERE workflow = p_workflow AND instance_id = p_instance;
+    END IF;
+    INSERT INTO steps (workflow, instance_id, key, seq, kind, state, result, result_type,
+                       attempts, completed_at)
+    VALUES (p_workflow, p_instance, p_key, v_seq, 'signal', 'completed', p_result,
+            p_result_type, 1, p_at)
+    ON CONFLICT (workflow, instance_id, key) DO UPDATE SET state = 'completed',
+        result = excluded.result, result_type = excluded.result_type, attempts = 1,
+        completed_at = excluded.completed_at;
+    PERFORM pg_notify(p_channel, p_payload);
+    RETURN 'ok';
+END $fn$;
+
+CREATE OR REPLACE FUNCTION memable_suspend(
+    p_workflow text, p_instance text, p_key text, p_seq integer, p_kind text,
+    p_result text, p_status text, p_message text, p_at text, p_deadline double precision,
+    p_now double precision, p_me text, p_channel text, p_payload text,
+    OUT outcome text, OUT armed double precision)
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_status text; v_owner text; v_kind text; v_state text; v_found boolean;
+    v_ready boolean; v_had boolean;
+BEGIN
+    SELECT status, owner INTO v_status, v_owner FROM instances
+    WHERE workflow = p_workflow AND instance_id = p_instance FOR UPDATE;
+    IF NOT FOUND OR v_owner IS DISTINCT FROM p_me THEN outcome := 'lost'; RETURN; END IF;
+    -- Cancelled meanwhile: arm nothing, write nothing.
+    IF v_status <> 'running' THEN outcome := 'stopped'; RETURN; END IF;
+    SELECT kind, state INTO v_kind, v_state FROM steps
+    WHERE workflow = p_workflow AND instance_id = p_instance AND key = p_key;
+    v_found := FOUND;
+    IF v_found AND v_kind <> p_kind THEN outcome := 'kind ' || v_kind; RETURN; END IF;
+    IF p_kind = 'step' THEN  -- a retry backoff: the failed row turns waiting
+        INSERT INTO steps (workflow, instance_id, key, seq, kind, state, result, status,
+                           attempts)
+        VALUES (p_workflow, p_instance, p_key, p_seq, p_kind, 'waiting', p_result,
+                p_status, 0)
+        ON CONFLICT (workflow, instance_id, key) DO UPDATE SET
+            state = 'waiting', result = excluded.result
+        WHERE steps.state = 'failed' AND steps.kind = excluded.kind;
+    END IF;
+    v_ready := v_found AND v_state = 'completed';
+    IF NOT v_ready AND p_deadline IS NOT NULL THEN
+        -- The first arming sets the deadline; runs after it do not move it.
+        SELECT deadline INTO armed FROM timers
+        WHERE workflow = p_workflow AND instance_id = p_instance AND key = p_key;
+        v_had := FOUND;
+        IF NOT v_had THEN armed := p_deadline; END IF;
+        IF armed <= p_now THEN  -- due already: fire it here
+            IF v_had THEN
+                DELETE FROM timers
+                WHERE workflow = p_workflow AND instance_id = p_instance AND key = p_key;
+                UPDATE steps SET state = 'completed', result = 'null', result_type = NULL,
+                    attempts = attempts + 1, completed_at = p_at
+                WHERE workflow = p_workflow AND instance_id = p_instance AND key = p_key
+                AND state <> 'completed' AND kind = 'timer';
+            ELSIF p_kind <> 'step' THEN  -- never armed: store it fired
+                INSERT INTO steps (workflow, instance_id, key, seq, kind, state, result,
+                                   status, attempts, completed_at)
+                VALUES (p_workflow, p_instance, p_key, p_seq, p_kind, 'completed', 'null',
+                        p_status, 1, p_at)
+                ON CONFLICT (workflow, instance_id, key) DO UPDATE SET
+                    state = 'completed', result = 'null', result_type = NULL,
+                    status = excluded.status, error = NULL, attempts = steps.attempts + 1,
+                    completed_at = excluded.completed_at, started_at = NULL, traceback = NULL
+                WHERE steps.state <> 'completed' AND steps.kind = excluded.kind;
+            END IF;
+            v_ready := true;
+        ELSIF NOT v_had THEN
+            INSERT INTO timers (workflow, instance_id, key, deadline)
+            VALUES (p_workflow, p_instance, p_key, p_deadline);
+            PERFORM pg_notify(p_channel, p_payload);
+        END IF;
+    END IF;
+    IF v_ready THEN  -- go on at once: the instance stays running, and ours
+        PERFORM set_config('synchronous_commit', 'off', true);
+        outcome := 'ready';
+        RETURN;
+    END IF;
+    IF p_kind <> 'step' THEN
+        INSERT INTO steps (workflow, instance_id, key, seq, kind, state, result, status,
+                           attempts)
+        VALUES (p_workflow, p_instance, p_key, p_seq, p_kind, 'waiting', p_result,
+                p_status, 0)
+        ON CONFLICT (workflow, instance_id, key) DO UPDATE SET
+            state = 'waiting', result = excluded.result
+        WHERE steps.state = 'failed' AND steps.kind = excluded.kind;
+    END IF;
+    UPDATE instances SET status = 'suspended', message = p_message, waiting_for = p_key,
+        owner = NULL, updated_at = p_at
+    WHERE workflow = p_workflow AND instance_id = p_instance AND owner = p_me
+    AND status = 'running';
+    outcome := 'waiting';
+END $fn$;
+"""

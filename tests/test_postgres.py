@@ -1,0 +1,251 @@
+"""What only the PostgreSQL store has: URLs, schemas, opening, secrets, many openers at once.
+
+The engine's behaviour on PostgreSQL is the whole suite's (``make_engine`` runs
+every engine test on it too); these are the store's own rules (SPEC Part 2,
+"Stores"). They run against the server ``conftest.POSTGRES_URL`` names.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from conftest import POSTGRES_URL
+from helpers import cli
+
+from memable import Completed, Context, Engine, StorageError
+from memable._postgres_schema import SCHEMA_VERSION, parse
+
+
+def _with_password(url: str, password: str) -> str:
+    """``url`` with its user given ``password`` (trust authentication ignores it)."""
+    params = parse(url)
+    user = params.get("user", "postgres")
+    host, port = params.get("host", "127.0.0.1"), params.get("port", "5432")
+    return f"postgresql://{user}:{password}@{host}:{port}/{params.get('dbname', 'test')}"
+
+
+@pytest.fixture
+def other_schema() -> Iterator[str]:
+    """A second fresh schema, dropped afterwards."""
+    name = f"test_other_{time.monotonic_ns()}"
+    yield name
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+
+
+def _one_step(ctx: Context, n: int) -> int:
+    return ctx.step("double").run(lambda: n * 2)
+
+
+def test_an_unreachable_server_raises_naming_host_and_port_without_the_password() -> None:
+    """Nothing listens on port 1: StorageError at once (well within the connect timeout),
+    naming host and port; the password appears nowhere."""
+    url = "postgresql://app:s3cr3t-pw@127.0.0.1:1/prod?connect_timeout=5"
+    started = time.monotonic()
+    with pytest.raises(StorageError) as raised:
+        Engine.open(url)
+    assert time.monotonic() - started < 5
+    message = str(raised.value)
+    assert "postgresql://app@127.0.0.1:1/prod" in message
+    assert "s3cr3t-pw" not in message
+    assert "s3cr3t-pw" not in repr(raised.value)
+    # Not chained to the driver's error either (a traceback prints the chain).
+    assert raised.value.__cause__ is None
+    assert raised.value.__suppress_context__
+
+
+def test_import_memable_does_not_import_psycopg() -> None:
+    code = "import sys, memable; print('psycopg' in sys.modules, 'psycopg_pool' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
+
+
+def test_a_url_without_the_extra_installed_names_the_extra() -> None:
+    """psycopg missing (hidden here): StorageError saying which extra to install."""
+    code = (
+        "import sys; sys.modules['psycopg'] = None\n"
+        "from memable import Engine, StorageError\n"
+        "try:\n"
+        "    Engine.open('postgresql://127.0.0.1/test')\n"
+        "except StorageError as err:\n"
+        "    print(err)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "memable-engine[postgres]" in out.stdout
+
+
+@pytest.mark.parametrize(("schema", "error"), [
+    ("", ValueError), ("x" * 64, ValueError), ("a\0b", ValueError), (7, TypeError),
+])
+def test_a_bad_schema_name_is_refused_before_connecting(schema: Any, error: type) -> None:
+    with pytest.raises(error, match="schema"):
+        Engine.open("postgresql://nobody@127.0.0.1:1/none", schema=schema)
+
+
+def test_a_schema_with_a_sqlite_target_is_a_value_error(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="schema is for a PostgreSQL URL"):
+        Engine.open(tmp_path / "x.db", schema="jobs")
+    assert not (tmp_path / "x.db").exists()
+
+
+def test_two_schemas_are_two_stores(pg_schema: str, other_schema: str) -> None:
+    """An instance stored in one schema is not in the other; both live in one database."""
+    first = Engine.open(POSTGRES_URL, schema=pg_schema)
+    first.register("double", _one_step)
+    with first:
+        assert first.invoke("double", 21, instance_id="a").result(timeout=10) == 42
+    second = Engine.open(POSTGRES_URL, schema=other_schema)
+    second.register("double", _one_step)
+    with second:
+        assert second.get_metadata("double", "a") is None
+    with psycopg.connect(POSTGRES_URL) as conn:
+        tables = conn.execute(
+            "SELECT table_schema, count(*) FROM information_schema.tables "
+            "WHERE table_schema IN (%s, %s) GROUP BY table_schema ORDER BY 1",
+            (pg_schema, other_schema),
+        ).fetchall()
+    assert sorted(tables) == sorted([(pg_schema, 5), (other_schema, 5)])
+
+
+def test_a_newer_schema_version_is_refused_and_left_as_it_was(pg_schema: str) -> None:
+    Engine.open(POSTGRES_URL, schema=pg_schema).close()
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+        conn.execute(f'UPDATE "{pg_schema}".schema_version SET version = %s',
+                     (SCHEMA_VERSION + 1,))
+    with pytest.raises(StorageError, match="newer than this memable understands"):
+        Engine.open(POSTGRES_URL, schema=pg_schema)
+    with psycopg.connect(POSTGRES_URL) as conn:
+        rows = conn.execute(f'SELECT version FROM "{pg_schema}".schema_version').fetchall()
+    assert rows == [(SCHEMA_VERSION + 1,)]
+
+
+def test_the_password_is_in_no_repr_and_connections_name_themselves(pg_schema: str) -> None:
+    """repr of the engine and its store hide the password; the server lists the
+    connections under application_name 'memable' unless the URL names them."""
+    url = _with_password(POSTGRES_URL, "pw-never-shown")
+    engine = Engine.open(url, schema=pg_schema)
+    try:
+        assert "pw-never-shown" not in repr(engine) + repr(engine._store)
+        with psycopg.connect(POSTGRES_URL) as conn:
+            names = {name for (name,) in conn.execute(
+                "SELECT application_name FROM pg_stat_activity WHERE datname = current_database()"
+            )}
+        assert "memable" in names
+    finally:
+        engine.close()
+    named = Engine.open(url + "?application_name=billing", schema=pg_schema)
+    try:
+        with psycopg.connect(POSTGRES_URL) as conn:
+            names = {name for (name,) in conn.execute(
+                "SELECT application_name FROM pg_stat_activity WHERE datname = current_database()"
+            )}
+        assert "billing" in names
+    finally:
+        named.close()
+
+
+_OPENER = """
+import sys
+import psycopg, psycopg_pool
+from memable import Engine
+print("ready", flush=True)
+sys.stdin.readline()  # all start opening together
+Engine.open(sys.argv[1], schema=sys.argv[2]).close()
+print("opened")
+"""
+
+
+def test_twenty_processes_opening_a_new_schema_at_once_migrate_it_once(pg_schema: str) -> None:
+    """Each opener succeeds; the store has one version row and its five tables."""
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _OPENER, POSTGRES_URL, pg_schema],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+        for _ in range(20)
+    ]
+    for proc in procs:  # each has imported everything it needs
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "ready\n"
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+    outcomes = [proc.communicate(timeout=120) for proc in procs]
+    results = [(p.returncode, out, err) for p, (out, err) in zip(procs, outcomes, strict=True)]
+    assert results == [(0, "opened\n", "")] * 20
+    with psycopg.connect(POSTGRES_URL) as conn:
+        versions = conn.execute(f'SELECT version FROM "{pg_schema}".schema_version').fetchall()
+    assert versions == [(SCHEMA_VERSION,)]
+    engine = Engine.open(POSTGRES_URL, schema=pg_schema)
+    engine.register("double", _one_step)
+    with engine:
+        assert engine.invoke("double", 2).wait(timeout=10) == Completed()
+
+
+def test_a_signal_stored_by_another_engine_runs_the_instance_without_waiting_for_a_poll(
+    pg_schema: str,
+) -> None:
+    """Engine B (without the workflow) stores a signal; engine A, polling once a minute,
+    runs the instance on B's NOTIFY."""
+    slow = {"poll_interval": 60, "lease": 600}
+    a = Engine.open(POSTGRES_URL, schema=pg_schema, **slow)  # type: ignore[arg-type]
+    a.register("approve", lambda ctx: ctx.suspend("ok") + 1)
+    b = Engine.open(POSTGRES_URL, schema=pg_schema, **slow)  # type: ignore[arg-type]
+    with a, b:
+        waiting = a.invoke("approve", instance_id="x")
+        assert str(waiting.wait(timeout=10)) == "suspended: ok"
+        b.signal("approve", "x", "ok", 41)
+        assert waiting.result(timeout=10) == 42
+
+
+def test_the_command_line_reads_and_acts_on_a_postgresql_store(pg_schema: str) -> None:
+    """list, show, signal, cancel and purge take a URL and --schema; a running engine acts
+    on the CLI's signal at once (NOTIFY); no output shows the password."""
+    url = _with_password(POSTGRES_URL, "pw-not-printed")
+    engine = Engine.open(url, schema=pg_schema, poll_interval=60, lease=600)
+    engine.register("approve", lambda ctx: ctx.suspend("ok") + 1)
+    with engine:
+        waiting = engine.invoke("approve", instance_id="x")
+        assert str(waiting.wait(timeout=10)) == "suspended: ok"
+        engine.invoke("approve", instance_id="y").wait(timeout=10)
+        listed = cli("list", url, "--schema", pg_schema, "--json")
+        assert listed.exit_code == 0, listed.stderr
+        assert [(i["instance_id"], i["status"]) for i in json.loads(listed.stdout)] == [
+            ("x", "suspended"), ("y", "suspended")
+        ]
+        shown = cli("show", url, "approve", "x", "--schema", pg_schema, "--json")
+        assert json.loads(shown.stdout)["awaiting_signals"] == ["ok"]
+        signalled = cli("signal", url, "approve", "x", "ok", "41", "--schema", pg_schema)
+        assert signalled.exit_code == 0, signalled.stderr
+        assert waiting.result(timeout=10) == 42
+        cancelled = cli("cancel", url, "approve", "y", "--schema", pg_schema)
+        assert cancelled.exit_code == 0, cancelled.stderr
+        assert str(engine.invoke("approve", instance_id="y").wait(timeout=10)) == "cancelled"
+    purged = cli("purge", url, "--older-than", "0s", "--schema", pg_schema)
+    assert (purged.exit_code, purged.stdout) == (0, "purged 2 finished instances\n")
+    outputs = [r.stdout + r.stderr for r in (listed, shown, signalled, cancelled, purged)]
+    assert all("pw-not-printed" not in text for text in outputs)
+
+
+def test_the_command_line_on_a_schema_without_a_store_exits_2_and_creates_nothing(
+    pg_schema: str,
+) -> None:
+    for args in (["list"], ["show", "wf", "x"], ["cancel", "wf", "x"], ["purge"]):
+        command, *rest = args
+        extra = ["--older-than", "1d"] if command == "purge" else []
+        result = cli(command, POSTGRES_URL, *rest, *extra, "--schema", pg_schema)
+        assert result.exit_code == 2
+        assert f"has no memable store in schema {pg_schema!r}" in result.stderr
+    with psycopg.connect(POSTGRES_URL) as conn:
+        found = conn.execute(
+            "SELECT 1 FROM pg_namespace WHERE nspname = %s", (pg_schema,)
+        ).fetchall()
+    assert found == []
