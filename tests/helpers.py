@@ -38,6 +38,17 @@ def query(engine: Engine, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[
         return [tuple(row) for row in conn.execute(sql.replace("?", "%s"), params)]
 
 
+def write(engine: Engine, sql: str, params: tuple[Any, ...] = ()) -> None:
+    """Run one write (``?`` placeholders) on the engine's store behind its back, committed."""
+    store = engine._store
+    if isinstance(store, SQLiteStore):
+        with store._lock:
+            store._conn.execute(sql, params)
+        return
+    with store._db._pool.connection() as conn:  # type: ignore[attr-defined]
+        conn.execute(sql.replace("?", "%s"), params)
+
+
 def dump(engine: Engine) -> list[str]:
     """Every row of the store, as text: a full snapshot to compare."""
     store = engine._store

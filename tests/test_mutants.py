@@ -16,9 +16,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
+from helpers import write
 
-from memable import Engine, EngineError, StorageError
+from memable import Completed, Context, Engine, EngineError, Failed, InProgress, StorageError
 from memable._background import BackgroundThread
 from memable._clock import Clock
 from memable._control import LostInstance
@@ -711,3 +713,120 @@ def test_a_step_whose_attempt_timed_out_does_not_hold_up_another_steps_timeout()
     finally:
         release.set()
         engine.close()
+
+
+# ---------------------------------------------------------------------- the runner's runs
+
+
+@attrs.frozen
+class _Order:
+    id: int
+    total: float
+
+
+def test_a_resumed_run_decodes_its_stored_input_with_its_type(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """A resumed run (not the first) reads its input from the store, as the annotated class."""
+    engine = make_engine()
+    fail = [True]
+
+    def wf(ctx: Context, order: _Order) -> str:
+        ctx.step("a").run(lambda: order.id)
+        if fail[0]:
+            ctx.step("b").run(lambda: 1 / 0)
+        return f"{order.id}: {order.total:.2f} ({type(order).__name__})"
+
+    engine.register("wf", wf)
+    with engine:
+        first = engine.invoke("wf", _Order(7, 19.5), instance_id="x")
+        assert isinstance(first.wait(timeout=10), Failed)
+        fail[0] = False
+        assert engine.resume("wf", "x").result(timeout=10) == "7: 19.50 (_Order)"
+
+
+def test_a_replay_restores_the_status_a_step_was_stored_with(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """The status set before a stored step (by code that does not set it again) is published
+    once the resumed run leaves replay."""
+    engine = make_engine()
+    first_run, entered, release = [True], threading.Event(), threading.Event()
+
+    def wf(ctx: Context) -> int:
+        if first_run[0]:
+            ctx.set_status("first run only")
+        ctx.step("a").run(lambda: 1)
+        if first_run[0]:
+            ctx.step("b").run(lambda: 1 / 0)
+        return int(ctx.step("c").run(lambda: entered.set() or release.wait(10)))
+
+    engine.register("wf", wf)
+    with engine:
+        assert isinstance(engine.invoke("wf", instance_id="x").wait(timeout=10), Failed)
+        first_run[0] = False
+        resumed = engine.resume("wf", "x")
+        try:
+            assert entered.wait(10)
+            assert resumed.state == InProgress("first run only")
+        finally:
+            release.set()
+        assert resumed.result(timeout=10) == 1
+
+
+def test_only_a_recovered_instance_logs_that_its_owner_died(
+    make_engine: Callable[..., Engine], caplog: pytest.LogCaptureFixture
+) -> None:
+    engine = make_engine()
+    fail = [True]
+    engine.register("wf", lambda ctx: ctx.step("a").run(lambda: 1 / 0 if fail[0] else 1))
+    with caplog.at_level(logging.INFO, logger="memable"), engine:
+        assert isinstance(engine.invoke("wf", instance_id="x").wait(timeout=10), Failed)
+        fail[0] = False
+        assert engine.resume("wf", "x").result(timeout=10) == 1
+    assert not [r for r in caplog.records if "owner died" in r.getMessage()]
+
+
+@pytest.mark.parametrize("store_target", ["file", "postgres"], indirect=True)
+def test_the_invocation_of_a_run_that_lost_its_instance_follows_the_engine_that_took_it(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """A's run is in step a when its lease is made to run out; B takes the instance and runs
+    it. A's write is then refused and its run ends, while B still runs: A's Invocation must
+    wait for B's end (it returned the running row's state)."""
+    a = make_engine(poll_interval=0.05, lease=600)  # A's heartbeat never comes in time
+    b = make_engine(poll_interval=0.05)
+    in_a, release_a, in_b, release_b = (threading.Event() for _ in range(4))
+
+    def wf_a(ctx: Context) -> str:
+        return str(ctx.step("a").run(lambda: in_a.set() or (release_a.wait(10) and "from a")))
+
+    def wf_b(ctx: Context) -> str:
+        return str(ctx.step("a").run(lambda: in_b.set() or (release_b.wait(10) and "from b")))
+
+    a.register("wf", wf_a)
+    b.register("wf", wf_b)
+    a_ended = threading.Event()
+    real = a._store.get_instance
+
+    def noting_the_end(*args: Any, **kwargs: Any) -> Any:
+        found = real(*args, **kwargs)
+        if release_a.is_set():  # the refused run reads the store once it lost the instance
+            a_ended.set()
+        return found
+
+    a._store.get_instance = noting_the_end  # type: ignore[method-assign]
+    with a, b:
+        inv = a.invoke("wf", instance_id="x")
+        assert in_a.wait(10)
+        write(a, "UPDATE owners SET heartbeat = 0 WHERE id = ?", (a._store.owner,))
+        assert in_b.wait(10)
+        waited: list[Any] = []
+        waiter = threading.Thread(target=lambda: waited.append(inv.wait(timeout=20)))
+        waiter.start()
+        release_a.set()
+        assert a_ended.wait(10)
+        release_b.set()
+        waiter.join(30)
+        assert waited == [Completed()]
+        assert inv.result(timeout=10) == "from b"
