@@ -1,0 +1,95 @@
+"""A TCP proxy a test can cut and heal: a network partition between an engine and its server.
+
+Every connection accepted on ``port`` is forwarded to ``target``. ``cut()``
+stops forwarding in both directions without closing anything (packets of a
+partition are not answered; they are held here, as a network would delay
+them), ``heal()`` delivers what was held and forwards again. ``close()``
+ends every connection and joins every thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import socket
+import threading
+
+
+class Proxy:
+    """Forwards 127.0.0.1:``port`` to ``target``; cut and healed by the test."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self._target = target
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._server.getsockname()[1]
+        # _lock guards _sockets and _threads; _open is clear while cut.
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = [self._server]
+        self._threads: list[threading.Thread] = []
+        self._open = threading.Event()
+        self._open.set()
+        self._closing = threading.Event()
+        self._start(self._accept, "proxy-accept")
+
+    def _start(self, target: object, name: str, *args: object) -> None:
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)  # type: ignore[arg-type]
+        with self._lock:
+            self._threads.append(thread)
+        thread.start()
+
+    def cut(self) -> None:
+        self._open.clear()
+
+    def heal(self) -> None:
+        self._open.set()
+
+    def _accept(self) -> None:
+        while not self._closing.is_set():
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return  # closed
+            upstream = socket.create_connection(self._target)
+            with self._lock:
+                self._sockets += [client, upstream]
+            self._start(self._pump, "proxy-up", client, upstream)
+            self._start(self._pump, "proxy-down", upstream, client)
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        held = b""
+        while not self._closing.is_set():
+            if self._open.is_set() and held:
+                try:
+                    sink.sendall(held)
+                except OSError:
+                    return
+                held = b""
+            try:
+                ready, _, _ = select.select([source], [], [], 0.05)
+            except (OSError, ValueError):
+                return
+            if ready:
+                try:
+                    data = source.recv(65536)
+                except OSError:
+                    return
+                if not data:
+                    if not held:
+                        with contextlib.suppress(OSError):
+                            sink.shutdown(socket.SHUT_WR)
+                        return
+                    # The peer closed; what is held still goes once healed.
+                    self._open.wait()
+                    continue
+                held += data
+
+    def close(self) -> None:
+        self._closing.set()
+        self._open.set()
+        with self._lock:
+            sockets, threads = list(self._sockets), list(self._threads)
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.close()
+        for thread in threads:
+            thread.join(10)

@@ -1,0 +1,154 @@
+"""Faults on the real PostgreSQL server: a network partition, connections killed by the server.
+
+Each test drives real engines against the server ``conftest.POSTGRES_URL``
+names; the partition is a TCP proxy (``_tcp_proxy``) between one engine and
+the server that the test cuts and heals.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from _tcp_proxy import Proxy
+from conftest import POSTGRES_URL
+from helpers import query
+
+from memable import Context, Engine
+from memable._postgres_schema import parse
+
+#: Each fault test runs this many times in a row (MEMABLE_FAULT_ROUNDS=10 for the
+#: acceptance run; the suite runs each once).
+ROUNDS = pytest.mark.parametrize(
+    "fault_round", range(int(os.environ.get("MEMABLE_FAULT_ROUNDS", "1")))
+)
+
+
+@pytest.fixture
+def proxy() -> Iterator[Proxy]:
+    params = parse(POSTGRES_URL)
+    found = Proxy((params.get("host", "127.0.0.1"), int(params.get("port", "5432"))))
+    yield found
+    found.close()
+
+
+def _through(proxy: Proxy) -> str:
+    params = parse(POSTGRES_URL)
+    user = params.get("user", "postgres")
+    return f"postgresql://{user}@127.0.0.1:{proxy.port}/{params.get('dbname', 'test')}"
+
+
+@ROUNDS
+def test_a_partitioned_engine_loses_its_instance_and_its_late_writes_are_refused(
+    pg_schema: str, proxy: Proxy, fault_round: int
+) -> None:
+    """A reaches the server through a proxy; the test cuts it while A is inside step s2.
+    A's lease runs out by the server's clock; B takes the instance over and enters s2.
+    The proxy heals: A's late write of s2 reaches the server before B's, and is refused
+    (B owns the instance now); A's run stops. B completes: the store holds one result
+    per key, B's for s2."""
+    ran: list[tuple[str, str]] = []
+    in_a, release_a, in_b, release_b = (threading.Event() for _ in range(4))
+
+    def workflow(engine_name: str) -> Any:
+        def wf(ctx: Context) -> str:
+            results = []
+            for key in ("s1", "s2", "s3"):
+                def body(key: str = key) -> str:
+                    ran.append((engine_name, key))
+                    if key == "s2":
+                        inside, release = (in_a, release_a) if engine_name == "a" else (
+                            in_b, release_b)
+                        inside.set()
+                        assert release.wait(60)
+                    return f"{key} by {engine_name}"
+                results.append(ctx.step(key).run(body))
+            return ", ".join(results)
+        return wf
+
+    a = Engine.open(_through(proxy), schema=pg_schema, lease=2.0, poll_interval=0.2)
+    b = Engine.open(POSTGRES_URL, schema=pg_schema, poll_interval=0.1)
+    a.register("p", workflow("a"))
+    b.register("p", workflow("b"))
+    try:
+        a.start()
+        b.start()
+        a.invoke("p", instance_id="x")
+        assert in_a.wait(30)
+        proxy.cut()
+        assert in_b.wait(60)  # B recovered the instance once A's lease ran out
+        release_a.set()  # A's write of s2 waits in the cut network...
+        proxy.heal()  # ...and reaches the server now, before B's
+        a.stop()  # A's run has ended: its write was refused
+        release_b.set()
+        assert b.invocation("p", "x").result(timeout=60) == "s1 by a, s2 by b, s3 by b"
+    finally:
+        release_a.set()
+        release_b.set()
+        proxy.heal()
+        a.close()
+        b.close()
+    assert ran == [("a", "s1"), ("a", "s2"), ("b", "s2"), ("b", "s3")]
+    reader = Engine.open(POSTGRES_URL, schema=pg_schema)
+    try:
+        rows = query(reader, "SELECT key, state, result, attempts FROM steps ORDER BY seq")
+        status = query(reader, "SELECT status, owner FROM instances")
+    finally:
+        reader.close()
+    assert rows == [
+        ("s1", "completed", '"s1 by a"', 1),
+        ("s2", "completed", '"s2 by b"', 1),
+        ("s3", "completed", '"s3 by b"', 1),
+    ]
+    assert status == [("completed", None)]
+
+
+@ROUNDS
+def test_connections_killed_by_the_server_mid_workload_lose_nothing(
+    pg_schema: str, fault_round: int
+) -> None:
+    """pg_terminate_backend on every memable connection, three times while 40 instances
+    run their steps: the engine reconnects; every instance completes, every step once."""
+    calls: dict[tuple[int, int], int] = {}
+    lock = threading.Lock()
+    progress = threading.Semaphore(0)
+
+    def wf(ctx: Context, n: int) -> int:
+        total = 0
+        for k in range(5):
+            def body(k: int = k) -> int:
+                with lock:
+                    calls[(n, k)] = calls.get((n, k), 0) + 1
+                progress.release()
+                return k
+            total += ctx.step(f"s{k}").run(body)
+        return total
+
+    engine = Engine.open(POSTGRES_URL, schema=pg_schema, max_workers=8, poll_interval=0.2)
+    engine.register("w", wf)
+    with engine:
+        invocations = [engine.invoke("w", n, instance_id=f"i{n}") for n in range(40)]
+        for _ in range(3):
+            for _ in range(20):  # some steps ran since the last kill
+                assert progress.acquire(timeout=60)
+            with psycopg.connect(POSTGRES_URL, autocommit=True) as admin:
+                ended = admin.execute(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    "WHERE application_name = 'memable' AND pid <> pg_backend_pid()"
+                ).fetchone()
+            assert ended is not None
+            assert ended[0] >= 1
+        results = [inv.result(timeout=120) for inv in invocations]
+    assert results == [10] * 40
+    # Each write cut by a kill was tried again (read back first): no body ran twice.
+    assert calls == {(n, k): 1 for n in range(40) for k in range(5)}
+    reader = Engine.open(POSTGRES_URL, schema=pg_schema)
+    try:
+        stored = query(reader, "SELECT count(*), min(attempts), max(attempts) FROM steps")
+    finally:
+        reader.close()
+    assert stored == [(200, 1, 1)]
