@@ -23,7 +23,7 @@ POSTGRES_URL = os.environ.get(
 )
 
 
-def _postgres_or_skip() -> None:
+def postgres_or_skip() -> None:
     """Skip the test, saying why, when no server answers; under CI (CI=true) fail instead."""
     try:
         import psycopg
@@ -39,7 +39,7 @@ def _postgres_or_skip() -> None:
 @pytest.fixture
 def pg_schema() -> Iterator[str]:
     """A fresh schema name on the test server, dropped (with its tables) afterwards."""
-    _postgres_or_skip()
+    postgres_or_skip()
     import psycopg
 
     name = f"test_{uuid.uuid4().hex[:12]}"
