@@ -8,6 +8,7 @@ every engine test on it too); these are the store's own rules (SPEC Part 2,
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -163,7 +164,12 @@ print("opened")
 """
 
 
-def test_twenty_processes_opening_a_new_schema_at_once_migrate_it_once(pg_schema: str) -> None:
+@pytest.mark.parametrize(
+    "fault_round", range(int(os.environ.get("MEMABLE_FAULT_ROUNDS", "1")))
+)
+def test_twenty_processes_opening_a_new_schema_at_once_migrate_it_once(
+    pg_schema: str, fault_round: int
+) -> None:
     """Each opener succeeds; the store has one version row and its five tables."""
     procs = [
         subprocess.Popen([sys.executable, "-c", _OPENER, POSTGRES_URL, pg_schema],

@@ -7,9 +7,14 @@ the server that the test cuts and heals.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import threading
+from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -155,3 +160,70 @@ def test_connections_killed_by_the_server_mid_workload_lose_nothing(
     finally:
         reader.close()
     assert stored == [(200, 1, 1)]
+
+
+PG_CHILD = str(Path(__file__).with_name("_pg_procs.py"))
+
+
+@ROUNDS
+def test_four_processes_on_one_database_and_a_kill_lose_nothing(
+    pg_schema: str, tmp_path: Path, fault_round: int
+) -> None:
+    """4 processes x 100 instances (a step, a 0.2 s timer, a signal from the next process,
+    a step). One is SIGKILLed once it is under way and started again: every instance ends
+    completed with its signal's value; no step body ran twice but those in flight at the
+    kill (at most the killed engine's 8 workers)."""
+    log = tmp_path / "effects.log"
+    names = ["p0", "p1", "p2", "p3"]
+
+    def spawn(k: int) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, PG_CHILD, POSTGRES_URL, pg_schema, str(log), names[k],
+             names[(k + 1) % 4], "100"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )
+
+    def go(proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        assert proc.stdin is not None
+        assert proc.stdout.readline() == "invoked\n"
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+
+    procs = [spawn(k) for k in range(4)]
+    try:
+        for proc in procs:
+            go(proc)
+        killed = procs[0]
+        killed.kill()  # under way: signalling, running its instances and others'
+        killed.wait(60)
+        for pipe in (killed.stdin, killed.stdout):
+            if pipe is not None:
+                pipe.close()
+        procs[0] = spawn(0)
+        go(procs[0])
+        outputs = [json.loads(proc.communicate(timeout=300)[0]) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate(timeout=60)
+    assert outputs == [
+        [f"{i}:from {names[(k - 1) % 4]}" for i in range(100)] for k in range(4)
+    ]
+    runs = Counter(log.read_text().splitlines())
+    assert set(runs) == {f"{name}-{i} {key}" for name in names for i in range(100)
+                         for key in ("s1", "s2")}
+    assert sum(count - 1 for count in runs.values()) <= 8
+    reader = Engine.open(POSTGRES_URL, schema=pg_schema)
+    try:
+        assert query(reader, "SELECT status, count(*) FROM instances GROUP BY 1") == [
+            ("completed", 400)
+        ]
+        assert query(reader, "SELECT kind, state, count(*) FROM steps GROUP BY 1, 2 "
+                     "ORDER BY 1") == [
+            ("signal", "completed", 400), ("step", "completed", 800), ("timer", "completed", 400)
+        ]
+        assert query(reader, "SELECT count(*) FROM timers") == [(0,)]
+    finally:
+        reader.close()
