@@ -25,6 +25,8 @@ from memable._background import BackgroundThread
 from memable._clock import Clock
 from memable._control import LostInstance
 from memable._group_commit import GroupCommit, _Pending
+from memable._options import Options
+from memable._runner import Runner
 from memable._sqlite import SQLiteStore
 from memable._store import InstanceRow, StepWrite
 
@@ -830,3 +832,87 @@ def test_the_invocation_of_a_run_that_lost_its_instance_follows_the_engine_that_
         waiter.join(30)
         assert waited == [Completed()]
         assert inv.result(timeout=10) == "from b"
+
+
+def test_a_suspend_point_rebuilds_its_signal_as_the_class_it_returns(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """``ctx.suspend(key, returns=C)`` gives the run that goes on a C, not the stored dict,
+    for a payload sent as plain JSON (as the command line sends it)."""
+    engine = make_engine()
+
+    def wf(ctx: Context) -> str:
+        order = ctx.suspend("order", returns=_Order)
+        return f"{type(order).__name__} {order.id}"
+
+    engine.register("wf", wf)
+    with engine:
+        assert str(engine.invoke("wf", instance_id="x").wait(timeout=10)) == "suspended: order"
+        signalled = engine.signal("wf", "x", "order", {"id": 3, "total": 1.5})
+        assert signalled.result(timeout=10) == "_Order 3"
+
+
+def test_the_heartbeat_comes_every_third_of_the_lease_by_the_engines_clock() -> None:
+    """Ticks at 0.5, 1.0, 1.5, 1.9 and 2.0 s of a 3 s lease: beats at 1.0 and 2.0 only."""
+    now = [1_800_000_000.0]
+    store = SQLiteStore(None, "full")
+    runner = Runner(store, Options(lease=3.0, clock=Clock(wall=lambda: now[0])))
+    start = now[0]
+    store.register_owner(3.0, start)
+    runner._next_heartbeat = start + 1.0  # as start() sets it
+    beats: list[float] = []
+    real = store.heartbeat
+
+    def noted(at: float) -> None:
+        beats.append(at - start)
+        real(at)
+
+    store.heartbeat = noted  # type: ignore[method-assign]
+    for offset in (0.5, 1.0, 1.5, 1.9, 2.0):
+        now[0] = start + offset
+        runner._tick(False)
+    store.close()
+    assert beats == [1.0, 2.0]
+
+
+def test_wait_all_waits_for_a_timer_firing_that_another_caller_started() -> None:
+    """Two callers fire timers at once; the one that found nothing ends first. wait_all must
+    still wait for the other, whose run it then drains (it drained nothing and stopped)."""
+    now = [1_800_000_000.0]
+    engine = Engine(
+        SQLiteStore(None, "full"),
+        Options(poll_interval=60, lease=600, clock=Clock(wall=lambda: now[0])),
+    )
+    engine.register("wf", lambda ctx: ctx.timer("t", 3600) or "woke")
+    entered, release = threading.Event(), threading.Event()
+    real = engine._store.fire_due_timers
+
+    def held(*args: Any) -> Any:
+        fired = real(*args)
+        if fired:
+            entered.set()
+            assert release.wait(10)
+        return fired
+
+    engine._store.fire_due_timers = held  # type: ignore[method-assign]
+    engine.start()
+    try:
+        inv = engine.invoke("wf", instance_id="x")
+        assert str(inv.wait(timeout=10)) == "suspended: timer t"
+        now[0] += 3601
+        first = threading.Thread(target=engine.fire_due_timers)
+        first.start()
+        assert entered.wait(10)
+        assert engine.fire_due_timers() == 0  # the second caller: nothing left to fire
+        waiter = threading.Thread(target=engine.wait_all)
+        waiter.start()
+        waiter.join(0.5)
+        assert waiter.is_alive()  # the first caller's firing is still under way
+        release.set()
+        waiter.join(10)
+        first.join(10)
+        assert engine.get_metadata("wf", "x") is not None
+        assert inv.result(timeout=10) == "woke"
+    finally:
+        release.set()
+        engine.close()
