@@ -35,6 +35,11 @@ from ._store import Store
 from ._worker import load_engine, run_worker
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+#: Every command that takes a store takes --schema after its name.
+_SCHEMA = click.option(
+    "--schema", metavar="NAME",
+    help="PostgreSQL only: the schema that holds the store (default: memable).",
+)
 
 
 def _fail(message: str) -> NoReturn:
@@ -106,10 +111,7 @@ def demo(path: str) -> None:
 @click.option("--workflow", help="Only instances of this workflow.")
 @click.option("--status", type=click.Choice(STATUSES), help="Only instances in this status.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON records instead of a table.")
-@click.option(
-    "--schema", metavar="NAME",
-    help="PostgreSQL only: the schema that holds the store (default: memable).",
-)
+@_SCHEMA
 def list_command(
     db: str, workflow: str | None, status: str | None, as_json: bool, schema: str | None
 ) -> None:
@@ -229,10 +231,7 @@ def _show_text(view: dict[str, Any]) -> str:
 @click.argument("instance_id", metavar="ID")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON record.")
 @click.option("--full", is_flag=True, help=f"Print values longer than {CUT} characters whole.")
-@click.option(
-    "--schema", metavar="NAME",
-    help="PostgreSQL only: the schema that holds the store (default: memable).",
-)
+@_SCHEMA
 def show(
     db: str, workflow: str, instance_id: str, as_json: bool, full: bool, schema: str | None
 ) -> None:
@@ -250,10 +249,7 @@ def show(
 @click.argument("instance_id", metavar="ID")
 @click.argument("key")
 @click.argument("payload", metavar="JSON")
-@click.option(
-    "--schema", metavar="NAME",
-    help="PostgreSQL only: the schema that holds the store (default: memable).",
-)
+@_SCHEMA
 def signal(
     db: str, workflow: str, instance_id: str, key: str, payload: str, schema: str | None
 ) -> None:
@@ -282,10 +278,7 @@ def signal(
 @click.argument("db")
 @click.argument("workflow")
 @click.argument("instance_id", metavar="ID")
-@click.option(
-    "--schema", metavar="NAME",
-    help="PostgreSQL only: the schema that holds the store (default: memable).",
-)
+@_SCHEMA
 def cancel(db: str, workflow: str, instance_id: str, schema: str | None) -> None:
     """Cancel an instance: it ends Cancelled at its next step boundary."""
     with _store(db, schema) as store:
@@ -305,10 +298,7 @@ def cancel(db: str, workflow: str, instance_id: str, schema: str | None) -> None
     metavar="AGE",
     help="Finished longer ago than this: a number with s, m, h or d (e.g. 30d).",
 )
-@click.option(
-    "--schema", metavar="NAME",
-    help="PostgreSQL only: the schema that holds the store (default: memable).",
-)
+@_SCHEMA
 def purge(db: str, older_than: str, schema: str | None) -> None:
     """Delete finished (completed, failed, cancelled) instances older than AGE."""
     try:

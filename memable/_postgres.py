@@ -25,7 +25,6 @@ from psycopg.rows import dict_row
 from . import _liveness
 from . import _postgres_schema as schema_
 from . import _postgres_sql as sql
-from . import _store_reads as reads
 from ._control import LostInstance
 from ._errors import InstanceFinished, InstanceNotFound, SignalRejected, key_taken
 from ._options import Synchronous
@@ -35,9 +34,7 @@ from ._records import StatusName, StepRecord
 from ._store import (
     Claim,
     InstanceRow,
-    InstanceView,
     Look,
-    OwnerRow,
     RunSnapshot,
     StepWrite,
     StoredStep,
@@ -45,11 +42,12 @@ from ._store import (
     step_params,
     step_record,
 )
+from ._store_reads import OperatorReads
 
 _TERMINAL = ("completed", "failed", "cancelled")
 
 
-class PostgresStore:
+class PostgresStore(OperatorReads):
     """A memable store in one schema of a PostgreSQL database."""
 
     def __init__(
@@ -467,20 +465,6 @@ class PostgresStore:
         return [step_record(row) for row in rows]
 
     # ------------------------------------------------------------------ an operator's reads
-
-    def list_view(
-        self, workflow: str | None, status: str | None
-    ) -> list[tuple[InstanceRow, OwnerRow | None]]:
-        return reads.list_view(self.read_rows, workflow, status)
-
-    def inspect(self, workflow: str, instance_id: str) -> InstanceView | None:
-        return reads.inspect(self.read_rows, workflow, instance_id)
-
-    def workflows(self) -> list[str]:
-        return reads.workflows(self.read_rows)
-
-    def awaited_signals(self, workflow: str, instance_id: str) -> list[str]:
-        return reads.awaited_signals(self.read_rows, workflow, instance_id)
 
     def read_rows(self, what: str, sql_text: str, params: dict[str, Any]
                   ) -> list[dict[str, Any]]:

@@ -34,7 +34,6 @@ import attrs
 
 from . import _liveness
 from . import _sqlite_sql as sql
-from . import _store_reads as reads
 from ._control import LostInstance
 from ._errors import (
     InstanceFinished,
@@ -51,9 +50,7 @@ from ._store import (
     ROWS,
     Claim,
     InstanceRow,
-    InstanceView,
     Look,
-    OwnerRow,
     RunSnapshot,
     StepWrite,
     StoredStep,
@@ -61,12 +58,13 @@ from ._store import (
     step_params,
     step_record,
 )
+from ._store_reads import OperatorReads
 
 _TERMINAL = ("completed", "failed", "cancelled")
 
 
 
-class SQLiteStore:
+class SQLiteStore(OperatorReads):
     """A memable store in one SQLite file, or in memory when ``path`` is None."""
 
     def __init__(
@@ -565,20 +563,6 @@ class SQLiteStore:
         return [step_record(row) for row in rows]
 
     # ------------------------------------------------------------------ an operator's reads
-
-    def list_view(
-        self, workflow: str | None, status: str | None
-    ) -> list[tuple[InstanceRow, OwnerRow | None]]:
-        return reads.list_view(self.read_rows, workflow, status)
-
-    def inspect(self, workflow: str, instance_id: str) -> InstanceView | None:
-        return reads.inspect(self.read_rows, workflow, instance_id)
-
-    def workflows(self) -> list[str]:
-        return reads.workflows(self.read_rows)
-
-    def awaited_signals(self, workflow: str, instance_id: str) -> list[str]:
-        return reads.awaited_signals(self.read_rows, workflow, instance_id)
 
     def read_rows(
         self, what: str, sql: str, params: dict[str, Any]

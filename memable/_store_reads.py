@@ -4,7 +4,8 @@ Plain SQL that SQLite and PostgreSQL both run, with ``:name`` parameters;
 each store runs it through its own ``read_rows`` (PostgreSQL's turns the
 parameters into its driver's). Nothing here writes. The command line reaches
 these only through the store's methods (``Store.list_view``,
-``Store.inspect``, ``Store.workflows``, ``Store.awaited_signals``).
+``Store.inspect``, ``Store.workflows``, ``Store.awaited_signals``), which
+each store has from ``OperatorReads``.
 """
 
 from __future__ import annotations
@@ -112,3 +113,23 @@ def workflows(read: ReadRows) -> list[str]:
         "list the workflows", "SELECT DISTINCT workflow FROM instances ORDER BY workflow", {}
     )
     return [row["workflow"] for row in rows]
+
+
+class OperatorReads:
+    """The operator reads of a store, for a store class that has ``read_rows``."""
+
+    read_rows: ReadRows
+
+    def list_view(
+        self, workflow: str | None, status: str | None
+    ) -> list[tuple[InstanceRow, OwnerRow | None]]:
+        return list_view(self.read_rows, workflow, status)
+
+    def inspect(self, workflow: str, instance_id: str) -> InstanceView | None:
+        return inspect(self.read_rows, workflow, instance_id)
+
+    def workflows(self) -> list[str]:
+        return workflows(self.read_rows)
+
+    def awaited_signals(self, workflow: str, instance_id: str) -> list[str]:
+        return awaited_signals(self.read_rows, workflow, instance_id)

@@ -42,6 +42,14 @@ def other_schema() -> Iterator[str]:
         conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
 
 
+def _application_names() -> set[str]:
+    """The application_name of every connection to the test database."""
+    with psycopg.connect(POSTGRES_URL) as conn:
+        return {name for (name,) in conn.execute(
+            "SELECT application_name FROM pg_stat_activity WHERE datname = current_database()"
+        )}
+
+
 def _one_step(ctx: Context, n: int) -> int:
     return ctx.step("double").run(lambda: n * 2)
 
@@ -135,19 +143,13 @@ def test_the_password_is_in_no_repr_and_connections_name_themselves(pg_schema: s
     engine = Engine.open(url, schema=pg_schema)
     try:
         assert "pw-never-shown" not in repr(engine) + repr(engine._store)
-        with psycopg.connect(POSTGRES_URL) as conn:
-            names = {name for (name,) in conn.execute(
-                "SELECT application_name FROM pg_stat_activity WHERE datname = current_database()"
-            )}
+        names = _application_names()
         assert "memable" in names
     finally:
         engine.close()
     named = Engine.open(url + "?application_name=billing", schema=pg_schema)
     try:
-        with psycopg.connect(POSTGRES_URL) as conn:
-            names = {name for (name,) in conn.execute(
-                "SELECT application_name FROM pg_stat_activity WHERE datname = current_database()"
-            )}
+        names = _application_names()
         assert "billing" in names
     finally:
         named.close()
