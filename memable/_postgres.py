@@ -47,6 +47,13 @@ from ._store_reads import OperatorReads
 _TERMINAL = ("completed", "failed", "cancelled")
 
 
+def _snapshot_of(instance: dict[str, Any], steps: list[list[Any]]) -> RunSnapshot:
+    """A run's snapshot from the JSON the claim and suspend functions return."""
+    return RunSnapshot(
+        InstanceRow(**instance), {step[0]: StoredStep(*step) for step in steps}
+    )
+
+
 class PostgresStore(OperatorReads):
     """A memable store in one schema of a PostgreSQL database."""
 
@@ -118,12 +125,7 @@ class PostgresStore(OperatorReads):
             found = conn.execute(
                 sql.CLAIM, (workflow, instance_id, self.owner, now, claim)
             ).fetchone()
-            if found is None:
-                return None
-            # After the claim committed: it sees every step the previous owner
-            # committed, and that owner can write no more.
-            steps = conn.execute(sql.SELECT_RUN_STEPS, (workflow, instance_id)).fetchall()
-            return RunSnapshot(InstanceRow(*found), {s[0]: StoredStep(*s) for s in steps})
+            return None if found is None or found[0] is None else _snapshot_of(*found)
 
         def read_back(conn: psycopg.Connection[Any]) -> object:
             found = conn.execute(sql.SELECT_INSTANCE, (workflow, instance_id)).fetchone()
@@ -213,13 +215,13 @@ class PostgresStore(OperatorReads):
         def record(conn: psycopg.Connection[Any]) -> Suspend:
             found = conn.execute(sql.SUSPEND_RUN, args).fetchone()
             assert found is not None  # a function's one row
-            outcome, armed = found
+            outcome, armed, instance, steps = found
             if outcome == "lost":
                 raise LostInstance(workflow, instance_id)
             if outcome.startswith("kind "):
                 raise key_taken(workflow, instance_id, key, outcome[5:], waiting.kind)
-            if outcome == "ready":  # committed: the instance stays running, and ours
-                return Suspend("ready", snapshot=self._snapshot(conn, workflow, instance_id))
+            if outcome == "ready":  # the instance stays running, and ours
+                return Suspend("ready", snapshot=_snapshot_of(instance, steps))
             return Suspend(outcome, deadline=armed)
 
         def read_back(conn: psycopg.Connection[Any]) -> object:
@@ -235,13 +237,6 @@ class PostgresStore(OperatorReads):
 
         return self._run("record the suspension", record, workflow, instance_id, key,
                          transaction=False, read_back=read_back)
-
-    def _snapshot(self, conn: psycopg.Connection[Any], workflow: str, instance_id: str
-                  ) -> RunSnapshot:
-        steps = conn.execute(sql.SELECT_RUN_STEPS, (workflow, instance_id)).fetchall()
-        instance = conn.execute(sql.SELECT_INSTANCE, (workflow, instance_id)).fetchone()
-        assert instance is not None  # locked by this transaction: it cannot have gone
-        return RunSnapshot(InstanceRow(*instance), {s[0]: StoredStep(*s) for s in steps})
 
     def finish(
         self,

@@ -20,21 +20,30 @@ from ._postgres_sql import OWNER_FREE
 
 #: Whether an instance's owner is gone (its lease ran out), by the server's clock.
 _OWNER_FREE = OWNER_FREE.replace("%(me)s", "p_me")
+#: The instance's steps as a JSON array of ``StoredStep`` fields (an empty one if none).
+_STEPS = """(SELECT COALESCE(json_agg(json_build_array(
+        key, seq, kind, state, result, result_type, status, attempts)), '[]'::json)
+    FROM steps WHERE workflow = p_workflow AND instance_id = p_instance)"""
 
 FUNCTIONS = f"""
 CREATE OR REPLACE FUNCTION memable_claim(
-    p_workflow text, p_instance text, p_me text, p_at text, p_claim text)
-RETURNS SETOF instances LANGUAGE plpgsql AS $fn$
+    p_workflow text, p_instance text, p_me text, p_at text, p_claim text,
+    OUT instance json, OUT steps json)
+LANGUAGE plpgsql AS $fn$
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
-    RETURN QUERY UPDATE instances SET status = 'running', message = NULL, waiting_for = NULL,
+    UPDATE instances SET status = 'running', message = NULL, waiting_for = NULL,
         owner = p_me, updated_at = p_at, completed_at = NULL, traceback = NULL,
         step_key = NULL, step_started = NULL
     WHERE workflow = p_workflow AND instance_id = p_instance AND CASE p_claim
         WHEN 'wake' THEN status = 'suspended'
         WHEN 'resume' THEN status <> 'cancelled' AND (status <> 'running' OR {_OWNER_FREE})
         ELSE status = 'running' AND {_OWNER_FREE} END
-    RETURNING *;
+    RETURNING row_to_json(instances.*) INTO instance;
+    IF instance IS NULL THEN RETURN; END IF;
+    -- A statement of its own, after the claim took the row: it sees every step
+    -- the previous owner committed, and that owner can write no more.
+    steps := {_STEPS};
 END $fn$;
 
 CREATE OR REPLACE FUNCTION memable_deliver_signal(
@@ -74,7 +83,7 @@ CREATE OR REPLACE FUNCTION memable_suspend(
     p_workflow text, p_instance text, p_key text, p_seq integer, p_kind text,
     p_result text, p_status text, p_message text, p_at text, p_deadline double precision,
     p_now double precision, p_me text, p_channel text, p_payload text,
-    OUT outcome text, OUT armed double precision)
+    OUT outcome text, OUT armed double precision, OUT instance json, OUT steps json)
 LANGUAGE plpgsql AS $fn$
 DECLARE
     v_status text; v_owner text; v_kind text; v_state text; v_found boolean;
@@ -134,6 +143,9 @@ BEGIN
     IF v_ready THEN  -- go on at once: the instance stays running, and ours
         PERFORM set_config('synchronous_commit', 'off', true);
         outcome := 'ready';
+        SELECT row_to_json(i.*) INTO instance FROM instances AS i
+        WHERE workflow = p_workflow AND instance_id = p_instance;
+        steps := {_STEPS};
         RETURN;
     END IF;
     IF p_kind <> 'step' THEN

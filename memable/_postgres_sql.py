@@ -25,10 +25,11 @@ OWNER_FREE = f"""(
         AND owners.heartbeat + owners.lease >= {NOW_EPOCH}))"""
 INSTANCE_RETURNING = ", ".join(INSTANCE_COLUMNS)
 # The server-side functions (``_postgres_functions``), one round trip each.
-CLAIM = "SELECT * FROM memable_claim(%s, %s, %s, %s, %s)"
+CLAIM = "SELECT instance, steps FROM memable_claim(%s, %s, %s, %s, %s)"
 DELIVER_SIGNAL = "SELECT memable_deliver_signal(%s, %s, %s, %s, %s, %s, %s, %s)"
 SUSPEND_RUN = (
-    "SELECT outcome, armed FROM memable_suspend(%s, %s, %s, %s, %s, %s, %s, %s, %s, "
+    "SELECT outcome, armed, instance, steps FROM memable_suspend("
+    "%s, %s, %s, %s, %s, %s, %s, %s, %s, "
     "%s::double precision, %s::double precision, %s, %s, %s)"
 )
 SELECT_RUN_STEPS = (

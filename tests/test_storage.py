@@ -28,7 +28,10 @@ from memable._schema import SCHEMA_VERSION, migrate_to_1
 _STEPS_WRITE = re.compile(
     r"^\s*(WITH\b.*?)?\b(INSERT|REPLACE|UPDATE|DELETE)\b[^;]*?\b[\[\"`]?steps\b", re.I | re.S
 )
-_STEPS_READ = re.compile(r"^\s*SELECT\b.*\bFROM\s+[\[\"`]?steps\b", re.I | re.S)
+# A read of steps; on PostgreSQL the claim function reads them in its one statement.
+_STEPS_READ = re.compile(
+    r"^\s*SELECT\b.*(\bFROM\s+[\[\"`]?steps\b|\bmemable_claim\()", re.I | re.S
+)
 _WRITE = re.compile(r"^\s*(WITH\b.*?)?\b(INSERT|REPLACE|UPDATE|DELETE)\b", re.I | re.S)
 
 
