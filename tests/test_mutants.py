@@ -916,3 +916,29 @@ def test_wait_all_waits_for_a_timer_firing_that_another_caller_started() -> None
     finally:
         release.set()
         engine.close()
+
+
+def test_the_steps_in_flight_list_a_run_that_has_not_begun_its_workflow_yet() -> None:
+    """A run registered but still claiming its instance has no context yet: the heartbeat's
+    list of steps in flight shows it with no step (it raised)."""
+    engine = Engine.in_memory(poll_interval=60, lease=600)
+    engine.register("wf", lambda ctx: ctx.step("s").run(lambda: 1))
+    claiming, release = threading.Event(), threading.Event()
+    real = engine._store.begin_run
+
+    def held(*args: Any, **kwargs: Any) -> Any:
+        claiming.set()
+        assert release.wait(10)
+        return real(*args, **kwargs)
+
+    engine._store.begin_run = held  # type: ignore[method-assign]
+    with engine:
+        assert isinstance(engine.invoke("wf", instance_id="x").wait(timeout=10), Completed)
+        resumed = engine.resume("wf", "x")
+        try:
+            assert claiming.wait(10)
+            assert engine._runner.in_flight() == [("wf", "x", None, None)]
+        finally:
+            release.set()
+        assert resumed.result(timeout=10) == 1
+    engine.close()
