@@ -20,7 +20,16 @@ import attrs
 import pytest
 from helpers import write
 
-from memable import Completed, Context, Engine, EngineError, Failed, InProgress, StorageError
+from memable import (
+    Completed,
+    Context,
+    Engine,
+    EngineError,
+    Failed,
+    InProgress,
+    NotStarted,
+    StorageError,
+)
 from memable._background import BackgroundThread
 from memable._clock import Clock
 from memable._control import LostInstance
@@ -942,3 +951,77 @@ def test_the_steps_in_flight_list_a_run_that_has_not_begun_its_workflow_yet() ->
             release.set()
         assert resumed.result(timeout=10) == 1
     engine.close()
+
+
+def test_a_step_that_returned_a_class_replays_it_as_that_class(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """The stored type tag, not a hint, rebuilds a step's attrs result on replay."""
+    engine = make_engine()
+    fail = [True]
+
+    def wf(ctx: Context) -> str:
+        order = ctx.step("make").run(lambda: _Order(4, 2.5))
+        ctx.step("check").run(lambda: 1 / 0 if fail[0] else 1)
+        return f"{type(order).__name__} {order.id}"
+
+    engine.register("wf", wf)
+    with engine:
+        assert isinstance(engine.invoke("wf", instance_id="x").wait(timeout=10), Failed)
+        fail[0] = False
+        assert engine.resume("wf", "x").result(timeout=10) == "_Order 4"
+
+
+def test_a_run_cancelled_in_its_last_step_ends_cancelled_without_an_error_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Its end is not recorded (the instance is cancelled): it reports what the store holds."""
+    engine = Engine.in_memory()
+    entered, release = threading.Event(), threading.Event()
+    engine.register("wf", lambda ctx: ctx.step("s").run(lambda: entered.set() or release.wait(10)))
+    with caplog.at_level(logging.INFO, logger="memable"), engine:
+        inv = engine.invoke("wf", instance_id="x")
+        assert entered.wait(10)
+        engine.cancel("wf", "x")
+        release.set()
+        assert str(inv.wait(timeout=10)) == "cancelled"
+    engine.close()
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+class _NotingWaits:
+    """A runner's idle condition that says when a caller begins to wait on it."""
+
+    def __init__(self, cond: threading.Condition) -> None:
+        self._cond = cond
+        self.waiting = threading.Event()
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float | None = None) -> bool:
+        self.waiting.set()
+        return self._cond.wait_for(predicate, timeout)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cond, name)
+
+
+def test_wait_all_takes_no_new_work_while_it_drains() -> None:
+    engine = Engine.in_memory()
+    entered, release = threading.Event(), threading.Event()
+    engine.register("wf", lambda ctx: ctx.step("s").run(lambda: entered.set() or release.wait(10)))
+    idle = _NotingWaits(engine._runner._idle)
+    engine._runner._idle = idle  # type: ignore[assignment]
+    engine.start()
+    try:
+        inv = engine.invoke("wf", instance_id="x")
+        assert entered.wait(10)
+        drain = threading.Thread(target=engine.wait_all)
+        drain.start()
+        assert idle.waiting.wait(10)
+        with pytest.raises(NotStarted):
+            engine.invoke("wf", instance_id="y")
+        release.set()
+        drain.join(10)
+        assert inv.result(timeout=10) is True
+    finally:
+        release.set()
+        engine.close()
