@@ -1025,3 +1025,27 @@ def test_wait_all_takes_no_new_work_while_it_drains() -> None:
     finally:
         release.set()
         engine.close()
+
+
+def test_start_sizes_names_and_paces_the_engines_threads() -> None:
+    """The worker pool has max_workers threads named memable-worker; the timer thread looks
+    at least every third of the lease (the heartbeat must come in time, whatever the poll
+    interval), and the first heartbeat is due a third of a lease after start."""
+    now = [1_800_000_000.0]
+    engine = Engine(
+        SQLiteStore(None, "full"),
+        Options(max_workers=3, poll_interval=60, lease=3.0, clock=Clock(wall=lambda: now[0])),
+    )
+    names: list[str] = []
+    engine.register("wf", lambda ctx: ctx.step("s").run(
+        lambda: names.append(threading.current_thread().name)))
+    with engine:
+        runner = engine._runner
+        assert runner._executor is not None
+        assert runner._executor._max_workers == 3
+        assert runner._background is not None
+        assert runner._background._poll_interval == 1.0
+        assert runner._next_heartbeat == now[0] + 1.0
+        engine.invoke("wf").result(timeout=10)
+    engine.close()
+    assert [name.split("_")[0] for name in names] == ["memable-worker"]
