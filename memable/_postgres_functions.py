@@ -98,15 +98,6 @@ BEGIN
     WHERE workflow = p_workflow AND instance_id = p_instance AND key = p_key;
     v_found := FOUND;
     IF v_found AND v_kind <> p_kind THEN outcome := 'kind ' || v_kind; RETURN; END IF;
-    IF p_kind = 'step' THEN  -- a retry backoff: the failed row turns waiting
-        INSERT INTO steps (workflow, instance_id, key, seq, kind, state, result, status,
-                           attempts)
-        VALUES (p_workflow, p_instance, p_key, p_seq, p_kind, 'waiting', p_result,
-                p_status, 0)
-        ON CONFLICT (workflow, instance_id, key) DO UPDATE SET
-            state = 'waiting', result = excluded.result
-        WHERE steps.state = 'failed' AND steps.kind = excluded.kind;
-    END IF;
     v_ready := v_found AND v_state = 'completed';
     IF NOT v_ready AND p_deadline IS NOT NULL THEN
         -- The first arming sets the deadline; runs after it do not move it.
@@ -140,15 +131,10 @@ BEGIN
             PERFORM pg_notify(p_channel, p_payload);
         END IF;
     END IF;
-    IF v_ready THEN  -- go on at once: the instance stays running, and ours
-        PERFORM set_config('synchronous_commit', 'off', true);
-        outcome := 'ready';
-        SELECT row_to_json(i.*) INTO instance FROM instances AS i
-        WHERE workflow = p_workflow AND instance_id = p_instance;
-        steps := {_STEPS};
-        RETURN;
-    END IF;
-    IF p_kind <> 'step' THEN
+    -- The key is reached: a suspend point or timer waits, unless it goes on at once;
+    -- a retry backoff's failed row turns waiting either way (the next attempt
+    -- overwrites it). The timer statements above touch timer rows only.
+    IF p_kind = 'step' OR NOT v_ready THEN
         INSERT INTO steps (workflow, instance_id, key, seq, kind, state, result, status,
                            attempts)
         VALUES (p_workflow, p_instance, p_key, p_seq, p_kind, 'waiting', p_result,
@@ -156,6 +142,14 @@ BEGIN
         ON CONFLICT (workflow, instance_id, key) DO UPDATE SET
             state = 'waiting', result = excluded.result
         WHERE steps.state = 'failed' AND steps.kind = excluded.kind;
+    END IF;
+    IF v_ready THEN  -- go on at once: the instance stays running, and ours
+        PERFORM set_config('synchronous_commit', 'off', true);
+        outcome := 'ready';
+        SELECT row_to_json(i.*) INTO instance FROM instances AS i
+        WHERE workflow = p_workflow AND instance_id = p_instance;
+        steps := {_STEPS};
+        RETURN;
     END IF;
     UPDATE instances SET status = 'suspended', message = p_message, waiting_for = p_key,
         owner = NULL, updated_at = p_at
