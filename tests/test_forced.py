@@ -93,6 +93,15 @@ def test_group_commit_fails_closed_when_the_leader_is_interrupted(tmp_path: Path
     conn.close()
 
 
+def _slow_polling_engine(store: str, tmp_path: Path) -> Engine:
+    """An engine in memory or on a file that polls once a minute, its lease far off: only
+    what the test forces can carry an instance on."""
+    options: dict[str, Any] = {"poll_interval": 60, "lease": 600}
+    if store == "memory":
+        return Engine.in_memory(**options)
+    return Engine.open(tmp_path / "db", **options)
+
+
 def _wrap(obj: object, name: str, after: Callable[[Any], None]) -> None:
     """Make ``obj.name(...)`` call ``after(result)`` once the real method returned."""
     real = getattr(obj, name)
@@ -223,11 +232,7 @@ def test_a_signal_after_the_suspension_is_recorded_but_before_the_run_ended_runs
     the poll, once a minute here, nor the heartbeat's look every lease / 3)
     can carry the instance on.
     """
-    options: dict[str, Any] = {"poll_interval": 60, "lease": 600}
-    engine = (
-        Engine.in_memory(**options) if store == "memory"
-        else Engine.open(tmp_path / "db", **options)
-    )
+    engine = _slow_polling_engine(store, tmp_path)
     engine.register("wf", lambda ctx: ctx.suspend("go") + 1)
     sent: list[str] = []
 
@@ -255,11 +260,7 @@ def test_the_wait_of_a_signal_that_came_as_a_run_ended_follows_the_run_it_caused
     still shows suspended. The watch must stay active across the hand-over
     (it went inactive, and wait returned the stored Suspended).
     """
-    options: dict[str, Any] = {"poll_interval": 60, "lease": 600}
-    engine = (
-        Engine.in_memory(**options) if store == "memory"
-        else Engine.open(tmp_path / "db", **options)
-    )
+    engine = _slow_polling_engine(store, tmp_path)
     engine.register("wf", lambda ctx: ctx.suspend("go") + 1)
     signalled: list[Invocation] = []
     sent, claiming, release = threading.Event(), threading.Event(), threading.Event()
