@@ -32,6 +32,7 @@ from ._postgres_conn import NOT_DONE, Connections
 from ._postgres_listen import Changed, Listener, payload
 from ._records import StatusName, StepRecord
 from ._store import (
+    TERMINAL,
     Claim,
     InstanceRow,
     Look,
@@ -43,8 +44,6 @@ from ._store import (
     step_record,
 )
 from ._store_reads import OperatorReads
-
-_TERMINAL = ("completed", "failed", "cancelled")
 
 
 def _snapshot_of(instance: dict[str, Any], steps: list[list[Any]]) -> RunSnapshot:
@@ -254,7 +253,7 @@ class PostgresStore(OperatorReads):
         where = {"workflow": workflow, "instance_id": instance_id, "me": self.owner}
         params = {**where, "status": status, "message": message, "output": text,
                   "output_type": tag, "waiting_for": waiting_for, "at": now,
-                  "traceback": traceback, "completed_at": now if status in _TERMINAL else None}
+                  "traceback": traceback, "completed_at": now if status in TERMINAL else None}
 
         def record(conn: psycopg.Connection[Any]) -> bool:
             if conn.execute(sql.FINISH, params).rowcount == 1:

@@ -48,6 +48,7 @@ from ._schema import open_store
 from ._sqlite_watch import run_checks
 from ._store import (
     ROWS,
+    TERMINAL,
     Claim,
     InstanceRow,
     Look,
@@ -59,9 +60,6 @@ from ._store import (
     step_record,
 )
 from ._store_reads import OperatorReads
-
-_TERMINAL = ("completed", "failed", "cancelled")
-
 
 
 class SQLiteStore(OperatorReads):
@@ -346,7 +344,7 @@ class SQLiteStore(OperatorReads):
                 {**where, "status": status, "message": message, "output": text,
                  "output_type": tag, "waiting_for": waiting_for, "at": now,
                  "traceback": traceback,
-                 "completed_at": now if status in _TERMINAL else None},
+                 "completed_at": now if status in TERMINAL else None},
             ).rowcount == 1
             if not done:  # cancelled meanwhile: let go of it all the same
                 conn.execute(
@@ -368,7 +366,7 @@ class SQLiteStore(OperatorReads):
 
         def deliver(conn: sqlite3.Connection) -> None:
             status = sql.status_of(conn, workflow, instance_id)
-            if status in _TERMINAL:
+            if status in TERMINAL:
                 raise InstanceFinished(
                     workflow, instance_id,
                     f"it is {status}" + ("; resume it instead" if status == "failed" else ""),

@@ -120,6 +120,9 @@ class RunSnapshot:
     steps: dict[str, StoredStep]
 
 
+#: The statuses an instance ends in (a store stamps ``completed_at`` on reaching one).
+TERMINAL: tuple[StatusName, ...] = ("completed", "failed", "cancelled")
+
 #: How a run may claim an instance: the user's resume (anything not cancelled
 #: and not run by a live owner), a timer or signal (only a suspended one), or
 #: recovery (only a running one whose owner is dead).
