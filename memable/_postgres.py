@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 import threading
 import uuid
+from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any
 
@@ -470,6 +471,9 @@ class PostgresStore(OperatorReads):
                 return cursor.execute(query, params).fetchall()
 
         return self._run(what, read, transaction=False)
+
+    def session(self) -> AbstractContextManager[None]:
+        return self._db.session()
 
     def close(self) -> None:
         self.listen(None)

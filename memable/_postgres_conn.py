@@ -2,13 +2,16 @@
 
 Connections come from a ``psycopg_pool`` pool, in autocommit mode: a
 one-statement operation is its own transaction (one round trip), a several-
-statement one runs in ``conn.transaction()``. An operation that meets a lost
-connection, a serialization failure or a deadlock is tried again on a fresh
-connection, with backoff, for up to ``RETRY_FOR`` seconds. A write whose
-commit outcome is unknown (the connection went before the answer came)
-first reads back whether it committed (its ``read_back``), so a retry never
-stores a second outcome. Every message names the server by
-``_postgres_schema.describe``: never the URL's password.
+statement one runs in ``conn.transaction()``. Inside ``session()`` (one run,
+on its worker thread) every operation of the thread uses the one connection
+it took first, and gives it back at the end: no pool hand-over per step.
+An operation that meets a lost connection, a serialization failure or a
+deadlock is tried again on a fresh connection, with backoff, for up to
+``RETRY_FOR`` seconds. A write whose commit outcome is unknown (the
+connection went before the answer came) first reads back whether it
+committed (its ``read_back``), so a retry never stores a second outcome.
+Every message names the server by ``_postgres_schema.describe``: never the
+URL's password.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import psycopg
@@ -77,6 +81,8 @@ class Connections:
         self._pool.open(wait=True, timeout=timeout)
         # _closing is set once, by close(): retries stop waiting and fail.
         self._closing = threading.Event()
+        # Each thread's own: ``active`` inside session(), and the connection it holds.
+        self._held = threading.local()
 
     @property
     def closed(self) -> bool:
@@ -100,6 +106,43 @@ class Connections:
     def connect(self) -> Connection:
         """A new connection of its own to the store (the listener's); StorageError if none."""
         return self._connect("listen for changes")
+
+    @contextmanager
+    def session(self) -> Iterator[None]:
+        """Within: this thread's operations share one pooled connection, taken at the first.
+
+        Nested sessions are one. A connection that failed is given back (the
+        pool replaces a broken one) and the next operation takes another.
+        """
+        held = self._held
+        if getattr(held, "active", False):
+            yield
+            return
+        held.active, held.conn = True, None
+        try:
+            yield
+        finally:
+            conn, held.active, held.conn = held.conn, False, None
+            if conn is not None:
+                self._pool.putconn(conn)
+
+    def _take(self) -> Connection | None:
+        """The connection this thread's session holds (taking one if needed); None outside."""
+        held = self._held
+        if not getattr(held, "active", False):
+            return None
+        if held.conn is None:
+            held.conn = self._pool.getconn()
+        conn: Connection = held.conn
+        return conn
+
+    def _give_back(self) -> None:
+        """After an error: return the session's connection, if any, to the pool."""
+        held = self._held
+        conn = getattr(held, "conn", None)
+        if conn is not None:
+            held.conn = None
+            self._pool.putconn(conn)
 
     def run(
         self,
@@ -126,16 +169,14 @@ class Connections:
                 raise StorageError(f"cannot {what}: the store {self.where} is closed",
                                    workflow=workflow, instance_id=instance_id, key=key)
             try:
+                held = self._take()
+                if held is not None:
+                    return self._attempt(held, fn, transaction, unknown, read_back)
                 with self._pool.connection() as conn:
-                    if unknown and read_back is not None:
-                        done = read_back(conn)
-                        if done is not NOT_DONE:
-                            return done  # type: ignore[return-value]
-                    if not transaction:
-                        return fn(conn)
-                    with conn.transaction():
-                        return fn(conn)
+                    return self._attempt(conn, fn, transaction, unknown, read_back)
             except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+                if isinstance(exc, psycopg.OperationalError):
+                    self._give_back()
                 if not _retryable(exc) or time.monotonic() + delay > deadline:
                     raise StorageError(
                         f"cannot {what} in {self.where} ({self._redact(exc)})",
@@ -148,3 +189,20 @@ class Connections:
             self._closing.wait(delay)
             delay = min(delay * 2, 1.0)
 
+    @staticmethod
+    def _attempt(
+        conn: Connection,
+        fn: Callable[[Connection], T],
+        transaction: bool,
+        unknown: bool,
+        read_back: Callable[[Connection], object] | None,
+    ) -> T:
+        """One try of an operation on ``conn``: read back first if a commit went unanswered."""
+        if unknown and read_back is not None:
+            done = read_back(conn)
+            if done is not NOT_DONE:
+                return done  # type: ignore[return-value]
+        if not transaction:
+            return fn(conn)
+        with conn.transaction():
+            return fn(conn)

@@ -391,7 +391,8 @@ class Runner:
         while run is not None:
             state: WorkflowState | None
             try:
-                state = self._run_workflow(run)
+                with self.store.session():  # one connection for the run, where pooled
+                    state = self._run_workflow(run)
             except BaseException:  # the store failed while recording the end
                 log.exception(
                     "run could not be recorded; it runs again from the store",
@@ -425,7 +426,7 @@ class Runner:
                 self._submit(run.workflow, run.instance_id, None, "wake")
         if release:
             state = self._release(run)
-        run.watch.finish(state)
+        run.watch.finish(state, run.output)
         with self._lock:
             if not self._active and not self._firing:
                 self._idle.notify_all()
@@ -575,7 +576,10 @@ class Runner:
             run.workflow.name, run.instance_id, status=status, message=message,
             output=output, traceback=traceback, now=utcnow().isoformat(),
         )
-        return state if recorded else self._stored_state(run)
+        if not recorded:
+            return self._stored_state(run)
+        run.output = output  # result() decodes it without reading the row back
+        return state
 
     def _fail(
         self, run: Run, message: str, step: str | None = None, exc: BaseException | None = None

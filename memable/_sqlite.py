@@ -26,7 +26,7 @@ import sqlite3
 import threading
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import datetime
 from typing import Any
 
@@ -573,6 +573,9 @@ class SQLiteStore(OperatorReads):
 
     def listen(self, changed: Callable[[str, str | None, str | None], None] | None) -> None:
         """Nothing to listen to: engines on one file find each other's writes by the poll."""
+
+    def session(self) -> AbstractContextManager[None]:
+        return nullcontext()  # one connection for everything already
 
     def close(self) -> None:
         with self._lock:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from datetime import datetime, timezone
 from typing import Any, Literal, Protocol
 
@@ -328,6 +329,13 @@ class Store(Protocol):
         look at the store; workflow and id None). None stops listening. A
         store that cannot tell (SQLite: the engines on one file are found by
         the poll) does nothing; the poll stays the safety net either way.
+        """
+
+    def session(self) -> AbstractContextManager[None]:
+        """Within (one run, on its thread): the thread's operations may share one connection.
+
+        A store whose operations each take a connection from a pool holds one
+        for the whole run instead; the SQLite store has one connection anyway.
         """
 
     def close(self) -> None:

@@ -97,6 +97,12 @@ class _TracedPool:
         with self._pool.connection() as conn:
             yield _TracedConnection(conn, self._statements)
 
+    def getconn(self) -> _TracedConnection:  # a run's session holds one
+        return _TracedConnection(self._pool.getconn(), self._statements)
+
+    def putconn(self, conn: _TracedConnection) -> None:
+        self._pool.putconn(conn._conn)
+
     def close(self) -> None:
         self._pool.close()
 
