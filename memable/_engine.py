@@ -557,13 +557,13 @@ class Engine:
             raise InstanceNotFound(workflow, instance_id)
         return row
 
-    def _decode_output(self, row: InstanceRow) -> Any:
+    def _decode_output(
+        self, workflow: str, instance_id: str, output: str | None, output_type: str | None
+    ) -> Any:
         """The stored output of a Completed instance, rebuilt as its workflow returns it."""
-        registered = self._runner.workflows.get(row.workflow)
+        registered = self._runner.workflows.get(workflow)
         hint = registered.output_hint if registered is not None else None
-        return decode_for(
-            row.workflow, row.instance_id, "output", row.output or "null", row.output_type, hint
-        )
+        return decode_for(workflow, instance_id, "output", output or "null", output_type, hint)
 
     @property
     def _poll_interval(self) -> float:

@@ -50,7 +50,9 @@ class Host(Protocol):
 
     def _stored_row(self, workflow: str, instance_id: str) -> InstanceRow: ...
 
-    def _decode_output(self, row: InstanceRow) -> Any: ...
+    def _decode_output(
+        self, workflow: str, instance_id: str, output: str | None, output_type: str | None
+    ) -> Any: ...
 
 
 class Watch:
@@ -71,6 +73,8 @@ class Watch:
         self.live: WorkflowState = Started()  # last state the active run published
         self.last_end: WorkflowState | None = None  # state the latest run ended in
         self.ended = 0  # number of runs that have ended
+        # The output a run here stored with a Completed end it recorded (text, type tag).
+        self.output: tuple[str, str | None] | None = None
         self.subscribers: list[deque[tuple[WorkflowState, bool]]] = []
 
     def begin(self) -> None:
@@ -89,16 +93,20 @@ class Watch:
                 queue.append((state, False))
             self.cond.notify_all()
 
-    def finish(self, state: WorkflowState | None) -> None:
+    def finish(
+        self, state: WorkflowState | None, output: tuple[str, str | None] | None = None
+    ) -> None:
         """The active run ended in ``state`` (already recorded in the store).
 
         None: the run stopped here without recording an end (the store
         failed); the instance runs again, and watchers follow it in the store.
+        ``output``: what the run stored with the Completed end it recorded.
         """
         with self.cond:
             if state is not None:
                 self.live = state
             self.last_end = state
+            self.output = output if isinstance(state, Completed) else None
             self.ended += 1
             # The run that goes on after this one (a signal or timer came while
             # it ran) begins before this one finishes: the instance stays active.
@@ -258,12 +266,16 @@ class Invocation:
             with watch.cond:
                 if not watch.cond.wait_for(lambda: not watch.active, remaining()):
                     break
-                ended = watch.ended
+                ended, output = watch.ended, watch.output
+            if output is not None:  # a run here stored it: a terminal state, for good
+                return self._host._decode_output(watch.workflow, watch.instance_id, *output)
             row = self._row()
             state = state_of(row)
             if state.is_terminal:
                 if isinstance(state, Completed):
-                    return self._host._decode_output(row)
+                    return self._host._decode_output(
+                        row.workflow, row.instance_id, row.output, row.output_type
+                    )
                 raise WorkflowFailed(watch.workflow, watch.instance_id, state)
             left = remaining()
             if left == 0.0:

@@ -49,6 +49,8 @@ class Run:
     signalled: set[str] = attrs.Factory(set)
     # The run's Context while its function runs (for the key in flight).
     ctx: Context | None = None
+    # The output this run stored when it recorded a Completed end (text, type tag).
+    output: tuple[str, str | None] | None = None
 
 
 def new_instance_id() -> str:

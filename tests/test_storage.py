@@ -193,6 +193,23 @@ def test_a_resumed_run_reads_its_steps_once(make_engine: Callable[..., Engine]) 
     assert calls == {f"step-{i}": 1 for i in range(50)} | {"step-50": 2}
 
 
+def test_the_result_of_a_run_ended_here_is_not_read_back(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """result() decodes the output the run here stored, without reading the row back."""
+    engine = make_engine()
+
+    def wf(ctx: Context) -> dict[str, int]:
+        return {"n": ctx.step("s").run(lambda: 7)}
+
+    engine.register("wf", wf)
+    engine.start()
+    inv = engine.invoke("wf", instance_id="r-1")
+    assert inv.wait(timeout=10) == Completed()
+    with traced(engine) as statements:
+        assert inv.result(timeout=10) == {"n": 7}
+    assert statements == []
+
 # ---------------------------------------------------------------------- refusing files
 
 
