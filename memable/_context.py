@@ -268,7 +268,8 @@ class Context:
         deadline = check_deadline(self._clock.wall() + seconds, "timer duration", duration)
         self._boundary()
         self._claim(key)
-        stored = self._arrived(key, "timer")
+        # A due timer needs no second look: recording it fires it at once.
+        stored = self._arrived(key, "timer", reread=seconds > 0)
         if stored is not None and stored.state == "completed":
             self._replayed(key, stored, None)
             return
@@ -403,15 +404,16 @@ class Context:
         self._failure = (key, exc, None)
         raise exc
 
-    def _arrived(self, key: str, kind: StepKind) -> StoredStep | None:
+    def _arrived(self, key: str, kind: StepKind, reread: bool = True) -> StoredStep | None:
         """The stored row of a suspend point or timer, read again if it was not complete.
 
         A signal or timer may have completed it since this run read its steps;
-        a read is much cheaper than suspending and running again. A row of
-        another kind (a signal stored early for a timer's key) fails the run.
+        a read is much cheaper than suspending and running again (unless the
+        wait cannot last: ``reread`` False). A row of another kind (a signal
+        stored early for a timer's key) fails the run.
         """
         stored = self._memo.get(key)
-        if stored is None or stored.state != "completed":
+        if reread and (stored is None or stored.state != "completed"):
             stored = self._store.read_step(self._workflow, self._instance_id, key) or stored
         if stored is not None and stored.kind != kind:
             self._refuse_kind(key, stored.kind, kind)

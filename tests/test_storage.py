@@ -16,7 +16,15 @@ import pytest
 import sqlite_utils
 from helpers import traced
 
-from memable import Completed, Context, Engine, Failed, MetadataStatus, StorageError
+from memable import (
+    Completed,
+    Context,
+    Engine,
+    Failed,
+    MetadataStatus,
+    StorageError,
+    Suspended,
+)
 from memable._schema import SCHEMA_VERSION, migrate_to_1
 
 # Several tests look at the engine's own connection (``engine._store._conn``):
@@ -191,6 +199,32 @@ def test_a_resumed_run_reads_its_steps_once(make_engine: Callable[..., Engine]) 
 
     assert len([s for s in statements if _STEPS_READ.match(s)]) == 1
     assert calls == {f"step-{i}": 1 for i in range(50)} | {"step-50": 2}
+
+
+def test_a_due_timer_is_recorded_without_a_second_look_at_its_row(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """Reaching a due timer, a run reads its row only as recording it does (firing it).
+
+    A timer not yet due is looked at once more first (a signal or another run
+    may have completed its key meanwhile, and suspending would be wasted).
+    """
+    engine = make_engine()
+
+    def wf(ctx: Context, seconds: float) -> str:
+        ctx.timer("t", seconds)
+        return "past"
+
+    def key_reads(statements: list[str]) -> int:
+        return len([s for s in statements if _STEPS_READ.match(s) and "key =" in s])
+
+    engine.register("wf", wf)
+    engine.start()
+    with traced(engine) as due:
+        assert engine.invoke("wf", 0).result(timeout=10) == "past"
+    with traced(engine) as later:
+        assert engine.invoke("wf", 3600).wait(timeout=10) == Suspended("timer t")
+    assert key_reads(due) == key_reads(later) - 1
 
 
 def test_the_result_of_a_run_ended_here_is_not_read_back(
