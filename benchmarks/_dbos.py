@@ -1,4 +1,6 @@
-"""The same workloads on DBOS Transact (file-backed SQLite), for the comparison column.
+"""The same workloads on DBOS Transact, for the comparison column: on a SQLite file, or
+with ``--store URL`` on the same PostgreSQL server (a database of its own per
+workload, dropped afterwards; DBOS wakes ``recv`` by LISTEN/NOTIFY there).
 
 Imported only in a worker process whose Python has ``dbos`` installed
 (``python -m benchmarks --dbos PYTHON``); DBOS is never a dependency of
@@ -7,7 +9,7 @@ W2 per step of M three-step workflows started at once, W3 per replayed step
 (``DBOS.rewind_workflow``; DBOS's ``resume_workflow`` skips failed ones), W4
 a zero sleep then one step (DBOS writes no checkpoint for ``sleep(0)``), W5
 ``DBOS.send`` to a workflow parked in ``DBOS.recv``, sent at a random phase
-of the default 1 s notification poll.
+of the default 1 s notification poll on SQLite (at once on PostgreSQL).
 """
 
 from __future__ import annotations
@@ -86,18 +88,39 @@ def parked() -> Any:
     return DBOS.recv("bench", timeout_seconds=60)
 
 
-def _launch(tmp: Path) -> None:
-    DBOS(config={
-        "name": "memable-bench",
-        "system_database_url": f"sqlite:///{tmp / 'dbos.sqlite'}",
-        "log_level": "WARNING",
-    })
+def _launch(tmp: Path, p: dict[str, Any]) -> None:
+    url = f"sqlite:///{tmp / 'dbos.sqlite'}"
+    if p.get("store"):
+        _admin(p["store"], f'CREATE DATABASE "{p["schema"]}"')
+        url = _database_url(p)
+    DBOS(config={"name": "memable-bench", "system_database_url": url, "log_level": "WARNING"})
     DBOS.launch()
+
+
+def _destroy(p: dict[str, Any]) -> None:
+    DBOS.destroy()
+    if p.get("store"):
+        _admin(p["store"], f'DROP DATABASE IF EXISTS "{p["schema"]}" WITH (FORCE)')
+
+
+def _database_url(p: dict[str, Any]) -> str:
+    """The server's URL with the workload's own database (named like its schema)."""
+    from sqlalchemy.engine import make_url  # DBOS's own dependency
+
+    url = make_url(p["store"]).set(drivername="postgresql", database=p["schema"])
+    return url.render_as_string(hide_password=False)
+
+
+def _admin(url: str, statement: str) -> None:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(statement)
 
 
 def step_throughput(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
     n = p["n"]
-    _launch(tmp)
+    _launch(tmp, p)
     try:
         with SetWorkflowID("warm-up"):
             steps(10)
@@ -108,13 +131,13 @@ def step_throughput(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
         seconds = time.perf_counter() - start
         check(total == sum(range(n)) and COUNTS["small"] == n, "DBOS W1 wrong")
     finally:
-        DBOS.destroy()
+        _destroy(p)
     return {"per_op_us": seconds / n * 1e6, "seconds": seconds, "n": n}
 
 
 def workflow_throughput(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
     m = p["m"]
-    _launch(tmp)
+    _launch(tmp, p)
     try:
         DBOS.start_workflow(three, 10**6).get_result()
         COUNTS.clear()
@@ -125,13 +148,13 @@ def workflow_throughput(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
         check(results == [9 * j + 3 for j in range(m)], "DBOS W2 wrong results")
         check(COUNTS["small"] == 3 * m, "DBOS W2 step count")
     finally:
-        DBOS.destroy()
+        _destroy(p)
     return {"per_op_us": seconds / (3 * m) * 1e6, "seconds": seconds, "n": m}
 
 
 def replay_workload(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
     n = p["n"]
-    _launch(tmp)
+    _launch(tmp, p)
     try:
         STATE.update(fail=True, done=threading.Event())
         try:
@@ -147,13 +170,13 @@ def replay_workload(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
         check(handle.get_result(polling_interval_sec=0.005) == "done", "DBOS W3 result")
         check(COUNTS["small"] == 0, "DBOS W3 a stored step ran again")
     finally:
-        DBOS.destroy()
+        _destroy(p)
     seconds = STATE["end"] - STATE["start"]
     return {"per_op_us": seconds / n * 1e6, "seconds": seconds, "n": n}
 
 
 def timer_latency(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
-    _launch(tmp)
+    _launch(tmp, p)
     samples = []
     try:
         for k in range(-1, p["reps"]):
@@ -163,15 +186,14 @@ def timer_latency(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
                 samples.append(time.perf_counter() - start)
             check(result == k, "DBOS W4 wrong result")
     finally:
-        DBOS.destroy()
+        _destroy(p)
     return latencies(samples)
 
 
 def signal_roundtrip(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
-    _launch(tmp)
+    _launch(tmp, p)
     rng = random.Random(12345)
     samples = []
-    db = tmp / "dbos.sqlite"
     try:
         for k in range(-1, p["reps"]):
             workflow_id = f"w5-{k}"
@@ -180,9 +202,10 @@ def signal_roundtrip(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
                 handle = DBOS.start_workflow(parked)
             check(READY[workflow_id].wait(30), "DBOS W5 never reached recv")
             # recv is parked once it has checkpointed its timeout as a sleep row.
-            while not _parked(db, workflow_id):
+            while not _parked(tmp, p, workflow_id):
                 time.sleep(0.001)  # polling DBOS's own table: it offers no event
-            time.sleep(rng.uniform(0, 1.0))  # a random phase of DBOS's 1 s poll
+            if not p.get("store"):  # a random phase of DBOS's 1 s poll (SQLite only)
+                time.sleep(rng.uniform(0, 1.0))
             start = time.perf_counter()
             DBOS.send(workflow_id, k, topic="bench")
             result = handle.get_result()
@@ -190,12 +213,22 @@ def signal_roundtrip(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
                 samples.append(time.perf_counter() - start)
             check(result == k, "DBOS W5 wrong payload")
     finally:
-        DBOS.destroy()
+        _destroy(p)
     return latencies(samples)
 
 
-def _parked(db: Path, workflow_id: str) -> bool:
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
+def _parked(tmp: Path, p: dict[str, Any], workflow_id: str) -> bool:
+    if p.get("store"):
+        import psycopg
+
+        with psycopg.connect(_database_url(p), autocommit=True) as pg:
+            found = pg.execute(
+                "SELECT count(*) FROM dbos.operation_outputs WHERE workflow_uuid = %s "
+                "AND function_name = 'DBOS.sleep'",
+                (workflow_id,),
+            ).fetchone()
+            return bool(found and found[0])
+    conn = sqlite3.connect(f"file:{tmp / 'dbos.sqlite'}?mode=ro", uri=True, timeout=30)
     try:
         row = conn.execute(
             "SELECT count(*) FROM operation_outputs WHERE workflow_uuid = ? "

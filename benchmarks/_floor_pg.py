@@ -1,9 +1,11 @@
 """The raw PostgreSQL floor: one committed row and one primary-key read on the same server.
 
-Raw psycopg on one connection, in the same run as the workloads: an
-autocommit INSERT of one step-sized row (its own transaction: one round trip,
-committed as durably as ``synchronous_commit`` says) and a primary-key
-SELECT, in a schema of their own that is dropped afterwards.
+Raw psycopg on one connection, in the same run as the workloads, in a schema
+of their own that is dropped afterwards: an INSERT of one step-sized row and
+its COMMIT, committed as durably as ``synchronous_commit`` says, two ways
+(psycopg's default transaction, as the DBOS study measured it: BEGIN, INSERT,
+COMMIT, three round trips; and an autocommit INSERT, one round trip), and a
+primary-key SELECT.
 """
 
 from __future__ import annotations
@@ -13,14 +15,17 @@ import time
 import psycopg
 
 
-def _connect(url: str, synchronous: str) -> psycopg.Connection[tuple[object, ...]]:
+def _connect(
+    url: str, synchronous: str, autocommit: bool = True
+) -> psycopg.Connection[tuple[object, ...]]:
     conn = psycopg.connect(url, autocommit=True)
     conn.execute(f"SET synchronous_commit = {'on' if synchronous == 'full' else 'off'}")
+    conn.autocommit = autocommit
     return conn
 
 
 def measure(url: str, schema: str, synchronous: str, rows: int) -> dict[str, float]:
-    """Microseconds per INSERT+COMMIT and per primary-key read."""
+    """Microseconds per INSERT+COMMIT (both ways) and per primary-key read."""
     payload = '{"i":0,"s":"' + "x" * 32 + '"}'
     with _connect(url, synchronous) as conn:
         conn.execute(f'CREATE SCHEMA "{schema}"')
@@ -36,6 +41,12 @@ def measure(url: str, schema: str, synchronous: str, rows: int) -> dict[str, flo
             for i in range(rows):
                 conn.execute(insert, ("floor", "timed", f"s{i}", payload))
             insert_us = (time.perf_counter() - start) / rows * 1e6
+            with _connect(url, synchronous, autocommit=False) as tx:
+                start = time.perf_counter()
+                for i in range(rows):
+                    tx.execute(insert, ("floor", "tx", f"s{i}", payload))
+                    tx.commit()
+                tx_us = (time.perf_counter() - start) / rows * 1e6
             select = (
                 f'SELECT result FROM "{schema}".steps WHERE workflow = %s '
                 "AND instance_id = %s AND key = %s"
@@ -46,4 +57,4 @@ def measure(url: str, schema: str, synchronous: str, rows: int) -> dict[str, flo
             read_us = (time.perf_counter() - start) / rows * 1e6
         finally:
             conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
-    return {"insert_commit_us": insert_us, "pk_read_us": read_us}
+    return {"insert_commit_us": tx_us, "autocommit_insert_us": insert_us, "pk_read_us": read_us}
