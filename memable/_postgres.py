@@ -91,13 +91,21 @@ class PostgresStore(OperatorReads):
         text = payload(kind, self.owner, workflow, instance_id)
         conn.execute("SELECT pg_notify(%s, %s)", (self.channel, text))
 
+    def _probe(self, text: str) -> None:
+        """NOTIFY ``text`` through the pool: how the listener checks that notices arrive."""
+        self._run("probe the notification channel",
+                  lambda conn: conn.execute("SELECT pg_notify(%s, %s)", (self.channel, text)),
+                  transaction=False)
+
     def listen(self, changed: Changed | None) -> None:
         with self._listener_lock:
             if self._listener is not None:
                 self._listener.stop()
                 self._listener = None
             if changed is not None and not self._db.closed:
-                self._listener = Listener(self._db.connect, self.channel, self.owner, changed)
+                self._listener = Listener(
+                    self._db.connect, self.channel, self.owner, changed, self._probe
+                )
                 self._listener.start()
 
     # ------------------------------------------------------------------ runs

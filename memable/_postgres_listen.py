@@ -6,15 +6,20 @@ what changed: ``[kind, sender, workflow, instance_id]`` as JSON. Each engine's
 listener thread hands every notice from another engine to the runner's
 ``Changed`` callback, which acts on that instance at once. The poll stays the
 safety net: while the connection is down notices are lost, so after
-(re)connecting the listener asks for a poll. Where LISTEN cannot work (a
-transaction-mode pooler refuses it), the listener logs one warning and ends;
-the poll alone carries on.
+(re)connecting the listener asks for a poll. Where LISTEN cannot work, the
+listener logs one warning and the poll alone carries on: a server that
+refuses LISTEN says so, and a transaction-mode pooler (PgBouncer) accepts it
+and then loses every notice, so after each LISTEN the listener sends itself
+a probe through the store's own connections, and warns if it has not heard
+it within ``PROBE_WAIT`` seconds.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -73,19 +78,25 @@ class Listener(threading.Thread):
 
     #: Seconds between looks at the stop flag while no notice comes.
     TICK = 0.25
+    #: Seconds within which the listener must hear its own probe.
+    PROBE_WAIT = 5.0
 
     def __init__(
         self, connect: Callable[[], psycopg.Connection[Any]], channel: str, me: str,
-        changed: Changed,
+        changed: Changed, probe: Callable[[str], None],
     ) -> None:
         super().__init__(name="memable-listen", daemon=True)
         self._connect = connect
         self._channel = channel
         self._me = me
         self._changed = changed
+        self._probe = probe
         # Set once, by stop(); waits between reconnects end at once.
         self._stopping = threading.Event()
         self._warned = False  # a connection problem was logged and not yet healed
+        #: Set when a probe came back (notices arrive), or when one did not (warned).
+        self.heard = threading.Event()
+        self.unheard = threading.Event()
 
     def stop(self) -> None:
         """Stop listening and wait for the thread to end; idempotent."""
@@ -118,11 +129,39 @@ class Listener(threading.Thread):
                 self._warned = False
             # Whatever was notified while nobody listened: look at the store now.
             self._tell("poll", None, None)
+            probe = self._send_probe()
+            deadline = time.monotonic() + self.PROBE_WAIT
             while not self._stopping.is_set():
                 for notice in conn.notifies(timeout=self.TICK):
+                    if notice.payload == probe:
+                        probe = None
+                        self.heard.set()
+                        continue
                     found = parse(notice.payload, self._me)
-                    if found is not None:
+                    if found is not None and found[0] != "probe":  # another engine's
                         self._tell(*found)
+                if probe is not None and time.monotonic() > deadline:
+                    probe = None
+                    self._unheard()
+
+    def _send_probe(self) -> str | None:
+        """Notify ourselves through the store's connections; the text to listen for."""
+        text = payload("probe", self._me, "", uuid.uuid4().hex)
+        try:
+            self._probe(text)
+        except Exception as exc:  # the store is unreachable: the reconnects say so
+            log.debug("could not send the notification probe (%s)", exc)
+            return None
+        return text
+
+    def _unheard(self) -> None:
+        """The probe never came back: LISTEN is accepted but loses every notice."""
+        if not self.unheard.is_set():
+            log.warning(
+                "notices from the store do not arrive on the listening connection "
+                "(a transaction-mode pooler such as PgBouncer?); relying on the poll"
+            )
+        self.unheard.set()
 
     def _tell(self, kind: str, workflow: str | None, instance_id: str | None) -> None:
         try:

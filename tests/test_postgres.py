@@ -20,8 +20,11 @@ import psycopg
 import pytest
 from conftest import POSTGRES_URL
 from helpers import cli
+from psycopg.conninfo import make_conninfo
 
 from memable import Completed, Context, Engine, StorageError
+from memable._postgres import PostgresStore
+from memable._postgres_listen import Listener
 from memable._postgres_schema import SCHEMA_VERSION, parse
 
 
@@ -212,6 +215,54 @@ def test_a_signal_stored_by_another_engine_runs_the_instance_without_waiting_for
         assert str(waiting.wait(timeout=10)) == "suspended: ok"
         b.signal("approve", "x", "ok", 41)
         assert waiting.result(timeout=10) == 42
+
+
+def _listener(store: Any, connect: Any) -> Listener:
+    """A listener for ``store`` that connects with ``connect``, its probe waited 0.5 s."""
+    listener = Listener(connect, store.channel, store.owner, lambda *_: None, store._probe)
+    listener.PROBE_WAIT = 0.5
+    return listener
+
+
+def test_a_listener_that_hears_its_own_probe_warns_of_nothing(
+    pg_schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After LISTEN the listener notifies itself through the store's pool, and hears it."""
+    store = PostgresStore(POSTGRES_URL, "full", schema=pg_schema)
+    listener = _listener(store, store._db.connect)
+    try:
+        listener.start()
+        assert listener.heard.wait(10)
+    finally:
+        listener.stop()
+        store.close()
+    assert not listener.unheard.is_set()
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
+def test_notices_that_never_arrive_are_warned_of_once(
+    pg_schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """LISTEN accepted but every notice lost, as behind a transaction-mode pooler
+    (PgBouncer): here the listening connection is to another database of the same
+    server, which accepts LISTEN and never sees the store's NOTIFYs. One warning."""
+    dbname = parse(POSTGRES_URL).get("dbname")
+    elsewhere = make_conninfo(
+        POSTGRES_URL, dbname="template1" if dbname == "postgres" else "postgres"
+    )
+    store = PostgresStore(POSTGRES_URL, "full", schema=pg_schema)
+    listener = _listener(store, lambda: psycopg.connect(elsewhere, autocommit=True))
+    try:
+        listener.start()
+        assert listener.unheard.wait(10)
+    finally:
+        listener.stop()
+        store.close()
+    assert not listener.heard.is_set()
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1
+    assert "do not arrive" in warnings[0]
+    assert "relying on the poll" in warnings[0]
 
 
 def test_the_command_line_reads_and_acts_on_a_postgresql_store(pg_schema: str) -> None:
