@@ -217,10 +217,19 @@ def test_a_signal_stored_by_another_engine_runs_the_instance_without_waiting_for
         assert waiting.result(timeout=10) == 42
 
 
-def _listener(store: Any, connect: Any) -> Listener:
-    """A listener for ``store`` that connects with ``connect``, its probe waited 0.5 s."""
-    listener = Listener(connect, store.channel, store.owner, lambda *_: None, store._probe)
+def _listened(schema: str, connect: Any | None, hears: bool) -> Listener:
+    """Run a listener for a store in ``schema`` (connecting with ``connect``, else the
+    store's way) until it heard its probe, or gave up on it (waited 0.5 s); stop it."""
+    store = PostgresStore(POSTGRES_URL, "full", schema=schema)
+    listener = Listener(connect or store._db.connect, store.channel, store.owner,
+                        lambda *_: None, store._probe)
     listener.PROBE_WAIT = 0.5
+    try:
+        listener.start()
+        assert (listener.heard if hears else listener.unheard).wait(10)
+    finally:
+        listener.stop()
+        store.close()
     return listener
 
 
@@ -228,14 +237,7 @@ def test_a_listener_that_hears_its_own_probe_warns_of_nothing(
     pg_schema: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """After LISTEN the listener notifies itself through the store's pool, and hears it."""
-    store = PostgresStore(POSTGRES_URL, "full", schema=pg_schema)
-    listener = _listener(store, store._db.connect)
-    try:
-        listener.start()
-        assert listener.heard.wait(10)
-    finally:
-        listener.stop()
-        store.close()
+    listener = _listened(pg_schema, None, hears=True)
     assert not listener.unheard.is_set()
     assert not [r for r in caplog.records if r.levelname == "WARNING"]
 
@@ -250,14 +252,9 @@ def test_notices_that_never_arrive_are_warned_of_once(
     elsewhere = make_conninfo(
         POSTGRES_URL, dbname="template1" if dbname == "postgres" else "postgres"
     )
-    store = PostgresStore(POSTGRES_URL, "full", schema=pg_schema)
-    listener = _listener(store, lambda: psycopg.connect(elsewhere, autocommit=True))
-    try:
-        listener.start()
-        assert listener.unheard.wait(10)
-    finally:
-        listener.stop()
-        store.close()
+    listener = _listened(
+        pg_schema, lambda: psycopg.connect(elsewhere, autocommit=True), hears=False
+    )
     assert not listener.heard.is_set()
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1
