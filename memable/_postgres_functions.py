@@ -32,6 +32,14 @@ CREATE OR REPLACE FUNCTION memable_claim(
 LANGUAGE plpgsql AS $fn$
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
+    -- A wake-up or a recovery skips a row another transaction holds (another
+    -- engine's claim, or a lost owner's transaction the server has not ended
+    -- yet): the poll finds it again. The user's resume waits its turn.
+    IF p_claim <> 'resume' THEN
+        PERFORM 1 FROM instances WHERE workflow = p_workflow AND instance_id = p_instance
+        FOR UPDATE SKIP LOCKED;
+        IF NOT FOUND THEN RETURN; END IF;
+    END IF;
     UPDATE instances SET status = 'running', message = NULL, waiting_for = NULL,
         owner = p_me, updated_at = p_at, completed_at = NULL, traceback = NULL,
         step_key = NULL, step_started = NULL

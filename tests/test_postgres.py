@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +27,7 @@ from memable import Completed, Context, Engine, StorageError
 from memable._postgres import PostgresStore
 from memable._postgres_listen import Listener
 from memable._postgres_schema import SCHEMA_VERSION, parse
+from memable._store import RunSnapshot
 
 
 def _with_password(url: str, password: str) -> str:
@@ -215,6 +217,38 @@ def test_a_signal_stored_by_another_engine_runs_the_instance_without_waiting_for
         assert str(waiting.wait(timeout=10)) == "suspended: ok"
         b.signal("approve", "x", "ok", 41)
         assert waiting.result(timeout=10) == 42
+
+
+def test_a_wake_up_or_recovery_skips_an_instance_another_transaction_holds(
+    pg_schema: str,
+) -> None:
+    """Claims other than the user's resume skip a locked row (FOR UPDATE SKIP LOCKED):
+    no thread waits behind another engine's claim or a lost owner's open transaction;
+    the poll finds the instance again once the row is free."""
+    engine = Engine.open(POSTGRES_URL, schema=pg_schema)
+    engine.register("wait", lambda ctx: ctx.suspend("go"))
+    with engine:
+        assert str(engine.invoke("wait", instance_id="w").wait(timeout=10)) == "suspended: go"
+    store = PostgresStore(POSTGRES_URL, "full", schema=pg_schema)
+    claims: list[object] = []
+
+    def wake() -> None:
+        claims.append(store.begin_run("wait", "w", now="2026-12-03T00:00:00", claim="wake"))
+
+    try:
+        with psycopg.connect(POSTGRES_URL, options=f"-c search_path={pg_schema}") as holder:
+            holder.execute("SELECT 1 FROM instances WHERE instance_id = 'w' FOR UPDATE")
+            waker = threading.Thread(target=wake, name="test-wake")
+            waker.start()
+            waker.join(10)  # the lock is ours until this block ends: a waiting claim hangs
+            assert not waker.is_alive()
+        assert claims == [None]
+        wake()  # the row is free again
+        snapshot = claims[-1]
+        assert isinstance(snapshot, RunSnapshot)
+        assert snapshot.instance.owner == store.owner
+    finally:
+        store.close()
 
 
 def _listened(schema: str, connect: Any | None, hears: bool) -> Listener:
