@@ -5,9 +5,9 @@ Each operation is one function run on a pooled connection by
 (a write with an unknown commit outcome reads back first, by the
 ``read_back`` given here). Every write of a run is fenced by its instance
 row's lock (see ``_postgres_sql``). Claims of due timers, and wake-ups and
-recoveries of instances, skip rows another transaction holds. Leases are judged by the server's clock. The transactions
-that store a signal, a cancel or a timer NOTIFY the other engines
-(``_postgres_listen``).
+recoveries of instances, skip rows another transaction holds. Leases are
+judged by the server's clock. The transactions that store a signal, a
+cancel or a timer NOTIFY the other engines (``_postgres_listen``).
 """
 
 from __future__ import annotations
