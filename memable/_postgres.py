@@ -84,17 +84,13 @@ class PostgresStore(OperatorReads):
         row = conn.execute(sql.CHECK_RUN, (workflow, instance_id)).fetchone()
         return row is not None and row[1] == self.owner
 
-    def _notify(
-        self, conn: psycopg.Connection[Any], kind: str, workflow: str, instance_id: str
-    ) -> None:
+    def _notify(self, conn: psycopg.Connection[Any], text: str) -> None:
         """Tell every engine listening on this store, when the transaction commits."""
-        text = payload(kind, self.owner, workflow, instance_id)
         conn.execute("SELECT pg_notify(%s, %s)", (self.channel, text))
 
     def _probe(self, text: str) -> None:
         """NOTIFY ``text`` through the pool: how the listener checks that notices arrive."""
-        self._run("probe the notification channel",
-                  lambda conn: conn.execute("SELECT pg_notify(%s, %s)", (self.channel, text)),
+        self._run("probe the notification channel", lambda conn: self._notify(conn, text),
                   transaction=False)
 
     def listen(self, changed: Changed | None) -> None:
@@ -340,7 +336,7 @@ class PostgresStore(OperatorReads):
                 "DELETE FROM timers WHERE workflow = %s AND instance_id = %s",
                 (workflow, instance_id),
             )
-            self._notify(conn, "cancel", workflow, instance_id)
+            self._notify(conn, payload("cancel", self.owner, workflow, instance_id))
 
         def read_back(conn: psycopg.Connection[Any]) -> object:
             row = conn.execute(sql.SELECT_INSTANCE, (workflow, instance_id)).fetchone()
