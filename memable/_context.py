@@ -12,14 +12,21 @@ from typing import Any, ParamSpec, Protocol, TypeVar
 import attrs
 
 from ._control import EngineStopping, RunCancelled, Suspension
-from ._errors import DuplicateStepKey, EngineError, InvalidKey, StepTimeout, key_taken
+from ._errors import (
+    DuplicateStepKey,
+    EngineError,
+    InvalidKey,
+    SignalTimeout,
+    StepTimeout,
+    key_taken,
+)
 from ._options import Options
 from ._records import StepKind
 from ._retry import Retry
 from ._serde import decode_for, return_hint, store_form
 from ._states import InProgress, WorkflowState
 from ._step import Step
-from ._store import StepWrite, Store, StoredStep, utcnow
+from ._store import SETTLED, StepWrite, Store, StoredStep, utcnow
 from ._validate import check_deadline, check_key, seconds_of
 
 P = ParamSpec("P")
@@ -205,7 +212,13 @@ class Context:
         """
         return Step(self, check_key(key, self._workflow, self._instance_id))
 
-    def suspend(self, key: str, status: str | None = None, returns: Any = None) -> Any:
+    def suspend(
+        self,
+        key: str,
+        status: str | None = None,
+        returns: Any = None,
+        timeout: float | timedelta | None = None,
+    ) -> Any:
         """Return the payload signalled to ``key``; until there is one, suspend the instance.
 
         Suspending ends the run ``Suspended(status)`` (``Suspended(key)``
@@ -214,6 +227,13 @@ class Context:
         the instance again, and this call then returns it, rebuilt as
         ``returns`` if given. A signal sent while the instance is still busy
         before this point is kept for when it gets here.
+
+        With ``timeout`` (seconds or a timedelta) the first run to reach the
+        key stores a deadline, fired like a timer; if no signal came by then,
+        the key is recorded ``"timed_out"`` and this call raises
+        ``SignalTimeout`` (in this run and every replay), which the workflow
+        may catch. A signal that arrives first wins and drops the deadline;
+        one that comes after it is rejected.
 
         >>> from memable import Engine, Suspended
         >>> def approval(ctx) -> str:
@@ -229,16 +249,25 @@ class Context:
         shipped
         """
         key = check_key(key, self._workflow, self._instance_id)
+        deadline = None
+        if timeout is not None:
+            seconds = seconds_of(timeout, "suspend timeout")
+            deadline = check_deadline(self._clock.wall() + seconds, "suspend timeout", timeout)
         self._boundary()
         self._claim(key)
         stored = self._arrived(key, "signal")
         if stored is not None and stored.state == "completed":
             return self._replayed(key, stored, returns)
-        # A signal that arrives after this look is found by the transaction
-        # that records the suspension, which then runs the instance again.
+        if stored is not None and stored.state == "timed_out":
+            exc = SignalTimeout(self._workflow, self._instance_id, key)
+            self._failure = (key, exc, None)
+            raise exc
+        # A signal (or the deadline) that arrives after this look is found by
+        # the transaction that records the suspension, which then runs the
+        # instance again.
         self._end_replay()
         message = key if status is None else status
-        raise Suspension(key, message, self._waiting(key, "signal", stored))
+        raise Suspension(key, message, self._waiting(key, "signal", stored), deadline)
 
     def timer(self, key: str, duration: float | timedelta) -> None:
         """Wait ``duration`` (seconds or a timedelta) durably: return once the timer has fired.
@@ -413,7 +442,7 @@ class Context:
         stored early for a timer's key) fails the run.
         """
         stored = self._memo.get(key)
-        if reread and (stored is None or stored.state != "completed"):
+        if reread and (stored is None or stored.state not in SETTLED):
             stored = self._store.read_step(self._workflow, self._instance_id, key) or stored
         if stored is not None and stored.kind != kind:
             self._refuse_kind(key, stored.kind, kind)

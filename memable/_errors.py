@@ -284,6 +284,27 @@ class StepTimeout(EngineError):
         )
 
 
+class SignalTimeout(EngineError):
+    """No signal reached a suspend point by its deadline (``ctx.suspend(..., timeout=)``).
+
+    Raised inside the workflow at the suspend point, which may catch it;
+    uncaught, it fails the workflow like any exception. The key is recorded
+    ``"timed_out"`` and a later signal for it is rejected.
+
+    >>> from memable import SignalTimeout
+    >>> print(SignalTimeout("ship", "order-1", "approval:v1"))
+    ... # doctest: +NORMALIZE_WHITESPACE
+    no signal arrived before the deadline: workflow 'ship', instance 'order-1',
+    step 'approval:v1'
+    """
+
+    def __init__(self, workflow: str, instance_id: str, key: str) -> None:
+        super().__init__(
+            "no signal arrived before the deadline",
+            workflow=workflow, instance_id=instance_id, key=key,
+        )
+
+
 class WorkflowFailed(EngineError):
     """``Invocation.result()`` found the instance Failed or Cancelled.
 

@@ -300,6 +300,9 @@ class PostgresStore(OperatorReads):
                 raise SignalRejected(workflow, instance_id, key, why)
             if answer == "holds":
                 raise SignalRejected(workflow, instance_id, key, "the key already holds a value")
+            if answer == "timed out":
+                why = "the suspend point timed out before it"
+                raise SignalRejected(workflow, instance_id, key, why)
 
         def read_back(conn: psycopg.Connection[Any]) -> object:
             row = conn.execute(

@@ -17,6 +17,10 @@ instance as it was before it, and the run's next write is refused.
 from __future__ import annotations
 
 from ._postgres_sql import OWNER_FREE
+from ._sqlite_sql import FIRE_KEY, FIRE_KEY_WHERE
+
+#: What firing a due timer row does to its key (as on SQLite).
+_FIRE_KEY = FIRE_KEY.format(at="p_at")
 
 #: Whether an instance's owner is gone (its lease ran out), by the server's clock.
 _OWNER_FREE = OWNER_FREE.replace("%(me)s", "p_me")
@@ -67,11 +71,16 @@ BEGIN
     IF v_status IN ('completed', 'failed', 'cancelled') THEN
         RETURN 'finished ' || v_status;
     END IF;
+    -- The key's deadline goes first: a firing that holds its row is waited for
+    -- (and then seen below: the key timed out); one that comes later finds no row.
+    DELETE FROM timers WHERE workflow = p_workflow AND instance_id = p_instance
+    AND key = p_key;
     SELECT kind, state, seq INTO v_kind, v_state, v_seq FROM steps
     WHERE workflow = p_workflow AND instance_id = p_instance AND key = p_key;
     IF FOUND THEN
         IF v_kind <> 'signal' THEN RETURN 'kind ' || v_kind; END IF;
         IF v_state = 'completed' THEN RETURN 'holds'; END IF;
+        IF v_state = 'timed_out' THEN RETURN 'timed out'; END IF;
     ELSE
         SELECT COALESCE(MAX(seq), -1) + 1 INTO v_seq FROM steps
         WHERE workflow = p_workflow AND instance_id = p_instance;
@@ -106,7 +115,7 @@ BEGIN
     WHERE workflow = p_workflow AND instance_id = p_instance AND key = p_key;
     v_found := FOUND;
     IF v_found AND v_kind <> p_kind THEN outcome := 'kind ' || v_kind; RETURN; END IF;
-    v_ready := v_found AND v_state = 'completed';
+    v_ready := v_found AND v_state IN ('completed', 'timed_out');
     IF NOT v_ready AND p_deadline IS NOT NULL THEN
         -- The first arming sets the deadline; runs after it do not move it.
         SELECT deadline INTO armed FROM timers
@@ -117,20 +126,22 @@ BEGIN
             IF v_had THEN
                 DELETE FROM timers
                 WHERE workflow = p_workflow AND instance_id = p_instance AND key = p_key;
-                UPDATE steps SET state = 'completed', result = 'null', result_type = NULL,
-                    attempts = attempts + 1, completed_at = p_at
+                UPDATE steps SET {_FIRE_KEY}
                 WHERE workflow = p_workflow AND instance_id = p_instance AND key = p_key
-                AND state <> 'completed' AND kind = 'timer';
-            ELSIF p_kind <> 'step' THEN  -- never armed: store it fired
+                AND {FIRE_KEY_WHERE};
+            ELSIF p_kind <> 'step' THEN  -- never armed: store it fired (or timed out)
                 INSERT INTO steps (workflow, instance_id, key, seq, kind, state, result,
                                    status, attempts, completed_at)
-                VALUES (p_workflow, p_instance, p_key, p_seq, p_kind, 'completed', 'null',
-                        p_status, 1, p_at)
+                VALUES (p_workflow, p_instance, p_key, p_seq, p_kind,
+                        CASE p_kind WHEN 'timer' THEN 'completed' ELSE 'timed_out' END,
+                        CASE p_kind WHEN 'timer' THEN 'null' END, p_status, 1,
+                        CASE p_kind WHEN 'timer' THEN p_at END)
                 ON CONFLICT (workflow, instance_id, key) DO UPDATE SET
-                    state = 'completed', result = 'null', result_type = NULL,
+                    state = excluded.state, result = excluded.result, result_type = NULL,
                     status = excluded.status, error = NULL, attempts = steps.attempts + 1,
                     completed_at = excluded.completed_at, started_at = NULL, traceback = NULL
-                WHERE steps.state <> 'completed' AND steps.kind = excluded.kind;
+                WHERE steps.state NOT IN ('completed', 'timed_out')
+                AND steps.kind = excluded.kind;
             END IF;
             v_ready := true;
         ELSIF NOT v_had THEN

@@ -83,20 +83,18 @@ RELEASE = (
     "AND instance_id = %(instance_id)s AND owner = %(me)s"
 )
 ANY_DUE = "SELECT 1 FROM timers WHERE deadline <= %s LIMIT 1"
-# Claims due timers: rows another engine is firing are skipped, not waited for.
-# A timer's key completes; a step's retry backoff only ends (the run makes the
-# next attempt).
-FIRE_DUE = """
+# Claims due timers: rows another engine is firing (or a signal is dropping)
+# are skipped, not waited for. What it does to each key: ``_sqlite_sql.FIRE_KEY``.
+FIRE_DUE = f"""
 WITH due AS (
     DELETE FROM timers WHERE (workflow, instance_id, key) IN (
         SELECT workflow, instance_id, key FROM timers WHERE deadline <= %(now)s
         ORDER BY deadline LIMIT 500 FOR UPDATE SKIP LOCKED)
     RETURNING workflow, instance_id, key),
 fired AS (
-    UPDATE steps SET state = 'completed', result = 'null', result_type = NULL,
-        attempts = steps.attempts + 1, completed_at = %(at)s
+    UPDATE steps SET {_sqlite_sql.FIRE_KEY.format(at="%(at)s")}
     FROM due WHERE steps.workflow = due.workflow AND steps.instance_id = due.instance_id
-    AND steps.key = due.key AND steps.state <> 'completed' AND steps.kind = 'timer')
+    AND steps.key = due.key AND {_sqlite_sql.FIRE_KEY_WHERE})
 SELECT workflow, instance_id, key FROM due
 """
 CANCEL = (

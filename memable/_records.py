@@ -141,7 +141,7 @@ class WorkflowMetadata:
 #: Kinds of stored keys.
 StepKind = Literal["step", "signal", "timer"]
 #: States of stored keys.
-StepState = Literal["completed", "failed", "waiting"]
+StepState = Literal["completed", "failed", "waiting", "timed_out"]
 
 
 @attrs.frozen

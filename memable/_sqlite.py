@@ -48,6 +48,7 @@ from ._schema import open_store
 from ._sqlite_watch import run_checks
 from ._store import (
     ROWS,
+    SETTLED,
     TERMINAL,
     Claim,
     InstanceRow,
@@ -56,6 +57,7 @@ from ._store import (
     StepWrite,
     StoredStep,
     Suspend,
+    fired_now,
     step_params,
     step_record,
 )
@@ -257,7 +259,7 @@ class SQLiteStore(OperatorReads):
             armed = None
             if waiting.kind == "step":  # a retry backoff: the failed row turns waiting
                 conn.execute(sql.INSERT_WAITING, step_params(waiting, self.owner))
-            ready = step is not None and step.state == "completed"
+            ready = step is not None and step.state in SETTLED
             if not ready and deadline is not None:
                 # The first arming sets the deadline; runs after it do not move it.
                 row = conn.execute(
@@ -272,8 +274,8 @@ class SQLiteStore(OperatorReads):
                     elif waiting.kind == "step":
                         pass  # a backoff already over: the next attempt goes on now
                     else:  # never armed: store it fired, without touching the timers
-                        fired = attrs.evolve(waiting, state="completed", result="null")
-                        conn.execute(sql.UPSERT_STEP, step_params(fired, self.owner))
+                        fired = step_params(fired_now(waiting), self.owner)
+                        conn.execute(sql.UPSERT_STEP, fired)
                     ready = True
                 elif row is None:
                     conn.execute(
@@ -308,14 +310,11 @@ class SQLiteStore(OperatorReads):
                 "DELETE FROM timers WHERE workflow = ? AND instance_id = ? AND key = ?",
                 (workflow, instance_id, key),
             )
-            # A timer completes; a step's retry backoff only ends (the run makes
-            # the next attempt).
             conn.execute(
-                "UPDATE steps SET state = 'completed', result = 'null', result_type = NULL, "
-                "attempts = attempts + 1, completed_at = ? "
-                "WHERE workflow = ? AND instance_id = ? AND key = ? AND state != 'completed' "
-                "AND kind = 'timer'",
-                (at, workflow, instance_id, key),
+                f"UPDATE steps SET {sql.FIRE_KEY.format(at=':at')} "
+                "WHERE workflow = :workflow AND instance_id = :instance_id AND key = :key "
+                f"AND {sql.FIRE_KEY_WHERE}",
+                {"at": at, "workflow": workflow, "instance_id": instance_id, "key": key},
             )
 
     def finish(
@@ -380,6 +379,9 @@ class SQLiteStore(OperatorReads):
                 if step.state == "completed":
                     why = "the key already holds a value"
                     raise SignalRejected(workflow, instance_id, key, why)
+                if step.state == "timed_out":
+                    why = "the suspend point timed out before it"
+                    raise SignalRejected(workflow, instance_id, key, why)
                 seq = step.seq
             else:
                 seq = conn.execute(
@@ -395,6 +397,11 @@ class SQLiteStore(OperatorReads):
                 "result = excluded.result, result_type = excluded.result_type, "
                 "attempts = 1, completed_at = excluded.completed_at",
                 (workflow, instance_id, key, seq, write.result, write.result_type, write.at),
+            )
+            # The signal came first: its suspend point's deadline, if any, is dropped.
+            conn.execute(
+                "DELETE FROM timers WHERE workflow = ? AND instance_id = ? AND key = ?",
+                (workflow, instance_id, key),
             )
 
         self._grouped(

@@ -62,6 +62,15 @@ ON CONFLICT (workflow, instance_id, key) DO UPDATE SET
     state = 'waiting', result = excluded.result
 WHERE steps.state = 'failed' AND steps.kind = excluded.kind
 """
+# What firing a due timer row does to its key: a timer completes; a suspend
+# point's deadline times it out, unless a signal completed it first; a step's
+# retry backoff only ends (the run makes the next attempt). ``{at}`` is the
+# parameter holding the time.
+FIRE_KEY = """state = CASE kind WHEN 'timer' THEN 'completed' ELSE 'timed_out' END,
+    result = CASE kind WHEN 'timer' THEN 'null' END, result_type = NULL,
+    attempts = CASE kind WHEN 'timer' THEN attempts + 1 ELSE attempts END,
+    completed_at = CASE kind WHEN 'timer' THEN {at} END"""
+FIRE_KEY_WHERE = "state NOT IN ('completed', 'timed_out') AND kind IN ('timer', 'signal')"
 INSTANCE_RETURNING = ", ".join(INSTANCE_COLUMNS)
 SELECT_INSTANCE = (
     f"SELECT {INSTANCE_RETURNING} FROM instances WHERE workflow = ? AND instance_id = ?"
@@ -95,13 +104,13 @@ def wall_of(iso: str) -> float:
     return datetime.fromisoformat(iso).timestamp()
 
 
-# Suspended instances whose awaited key completed, or whose retry backoff ended
+# Suspended instances whose awaited key completed or timed out, or whose retry backoff ended
 # (its timer row is gone), among the workflows named by the ``marks`` parameters.
 LOOK_READY = """
 SELECT instances.workflow, instances.instance_id FROM instances JOIN steps
 ON steps.workflow = instances.workflow AND steps.instance_id = instances.instance_id
 AND steps.key = instances.waiting_for
-WHERE instances.status = 'suspended' AND (steps.state = 'completed' OR (
+WHERE instances.status = 'suspended' AND (steps.state IN ('completed', 'timed_out') OR (
     steps.kind = 'step' AND NOT EXISTS (SELECT 1 FROM timers
     WHERE timers.workflow = steps.workflow AND timers.instance_id = steps.instance_id
     AND timers.key = steps.key)))

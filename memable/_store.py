@@ -123,6 +123,8 @@ class RunSnapshot:
 
 #: The statuses an instance ends in (a store stamps ``completed_at`` on reaching one).
 TERMINAL: tuple[StatusName, ...] = ("completed", "failed", "cancelled")
+#: The states of a key a wait has its outcome in: a value, or a deadline passed.
+SETTLED: tuple[StepState, ...] = ("completed", "timed_out")
 
 #: How a run may claim an instance: the user's resume (anything not cancelled
 #: and not run by a live owner), a timer or signal (only a suspended one), or
@@ -225,25 +227,30 @@ class Store(Protocol):
         instance gets no waiting row and no timer ("stopped"). A key stored
         as another kind raises ``InvalidKey``. Mark the key waiting (arming
         the timer once, with ``deadline``) and the instance suspended and
-        unowned. If the key has completed meanwhile (a signal arrived, or the
-        timer is due at ``now``, which fires it here), the instance stays
-        running and owned instead, and the steps to go on with are returned.
+        unowned. A suspend point's ``deadline`` is armed the same way. If the
+        key has its outcome meanwhile (a signal arrived, or the timer or
+        deadline is due at ``now``, which fires it here: a timer completes, a
+        deadline times the key out), the instance stays running and owned
+        instead, and the steps to go on with are returned.
         """
 
     def deliver_signal(self, write: StepWrite) -> None:
         """Store a signal payload as its key's completed value, atomically.
 
         Raise InstanceNotFound, InstanceFinished (a terminal instance) or
-        SignalRejected (the key holds a value, or was reached as a step or a
-        timer), writing nothing, when the instance cannot take it.
+        SignalRejected (the key holds a value, timed out, or was reached as a
+        step or a timer), writing nothing, when the instance cannot take it.
+        The key's deadline, if armed, is dropped in the same transaction: of
+        a signal and a deadline firing at once, exactly one takes the key.
         """
 
     def fire_due_timers(self, now: float, at: str) -> list[tuple[str, str, str]]:
         """Claim every timer due at ``now`` and complete its key; return (workflow, id, key)s.
 
         Atomically per call: a timer is fired (its row deleted, a timer key
-        completed) by exactly one caller across every engine on the store.
-        A due retry backoff is deleted and returned; its step stays as it is.
+        completed, a suspend point that holds no signal yet timed out) by
+        exactly one caller across every engine on the store. A due retry
+        backoff is deleted and returned; its step stays as it is.
         """
 
     def next_deadline(self) -> float | None:
@@ -362,6 +369,13 @@ def step_record(row: dict[str, Any]) -> StepRecord:
     row = dict(row)
     row["result"] = json.loads(row["result"]) if row["state"] == "completed" else None
     return ROWS.structure(row, StepRecord)
+
+
+def fired_now(waiting: StepWrite) -> StepWrite:
+    """A timer's or deadline's waiting row as it is once due: completed, or timed out."""
+    if waiting.kind == "signal":
+        return attrs.evolve(waiting, state="timed_out", result=None)
+    return attrs.evolve(waiting, state="completed", result="null")
 
 
 def step_params(write: StepWrite, owner: str) -> dict[str, Any]:

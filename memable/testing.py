@@ -166,6 +166,8 @@ def engine(memable_engine: Engine) -> Engine:
 def advance(engine: Engine, clock: FrozenClock, by: timedelta | float) -> int:
     """Move the frozen ``clock`` forward by ``by`` and fire the timers that fell due.
 
+    Suspend points' deadlines (``ctx.suspend(key, timeout=...)``) count as timers.
+
     ``clock`` is what ``freezegun.freeze_time(...)`` yields (with
     ``tick=True``, it moves from the time the clock shows now); ``by`` is a
     ``timedelta`` or seconds, never negative (``ValueError``). Return how many
@@ -209,15 +211,19 @@ def advance(engine: Engine, clock: FrozenClock, by: timedelta | float) -> int:
     if engine._runner.phase != "started":
         raise NotStarted()
     waiting = {
-        timer for timer, state in _timers(engine, _live_instances(engine)).items()
+        timer for timer, (_, state) in _timers(engine, _live_instances(engine)).items()
         if state == "waiting"
     }
     _move(clock, delta)
     fired = engine.fire_due_timers()
-    # Every timer due now is fired by now: by this call, or by the timer thread
-    # (the store serialises the two). Count those that were waiting before.
+    _until_fired(engine)
+    # Every timer due now is fired by now: by this call, or by the timer thread.
+    # Count those that were waiting before.
     states = _timers(engine, {(name, instance_id) for name, instance_id, _ in waiting})
-    fired_meanwhile = sum(1 for timer in waiting if states.get(timer) == "completed")
+    fired_meanwhile = sum(
+        1 for timer in waiting
+        if timer in states and states[timer][1] == _FIRED[states[timer][0]]
+    )
     return max(fired, fired_meanwhile)
 
 
@@ -292,6 +298,23 @@ def _delta(by: timedelta | float) -> timedelta:
     return delta
 
 
+def _until_fired(engine: Engine, timeout: float = 10.0) -> None:
+    """Wait until no timer is due any more: another thread's firing has committed.
+
+    A store that claims due timers with ``SKIP LOCKED`` (PostgreSQL) skips
+    the ones the timer thread is firing instead of waiting for them. The
+    store offers no event for another connection's commit, so this looks
+    again every few milliseconds, for ``timeout`` seconds at most.
+    """
+    now = _clock.wall()
+    pause = threading.Event()
+    for _ in range(int(timeout / 0.005)):
+        deadline = engine._store.next_deadline()
+        if deadline is None or deadline > now:
+            return
+        pause.wait(0.005)
+
+
 def _move(clock: FrozenClock, delta: timedelta) -> None:
     """``clock.tick(delta)``; for a ticking freezegun clock, from the time it shows now.
 
@@ -317,18 +340,26 @@ def _live_instances(engine: Engine) -> set[tuple[str, str]]:
     }
 
 
-def _timers(engine: Engine, instances: set[tuple[str, str]]) -> dict[_TimerId, str]:
-    """The state of every timer of ``instances``, by (workflow, id, key)."""
-    states: dict[_TimerId, str] = {}
+def _timers(
+    engine: Engine, instances: set[tuple[str, str]]
+) -> dict[_TimerId, tuple[str, str]]:
+    """The (kind, state) of every timer and suspend point of ``instances``, by (workflow,
+    id, key)."""
+    states: dict[_TimerId, tuple[str, str]] = {}
     for name, instance_id in sorted(instances):
         try:
             records = engine.steps(name, instance_id)
         except InstanceNotFound:  # purged meanwhile
             continue
         for record in records:
-            if record.kind == "timer":
-                states[(name, instance_id, record.key)] = record.state
+            if record.kind in _FIRED:
+                states[(name, instance_id, record.key)] = (record.kind, record.state)
     return states
+
+
+#: The state a fired key has, by kind: a timer completes, a suspend point's deadline
+#: times it out.
+_FIRED = {"timer": "completed", "signal": "timed_out"}
 
 
 def _memable_threads() -> set[threading.Thread]:

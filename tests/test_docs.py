@@ -98,6 +98,8 @@ SPEC_ERRORS = {
     "NotStarted", "AlreadyStarted", "WorkflowNotFound", "InstanceNotFound",
     "InstanceFinished", "SignalRejected", "InvalidKey", "DuplicateStepKey", "StorageError",
     "SerializationError", "StepTimeout", "WorkflowFailed",
+    # Part 2: waiting with a deadline.
+    "SignalTimeout",
 }
 SPEC_NAMES = SPEC_ERRORS | {
     "Engine", "EngineBuilder", "Context", "Invocation", "Retry", "StepError",
