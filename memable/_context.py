@@ -2,62 +2,30 @@
 
 from __future__ import annotations
 
-import concurrent.futures
+import functools
 import threading
-import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import timedelta
-from typing import Any, ParamSpec, Protocol, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import attrs
 
-from ._control import EngineStopping, RunCancelled, Suspension
-from ._errors import (
-    DuplicateStepKey,
-    EngineError,
-    InvalidKey,
-    SignalTimeout,
-    StepTimeout,
-    key_taken,
-)
+from ._attempts import Attempts, NoRun, RunControl
+from ._control import Suspension
+from ._errors import DuplicateStepKey, EngineError, SignalTimeout
+from ._fan_out import check_concurrency, first_to_raise, run_items
 from ._options import Options
 from ._records import StepKind
 from ._retry import Retry
-from ._serde import decode_for, return_hint, store_form
+from ._serde import decode_for, return_hint
 from ._states import InProgress, WorkflowState
 from ._step import Step
-from ._store import SETTLED, StepWrite, Store, StoredStep, utcnow
+from ._store import SETTLED, StepWrite, Store, StoredStep
 from ._validate import check_deadline, check_key, seconds_of
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
-
-#: Backoffs this long or longer end the run and wait as a durable timer.
-DURABLE_BACKOFF = 1.0
-
-
-class RunControl(Protocol):
-    """What a Context sees of the run it belongs to (the runner's ``Run``)."""
-
-    cancel_requested: bool
-    interrupt: threading.Event
-    #: Keys this engine stored signals for while the run was active.
-    signalled: set[str]
-
-
-class _NoRun:
-    """The run of a Context made outside a runner (nothing cancels it)."""
-
-    def __init__(self) -> None:
-        self.cancel_requested = False
-        self.interrupt = threading.Event()
-        self.signalled: set[str] = set()
-
-
-def traceback_of(exc: BaseException) -> str:
-    """The traceback text of ``exc``, as stored with a failure."""
-    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+T = TypeVar("T")
 
 
 class Context:
@@ -80,7 +48,8 @@ class Context:
     """
 
     # A Context belongs to the one thread that runs its workflow function;
-    # nothing in it is shared, so nothing in it is locked.
+    # nothing in it is shared, so nothing in it is locked. What the threads of
+    # a map share is in ``Attempts``, locked there.
 
     def __init__(
         self,
@@ -102,21 +71,14 @@ class Context:
         self._store = store
         self._memo = memo
         self._publish = publish
-        self._run = run or _NoRun()
         self._retry: Retry | None = options.retry
-        self._sleep = options.sleep
         self._clock = options.clock
+        #: Runs the attempts of each executed step and stores their outcomes.
+        self.attempts = Attempts(
+            workflow=workflow, instance_id=instance_id, store=store, run=run or NoRun(),
+            clock=options.clock, sleep=options.sleep, flight_lock=flight_lock,
+        )
         self._seen: set[str] = set()
-        # The key of the step whose function is running now, and since when
-        # (for signals, and what an operator sees).
-        self._in_flight: str | None = None
-        self._in_flight_since = ""
-        # Held while _in_flight is set: Engine.signal holds it (the runner's
-        # lock) from its look at _in_flight until the signal is stored.
-        self._flight_lock = flight_lock or threading.Lock()
-        # Attempts that timed out and may still run, by key: the next attempt
-        # waits for them (never two attempts of one step at once).
-        self._abandoned: dict[str, concurrent.futures.Future[Any]] = {}
         self._next_seq = max((s.seq for s in memo.values()), default=-1) + 1
         # Replaying while the run reaches stored keys; live from the start if none.
         self._replaying = bool(memo)
@@ -253,7 +215,7 @@ class Context:
         if timeout is not None:
             seconds = seconds_of(timeout, "suspend timeout")
             deadline = check_deadline(self._clock.wall() + seconds, "suspend timeout", timeout)
-        self._boundary()
+        self.attempts.boundary()
         self._claim(key)
         stored = self._arrived(key, "signal")
         if stored is not None and stored.state == "completed":
@@ -295,7 +257,7 @@ class Context:
         key = check_key(key, self._workflow, self._instance_id)
         seconds = seconds_of(duration, "timer duration")
         deadline = check_deadline(self._clock.wall() + seconds, "timer duration", duration)
-        self._boundary()
+        self.attempts.boundary()
         self._claim(key)
         # A due timer needs no second look: recording it fires it at once.
         stored = self._arrived(key, "timer", reread=seconds > 0)
@@ -332,106 +294,90 @@ class Context:
             raise exc
         self._seen.add(key)
 
+    def _note(self, key: str, exc: BaseException, attempts: int | None) -> None:
+        """Note the step whose error may end the run (for its Failed message)."""
+        self._failure = (key, exc, attempts)
+
+    def _stored_step(self, key: str) -> StoredStep | None:
+        """The memo of a key the workflow uses as a step; a row of another kind fails it."""
+        stored = self._memo.get(key)
+        if stored is not None and stored.kind != "step":
+            self.attempts.refuse_kind(key, stored.kind, "step", self._note)
+        return stored
+
     def _run_step(
         self, step: Step, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         key = step.key
-        self._boundary()
+        self.attempts.boundary()
         self._claim(key)
-        stored = self._memo.get(key)
-        if stored is not None and stored.kind != "step":
-            self._refuse_kind(key, stored.kind, "step")
+        stored = self._stored_step(key)
         hint = step.result_type if step.result_type is not None else return_hint(fn)
         if stored is not None and stored.state == "completed":
             return self._replayed(key, stored, hint)
         self._end_replay()
         seq = stored.seq if stored is not None else self._take_seq()
-        policy = step.retry_policy if step.retry_policy is not None else self._retry
-        # A step waiting out a retry backoff goes on counting its attempts.
-        waited = stored is not None and stored.state == "waiting"
-        attempt = int(stored.result or 0) if stored is not None and waited else 0
-        while True:
-            attempt += 1
-            started = utcnow().isoformat()
-            with self._flight_lock:  # against a signal to the key (Engine.signal)
-                self._in_flight, self._in_flight_since = key, started
-            try:
-                self._boundary_before(key)
-                if self._abandoned:
-                    self._await_abandoned(key, step.timeout_seconds)
-            except BaseException:
-                self._in_flight = None
-                raise
-            try:
-                if step.timeout_seconds is None:
-                    result = fn(*args, **kwargs)
-                else:
-                    result = self._call_with_timeout(key, step.timeout_seconds, fn, args, kwargs)
-                text, tag, value = store_form(
-                    self._workflow, self._instance_id, key, result, hint
-                )
-            except Exception as exc:
-                self._in_flight = None
-                self._store.save_step(self._write(key, seq, "failed", error=exc, started=started))
-                if policy is not None and policy.should_retry(attempt, exc):
-                    self._back_off(key, seq, attempt, policy.delay(attempt))
-                    continue
-                self._failure = (key, exc, None if policy is None else attempt)
-                raise
-            finally:
-                self._in_flight = None
-            try:
-                done = self._write(key, seq, "completed", result=(text, tag), started=started)
-                self._store.save_step(done)
-            except InvalidKey as exc:  # a signal took the key while the step ran
-                self._failure = (key, exc, None)
-                raise
-            return value
-
-    def _await_abandoned(self, key: str, timeout: float | None) -> None:
-        """Wait for an abandoned attempt of ``key`` before the next one starts.
-
-        An attempt that timed out may still be running: the next one waits
-        for it, up to the step's timeout again, and past that the step fails
-        without another attempt.
-        """
-        previous = self._abandoned.pop(key, None)
-        if previous is None or timeout is None:
-            return
-        done, _ = concurrent.futures.wait([previous], timeout=timeout)
-        if not done:
-            exc = StepTimeout(self._workflow, self._instance_id, key, timeout)
-            exc.args = (
-                f"{exc}; the attempt that timed out is still running, so no other starts",
-            )
-            self._failure = (key, exc, None)
-            raise exc
-
-    def _back_off(self, key: str, seq: int, attempt: int, delay: float) -> None:
-        """Wait ``delay`` seconds before the next attempt of ``key``.
-
-        A long backoff ends the run: the step waits as a durable timer and the
-        run holds no thread. A short one waits on the worker, and a cancel or
-        the engine stopping ends the wait at once.
-        """
-        self._boundary()
-        if self._sleep is not None:  # a test's fake: every backoff goes through it
-            self._sleep(delay)
-            return
-        waiting = attrs.evolve(
-            self._write(key, seq, "waiting"), result=str(attempt)
+        return self.attempts.execute(
+            key, seq, stored, hint=hint, policy=self._policy(step),
+            timeout=step.timeout_seconds, call=functools.partial(fn, *args, **kwargs),
+            status=self._status, note=self._note,
         )
-        deadline = self._clock.wall() + delay
-        if delay >= DURABLE_BACKOFF:
-            raise Suspension(key, f"retry {key}", waiting, deadline)
-        if self._run.interrupt.wait(delay):
-            self._boundary()  # cancelled: stop here
-            raise EngineStopping(waiting, deadline)
 
-    def _refuse_kind(self, key: str, stored: str, used: str) -> None:
-        exc = key_taken(self._workflow, self._instance_id, key, stored, used)
-        self._failure = (key, exc, None)
-        raise exc
+    def _map_step(
+        self, step: Step, fn: Callable[[T], Any], items: Iterable[T], max_concurrency: int
+    ) -> list[Any]:
+        """``ctx.step(key).map``: each item a step ``"{key}[{i}]"``, run side by side."""
+        check_concurrency(max_concurrency)
+        items = list(items)
+        self.attempts.boundary()
+        keys = [f"{step.key}[{i}]" for i in range(len(items))]
+        for key in keys:
+            self._claim(key)
+        stored = [self._stored_step(key) for key in keys]
+        hint = step.result_type if step.result_type is not None else return_hint(fn)
+        results: list[Any] = [None] * len(items)
+        pending: list[int] = []
+        for i, (key, row) in enumerate(zip(keys, stored, strict=True)):
+            if row is not None and row.state == "completed":
+                results[i] = self._replayed(key, row, hint)
+            else:
+                pending.append(i)
+        if not pending:
+            return results
+        self._end_replay()
+        # Seqs in item order, whichever item ends first.
+        seqs = {i: stored[i].seq if stored[i] is not None else self._take_seq()  # type: ignore[union-attr]
+                for i in pending}
+        notes: dict[int, tuple[str, BaseException, int | None]] = {}
+        policy, status = self._policy(step), self._status
+
+        def item(i: int) -> Callable[[], Any]:
+            def note(key: str, exc: BaseException, attempts: int | None) -> None:
+                notes[i] = (key, exc, attempts)  # this item's thread alone writes notes[i]
+
+            return lambda: self.attempts.execute(
+                keys[i], seqs[i], stored[i], hint=hint, policy=policy,
+                timeout=step.timeout_seconds, call=functools.partial(fn, items[i]),
+                status=status, note=note,
+            )
+
+        name = f"memable-map {self._workflow}/{self._instance_id}/{step.key}"
+        outcomes = run_items([item(i) for i in pending], max_concurrency, name)
+        errors = [exc for _, exc in outcomes]
+        chosen = first_to_raise(errors)
+        if chosen is not None:
+            exc = errors[chosen]
+            assert exc is not None
+            noted = notes.get(pending[chosen])
+            if noted is not None and noted[1] is exc:
+                self._failure = noted
+            raise exc
+        for i, (value, _) in zip(pending, outcomes, strict=True):
+            results[i] = value
+        return results
+
+    def _policy(self, step: Step) -> Retry | None:
+        return step.retry_policy if step.retry_policy is not None else self._retry
 
     def _arrived(self, key: str, kind: StepKind, reread: bool = True) -> StoredStep | None:
         """The stored row of a suspend point or timer, read again if it was not complete.
@@ -445,34 +391,8 @@ class Context:
         if reread and (stored is None or stored.state not in SETTLED):
             stored = self._store.read_step(self._workflow, self._instance_id, key) or stored
         if stored is not None and stored.kind != kind:
-            self._refuse_kind(key, stored.kind, kind)
+            self.attempts.refuse_kind(key, stored.kind, kind, self._note)
         return stored
-
-    def _boundary(self) -> None:
-        """Between steps: stop here if the instance was cancelled.
-
-        The flag is set by a cancel in this engine and by the poll for one
-        from elsewhere.
-        """
-        if self._run.cancel_requested:
-            raise RunCancelled()
-
-    def _boundary_before(self, key: str) -> None:
-        """Before step ``key`` executes (already marked in flight): the boundary, and more.
-
-        Also read the instance's status (the store may answer unread while
-        nothing can have changed it), so a cancel from another process stops
-        the run before the step starts; and refuse the key if this engine
-        stored a signal for it since the run read its steps.
-        """
-        run = self._run
-        if run.cancel_requested:
-            raise RunCancelled()
-        if key in run.signalled:
-            self._refuse_kind(key, "signal", "step")
-        if self._store.check_run(self._workflow, self._instance_id) == "cancelled":
-            run.cancel_requested = True
-            raise RunCancelled()
 
     def _replayed(self, key: str, stored: StoredStep, hint: Any) -> Any:
         if stored.status is not None:
@@ -486,72 +406,12 @@ class Context:
             self._failure = (key, exc, None)
             raise
 
-    def _call_with_timeout(
-        self,
-        key: str,
-        seconds: float,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-    ) -> Any:
-        # A thread of its own per call: a function past its timeout cannot be
-        # killed, so it must not hold a pooled thread or block interpreter
-        # exit. It is a daemon, finishes on its own, and its late result goes
-        # nowhere: only this thread stores, and it has stopped waiting.
-        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
-
-        def call() -> None:
-            if not future.set_running_or_notify_cancel():
-                return
-            try:
-                future.set_result(fn(*args, **kwargs))
-            except BaseException as exc:
-                future.set_exception(exc)
-
-        threading.Thread(
-            target=call,
-            name=f"memable-step {self._workflow}/{self._instance_id}/{key}",
-            daemon=True,
-        ).start()
-        try:
-            return future.result(timeout=seconds)
-        except concurrent.futures.TimeoutError:
-            self._abandoned[key] = future
-            raise StepTimeout(self._workflow, self._instance_id, key, seconds) from None
-
     def _waiting(self, key: str, kind: StepKind, stored: StoredStep | None) -> StepWrite:
         seq = stored.seq if stored is not None else self._take_seq()
-        write = self._write(key, seq, "waiting")
+        write = self.attempts.write(key, seq, "waiting", self._status)
         return attrs.evolve(write, kind=kind)
 
     def _take_seq(self) -> int:
         seq = self._next_seq
         self._next_seq += 1
         return seq
-
-    def _write(
-        self,
-        key: str,
-        seq: int,
-        state: str,
-        *,
-        result: tuple[str, str | None] | None = None,
-        error: BaseException | None = None,
-        started: str | None = None,
-    ) -> StepWrite:
-        text, tag = result if result is not None else (None, None)
-        return StepWrite(
-            workflow=self._workflow,
-            instance_id=self._instance_id,
-            key=key,
-            seq=seq,
-            kind="step",
-            state=state,  # type: ignore[arg-type]
-            result=text,
-            result_type=tag,
-            status=self._status,
-            error=None if error is None else f"{type(error).__name__}: {error}",
-            at=utcnow().isoformat(),
-            started=started,
-            traceback=None if error is None else traceback_of(error),
-        )

@@ -17,8 +17,9 @@ from typing import Any, Literal
 
 import attrs
 
+from ._attempts import traceback_of
 from ._background import BackgroundThread
-from ._context import Context, traceback_of
+from ._context import Context
 from ._control import EngineStopping, LostInstance, RunCancelled, Suspension
 from ._errors import (
     AlreadyStarted,
@@ -213,7 +214,7 @@ class Runner:
         with self._lock:
             run = self._active.get((workflow, instance_id))
             ctx = None if run is None else run.ctx
-            if ctx is not None and ctx._in_flight == key:
+            if ctx is not None and key in ctx.attempts.in_flight:
                 raise SignalRejected(workflow, instance_id, key, "the key is a step in flight")
             yield
             if run is not None:
@@ -344,13 +345,13 @@ class Runner:
 
     def in_flight(self) -> list[tuple[str, str, str | None, str | None]]:
         """(workflow, id, key, since) of each active run: the step it executes (None between)."""
-        with self._lock:
-            runs = list(self._active.values())
         found: list[tuple[str, str, str | None, str | None]] = []
-        for run in runs:
-            ctx = run.ctx
-            key, since = (None, None) if ctx is None else (ctx._in_flight, ctx._in_flight_since)
-            found.append((run.workflow.name, run.instance_id, key, since))
+        with self._lock:  # also each run's flight lock
+            for run in self._active.values():
+                ctx = run.ctx
+                now = None if ctx is None else ctx.attempts.in_flight_now()
+                key, since = (None, None) if now is None else now
+                found.append((run.workflow.name, run.instance_id, key, since))
         return found
 
     def _look_around(self, now: float) -> None:

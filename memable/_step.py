@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
@@ -16,11 +16,13 @@ if TYPE_CHECKING:
 
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
 
 
 @attrs.frozen
 class Step:
-    """A step under construction: ``ctx.step(key)``, then ``.run(fn, *args, **kwargs)``.
+    """A step under construction: ``ctx.step(key)``, then ``.run(fn, *args, **kwargs)``
+    (or ``.map(fn, items)``).
 
     In between, ``.returns(T)``, ``.timeout(d)`` and ``.retry(policy)`` set
     the result's type, a time limit and a retry policy, in any order. Each
@@ -132,4 +134,39 @@ class Step:
         (40, 40, [4])
         """
         result: R = self._ctx._run_step(self, fn, args, kwargs)
+        return result
+
+    def map(self, fn: Callable[[T], R], items: Iterable[T], *, max_concurrency: int = 8
+            ) -> list[R]:
+        """Run ``fn(item)`` for each item as a step of its own, side by side; their results.
+
+        Item ``i`` is the step ``"{key}[{i}]"`` (``key`` itself gets no
+        record), memoised like any step; ``.returns``, ``.timeout`` and
+        ``.retry`` apply to each item. At most ``max_concurrency`` items run at
+        once, on threads of the run. Every item runs to its end, and those
+        that completed are stored, even when another fails; then the first
+        failed item (by index) raises its error, as a failing step would. A
+        later run executes only the items that did not complete.
+
+        >>> from memable import Engine
+        >>> calls = []
+        >>> def resize(n: int) -> str:
+        ...     calls.append(n)
+        ...     if n == 3 and calls.count(3) == 1:
+        ...         raise OSError("disk full")
+        ...     return f"image-{n}.png"
+        >>> def thumbnails(ctx, count: int) -> list[str]:
+        ...     return ctx.step("resize:v1").map(resize, range(count), max_concurrency=4)
+        >>> engine = Engine.in_memory()
+        >>> engine.register("thumbnails", thumbnails)
+        >>> with engine:
+        ...     inv = engine.invoke("thumbnails", 5)
+        ...     print(inv.wait())
+        ...     print(engine.resume("thumbnails", inv.instance_id).result())
+        failed: step 'resize:v1[3]' failed: OSError: disk full
+        ['image-0.png', 'image-1.png', 'image-2.png', 'image-3.png', 'image-4.png']
+        >>> sorted(calls)
+        [0, 1, 2, 3, 3, 4]
+        """
+        result: list[R] = self._ctx._map_step(self, fn, items, max_concurrency)
         return result
