@@ -19,6 +19,7 @@ from ._context import Context
 from ._engine import Engine
 from ._errors import (
     AlreadyStarted,
+    ChildFailed,
     DuplicateStepKey,
     EngineError,
     InstanceFinished,
@@ -55,6 +56,7 @@ except PackageNotFoundError:  # running from a source tree that is not installed
 __all__ = [
     "AlreadyStarted",
     "Cancelled",
+    "ChildFailed",
     "Completed",
     "Context",
     "DuplicateStepKey",

@@ -11,7 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 from ._serde import store_form
-from ._store import StepWrite, Store, utcnow
+from ._store import Ended, StepWrite, Store, utcnow
 from ._validate import check_key, seconds_of
 
 
@@ -32,9 +32,10 @@ def store_signal(store: Store, workflow: str, instance_id: str, key: str, payloa
     )
 
 
-def cancel_instance(store: Store, workflow: str, instance_id: str) -> None:
-    """Mark the instance Cancelled and drop its timers (``InstanceFinished`` if it ended)."""
-    store.cancel(workflow, instance_id, now=utcnow().isoformat())
+def cancel_instance(store: Store, workflow: str, instance_id: str) -> Ended:
+    """Mark the instance and its descendants Cancelled and drop their timers
+    (``InstanceFinished`` if it ended)."""
+    return store.cancel(workflow, instance_id, now=utcnow().isoformat())
 
 
 def purge_finished(store: Store, older_than: float | timedelta) -> int:

@@ -187,6 +187,8 @@ def _show_text(view: dict[str, Any]) -> str:
     ]
     if view["status_message"]:
         lines.append(f"status     {value('status_message', view['status_message'])}")
+    if view["parent"] is not None:
+        lines.append(f"parent     {view['parent']['workflow']}/{view['parent']['instance_id']}")
     if view["owner"] is not None:
         lines.append(f"owner      {_owner_text(view['owner'])}")
     if view["in_flight"] is not None:
@@ -220,6 +222,10 @@ def _show_text(view: dict[str, Any]) -> str:
         ])]
     if view["awaiting_signals"]:
         lines += ["", "awaiting signals: " + ", ".join(view["awaiting_signals"])]
+    if view["children"]:
+        lines += ["", "children:", _table(["WORKFLOW", "ID", "STATUS"], [
+            [c["workflow"], c["instance_id"], c["status"]] for c in view["children"]
+        ])]
     if view["traceback"]:
         lines += ["", "traceback:", value("traceback", view["traceback"].rstrip("\n"))]
     return "\n".join(lines)

@@ -11,6 +11,8 @@ from typing import Any, ParamSpec, TypeVar
 import attrs
 
 from ._attempts import Attempts, NoRun, RunControl
+from ._child_steps import follow
+from ._children import ChildHost
 from ._control import Suspension
 from ._errors import DuplicateStepKey, EngineError, SignalTimeout
 from ._fan_out import check_concurrency, first_to_raise, run_items
@@ -63,8 +65,10 @@ class Context:
         run: RunControl | None = None,
         options: Options | None = None,
         flight_lock: threading.Lock | None = None,
+        children: ChildHost | None = None,
     ) -> None:
         options = options or Options()
+        self._children = children
         self._workflow = workflow
         self._instance_id = instance_id
         self._input = input
@@ -267,6 +271,69 @@ class Context:
         self._end_replay()
         waiting = self._waiting(key, "timer", stored)
         raise Suspension(key, f"timer {key}", waiting, deadline)
+
+    def child(
+        self, key: str, workflow: str, input: Any = None, *, returns: Any = None
+    ) -> Any:
+        """Run ``workflow`` as a child instance and return its output.
+
+        The child's id is ``"{this instance's id}/{key}"``: the first run to
+        reach ``key`` creates it (in the transaction that records this step,
+        of kind ``"child"``), so a crash never makes two. Until the child
+        ends, this run ends ``Suspended("child <key>")`` and holds no thread;
+        the child's end stores its output as this step's result and runs
+        this instance again. The output is rebuilt as ``returns``, else the
+        child workflow's return annotation. A child that ends Failed or
+        Cancelled raises ``ChildFailed`` here (the workflow may catch it); a
+        later run of this instance resumes a Failed child and waits again. The
+        workflow must be registered in this engine (else ``WorkflowNotFound``).
+
+        >>> from memable import Context, Engine
+        >>> def resize(ctx: Context, name: str) -> str:
+        ...     return ctx.step("resize:v1").run(lambda: f"thumbs/{name}")
+        >>> def upload(ctx: Context, name: str) -> str:
+        ...     thumb = ctx.child("thumb:v1", "resize", name)
+        ...     return f"uploaded {thumb}"
+        >>> engine = Engine.in_memory()
+        >>> engine.register("resize", resize)
+        >>> engine.register("upload", upload)
+        >>> with engine:
+        ...     print(engine.invoke("upload", "a.png", instance_id="u-1").result())
+        ...     print(engine.get_metadata("resize", "u-1/thumb:v1").parent)
+        uploaded thumbs/a.png
+        ('upload', 'u-1')
+        """
+        key = check_key(key, self._workflow, self._instance_id)
+        return follow(self, key, workflow, [input], returns=returns, group=False)[0]
+
+    def children(
+        self, key: str, workflow: str, inputs: Iterable[Any], *, returns: Any = None
+    ) -> list[Any]:
+        """Run ``workflow`` once per input as child instances; their outputs, in input order.
+
+        Child ``i`` is the step ``"{key}[{i}]"`` (kind ``"child"``) and the
+        instance ``"{this instance's id}/{key}[{i}]"``; they run side by side.
+        This run ends ``Suspended("children <key>")`` until all have ended;
+        then, if any ended Failed or Cancelled, the first by index raises
+        ``ChildFailed``. Otherwise as ``child``.
+
+        >>> from memable import Context, Engine
+        >>> def square(ctx: Context, n: int) -> int:
+        ...     return n * n
+        >>> def total(ctx: Context, n: int) -> int:
+        ...     return sum(ctx.children("squares:v1", "square", range(n)))
+        >>> engine = Engine.in_memory()
+        >>> engine.register("square", square)
+        >>> engine.register("total", total)
+        >>> with engine:
+        ...     inv = engine.invoke("total", 4)
+        ...     print(inv.result())
+        ...     print([r.key for r in engine.steps("total", inv.instance_id)])
+        14
+        ['squares:v1[0]', 'squares:v1[1]', 'squares:v1[2]', 'squares:v1[3]']
+        """
+        key = check_key(key, self._workflow, self._instance_id)
+        return follow(self, key, workflow, list(inputs), returns=returns, group=True)
 
     # ------------------------------------------------------------------ engine side
 

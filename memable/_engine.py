@@ -440,8 +440,10 @@ class Engine:
 
         A running instance stops at its next step boundary (the step in
         flight finishes and is stored); in another process, within that
-        engine's poll interval. Cancelling a Failed or Suspended instance
-        works; a Completed or Cancelled one raises ``InstanceFinished``.
+        engine's poll interval. Its children that have not ended (and theirs)
+        are cancelled with it; a cancelled child's parent gets ``ChildFailed``.
+        Cancelling a Failed or Suspended instance works; a Completed or
+        Cancelled one raises ``InstanceFinished``.
 
         >>> from memable import Cancelled, Engine, InstanceFinished
         >>> engine = Engine.in_memory()
@@ -459,8 +461,11 @@ class Engine:
         refused
         """
         self._runner.check_fork()
-        cancel_instance(self._store, name, instance_id)
-        self._runner.cancelled(name, instance_id)
+        ended = cancel_instance(self._store, name, instance_id)
+        for workflow, child_id in [(name, instance_id), *ended.cancelled]:
+            self._runner.cancelled(workflow, child_id)
+        if ended.wake is not None:  # a child cancelled: its parent goes on
+            self._runner.wake(*ended.wake)
         log.info("cancelled", extra=where(name, instance_id))
 
     def purge(self, older_than: float | timedelta) -> int:

@@ -326,3 +326,25 @@ class WorkflowFailed(EngineError):
     def __init__(self, workflow: str, instance_id: str, state: WorkflowState) -> None:
         super().__init__(f"instance ended {state}", workflow=workflow, instance_id=instance_id)
         self.state = state
+
+
+class ChildFailed(WorkflowFailed):
+    """A child workflow (``ctx.child``, ``ctx.children``) ended Failed or Cancelled.
+
+    Raised in the parent at the child's step, which the parent may catch.
+    ``workflow`` and ``instance_id`` name the child; ``state`` is its final
+    state.
+
+    >>> from memable import ChildFailed, Failed
+    >>> err = ChildFailed("resize", "order-1/thumb", Failed("boom"))
+    >>> print(err)
+    child ended failed: boom: workflow 'resize', instance 'order-1/thumb'
+    >>> isinstance(err.state, Failed)
+    True
+    """
+
+    def __init__(self, workflow: str, instance_id: str, state: WorkflowState) -> None:
+        EngineError.__init__(
+            self, f"child ended {state}", workflow=workflow, instance_id=instance_id
+        )
+        self.state = state

@@ -77,7 +77,8 @@ def _seconds_between(start: str | None, end: str | None) -> float | None:
 def show_instance(
     store: Store, workflow: str, instance_id: str, *, full: bool = False
 ) -> dict[str, Any]:
-    """One instance: its row, owner, step in flight, steps, pending timers and awaited signals.
+    """One instance: its row, owner, step in flight, steps, pending timers, awaited signals,
+    parent and children.
 
     Values longer than ``CUT`` characters of JSON are cut unless ``full``:
     the view holds the first ``CUT`` characters of their JSON text instead,
@@ -109,6 +110,13 @@ def show_instance(
     )
     view["timers"] = [{"key": key, "due": _due(deadline)} for key, deadline in found.timers]
     view["awaiting_signals"] = found.awaiting
+    view["parent"] = (
+        {"workflow": row.parent_workflow, "instance_id": row.parent_id}
+        if row.parent_workflow is not None else None
+    )
+    view["children"] = [
+        {"workflow": w, "instance_id": i, "status": status} for w, i, status in found.children
+    ]
     view["cut"] = {} if full else _cut_large(view)
     return view
 

@@ -23,10 +23,11 @@ import attrs
 import psycopg
 from psycopg.rows import dict_row
 
+from . import _children_sql as children_sql
 from . import _liveness
 from . import _postgres_schema as schema_
 from . import _postgres_sql as sql
-from ._control import LostInstance
+from ._control import LostInstance, RunCancelled
 from ._errors import InstanceFinished, InstanceNotFound, SignalRejected, key_taken
 from ._options import Synchronous
 from ._postgres_conn import NOT_DONE, Connections
@@ -35,6 +36,7 @@ from ._records import StatusName, StepRecord
 from ._store import (
     TERMINAL,
     Claim,
+    Ended,
     InstanceRow,
     Look,
     RunSnapshot,
@@ -83,6 +85,11 @@ class PostgresStore(OperatorReads):
     def _owns(self, conn: psycopg.Connection[Any], workflow: str, instance_id: str) -> bool:
         row = conn.execute(sql.CHECK_RUN, (workflow, instance_id)).fetchone()
         return row is not None and row[1] == self.owner
+
+    @staticmethod
+    def _pg_execute(conn: psycopg.Connection[Any]) -> children_sql.Execute:
+        """Run the shared child SQL (``:name`` parameters) on ``conn``."""
+        return lambda text, params: conn.execute(children_sql.pg(text), params)
 
     def _notify(self, conn: psycopg.Connection[Any], text: str) -> None:
         """Tell every engine listening on this store, when the transaction commits."""
@@ -253,25 +260,37 @@ class PostgresStore(OperatorReads):
         waiting_for: str | None = None,
         traceback: str | None = None,
         now: str,
-    ) -> bool:
+    ) -> Ended:
         text, tag = output if output is not None else (None, None)
         where = {"workflow": workflow, "instance_id": instance_id, "me": self.owner}
         params = {**where, "status": status, "message": message, "output": text,
                   "output_type": tag, "waiting_for": waiting_for, "at": now,
                   "traceback": traceback, "completed_at": now if status in TERMINAL else None}
 
-        def record(conn: psycopg.Connection[Any]) -> bool:
-            if conn.execute(sql.FINISH, params).rowcount == 1:
-                return True
-            conn.execute(sql.RELEASE, where)  # cancelled meanwhile: let go of it all the same
-            return False
+        def record(conn: psycopg.Connection[Any]) -> Ended:
+            # A child's end then locks its parent's row: a cancel that cascades
+            # locks them the other way round, and one of the two is retried.
+            parent = conn.execute(sql.FINISH, params).fetchone()
+            if parent is None:
+                conn.execute(sql.RELEASE, where)  # cancelled meanwhile: let go of it all the same
+                return Ended(recorded=False)
+            wake = children_sql.settle_parent(
+                self._pg_execute(conn), tuple(parent), status=status, message=message,
+                output=output, at=now, lock=children_sql.LOCK_PARENT,
+            )
+            if wake is not None:
+                self._notify(conn, payload("signal", self.owner, *wake))
+            return Ended(wake=wake)
 
         def read_back(conn: psycopg.Connection[Any]) -> object:
             row = conn.execute(sql.SELECT_INSTANCE, (workflow, instance_id)).fetchone()
             found = None if row is None else InstanceRow(*row)
             if found is None or found.owner == self.owner:
                 return NOT_DONE
-            return found.status == status and found.updated_at == now
+            if found.status != status or found.updated_at != now:
+                return Ended(recorded=False)
+            # Recorded; whether it made its parent ready is not known: the poll finds that.
+            return Ended()
 
         return self._run(f"record the run as {status}", record, workflow, instance_id,
                          read_back=read_back)
@@ -326,28 +345,79 @@ class PostgresStore(OperatorReads):
 
         return self._run("fire due timers", fire, transaction=False)
 
-    def cancel(self, workflow: str, instance_id: str, *, now: str) -> None:
-        def cancel_it(conn: psycopg.Connection[Any]) -> None:
+    def cancel(self, workflow: str, instance_id: str, *, now: str) -> Ended:
+        def cancel_it(conn: psycopg.Connection[Any]) -> Ended:
             found = conn.execute(sql.LOCK_INSTANCE, (workflow, instance_id)).fetchone()
             if found is None:
                 raise InstanceNotFound(workflow, instance_id)
             if found[0] in ("completed", "cancelled"):
                 raise InstanceFinished(workflow, instance_id, f"it is {found[0]}")
-            # The owner stays: a run in flight stores its current step, then stops.
-            conn.execute(sql.CANCEL, (now, now, workflow, instance_id))
-            conn.execute(
-                "DELETE FROM timers WHERE workflow = %s AND instance_id = %s",
-                (workflow, instance_id),
+            execute = self._pg_execute(conn)
+            where = {"workflow": workflow, "instance_id": instance_id}
+            descendants = [(w, i) for w, i in execute(children_sql.DESCENDANTS, where)]
+            # The owners stay: a run in flight stores its current step, then stops.
+            for w, i in [(workflow, instance_id), *descendants]:
+                conn.execute(sql.CANCEL, (now, now, w, i))
+                conn.execute(
+                    "DELETE FROM timers WHERE workflow = %s AND instance_id = %s", (w, i)
+                )
+                self._notify(conn, payload("cancel", self.owner, w, i))
+            parent = execute(children_sql.PARENT_OF, where).fetchone()
+            wake = children_sql.settle_parent(
+                execute, tuple(parent), status="cancelled", message="cancelled", output=None,
+                at=now, lock=children_sql.LOCK_PARENT,
             )
-            self._notify(conn, payload("cancel", self.owner, workflow, instance_id))
+            if wake is not None:
+                self._notify(conn, payload("signal", self.owner, *wake))
+            return Ended(wake=wake, cancelled=descendants)
 
         def read_back(conn: psycopg.Connection[Any]) -> object:
             row = conn.execute(sql.SELECT_INSTANCE, (workflow, instance_id)).fetchone()
             found = None if row is None else InstanceRow(*row)
             done = found is not None and found.status == "cancelled" and found.updated_at == now
-            return None if done else NOT_DONE
+            return Ended() if done else NOT_DONE
 
-        self._run("cancel the instance", cancel_it, workflow, instance_id, read_back=read_back)
+        return self._run(
+            "cancel the instance", cancel_it, workflow, instance_id, read_back=read_back
+        )
+
+    def start_children(self, waits: list[StepWrite], rows: list[InstanceRow]) -> list[str]:
+        if not rows:
+            return []
+        workflow, instance_id = waits[0].workflow, waits[0].instance_id
+
+        def start(conn: psycopg.Connection[Any]) -> list[str]:
+            found = conn.execute(sql.LOCK_INSTANCE, (workflow, instance_id)).fetchone()
+            if found is None or found[1] != self.owner:
+                raise LostInstance(workflow, instance_id)
+            if found[0] != "running":
+                raise RunCancelled()
+            with conn.cursor() as cursor:
+                cursor.executemany(
+                    sql.INSERT_WAITING, [step_params(wait, self.owner) for wait in waits]
+                )
+            ids = [row.instance_id for row in rows]
+            template = rows[0]
+            created = conn.execute(sql.INSERT_CHILDREN, {
+                "workflow": template.workflow, "at": template.created_at, "me": self.owner,
+                "parent_workflow": template.parent_workflow, "parent_id": template.parent_id,
+                "parent_group": template.parent_group, "ids": ids,
+                "inputs": [row.input for row in rows],
+                "types": [row.input_type for row in rows],
+                "keys": [row.parent_key for row in rows],
+            }).fetchall()
+            return [child_id for (child_id,) in created]
+
+        def read_back(conn: psycopg.Connection[Any]) -> object:
+            # The children a lost commit created cannot be told from ones that were
+            # there: none is started here, and recovery runs them (their owner is us,
+            # running, and the poll's "mine, not running here" finds them).
+            return []
+
+        return self._run(
+            "start the children", start, workflow, instance_id, waits[0].key,
+            read_back=read_back,
+        )
 
     def purge(self, completed_before: str) -> int:
         # Not one still owned: a run cancelled in flight stores its last step first.

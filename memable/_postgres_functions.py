@@ -46,7 +46,7 @@ BEGIN
     END IF;
     UPDATE instances SET status = 'running', message = NULL, waiting_for = NULL,
         owner = p_me, updated_at = p_at, completed_at = NULL, traceback = NULL,
-        step_key = NULL, step_started = NULL
+        step_key = NULL, step_started = NULL, children_pending = NULL
     WHERE workflow = p_workflow AND instance_id = p_instance AND CASE p_claim
         WHEN 'wake' THEN status = 'suspended'
         WHEN 'resume' THEN status <> 'cancelled' AND (status <> 'running' OR {_OWNER_FREE})
@@ -104,18 +104,26 @@ CREATE OR REPLACE FUNCTION memable_suspend(
 LANGUAGE plpgsql AS $fn$
 DECLARE
     v_status text; v_owner text; v_kind text; v_state text; v_found boolean;
-    v_ready boolean; v_had boolean;
+    v_ready boolean; v_had boolean; v_pending integer;
 BEGIN
     SELECT status, owner INTO v_status, v_owner FROM instances
     WHERE workflow = p_workflow AND instance_id = p_instance FOR UPDATE;
     IF NOT FOUND OR v_owner IS DISTINCT FROM p_me THEN outcome := 'lost'; RETURN; END IF;
     -- Cancelled meanwhile: arm nothing, write nothing.
     IF v_status <> 'running' THEN outcome := 'stopped'; RETURN; END IF;
+    IF p_kind = 'children' THEN
+        -- A group of children: no row of its own; ready once none is pending.
+        SELECT count(*) INTO v_pending FROM steps
+        WHERE workflow = p_workflow AND instance_id = p_instance AND kind = 'child'
+        AND state = 'waiting' AND substr(key, 1, length(p_key) + 1) = p_key || '[';
+        v_ready := v_pending = 0;
+    ELSE  -- a key of its own (this branch ends before "go on at once")
     SELECT kind, state INTO v_kind, v_state FROM steps
     WHERE workflow = p_workflow AND instance_id = p_instance AND key = p_key;
     v_found := FOUND;
     IF v_found AND v_kind <> p_kind THEN outcome := 'kind ' || v_kind; RETURN; END IF;
-    v_ready := v_found AND v_state IN ('completed', 'timed_out');
+    v_ready := v_found AND (v_state IN ('completed', 'timed_out')
+                            OR (v_kind = 'child' AND v_state = 'failed'));
     IF NOT v_ready AND p_deadline IS NOT NULL THEN
         -- The first arming sets the deadline; runs after it do not move it.
         SELECT deadline INTO armed FROM timers
@@ -162,6 +170,7 @@ BEGIN
             state = 'waiting', result = excluded.result
         WHERE steps.state = 'failed' AND steps.kind = excluded.kind;
     END IF;
+    END IF;
     IF v_ready THEN  -- go on at once: the instance stays running, and ours
         PERFORM set_config('synchronous_commit', 'off', true);
         outcome := 'ready';
@@ -171,7 +180,7 @@ BEGIN
         RETURN;
     END IF;
     UPDATE instances SET status = 'suspended', message = p_message, waiting_for = p_key,
-        owner = NULL, updated_at = p_at
+        children_pending = v_pending, owner = NULL, updated_at = p_at
     WHERE workflow = p_workflow AND instance_id = p_instance AND owner = p_me
     AND status = 'running';
     outcome := 'waiting';

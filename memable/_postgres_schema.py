@@ -20,12 +20,22 @@ from ._options import Synchronous
 from ._postgres_functions import FUNCTIONS
 
 #: The schema version this code writes (the SQLite store's columns, in PostgreSQL).
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 #: Seconds to wait for the server unless the URL's ``connect_timeout`` says.
 CONNECT_TIMEOUT = 10
 SCHEMES = ("postgresql://", "postgres://")
 
-_TABLES = """
+#: Version 2: a child instance knows its parent; a parent counts the children it
+#: waits for (as on SQLite, schema version 7).
+_V2 = """
+ALTER TABLE instances ADD COLUMN IF NOT EXISTS parent_workflow text,
+    ADD COLUMN IF NOT EXISTS parent_id text, ADD COLUMN IF NOT EXISTS parent_key text,
+    ADD COLUMN IF NOT EXISTS parent_group text,
+    ADD COLUMN IF NOT EXISTS children_pending integer;
+CREATE INDEX IF NOT EXISTS instances_by_parent ON instances (parent_workflow, parent_id)
+    WHERE parent_id IS NOT NULL;
+"""
+_TABLES = f"""
 CREATE TABLE IF NOT EXISTS instances (
     workflow text NOT NULL, instance_id text NOT NULL, status text NOT NULL, message text,
     input text NOT NULL, input_type text, output text, output_type text,
@@ -33,6 +43,7 @@ CREATE TABLE IF NOT EXISTS instances (
     waiting_for text, owner text, status_message text, step_key text, step_started text,
     traceback text,
     PRIMARY KEY (workflow, instance_id));
+{_V2}
 CREATE INDEX IF NOT EXISTS instances_by_workflow ON instances (workflow, created_at);
 CREATE INDEX IF NOT EXISTS instances_by_status ON instances (status);
 CREATE INDEX IF NOT EXISTS instances_by_owner ON instances (owner) WHERE owner IS NOT NULL;
@@ -184,3 +195,7 @@ def prepare(conn: Any, schema: str, where: str, *, create: bool) -> None:
                 f"{where} schema {schema!r} has memable schema version {version}, newer than "
                 f"this memable understands ({SCHEMA_VERSION}); upgrade memable to open it"
             )
+        if version < SCHEMA_VERSION:  # migrate, and replace the functions with this code's
+            conn.execute(_V2)
+            conn.execute(FUNCTIONS)
+            conn.execute("UPDATE schema_version SET version = %s", (SCHEMA_VERSION,))

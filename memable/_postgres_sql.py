@@ -13,6 +13,7 @@ clocks differ agree on them.
 from __future__ import annotations
 
 from . import _sqlite_sql
+from ._children_sql import pg
 from ._schema import INSTANCE_COLUMNS
 
 #: The server's clock, as seconds since the epoch: what leases are judged by.
@@ -45,6 +46,19 @@ INSERT_INSTANCE = (
     f"VALUES ({', '.join(['%s'] * len(INSTANCE_COLUMNS))}) ON CONFLICT DO NOTHING"
 )
 CHECK_RUN = "SELECT status, owner FROM instances WHERE workflow = %s AND instance_id = %s"
+# Children of one workflow and parent, running and owned by this engine; those
+# whose id exists are left as they are. Returns the ids created.
+INSERT_CHILDREN = """
+INSERT INTO instances (workflow, instance_id, status, input, input_type, created_at,
+                       updated_at, owner, parent_workflow, parent_id, parent_key, parent_group)
+SELECT %(workflow)s, c.id, 'running', c.input, c.input_type, %(at)s, %(at)s, %(me)s,
+       %(parent_workflow)s, %(parent_id)s, c.key, %(parent_group)s
+FROM unnest(%(ids)s::text[], %(inputs)s::text[], %(types)s::text[], %(keys)s::text[])
+    AS c(id, input, input_type, key)
+ON CONFLICT DO NOTHING RETURNING instance_id
+"""
+# A parent's child steps, waiting (a failed one turns waiting: its child is resumed).
+INSERT_WAITING = pg(_sqlite_sql.INSERT_WAITING)
 # The instance row, locked against a takeover until this transaction commits.
 OWNED_ROW = (
     "SELECT 1 FROM instances WHERE workflow = %(workflow)s "
@@ -74,9 +88,12 @@ FINISH = (
     "UPDATE instances SET status = %(status)s, message = %(message)s, output = %(output)s, "
     "output_type = %(output_type)s, waiting_for = %(waiting_for)s, owner = NULL, "
     "updated_at = %(at)s, completed_at = %(completed_at)s, traceback = %(traceback)s, "
-    "step_key = NULL, step_started = NULL "
+    "step_key = NULL, step_started = NULL, "
+    # A run released at a wait it may go past (the engine stopped): ready, for the poll.
+    "children_pending = CASE WHEN %(status)s = 'suspended' THEN 0 END "
     "WHERE workflow = %(workflow)s AND instance_id = %(instance_id)s "
-    "AND owner = %(me)s AND status = 'running'"
+    "AND owner = %(me)s AND status = 'running' "
+    "RETURNING parent_workflow, parent_id, parent_key, parent_group"
 )
 RELEASE = (
     "UPDATE instances SET owner = NULL WHERE workflow = %(workflow)s "
@@ -99,7 +116,8 @@ SELECT workflow, instance_id, key FROM due
 """
 CANCEL = (
     "UPDATE instances SET status = 'cancelled', message = NULL, waiting_for = NULL, "
-    "updated_at = %s, completed_at = %s WHERE workflow = %s AND instance_id = %s"
+    "children_pending = NULL, updated_at = %s, completed_at = %s "
+    "WHERE workflow = %s AND instance_id = %s"
 )
 SET_STATUS = (
     "UPDATE instances SET status_message = %s WHERE workflow = %s AND instance_id = %s "

@@ -136,10 +136,12 @@ class WorkflowMetadata:
     created_at: datetime
     updated_at: datetime
     completed_at: datetime | None = None
+    #: ``(workflow, instance_id)`` of the instance that started this one as a child, or None.
+    parent: tuple[str, str] | None = None
 
 
 #: Kinds of stored keys.
-StepKind = Literal["step", "signal", "timer"]
+StepKind = Literal["step", "signal", "timer", "child"]
 #: States of stored keys.
 StepState = Literal["completed", "failed", "waiting", "timed_out"]
 

@@ -11,8 +11,10 @@ import attrs
 
 from ._context import Context
 from ._control import Suspension
-from ._invocation import Watch
-from ._store import Claim, RunSnapshot
+from ._invocation import Watch, state_of
+from ._log import log, where
+from ._states import Failed, Suspended, WorkflowState
+from ._store import Claim, RunSnapshot, Store, utcnow
 from ._workflow import Workflow
 
 
@@ -56,3 +58,35 @@ class Run:
 def new_instance_id() -> str:
     """A time-ordered, random instance id (lists read oldest first)."""
     return f"{int(time.time() * 1000):013d}-{secrets.token_hex(6)}"
+
+
+def release(store: Store, run: Run) -> WorkflowState | None:
+    """The engine stopped before a run could go on past a satisfied wait: let go.
+
+    The instance is stored suspended on that key, which is complete, and
+    marked ready (``children_pending`` 0), so the next engine's poll runs it on.
+    """
+    waited = run.waited
+    assert waited is not None
+    try:
+        store.finish(
+            run.workflow.name, run.instance_id, status="suspended",
+            message=waited.message, waiting_for=waited.key, now=utcnow().isoformat(),
+        )
+    except BaseException:
+        log.exception("could not release the instance",
+                      extra=where(run.workflow.name, run.instance_id))
+        return None
+    return Suspended(waited.message)
+
+
+def stored_state(store: Store, run: Run) -> WorkflowState | None:
+    """What the store says of an instance this run no longer holds.
+
+    None while it is running (another engine has it): the run's watchers
+    then follow the instance in the store, whichever engine ends it.
+    """
+    row = store.get_instance(run.workflow.name, run.instance_id)
+    if row is None:
+        return Failed("the instance vanished")
+    return None if row.status == "running" else state_of(row)

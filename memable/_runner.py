@@ -19,6 +19,7 @@ import attrs
 
 from ._attempts import traceback_of
 from ._background import BackgroundThread
+from ._children import Children
 from ._context import Context
 from ._control import EngineStopping, LostInstance, RunCancelled, Suspension
 from ._errors import (
@@ -35,7 +36,8 @@ from ._invocation import Watch, state_of
 from ._log import log, where
 from ._options import Options
 from ._records import StatusName
-from ._run import Run
+from ._run import Run, stored_state
+from ._run import release as release_instance
 from ._serde import decode_for, store_form
 from ._states import Cancelled, Completed, Failed, Suspended, WorkflowState
 from ._store import Claim, RunSnapshot, StepWrite, Store, utcnow
@@ -77,6 +79,8 @@ class Runner:
         self._background: BackgroundThread | None = None
         self._next_heartbeat = 0.0  # wall clock; the background thread's alone
         self._fork = ForkGuard()  # nothing here works in a forked child
+        #: What runs need to start and follow children.
+        self.children = Children(self.workflows, store, self.submit)
 
     # ------------------------------------------------------------------ guards
 
@@ -270,6 +274,14 @@ class Runner:
         watch.begin()
         return run
 
+    def submit(
+        self, workflow: Workflow, instance_id: str, fresh_input: tuple[Any] | None
+    ) -> None:
+        """Run an instance here (a child a run starts or resumes) while the engine is started."""
+        with self._lock:
+            if self.phase == "started":
+                self._submit(workflow, instance_id, fresh_input, "resume")
+
     def wake(self, name: str, instance_id: str, claim: Claim = "wake") -> None:
         """A key the instance may wait on completed (or its owner died): run it.
 
@@ -426,31 +438,12 @@ class Runner:
                 # A signal or timer arrived while it ran: go on right away.
                 self._submit(run.workflow, run.instance_id, None, "wake")
         if release:
-            state = self._release(run)
+            state = release_instance(self.store, run)
         run.watch.finish(state, run.output)
         with self._lock:
             if not self._active and not self._firing:
                 self._idle.notify_all()
         return follow
-
-    def _release(self, run: Run) -> WorkflowState | None:
-        """The engine stopped before a run could go on past a satisfied wait: let go.
-
-        The instance is stored suspended on that key, which is complete, so
-        the next engine's poll runs it on.
-        """
-        waited = run.waited
-        assert waited is not None
-        try:
-            self.store.finish(
-                run.workflow.name, run.instance_id, status="suspended",
-                message=waited.message, waiting_for=waited.key, now=utcnow().isoformat(),
-            )
-        except BaseException:
-            log.exception("could not release the instance",
-                          extra=where(run.workflow.name, run.instance_id))
-            return None
-        return Suspended(waited.message)
 
     def _run_workflow(self, run: Run) -> WorkflowState | None:
         """Run the workflow function once; the state it ended in (None: not ended here)."""
@@ -485,7 +478,7 @@ class Runner:
         ctx = Context(
             workflow=name, instance_id=instance_id, input=input_value, store=self.store,
             memo=memo, publish=run.watch.publish, run=run, options=self.options,
-            flight_lock=self._lock,
+            flight_lock=self._lock, children=self.children,
         )
         run.ctx = ctx
         log.info("running", extra=where(name, instance_id))
@@ -536,12 +529,12 @@ class Runner:
             recorded = self.store.suspend(waiting, message, deadline, self.clock.wall())
         except LostInstance:
             log.warning("run stopped: the instance was taken over by another engine", extra=at)
-            return self._stored_state(run)
+            return stored_state(self.store, run)
         except InvalidKey as exc:  # the key is stored as another kind
             return self._fail(run, f"step {waiting.key!r} failed: {type(exc).__name__}: {exc}",
                               waiting.key)
         if recorded.outcome == "stopped":
-            return self._stored_state(run)
+            return stored_state(self.store, run)
         if recorded.outcome == "ready":
             run.go_on = recorded.snapshot  # _execute starts the next run from it
             run.waited = suspension or Suspension(waiting.key, message, waiting, deadline)
@@ -550,17 +543,6 @@ class Runner:
             self.armed()
         log.info("suspended: %s", message, extra=at)
         return Suspended(message)
-
-    def _stored_state(self, run: Run) -> WorkflowState | None:
-        """What the store says of an instance this run no longer holds.
-
-        None while it is running (another engine has it): the run's watchers
-        then follow the instance in the store, whichever engine ends it.
-        """
-        row = self.store.get_instance(run.workflow.name, run.instance_id)
-        if row is None:
-            return Failed("the instance vanished")
-        return None if row.status == "running" else state_of(row)
 
     def _finish(
         self,
@@ -573,12 +555,14 @@ class Runner:
         traceback: str | None = None,
     ) -> WorkflowState | None:
         """Record how the run ended; if the instance is no longer ours, report what is stored."""
-        recorded = self.store.finish(
+        ended = self.store.finish(
             run.workflow.name, run.instance_id, status=status, message=message,
             output=output, traceback=traceback, now=utcnow().isoformat(),
         )
-        if not recorded:
-            return self._stored_state(run)
+        if not ended.recorded:
+            return stored_state(self.store, run)
+        if ended.wake is not None:  # a child's end: its parent goes on
+            self.wake(*ended.wake)
         run.output = output  # result() decodes it without reading the row back
         return state
 

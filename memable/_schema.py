@@ -19,7 +19,7 @@ from ._errors import StorageError
 from ._options import Synchronous
 
 #: The schema this code writes; ``PRAGMA user_version`` of every store.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 #: Seconds a statement waits for another process's lock before failing.
 BUSY_TIMEOUT = 10.0
 
@@ -44,12 +44,24 @@ INSTANCE_COLUMNS: dict[str, type] = {
     "step_key": str,
     "step_started": str,
     "traceback": str,
+    # v7: the parent of a child instance (its workflow, id, the key of its step
+    # in the parent, and the group of ``ctx.children`` it belongs to), and how
+    # many children a parent suspended on a group still waits for
+    "parent_workflow": str,
+    "parent_id": str,
+    "parent_key": str,
+    "parent_group": str,
+    "children_pending": int,
 }
+#: Columns added after version 1 (a file must show the others before we migrate it).
+_LATER_INSTANCE_COLUMNS = (
+    "waiting_for", "owner", "status_message", "step_key", "step_started", "traceback",
+    "parent_workflow", "parent_id", "parent_key", "parent_group", "children_pending",
+)
 #: Columns every store has had since version 1: what a file must show before
 #: we migrate it.
 V1_INSTANCE_COLUMNS = {
-    c: t for c, t in INSTANCE_COLUMNS.items()
-    if c not in ("waiting_for", "owner", "status_message", "step_key", "step_started", "traceback")
+    c: t for c, t in INSTANCE_COLUMNS.items() if c not in _LATER_INSTANCE_COLUMNS
 }
 STEP_COLUMNS: dict[str, type] = {
     "workflow": str,
@@ -151,6 +163,16 @@ def migrate_to_6(db: sqlite_utils.Database) -> None:
     db["steps"].add_column("traceback", str)  # type: ignore[union-attr]
 
 
+def migrate_to_7(db: sqlite_utils.Database) -> None:
+    """Child instances know their parent; a parent counts the children it waits for."""
+    for column in ("parent_workflow", "parent_id", "parent_key", "parent_group"):
+        db["instances"].add_column(column, str)  # type: ignore[union-attr]
+    db["instances"].add_column("children_pending", int)  # type: ignore[union-attr]
+    db["instances"].create_index(  # type: ignore[union-attr]
+        ["parent_workflow", "parent_id"], index_name="instances_by_parent"
+    )
+
+
 #: Migration to version N is MIGRATIONS[N - 1]; all run in the opening transaction.
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     migrate_to_1,
@@ -159,6 +181,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     migrate_to_4,
     migrate_to_5,
     migrate_to_6,
+    migrate_to_7,
 ]
 
 

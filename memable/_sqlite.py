@@ -27,14 +27,13 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from datetime import datetime
 from typing import Any
 
 import attrs
 
-from . import _liveness
+from . import _children_sql as children_sql
 from . import _sqlite_sql as sql
-from ._control import LostInstance
+from ._control import LostInstance, RunCancelled
 from ._errors import (
     InstanceFinished,
     SignalRejected,
@@ -45,26 +44,27 @@ from ._group_commit import GroupCommit
 from ._options import Synchronous
 from ._records import StatusName, StepRecord
 from ._schema import open_store
+from ._sqlite_owners import SQLiteOwners
 from ._sqlite_watch import run_checks
 from ._store import (
     ROWS,
-    SETTLED,
     TERMINAL,
     Claim,
+    Ended,
     InstanceRow,
-    Look,
     RunSnapshot,
     StepWrite,
     StoredStep,
     Suspend,
     fired_now,
+    settled,
     step_params,
     step_record,
 )
 from ._store_reads import OperatorReads
 
 
-class SQLiteStore(OperatorReads):
+class SQLiteStore(SQLiteOwners, OperatorReads):
     """A memable store in one SQLite file, or in memory when ``path`` is None."""
 
     def __init__(
@@ -151,7 +151,7 @@ class SQLiteStore(OperatorReads):
             found = conn.execute(
                 "UPDATE instances SET status = 'running', message = NULL, waiting_for = NULL, "
                 "owner = :me, updated_at = :at, completed_at = NULL, traceback = NULL, "
-                "step_key = NULL, step_started = NULL "
+                "step_key = NULL, step_started = NULL, children_pending = NULL "
                 "WHERE workflow = :workflow AND instance_id = :instance_id "
                 f"AND {sql.CLAIMS[claim]} RETURNING {sql.INSTANCE_RETURNING}",
                 {"me": self.owner, "at": now, "now": sql.wall_of(now), "workflow": workflow,
@@ -252,6 +252,8 @@ class SQLiteStore(OperatorReads):
                 raise LostInstance(workflow, instance_id)
             if state[0] != "running":  # cancelled meanwhile: arm nothing, write nothing
                 return Suspend("stopped")
+            if waiting.kind == "children":  # a group: no row of its own, a count
+                return self._suspend_on_group(conn, waiting, message)
             stored = conn.execute(sql.SELECT_STEP, (workflow, instance_id, key)).fetchone()
             step = None if stored is None else StoredStep(*stored)
             if step is not None and step.kind != waiting.kind:
@@ -259,7 +261,7 @@ class SQLiteStore(OperatorReads):
             armed = None
             if waiting.kind == "step":  # a retry backoff: the failed row turns waiting
                 conn.execute(sql.INSERT_WAITING, step_params(waiting, self.owner))
-            ready = step is not None and step.state in SETTLED
+            ready = step is not None and settled(step.kind, step.state)
             if not ready and deadline is not None:
                 # The first arming sets the deadline; runs after it do not move it.
                 row = conn.execute(
@@ -286,23 +288,47 @@ class SQLiteStore(OperatorReads):
             if not ready and waiting.kind != "step":
                 conn.execute(sql.INSERT_WAITING, step_params(waiting, self.owner))
             if ready:  # go on at once: the instance stays running, and ours
-                steps = conn.execute(sql.SELECT_RUN_STEPS, (workflow, instance_id)).fetchall()
-                instance = conn.execute(sql.SELECT_INSTANCE, (workflow, instance_id)).fetchone()
-                memo = {s[0]: StoredStep(*s) for s in steps}
-                return Suspend("ready", snapshot=RunSnapshot(InstanceRow(*instance), memo))
-            suspended = conn.execute(
-                "UPDATE instances SET status = 'suspended', message = ?, waiting_for = ?, "
-                "owner = NULL, updated_at = ? WHERE workflow = ? AND instance_id = ? "
-                "AND owner = ? AND status = 'running'",
-                (message, key, waiting.at, workflow, instance_id, self.owner),
-            ).rowcount
-            if not suspended:  # cancelled meanwhile
-                return Suspend("stopped")
-            return Suspend("waiting", deadline=armed)
+                return self._go_on(conn, workflow, instance_id)
+            return self._suspended(conn, waiting, message, None, armed)
 
         return self._grouped(
             "record the suspension", workflow, instance_id, key, record, changes="instance"
         )
+
+    def _suspend_on_group(
+        self, conn: sqlite3.Connection, waiting: StepWrite, message: str
+    ) -> Suspend:
+        """Suspend on the children of group ``waiting.key``, unless none is pending."""
+        workflow, instance_id = waiting.workflow, waiting.instance_id
+        prefix = f"{waiting.key}["
+        pending = conn.execute(children_sql.PENDING_IN_GROUP, {
+            "workflow": workflow, "instance_id": instance_id, "n": len(prefix),
+            "prefix": prefix,
+        }).fetchone()[0]
+        if not pending:
+            return self._go_on(conn, workflow, instance_id)
+        return self._suspended(conn, waiting, message, int(pending), None)
+
+    def _go_on(self, conn: sqlite3.Connection, workflow: str, instance_id: str) -> Suspend:
+        steps = conn.execute(sql.SELECT_RUN_STEPS, (workflow, instance_id)).fetchall()
+        instance = conn.execute(sql.SELECT_INSTANCE, (workflow, instance_id)).fetchone()
+        memo = {s[0]: StoredStep(*s) for s in steps}
+        return Suspend("ready", snapshot=RunSnapshot(InstanceRow(*instance), memo))
+
+    def _suspended(
+        self, conn: sqlite3.Connection, waiting: StepWrite, message: str,
+        pending: int | None, armed: float | None,
+    ) -> Suspend:
+        suspended = conn.execute(
+            "UPDATE instances SET status = 'suspended', message = ?, waiting_for = ?, "
+            "children_pending = ?, owner = NULL, updated_at = ? WHERE workflow = ? "
+            "AND instance_id = ? AND owner = ? AND status = 'running'",
+            (message, waiting.key, pending, waiting.at, waiting.workflow, waiting.instance_id,
+             self.owner),
+        ).rowcount
+        if not suspended:  # cancelled meanwhile
+            return Suspend("stopped")
+        return Suspend("waiting", deadline=armed)
 
     def _fire(self, conn: sqlite3.Connection, due: list[tuple[str, str, str]], at: str) -> None:
         for workflow, instance_id, key in due:
@@ -328,30 +354,37 @@ class SQLiteStore(OperatorReads):
         waiting_for: str | None = None,
         traceback: str | None = None,
         now: str,
-    ) -> bool:
+    ) -> Ended:
         text, tag = output if output is not None else (None, None)
         where = {"workflow": workflow, "instance_id": instance_id, "me": self.owner}
 
-        def record(conn: sqlite3.Connection) -> bool:
-            done = conn.execute(
+        def record(conn: sqlite3.Connection) -> Ended:
+            parent = conn.execute(
                 "UPDATE instances SET status = :status, message = :message, output = :output, "
                 "output_type = :output_type, waiting_for = :waiting_for, owner = NULL, "
                 "updated_at = :at, completed_at = :completed_at, traceback = :traceback, "
-                "step_key = NULL, step_started = NULL "
+                "step_key = NULL, step_started = NULL, "
+                "children_pending = CASE WHEN :status = 'suspended' THEN 0 END "
                 "WHERE workflow = :workflow AND instance_id = :instance_id "
-                "AND owner = :me AND status = 'running'",
+                "AND owner = :me AND status = 'running' "
+                "RETURNING parent_workflow, parent_id, parent_key, parent_group",
                 {**where, "status": status, "message": message, "output": text,
                  "output_type": tag, "waiting_for": waiting_for, "at": now,
                  "traceback": traceback,
                  "completed_at": now if status in TERMINAL else None},
-            ).rowcount == 1
-            if not done:  # cancelled meanwhile: let go of it all the same
+            ).fetchone()
+            if parent is None:  # cancelled meanwhile: let go of it all the same
                 conn.execute(
                     "UPDATE instances SET owner = NULL WHERE workflow = :workflow "
                     "AND instance_id = :instance_id AND owner = :me",
                     where,
                 )
-            return done
+                return Ended(recorded=False)
+            wake = children_sql.settle_parent(
+                conn.execute, tuple(parent), status=status, message=message, output=output,
+                at=now,
+            )
+            return Ended(wake=wake)
 
         return self._grouped(
             f"record the run as {status}", workflow, instance_id, None, record,
@@ -428,24 +461,59 @@ class SQLiteStore(OperatorReads):
 
         return self._grouped("fire due timers", None, None, None, fire)
 
-    def cancel(self, workflow: str, instance_id: str, *, now: str) -> None:
-        def cancel_it(conn: sqlite3.Connection) -> None:
+    def cancel(self, workflow: str, instance_id: str, *, now: str) -> Ended:
+        def cancel_it(conn: sqlite3.Connection) -> Ended:
             status = sql.status_of(conn, workflow, instance_id)
             if status in ("completed", "cancelled"):
                 raise InstanceFinished(workflow, instance_id, f"it is {status}")
-            # The owner stays: a run in flight stores its current step, then stops.
-            conn.execute(
-                "UPDATE instances SET status = 'cancelled', message = NULL, waiting_for = NULL, "
-                "updated_at = ?, completed_at = ? WHERE workflow = ? AND instance_id = ?",
-                (now, now, workflow, instance_id),
+            where = {"workflow": workflow, "instance_id": instance_id}
+            descendants = [
+                (w, i) for w, i in conn.execute(children_sql.DESCENDANTS, where).fetchall()
+            ]
+            # The owners stay: a run in flight stores its current step, then stops.
+            for w, i in [(workflow, instance_id), *descendants]:
+                conn.execute(
+                    "UPDATE instances SET status = 'cancelled', message = NULL, "
+                    "waiting_for = NULL, children_pending = NULL, updated_at = ?, "
+                    "completed_at = ? WHERE workflow = ? AND instance_id = ?",
+                    (now, now, w, i),
+                )
+                conn.execute("DELETE FROM timers WHERE workflow = ? AND instance_id = ?", (w, i))
+            parent = conn.execute(children_sql.PARENT_OF, where).fetchone()
+            wake = children_sql.settle_parent(
+                conn.execute, tuple(parent), status="cancelled", message="cancelled",
+                output=None, at=now,
             )
-            conn.execute(
-                "DELETE FROM timers WHERE workflow = ? AND instance_id = ?",
-                (workflow, instance_id),
-            )
+            return Ended(wake=wake, cancelled=descendants)
 
-        self._grouped(
-            "cancel the instance", workflow, instance_id, None, cancel_it, changes="instance"
+        return self._grouped(
+            "cancel the instance", workflow, instance_id, None, cancel_it, changes="any"
+        )
+
+    def start_children(self, waits: list[StepWrite], rows: list[InstanceRow]) -> list[str]:
+        if not rows:
+            return []
+        workflow, instance_id = waits[0].workflow, waits[0].instance_id
+
+        def start(conn: sqlite3.Connection) -> list[str]:
+            state = conn.execute(sql.CHECK_RUN, (workflow, instance_id)).fetchone()
+            if state is None or state[1] != self.owner:
+                raise LostInstance(workflow, instance_id)
+            if state[0] != "running":
+                raise RunCancelled()
+            for wait in waits:
+                conn.execute(sql.INSERT_WAITING, step_params(wait, self.owner))
+            created = []
+            for row in rows:
+                values = attrs.astuple(attrs.evolve(row, owner=self.owner))
+                if conn.execute(sql.INSERT_INSTANCE, values).rowcount == 1:
+                    created.append(row.instance_id)
+                    if self._checks is not None:
+                        self._checks.claimed(row.workflow, row.instance_id)
+            return created
+
+        return self._grouped(
+            "start the children", workflow, instance_id, waits[0].key, start, changes="none"
         )
 
     def purge(self, completed_before: str) -> int:
@@ -470,71 +538,6 @@ class SQLiteStore(OperatorReads):
             )
 
         return self._grouped("purge finished instances", None, None, None, purge_them)
-
-    # ------------------------------------------------------------------ owners
-
-    def register_owner(self, lease: float, now: float) -> None:
-        me = _liveness.current()
-        with self._using("register the engine as an owner") as conn:
-            conn.execute(
-                "INSERT OR REPLACE INTO owners (id, host, pid, heartbeat, lease, started_at, "
-                "boot_id, pid_ns, proc_start) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (self.owner, me.host, me.pid, now, lease,
-                 datetime.fromtimestamp(now).astimezone().isoformat(),
-                 me.boot_id, me.pid_ns, me.started),
-            )
-        self._lease = lease
-
-    def heartbeat(self, now: float) -> None:
-        with self._using("renew the engine's lease") as conn:
-            renewed = conn.execute(
-                "UPDATE owners SET heartbeat = ? WHERE id = ?", (now, self.owner)
-            ).rowcount
-        if not renewed:  # reaped while stalled: come back (its runs are lost already)
-            self.register_owner(self._lease, now)
-
-    def drop_owner(self) -> None:
-        with self._using("remove the engine's owner row") as conn:
-            conn.execute("DELETE FROM owners WHERE id = ?", (self.owner,))
-
-    def look_around(self, workflows: list[str], now: float) -> Look:
-        me = _liveness.current()
-        with self._using("look at the store") as conn:
-            # An owner in this PID namespace whose process is gone is dead at once.
-            local = conn.execute(
-                "SELECT id, pid, host, boot_id, pid_ns, proc_start FROM owners "
-                "WHERE host = ? AND id != ?",
-                (me.host, self.owner),
-            ).fetchall()
-            for owner_id in _liveness.dead_here(me, local):
-                conn.execute("DELETE FROM owners WHERE id = ?", (owner_id,))
-            mine = conn.execute(
-                "SELECT workflow, instance_id FROM instances "
-                "WHERE status = 'running' AND owner = ?",
-                (self.owner,),
-            ).fetchall()
-            if not workflows:
-                return Look(mine=[(w, i) for w, i in mine])
-            marks = ", ".join(f":w{i}" for i in range(len(workflows)))
-            params: dict[str, Any] = {f"w{i}": w for i, w in enumerate(workflows)}
-            params.update(me=self.owner, now=now)
-            ready = conn.execute(sql.LOOK_READY.format(marks=marks), params).fetchall()
-            orphaned = conn.execute(
-                "SELECT workflow, instance_id FROM instances WHERE status = 'running' "
-                f"AND owner IS NOT :me AND {sql.OWNER_FREE} AND workflow IN ({marks})",
-                params,
-            ).fetchall()
-            cancelled = conn.execute(
-                "SELECT workflow, instance_id FROM instances "
-                "WHERE status = 'cancelled' AND owner = :me",
-                params,
-            ).fetchall()
-        return Look(
-            ready=[(w, i) for w, i in ready],
-            orphaned=[(w, i) for w, i in orphaned],
-            cancelled=[(w, i) for w, i in cancelled],
-            mine=[(w, i) for w, i in mine],
-        )
 
     # ------------------------------------------------------------------ reads
 

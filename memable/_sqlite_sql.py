@@ -104,15 +104,25 @@ def wall_of(iso: str) -> float:
     return datetime.fromisoformat(iso).timestamp()
 
 
-# Suspended instances whose awaited key completed or timed out, or whose retry backoff ended
-# (its timer row is gone), among the workflows named by the ``marks`` parameters.
-LOOK_READY = """
+#: A key whose wait is over (as ``_store.settled`` says): a value, a deadline
+#: passed, a child that ended failed.
+SETTLED = (
+    "(steps.state IN ('completed', 'timed_out') "
+    "OR (steps.kind = 'child' AND steps.state = 'failed'))"
+)
+# Suspended instances whose awaited key has its outcome, or whose retry backoff ended
+# (its timer row is gone), or whose group of children has all ended, among the
+# workflows named by the ``marks`` parameters.
+LOOK_READY = f"""
 SELECT instances.workflow, instances.instance_id FROM instances JOIN steps
 ON steps.workflow = instances.workflow AND steps.instance_id = instances.instance_id
 AND steps.key = instances.waiting_for
-WHERE instances.status = 'suspended' AND (steps.state IN ('completed', 'timed_out') OR (
+WHERE instances.status = 'suspended' AND ({SETTLED} OR (
     steps.kind = 'step' AND NOT EXISTS (SELECT 1 FROM timers
     WHERE timers.workflow = steps.workflow AND timers.instance_id = steps.instance_id
     AND timers.key = steps.key)))
-AND instances.workflow IN ({marks})
+AND instances.workflow IN ({{marks}})
+UNION
+SELECT workflow, instance_id FROM instances
+WHERE status = 'suspended' AND children_pending = 0 AND workflow IN ({{marks}})
 """

@@ -50,6 +50,11 @@ class InstanceRow:
     step_key: str | None = None
     step_started: str | None = None
     traceback: str | None = None
+    parent_workflow: str | None = None
+    parent_id: str | None = None
+    parent_key: str | None = None
+    parent_group: str | None = None
+    children_pending: int | None = None
 
 
 @attrs.frozen
@@ -76,6 +81,8 @@ class InstanceView:
     steps: list[dict[str, Any]]
     timers: list[tuple[str, float]]  # (key, deadline) of each pending timer
     awaiting: list[str]  # the suspend points it waits on now
+    #: Its children, oldest first: (workflow, instance_id, status).
+    children: list[tuple[str, str, str]] = attrs.Factory(list)
 
 
 @attrs.frozen
@@ -100,7 +107,8 @@ class StepWrite:
     instance_id: str
     key: str
     seq: int
-    kind: StepKind
+    #: "children": a wait on a group of children (``ctx.children``), which has no row.
+    kind: StepKind | Literal["children"]
     state: StepState
     result: str | None
     result_type: str | None
@@ -126,6 +134,15 @@ TERMINAL: tuple[StatusName, ...] = ("completed", "failed", "cancelled")
 #: The states of a key a wait has its outcome in: a value, or a deadline passed.
 SETTLED: tuple[StepState, ...] = ("completed", "timed_out")
 
+
+def settled(kind: str, state: str) -> bool:
+    """Whether a wait on a key of ``kind`` in ``state`` is over (a child's failure ends it).
+
+    >>> settled("signal", "timed_out"), settled("child", "failed"), settled("step", "failed")
+    (True, True, False)
+    """
+    return state in SETTLED or (kind == "child" and state == "failed")
+
 #: How a run may claim an instance: the user's resume (anything not cancelled
 #: and not run by a live owner), a timer or signal (only a suspended one), or
 #: recovery (only a running one whose owner is dead).
@@ -141,6 +158,18 @@ class Suspend:
     outcome: Literal["waiting", "ready", "stopped"]
     deadline: float | None = None  # the timer's armed deadline, when waiting on one
     snapshot: RunSnapshot | None = None
+
+
+@attrs.frozen
+class Ended:
+    """How recording the end of a run (``Store.finish``) or a cancel went."""
+
+    #: Whether the end was recorded (False: the instance was no longer this run's).
+    recorded: bool = True
+    #: The parent this end made ready to go on (it waited for this child): wake it.
+    wake: tuple[str, str] | None = None
+    #: Descendants a cancel cancelled with the instance (their runs stop too).
+    cancelled: list[tuple[str, str]] = attrs.Factory(list)
 
 
 @attrs.frozen
@@ -267,21 +296,37 @@ class Store(Protocol):
         waiting_for: str | None = None,
         traceback: str | None = None,
         now: str,
-    ) -> bool:
+    ) -> Ended:
         """Record how this engine's run ended, and release the instance, atomically.
 
-        Only while owned and running. False (only the release written) if
-        the instance is no longer running under this engine: cancelled
-        meanwhile, or taken over.
+        Only while owned and running; not recorded (only the release written)
+        if the instance is no longer running under this engine: cancelled
+        meanwhile, or taken over. The end of a child (a terminal ``status``)
+        settles its parent's step in the same transaction (the output, or the
+        failure) and, if that was what the parent waited for (the key, or the
+        last pending child of its group), names the parent to ``wake``.
         """
 
-    def cancel(self, workflow: str, instance_id: str, *, now: str) -> None:
-        """Mark the instance Cancelled and drop its timers, atomically.
+    def cancel(self, workflow: str, instance_id: str, *, now: str) -> Ended:
+        """Mark the instance and its descendants that have not ended Cancelled, atomically.
 
-        The owner stays, so the run in flight can store its current step;
-        every later write that would carry the run on is refused. Raise
+        Their timers are dropped. The owners stay, so a run in flight can
+        store its current step; every later write that would carry a run on
+        is refused. A cancelled child settles its parent's step as failed
+        (and may name the parent to ``wake``, as ``finish`` does). Raise
         InstanceNotFound, or InstanceFinished for a Completed or Cancelled one
         (writing nothing).
+        """
+
+    def start_children(self, waits: list[StepWrite], rows: list[InstanceRow]) -> list[str]:
+        """Record a parent's child steps as waiting and create the children, atomically.
+
+        ``waits`` are the parent's rows (kind ``"child"``), ``rows`` the
+        children, owned by this engine. Only if the parent is owned (else
+        ``LostInstance``) and running (cancelled: ``RunCancelled``, nothing
+        written). A child id that exists is left as it was, so a parent that
+        crashed after starting a child never makes a second. Return the ids
+        of the children created.
         """
 
     def purge(self, completed_before: str) -> int:
@@ -356,6 +401,10 @@ def metadata_of(row: InstanceRow) -> WorkflowMetadata:
         created_at=datetime.fromisoformat(row.created_at),
         updated_at=datetime.fromisoformat(row.updated_at),
         completed_at=datetime.fromisoformat(row.completed_at) if row.completed_at else None,
+        parent=(
+            None if row.parent_workflow is None or row.parent_id is None
+            else (row.parent_workflow, row.parent_id)
+        ),
     )
 
 

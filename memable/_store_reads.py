@@ -58,7 +58,8 @@ def list_view(
 
 
 def inspect(read: ReadRows, workflow: str, instance_id: str) -> InstanceView | None:
-    """One instance with its owner row, steps, pending timers and awaited signals."""
+    """One instance with its owner row, steps, pending timers, awaited signals and
+    children."""
     where = {"workflow": workflow, "instance_id": instance_id}
     found = read(
         "read the instance",
@@ -82,12 +83,19 @@ def inspect(read: ReadRows, workflow: str, instance_id: str) -> InstanceView | N
         "WHERE workflow = :workflow AND instance_id = :instance_id ORDER BY deadline",
         where,
     )
+    children = read(
+        "read the children",
+        "SELECT workflow, instance_id, status FROM instances WHERE parent_workflow = :workflow "
+        "AND parent_id = :instance_id ORDER BY created_at, instance_id",
+        where,
+    )
     return InstanceView(
         instance=_instance(found[0]),
         owner=_owner(found[0]),
         steps=steps,
         timers=[(t["key"], float(t["deadline"])) for t in timers],
         awaiting=awaited_signals(read, workflow, instance_id),
+        children=[(c["workflow"], c["instance_id"], c["status"]) for c in children],
     )
 
 

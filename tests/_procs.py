@@ -6,6 +6,7 @@
     python _procs.py wait    DB LOG         invoke a workflow parked on a signal; await it
     python _procs.py signal  DB ID [wf]     signal that instance (registering it with "wf")
     python _procs.py open    -              open (and close) each path read from stdin
+    python _procs.py family  DB LOG         a parent starts a child; hang once it is started
 
 Every step body appends one line to LOG (O_APPEND: whole lines, from any
 process), so the parent counts executions. Any exception exits non-zero.
@@ -68,6 +69,35 @@ def awaits_signal(log: str) -> object:
     return workflow
 
 
+def family(engine: Engine, log: str, hold: bool) -> None:
+    """Register "parent" (one child, "child", under the key "kid") on ``engine``.
+
+    With ``hold``, the parent's run hangs right after the transaction that
+    created the child committed, and the child's run before its step: the
+    state a SIGKILL at that moment leaves.
+    """
+    def child(ctx: Context, n: int) -> int:
+        if hold:
+            threading.Event().wait()  # until SIGKILL
+        return ctx.step("work").run(lambda: log_line(log, f"work {n}") or n * 10)
+
+    def parent(ctx: Context) -> int:
+        return int(ctx.child("kid", "child", 4)) + 1
+
+    engine.register("child", child)
+    engine.register("parent", parent)
+    if hold:
+        start = engine._store.start_children
+
+        def started(*args: object) -> object:
+            created = start(*args)  # type: ignore[arg-type]
+            print("children started", flush=True)
+            threading.Event().wait()  # until SIGKILL
+            return created
+
+        engine._store.start_children = started  # type: ignore[method-assign]
+
+
 def open_each_line() -> None:
     """Open every path read from stdin, answering "ok" or why it was refused."""
     for line in sys.stdin:
@@ -113,6 +143,11 @@ def main(command: str, db: str, *args: str) -> None:
             engine.register("awaits", awaits_signal(args[1]))  # type: ignore[arg-type]
         with engine:
             engine.signal("awaits", instance_id, "go:v1", "hello")
+    elif command == "family":
+        family(engine, args[0], hold=True)
+        engine.start()
+        engine.invoke("parent", instance_id="p")
+        threading.Event().wait()  # until SIGKILL
     else:
         raise SystemExit(f"unknown command {command!r}")
 

@@ -98,8 +98,8 @@ SPEC_ERRORS = {
     "NotStarted", "AlreadyStarted", "WorkflowNotFound", "InstanceNotFound",
     "InstanceFinished", "SignalRejected", "InvalidKey", "DuplicateStepKey", "StorageError",
     "SerializationError", "StepTimeout", "WorkflowFailed",
-    # Part 2: waiting with a deadline.
-    "SignalTimeout",
+    # Part 2: waiting with a deadline, child workflows.
+    "SignalTimeout", "ChildFailed",
 }
 SPEC_NAMES = SPEC_ERRORS | {
     "Engine", "EngineBuilder", "Context", "Invocation", "Retry", "StepError",

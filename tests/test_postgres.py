@@ -141,6 +141,29 @@ def test_a_newer_schema_version_is_refused_and_left_as_it_was(pg_schema: str) ->
     assert rows == [(SCHEMA_VERSION + 1,)]
 
 
+def test_a_version_1_schema_is_migrated_in_place_and_keeps_its_rows(pg_schema: str) -> None:
+    """A store made before child workflows (version 1) gains the parent columns and the
+    functions of this code when opened; its instances stay as they were."""
+    engine = Engine.open(POSTGRES_URL, schema=pg_schema)
+    engine.register("one", _one_step)
+    with engine:
+        assert engine.invoke("one", 1, instance_id="old").result(timeout=10) == 2
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+        for column in ("parent_workflow", "parent_id", "parent_key", "parent_group",
+                       "children_pending"):
+            conn.execute(f'ALTER TABLE "{pg_schema}".instances DROP COLUMN {column}')
+        conn.execute(f'UPDATE "{pg_schema}".schema_version SET version = 1')
+    engine = Engine.open(POSTGRES_URL, schema=pg_schema)
+    engine.register("one", _one_step)
+    engine.register("parent", lambda ctx: ctx.child("kid", "one", 2))
+    with engine:
+        assert engine.invocation("one", "old").result(timeout=10) == 2
+        assert engine.invoke("parent", instance_id="new").result(timeout=10) == 4
+    with psycopg.connect(POSTGRES_URL) as conn:
+        rows = conn.execute(f'SELECT version FROM "{pg_schema}".schema_version').fetchall()
+    assert rows == [(SCHEMA_VERSION,)]
+
+
 def test_the_password_is_in_no_repr_and_connections_name_themselves(pg_schema: str) -> None:
     """repr of the engine and its store hide the password; the server lists the
     connections under application_name 'memable' unless the URL names them."""
