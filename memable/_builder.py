@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
 import attrs
 
 from ._options import Options, Synchronous
+from ._queues import check_consumed
 from ._retry import Retry
 from ._store import Store
 from ._stores import check_target, open_store
@@ -146,6 +147,15 @@ class EngineBuilder:
         >>> Engine.builder().in_memory().sleep(slept.append).build().close()
         """
         return attrs.evolve(self, options=attrs.evolve(self._options, sleep=sleep))
+
+    def queues(self, names: Iterable[str] | None) -> EngineBuilder:
+        """The declared queues the engine consumes: None all (default), ``()`` none.
+
+        >>> from memable import Engine
+        >>> Engine.builder().in_memory().queues(()).build().close()
+        """
+        consumed = check_consumed(names)
+        return attrs.evolve(self, options=attrs.evolve(self._options, queues=consumed))
 
     def build(self) -> Engine:
         """Open the store and build the engine; raise ``StorageError`` if it cannot open.

@@ -33,7 +33,8 @@ if TYPE_CHECKING:
 
 
 def follow(
-    ctx: Context, key: str, workflow: str, inputs: list[Any], *, returns: Any, group: bool
+    ctx: Context, key: str, workflow: str, inputs: list[Any], *, returns: Any, group: bool,
+    queue: str | None = None,
 ) -> list[Any]:
     """Start, wait for and return the outputs of the children of ``key``, in order.
 
@@ -45,6 +46,7 @@ def follow(
         raise EngineError("child workflows need a run of an engine", workflow=ctx._workflow,
                           instance_id=ctx._instance_id, key=key)
     child_workflow = host.workflow(workflow)
+    queue = host.queue_of(child_workflow, queue)
     ctx.attempts.boundary()
     keys = [f"{key}[{i}]" for i in range(len(inputs))] if group else [key]
     for k in keys:
@@ -86,7 +88,8 @@ def follow(
     ctx._end_replay()
     seqs = {i: row.seq for i, row in enumerate(rows) if row is not None}
     if to_start:
-        seqs.update(_start(ctx, child_workflow, keys, inputs, to_start, key if group else None))
+        seqs.update(_start(ctx, child_workflow, keys, inputs, to_start, key if group else None,
+                           queue))
     for i in to_resume:
         ctx.attempts.store.save_step(_write(ctx, keys[i], seqs[i], "waiting"))
         host.resume(child_workflow, f"{ctx._instance_id}/{keys[i]}")
@@ -98,7 +101,7 @@ def follow(
 
 def _start(
     ctx: Context, workflow: Workflow, keys: list[str], inputs: list[Any], indexes: list[int],
-    group: str | None,
+    group: str | None, queue: str | None,
 ) -> dict[int, int]:
     """Create and run the children at ``indexes``; the seq of each one's step, by index."""
     children = []
@@ -116,7 +119,7 @@ def _start(
         seqs[i] = ctx._take_seq()
         waits.append(_write(ctx, keys[i], seqs[i], "waiting"))
     assert ctx._children is not None
-    ctx._children.start(workflow, waits, children, group)
+    ctx._children.start(workflow, waits, children, group, queue)
     return seqs
 
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ._errors import WorkflowNotFound
+from ._queues import QueueSpec
 from ._store import InstanceRow, StepWrite, Store, utcnow
 from ._workflow import Workflow
 
@@ -30,12 +31,16 @@ class ChildHost(Protocol):
     def start(
         self, workflow: Workflow, waits: list[StepWrite],
         children: list[tuple[str, str, tuple[str, str | None], Any]], group: str | None,
+        queue: str | None = None,
     ) -> None:
-        """Create the children that do not exist yet and run them here.
+        """Create the children that do not exist yet and run them here (or queue them).
 
         ``children``: (child id, the parent's key for it, stored input, input
         value); ``waits``: the parent's steps for them, written with them.
         """
+
+    def queue_of(self, workflow: Workflow, queue: str | None) -> str | None:
+        """The queue a child runs through (``ValueError`` for one not declared)."""
 
     def resume(self, workflow: Workflow, child_id: str) -> None:
         """Run a child that ended failed again (here, unless another engine runs it)."""
@@ -57,10 +62,20 @@ class Children:
     >>> store.close()
     """
 
-    def __init__(self, workflows: dict[str, Workflow], store: Store, submit: Submit) -> None:
-        self._workflows = workflows  # the runner's registry: fixed once the engine started
+    def __init__(
+        self,
+        workflows: dict[str, Workflow],
+        store: Store,
+        submit: Submit,
+        queues: dict[str, QueueSpec] | None = None,
+        kick: Callable[[], None] | None = None,
+    ) -> None:
+        # The runner's registry and declared queues: fixed once the engine started.
+        self._workflows = workflows
+        self._queues = queues if queues is not None else {}
         self._store = store
         self._submit = submit
+        self._kick = kick  # the queue thread looks now
 
     def workflow(self, name: str) -> Workflow:
         workflow = self._workflows.get(name)
@@ -68,23 +83,37 @@ class Children:
             raise WorkflowNotFound(name)
         return workflow
 
+    def queue_of(self, workflow: Workflow, queue: str | None) -> str | None:
+        """The queue a child runs through: ``queue``, else its workflow's default one."""
+        chosen = queue if queue is not None else workflow.queue
+        if chosen is not None and chosen not in self._queues:
+            raise ValueError(f"queue {chosen!r} is not declared (engine.queue(name, ...))")
+        return chosen
+
     def start(
         self, workflow: Workflow, waits: list[StepWrite],
         children: list[tuple[str, str, tuple[str, str | None], Any]], group: str | None,
+        queue: str | None = None,
     ) -> None:
         parent = waits[0]
         now = utcnow().isoformat()
         rows = [
             InstanceRow(
-                workflow=workflow.name, instance_id=child_id, status="running",
+                workflow=workflow.name, instance_id=child_id,
+                status="running" if queue is None else "queued",
                 message=None, input=text, input_type=tag, output=None, output_type=None,
                 created_at=now, updated_at=now, completed_at=None,
                 parent_workflow=parent.workflow, parent_id=parent.instance_id,
-                parent_key=key, parent_group=group,
+                parent_key=key, parent_group=group, queue=queue,
+                priority=None if queue is None else 0, queued_at=None if queue is None else now,
             )
             for child_id, key, (text, tag), _ in children
         ]
         created = set(self._store.start_children(waits, rows))
+        if queue is not None:  # they wait for slots; whichever engine consumes it runs them
+            if created and self._kick is not None:
+                self._kick()
+            return
         for child_id, _, _, value in children:
             if child_id in created:
                 self._submit(workflow, child_id, (value,))

@@ -331,12 +331,18 @@ def _grace(ctx: click.Context, param: click.Parameter, value: float) -> float:
     "--grace", type=float, default=30.0, show_default=True, callback=_grace,
     help="Seconds to let runs in flight end after SIGINT or SIGTERM.",
 )
-def worker(spec: str, threads: int | None, grace: float) -> None:
+@click.option(
+    "--queues", metavar="A,B",
+    help="The declared queues to consume, comma-separated ('' for none; default: the "
+    "engine's queues option).",
+)
+def worker(spec: str, threads: int | None, grace: float, queues: str | None) -> None:
     """Run the engine MODULE:ENGINE until SIGINT or SIGTERM, logging each state change."""
+    names = None if queues is None else [q for q in queues.split(",") if q]
     try:
         engine = load_engine(spec)
-        status = run_worker(engine, threads=threads, grace=grace)
-    except EngineError as err:
+        status = run_worker(engine, threads=threads, grace=grace, queues=names)
+    except (EngineError, ValueError) as err:  # ValueError: a queue it does not declare
         _fail(str(err))
     raise SystemExit(status)
 

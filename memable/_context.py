@@ -273,7 +273,8 @@ class Context:
         raise Suspension(key, f"timer {key}", waiting, deadline)
 
     def child(
-        self, key: str, workflow: str, input: Any = None, *, returns: Any = None
+        self, key: str, workflow: str, input: Any = None, *, returns: Any = None,
+        queue: str | None = None,
     ) -> Any:
         """Run ``workflow`` as a child instance and return its output.
 
@@ -304,10 +305,12 @@ class Context:
         ('upload', 'u-1')
         """
         key = check_key(key, self._workflow, self._instance_id)
-        return follow(self, key, workflow, [input], returns=returns, group=False)[0]
+        return follow(self, key, workflow, [input], returns=returns, group=False,
+                      queue=queue)[0]
 
     def children(
-        self, key: str, workflow: str, inputs: Iterable[Any], *, returns: Any = None
+        self, key: str, workflow: str, inputs: Iterable[Any], *, returns: Any = None,
+        queue: str | None = None,
     ) -> list[Any]:
         """Run ``workflow`` once per input as child instances; their outputs, in input order.
 
@@ -333,7 +336,8 @@ class Context:
         ['squares:v1[0]', 'squares:v1[1]', 'squares:v1[2]', 'squares:v1[3]']
         """
         key = check_key(key, self._workflow, self._instance_id)
-        return follow(self, key, workflow, list(inputs), returns=returns, group=True)
+        return follow(self, key, workflow, list(inputs), returns=returns, group=True,
+                      queue=queue)
 
     # ------------------------------------------------------------------ engine side
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 from types import TracebackType
 from typing import Any, TypeVar
@@ -12,28 +12,18 @@ from ._admin import cancel_instance, purge_finished, store_signal
 from ._builder import EngineBuilder
 from ._errors import InstanceFinished, InstanceNotFound, WorkflowNotFound
 from ._invocation import Invocation
+from ._invoking import NO_INPUT, new_instance
 from ._log import log, where
 from ._options import Options, Synchronous
+from ._queues import QueueSpec, check_consumed
 from ._records import StepRecord, WorkflowMetadata
 from ._retry import Retry
-from ._run import new_instance_id
 from ._runner import Runner
-from ._serde import decode_for, store_form
-from ._store import InstanceRow, Store, metadata_of, utcnow
-from ._validate import check_key
+from ._store import InstanceRow, Store, metadata_of
+from ._stored import decode_output, stored_row
 from ._workflow import Workflow
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-class _NoInput:
-    """The default of ``invoke``'s input: none given (``None`` is a value)."""
-
-    def __repr__(self) -> str:
-        return "<no input>"
-
-
-_NO_INPUT: Any = _NoInput()
 
 
 class Engine:
@@ -90,11 +80,11 @@ class Engine:
         recover: bool = True,
         retry: Retry | None = None,
         sleep: Callable[[float], None] | None = None,
+        queues: Iterable[str] | None = None,
     ) -> Engine:
         """An engine on an in-memory store: nothing survives the process. For tests.
 
-        Takes the same options as ``Engine.open`` (``synchronous`` has no
-        effect on a store that never touches a disk).
+        Takes the options of ``Engine.open`` (``synchronous`` does nothing here).
 
         >>> from memable import Engine
         >>> engine = Engine.in_memory(max_workers=4)
@@ -102,7 +92,8 @@ class Engine:
         []
         >>> engine.close()
         """
-        options = Options(max_workers, synchronous, poll_interval, lease, recover, retry, sleep)
+        options = Options(max_workers, synchronous, poll_interval, lease, recover, retry, sleep,
+                          queues=check_consumed(queues))
         return EngineBuilder(memory=True, options=options, factory=Engine).build()
 
     @classmethod
@@ -118,21 +109,21 @@ class Engine:
         retry: Retry | None = None,
         sleep: Callable[[float], None] | None = None,
         schema: str | None = None,
+        queues: Iterable[str] | None = None,
     ) -> Engine:
         """An engine on the SQLite file at ``target``, created if missing, or on the
         PostgreSQL database a ``postgresql://`` (or ``postgres://``) URL names.
 
-        Options: ``max_workers`` worker threads (8); ``synchronous``
-        ``"full"`` (survives power loss) or ``"normal"`` (faster; survives
-        process crashes); ``poll_interval`` seconds between looks at the
-        store for what other processes wrote (1.0); ``lease`` seconds an
-        engine counts as alive without a heartbeat (15.0); ``recover``
-        instances whose engine died (True); ``retry``, the default ``Retry``
-        of every step (None); ``sleep``, what every retry backoff sleeps with
-        on the worker (for tests; by default a backoff under a second waits
-        interruptibly and a longer one is a durable timer). Durations are
-        float seconds or a ``timedelta``. ``schema``, for a PostgreSQL URL
-        only, is the schema that holds the store's tables (``"memable"``).
+        Options: ``max_workers`` worker threads (8); ``synchronous`` ``"full"``
+        (survives power loss) or ``"normal"`` (faster; survives process
+        crashes); ``poll_interval`` seconds between looks at the store for what
+        other processes wrote (1.0); ``lease`` seconds an engine counts as alive
+        without a heartbeat (15.0); ``recover`` instances whose engine died
+        (True); ``retry``, every step's default ``Retry`` (None); ``sleep``, what
+        retry backoffs sleep with on the worker (for tests); ``queues``, the
+        declared queues it consumes (None: all; ``()``: none, an engine that
+        only enqueues). Durations are float seconds or a ``timedelta``.
+        ``schema``, for a PostgreSQL URL only, holds the tables (``"memable"``).
         Raise ``StorageError`` if the file is not a memable store or has a
         newer schema (such a file is left as it was), or if the server does
         not answer within its connect timeout (10 s unless the URL sets
@@ -147,19 +138,54 @@ class Engine:
         >>> os.path.exists(path)
         True
         """
-        options = Options(max_workers, synchronous, poll_interval, lease, recover, retry, sleep)
+        options = Options(max_workers, synchronous, poll_interval, lease, recover, retry, sleep,
+                          queues=check_consumed(queues))
         return EngineBuilder(
             path=target, schema=schema, options=options, factory=Engine
         ).build()
 
     # ------------------------------------------------------------------ registry
 
-    def register(self, name: str, fn: Callable[..., Any]) -> None:
+    def queue(
+        self,
+        name: str,
+        *,
+        concurrency: int | None = None,
+        per_process: int | None = None,
+        rate: tuple[int, float | timedelta] | None = None,
+    ) -> None:
+        """Declare the queue ``name`` and its limits (before ``start``; None is unlimited).
+
+        ``concurrency``: at most that many of its instances run at once across
+        every engine on the store; ``per_process``: at most that many in this
+        engine; ``rate=(count, period)``: at most ``count`` runs start in any
+        window of ``period`` (seconds or a timedelta) across every engine. A
+        slot is held by a running run only: a queued or suspended instance
+        holds none. Each engine enforces its own declaration when it claims,
+        so declare a queue the same way everywhere. A bad limit raises
+        ``ValueError``; a declaration after ``start()``, ``AlreadyStarted``.
+
+        >>> from memable import Engine, Queued
+        >>> engine = Engine.in_memory()
+        >>> engine.queue("payments", concurrency=5, rate=(100, 60))
+        >>> engine.register("charge", lambda ctx, n: n * 2, queue="payments")
+        >>> with engine:
+        ...     inv = engine.invoke("charge", 21)
+        ...     print(inv.result(timeout=10))
+        42
+        """
+        self._runner.check_fork()
+        self._runner.declare_queue(QueueSpec.declare(
+            name, concurrency=concurrency, per_process=per_process, rate=rate
+        ))
+
+    def register(self, name: str, fn: Callable[..., Any], queue: str | None = None) -> None:
         """Register ``fn`` as the workflow ``name``; ``fn`` is ``fn(ctx)`` or ``fn(ctx, input)``.
 
         The input's annotation types the stored input, the return
-        annotation the stored output. Raise ``AlreadyStarted`` after
-        ``start()``.
+        annotation the stored output. ``queue``, a declared queue, is the
+        one ``invoke`` puts it on unless told otherwise (``ValueError`` if
+        not declared). Raise ``AlreadyStarted`` after ``start()``.
 
         >>> from memable import Engine
         >>> def my_workflow(ctx, order_id: int) -> str:
@@ -175,10 +201,12 @@ class Engine:
         if not callable(fn):
             raise TypeError(f"workflow {name!r} must be callable, not {fn!r}")
         self._runner.check_fork()
-        self._runner.register(Workflow.of(name, fn))
+        if queue is not None and queue not in self._runner.queues:
+            raise ValueError(f"queue {queue!r} is not declared (engine.queue(name, ...))")
+        self._runner.register(Workflow.of(name, fn, queue))
 
-    def workflow(self, name: str) -> Callable[[F], F]:
-        """Register the decorated function as the workflow ``name``.
+    def workflow(self, name: str, queue: str | None = None) -> Callable[[F], F]:
+        """Register the decorated function as the workflow ``name`` (on ``queue``, if given).
 
         >>> from memable import Engine
         >>> engine = Engine.in_memory()
@@ -191,21 +219,24 @@ class Engine:
         """
 
         def decorate(fn: F) -> F:
-            self.register(name, fn)
+            self.register(name, fn, queue)
             return fn
 
         return decorate
 
     # ------------------------------------------------------------------ lifecycle
 
-    def _set_max_workers(self, n: int) -> None:
-        """Size the worker pool before ``start()`` (``memable worker --threads``)."""
-        self._runner.set_max_workers(n)
+    def _configure(self, max_workers: int | None, queues: Iterable[str] | None) -> None:
+        """Before ``start()``: ``memable worker --threads`` and ``--queues`` (None: keep)."""
+        if max_workers is not None:
+            self._runner.set_options(max_workers=max_workers)
+        if queues is not None:
+            self._runner.set_options(queues=check_consumed(queues))
 
     def start(self) -> None:
-        """Start the worker pool; from now on invocations are taken.
-
-        Raise ``AlreadyStarted`` if called twice.
+        """Start the worker pool (and the queue thread, if it consumes queues); from now on
+        invocations are taken. Raise ``AlreadyStarted`` if called twice, ``ValueError``
+        if the ``queues`` option names a queue not declared.
 
         >>> from memable import Engine
         >>> engine = Engine.in_memory()
@@ -217,7 +248,8 @@ class Engine:
         self._runner.start()
 
     def wait_all(self) -> None:
-        """Take no new invocations, wait until no run is active, then ``stop()``.
+        """Take no new invocations, wait until no run is active (nor any queued instance this
+        engine runs), then ``stop()``.
 
         >>> from memable import Engine
         >>> done = []
@@ -281,7 +313,13 @@ class Engine:
     # ------------------------------------------------------------------ invoking
 
     def invoke(
-        self, name: str, input: Any = _NO_INPUT, *, instance_id: str | None = None
+        self,
+        name: str,
+        input: Any = NO_INPUT,
+        *,
+        instance_id: str | None = None,
+        queue: str | None = None,
+        priority: int = 0,
     ) -> Invocation:
         """Create an instance of workflow ``name`` with ``input`` and start running it.
 
@@ -292,6 +330,12 @@ class Engine:
         Invocation and start nothing (the stored input stands). Raise
         ``SerializationError`` (storing nothing) for an input that cannot be
         stored.
+
+        Onto a queue (``queue``, else the workflow's default one; a name not
+        declared raises ``ValueError``) the instance is stored ``Queued()``
+        and this returns at once: an engine that consumes the queue runs it
+        when a slot is free, lower ``priority`` first, then in the order
+        instances became runnable. Without a queue it runs in this engine.
 
         >>> from memable import Engine
         >>> runs = []
@@ -306,30 +350,15 @@ class Engine:
         """
         workflow = self._runner.workflow(name)
         self._runner.require_accepting(name)
-        if instance_id is None:
-            instance_id = new_instance_id()
-        else:
-            check_key(instance_id, name, instance_id)
-        if input is _NO_INPUT:
-            if not workflow.input_required:
-                input = None
-            else:
-                raise TypeError(
-                    f"workflow {name!r} takes an input and was invoked without one "
-                    "(give its parameter a default to make it optional)"
-                )
-        if input is not None and not workflow.takes_input:
-            raise TypeError(f"workflow {name!r} takes no input, got {type(input).__name__}")
-        text, tag, value = store_form(name, instance_id, "input", input, workflow.input_hint)
-        now = utcnow().isoformat()
-        row = InstanceRow(
-            workflow=name, instance_id=instance_id, status="running", message=None,
-            input=text, input_type=tag, output=None, output_type=None,
-            created_at=now, updated_at=now, completed_at=None,
-        )
+        row, value = new_instance(workflow, input, instance_id, queue, priority,
+                                  self._runner.queues)
+        instance_id = row.instance_id
         if not self._store.create_instance(row):
             return self.invocation(name, instance_id)
         log.debug("invoked", extra=where(name, instance_id))
+        if row.queue is not None:  # an engine that consumes the queue runs it
+            self._runner.kick()
+            return Invocation(self, self._runner.watch(name, instance_id))
         return Invocation(self, self._runner.start_run(workflow, instance_id, (value,)))
 
     def resume(self, name: str, instance_id: str) -> Invocation:
@@ -553,22 +582,17 @@ class Engine:
         return self._store.list_steps(name, instance_id)
 
     # ------------------------------------------------------------------ Invocation host
-
     def _stored_row(self, workflow: str, instance_id: str) -> InstanceRow:
         """The instance's row; raise InstanceNotFound if there is none."""
         self._runner.check_fork()
-        row = self._store.get_instance(workflow, instance_id)
-        if row is None:
-            raise InstanceNotFound(workflow, instance_id)
-        return row
+        return stored_row(self._store, workflow, instance_id)
 
     def _decode_output(
         self, workflow: str, instance_id: str, output: str | None, output_type: str | None
     ) -> Any:
         """The stored output of a Completed instance, rebuilt as its workflow returns it."""
-        registered = self._runner.workflows.get(workflow)
-        hint = registered.output_hint if registered is not None else None
-        return decode_for(workflow, instance_id, "output", output or "null", output_type, hint)
+        return decode_output(self._runner.workflows, workflow, instance_id, output, output_type)
+
 
     @property
     def _poll_interval(self) -> float:

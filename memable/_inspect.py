@@ -23,7 +23,7 @@ from ._store import OwnerRow, Store
 from ._stores import open_store
 
 #: What ``memable list --status`` accepts: every status an instance can have.
-STATUSES = ("running", "suspended", "completed", "failed", "cancelled")
+STATUSES = ("queued", "running", "suspended", "completed", "failed", "cancelled")
 
 
 def open_existing(target: str, schema: str | None = None) -> Store:

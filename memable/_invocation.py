@@ -14,6 +14,7 @@ from ._states import (
     Cancelled,
     Completed,
     Failed,
+    Queued,
     Started,
     Suspended,
     WorkflowState,
@@ -24,6 +25,8 @@ from ._validate import seconds_of
 
 def state_of(row: InstanceRow) -> WorkflowState:
     """The WorkflowState a stored instance row stands for."""
+    if row.status == "queued":
+        return Queued()
     if row.status == "running":
         return Started()
     if row.status == "suspended":
@@ -222,10 +225,11 @@ class Invocation:
                         return watch.last_end
                     continue  # the run here stopped unrecorded: follow the store
             row = self._row()
-            if row.status != "running":
+            if row.status not in ("running", "queued"):
                 return state_of(row)
             # Running, and not here: another engine has it (or a run here is
-            # about to begin). Look again when a run here ends, or after a poll.
+            # about to begin); or queued, until an engine takes it. Look again
+            # when a run here begins or ends, or after a poll.
             if left == 0.0:
                 break
             poll = self._host._poll_interval

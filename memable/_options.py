@@ -10,6 +10,7 @@ from typing import Literal
 import attrs
 
 from ._clock import SYSTEM_CLOCK, Clock
+from ._queues import check_consumed
 from ._retry import Retry
 from ._validate import positive_seconds
 
@@ -39,6 +40,8 @@ class Options:
     sleep: Callable[[float], None] | None = None
     # Where deadlines, leases and waits read the time.
     clock: Clock = SYSTEM_CLOCK
+    # The declared queues this engine consumes: None all, () none (enqueue only).
+    queues: tuple[str, ...] | None = attrs.field(default=None, converter=check_consumed)
 
     def __attrs_post_init__(self) -> None:
         if (

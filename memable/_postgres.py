@@ -27,9 +27,10 @@ from . import _children_sql as children_sql
 from . import _liveness
 from . import _postgres_schema as schema_
 from . import _postgres_sql as sql
-from ._control import LostInstance, RunCancelled
+from ._control import LostInstance
 from ._errors import InstanceFinished, InstanceNotFound, SignalRejected, key_taken
 from ._options import Synchronous
+from ._postgres_compose import PostgresComposition
 from ._postgres_conn import NOT_DONE, Connections
 from ._postgres_listen import Changed, Listener, payload
 from ._records import StatusName, StepRecord
@@ -56,7 +57,7 @@ def _snapshot_of(instance: dict[str, Any], steps: list[list[Any]]) -> RunSnapsho
     )
 
 
-class PostgresStore(OperatorReads):
+class PostgresStore(PostgresComposition, OperatorReads):
     """A memable store in one schema of a PostgreSQL database."""
 
     def __init__(
@@ -86,11 +87,6 @@ class PostgresStore(OperatorReads):
         row = conn.execute(sql.CHECK_RUN, (workflow, instance_id)).fetchone()
         return row is not None and row[1] == self.owner
 
-    @staticmethod
-    def _pg_execute(conn: psycopg.Connection[Any]) -> children_sql.Execute:
-        """Run the shared child SQL (``:name`` parameters) on ``conn``."""
-        return lambda text, params: conn.execute(children_sql.pg(text), params)
-
     def _notify(self, conn: psycopg.Connection[Any], text: str) -> None:
         """Tell every engine listening on this store, when the transaction commits."""
         conn.execute("SELECT pg_notify(%s, %s)", (self.channel, text))
@@ -114,10 +110,14 @@ class PostgresStore(OperatorReads):
     # ------------------------------------------------------------------ runs
 
     def create_instance(self, row: InstanceRow) -> bool:
-        values = attrs.astuple(attrs.evolve(row, owner=self.owner))
+        queued = row.status != "running"  # it waits for a slot: nobody's yet
+        values = attrs.astuple(attrs.evolve(row, owner=None if queued else self.owner))
 
         def insert(conn: psycopg.Connection[Any]) -> bool:
-            return conn.execute(sql.INSERT_INSTANCE, values).rowcount == 1
+            created = conn.execute(sql.INSERT_INSTANCE, values).rowcount == 1
+            if created and queued:
+                self._notify(conn, payload("queued", self.owner, row.workflow, row.instance_id))
+            return created
 
         def read_back(conn: psycopg.Connection[Any]) -> object:
             found = conn.execute(sql.SELECT_INSTANCE, (row.workflow, row.instance_id)).fetchone()
@@ -136,7 +136,12 @@ class PostgresStore(OperatorReads):
             found = conn.execute(
                 sql.CLAIM, (workflow, instance_id, self.owner, now, claim)
             ).fetchone()
-            return None if found is None or found[0] is None else _snapshot_of(*found)
+            if found is None or found[0] is None:
+                return None
+            snapshot = _snapshot_of(*found)
+            if snapshot.instance.status == "queued":  # waits for a slot: tell the consumers
+                self._notify(conn, payload("queued", self.owner, workflow, instance_id))
+            return snapshot
 
         def read_back(conn: psycopg.Connection[Any]) -> object:
             found = conn.execute(sql.SELECT_INSTANCE, (workflow, instance_id)).fetchone()
@@ -270,10 +275,13 @@ class PostgresStore(OperatorReads):
         def record(conn: psycopg.Connection[Any]) -> Ended:
             # A child's end then locks its parent's row: a cancel that cascades
             # locks them the other way round, and one of the two is retried.
-            parent = conn.execute(sql.FINISH, params).fetchone()
-            if parent is None:
+            found = conn.execute(sql.FINISH, params).fetchone()
+            if found is None:
                 conn.execute(sql.RELEASE, where)  # cancelled meanwhile: let go of it all the same
                 return Ended(recorded=False)
+            *parent, queue = found
+            if queue is not None:  # a slot is free: tell the queue's consumers
+                self._notify(conn, payload("queued", self.owner, workflow, instance_id))
             wake = children_sql.settle_parent(
                 self._pg_execute(conn), tuple(parent), status=status, message=message,
                 output=output, at=now, lock=children_sql.LOCK_PARENT,
@@ -344,80 +352,6 @@ class PostgresStore(OperatorReads):
             return [(w, i, k) for w, i, k in rows]
 
         return self._run("fire due timers", fire, transaction=False)
-
-    def cancel(self, workflow: str, instance_id: str, *, now: str) -> Ended:
-        def cancel_it(conn: psycopg.Connection[Any]) -> Ended:
-            found = conn.execute(sql.LOCK_INSTANCE, (workflow, instance_id)).fetchone()
-            if found is None:
-                raise InstanceNotFound(workflow, instance_id)
-            if found[0] in ("completed", "cancelled"):
-                raise InstanceFinished(workflow, instance_id, f"it is {found[0]}")
-            execute = self._pg_execute(conn)
-            where = {"workflow": workflow, "instance_id": instance_id}
-            descendants = [(w, i) for w, i in execute(children_sql.DESCENDANTS, where)]
-            # The owners stay: a run in flight stores its current step, then stops.
-            for w, i in [(workflow, instance_id), *descendants]:
-                conn.execute(sql.CANCEL, (now, now, w, i))
-                conn.execute(
-                    "DELETE FROM timers WHERE workflow = %s AND instance_id = %s", (w, i)
-                )
-                self._notify(conn, payload("cancel", self.owner, w, i))
-            parent = execute(children_sql.PARENT_OF, where).fetchone()
-            wake = children_sql.settle_parent(
-                execute, tuple(parent), status="cancelled", message="cancelled", output=None,
-                at=now, lock=children_sql.LOCK_PARENT,
-            )
-            if wake is not None:
-                self._notify(conn, payload("signal", self.owner, *wake))
-            return Ended(wake=wake, cancelled=descendants)
-
-        def read_back(conn: psycopg.Connection[Any]) -> object:
-            row = conn.execute(sql.SELECT_INSTANCE, (workflow, instance_id)).fetchone()
-            found = None if row is None else InstanceRow(*row)
-            done = found is not None and found.status == "cancelled" and found.updated_at == now
-            return Ended() if done else NOT_DONE
-
-        return self._run(
-            "cancel the instance", cancel_it, workflow, instance_id, read_back=read_back
-        )
-
-    def start_children(self, waits: list[StepWrite], rows: list[InstanceRow]) -> list[str]:
-        if not rows:
-            return []
-        workflow, instance_id = waits[0].workflow, waits[0].instance_id
-
-        def start(conn: psycopg.Connection[Any]) -> list[str]:
-            found = conn.execute(sql.LOCK_INSTANCE, (workflow, instance_id)).fetchone()
-            if found is None or found[1] != self.owner:
-                raise LostInstance(workflow, instance_id)
-            if found[0] != "running":
-                raise RunCancelled()
-            with conn.cursor() as cursor:
-                cursor.executemany(
-                    sql.INSERT_WAITING, [step_params(wait, self.owner) for wait in waits]
-                )
-            ids = [row.instance_id for row in rows]
-            template = rows[0]
-            created = conn.execute(sql.INSERT_CHILDREN, {
-                "workflow": template.workflow, "at": template.created_at, "me": self.owner,
-                "parent_workflow": template.parent_workflow, "parent_id": template.parent_id,
-                "parent_group": template.parent_group, "ids": ids,
-                "inputs": [row.input for row in rows],
-                "types": [row.input_type for row in rows],
-                "keys": [row.parent_key for row in rows],
-            }).fetchall()
-            return [child_id for (child_id,) in created]
-
-        def read_back(conn: psycopg.Connection[Any]) -> object:
-            # The children a lost commit created cannot be told from ones that were
-            # there: none is started here, and recovery runs them (their owner is us,
-            # running, and the poll's "mine, not running here" finds them).
-            return []
-
-        return self._run(
-            "start the children", start, workflow, instance_id, waits[0].key,
-            read_back=read_back,
-        )
 
     def purge(self, completed_before: str) -> int:
         # Not one still owned: a run cancelled in flight stores its last step first.

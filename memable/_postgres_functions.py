@@ -17,7 +17,10 @@ instance as it was before it, and the run's next write is refused.
 from __future__ import annotations
 
 from ._postgres_sql import OWNER_FREE
-from ._sqlite_sql import FIRE_KEY, FIRE_KEY_WHERE
+from ._sqlite_sql import CLAIM_SET, FIRE_KEY, FIRE_KEY_WHERE
+
+#: What a claim writes (as on SQLite).
+_CLAIM_SET = CLAIM_SET.replace(":me", "p_me").replace(":at", "p_at")
 
 #: What firing a due timer row does to its key (as on SQLite).
 _FIRE_KEY = FIRE_KEY.format(at="p_at")
@@ -44,15 +47,15 @@ BEGIN
         FOR UPDATE SKIP LOCKED;
         IF NOT FOUND THEN RETURN; END IF;
     END IF;
-    UPDATE instances SET status = 'running', message = NULL, waiting_for = NULL,
-        owner = p_me, updated_at = p_at, completed_at = NULL, traceback = NULL,
-        step_key = NULL, step_started = NULL, children_pending = NULL
+    UPDATE instances SET {_CLAIM_SET}
     WHERE workflow = p_workflow AND instance_id = p_instance AND CASE p_claim
         WHEN 'wake' THEN status = 'suspended'
         WHEN 'resume' THEN status <> 'cancelled' AND (status <> 'running' OR {_OWNER_FREE})
         ELSE status = 'running' AND {_OWNER_FREE} END
     RETURNING row_to_json(instances.*) INTO instance;
     IF instance IS NULL THEN RETURN; END IF;
+    -- An instance of a queue waits for a slot: nothing to run yet.
+    IF instance->>'status' = 'queued' THEN steps := '[]'::json; RETURN; END IF;
     -- A statement of its own, after the claim took the row: it sees every step
     -- the previous owner committed, and that owner can write no more.
     steps := {_STEPS};

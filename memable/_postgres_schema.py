@@ -20,7 +20,7 @@ from ._options import Synchronous
 from ._postgres_functions import FUNCTIONS
 
 #: The schema version this code writes (the SQLite store's columns, in PostgreSQL).
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 #: Seconds to wait for the server unless the URL's ``connect_timeout`` says.
 CONNECT_TIMEOUT = 10
 SCHEMES = ("postgresql://", "postgres://")
@@ -35,6 +35,15 @@ ALTER TABLE instances ADD COLUMN IF NOT EXISTS parent_workflow text,
 CREATE INDEX IF NOT EXISTS instances_by_parent ON instances (parent_workflow, parent_id)
     WHERE parent_id IS NOT NULL;
 """
+#: Version 3: queues (as on SQLite, schema version 8).
+_V3 = """
+ALTER TABLE instances ADD COLUMN IF NOT EXISTS queue text,
+    ADD COLUMN IF NOT EXISTS priority integer, ADD COLUMN IF NOT EXISTS queued_at text;
+CREATE INDEX IF NOT EXISTS instances_by_queue ON instances (queue, status, priority, queued_at)
+    WHERE queue IS NOT NULL;
+CREATE TABLE IF NOT EXISTS queue_starts (queue text NOT NULL, at double precision NOT NULL);
+CREATE INDEX IF NOT EXISTS queue_starts_by_queue ON queue_starts (queue, at);
+"""
 _TABLES = f"""
 CREATE TABLE IF NOT EXISTS instances (
     workflow text NOT NULL, instance_id text NOT NULL, status text NOT NULL, message text,
@@ -44,6 +53,7 @@ CREATE TABLE IF NOT EXISTS instances (
     traceback text,
     PRIMARY KEY (workflow, instance_id));
 {_V2}
+{_V3}
 CREATE INDEX IF NOT EXISTS instances_by_workflow ON instances (workflow, created_at);
 CREATE INDEX IF NOT EXISTS instances_by_status ON instances (status);
 CREATE INDEX IF NOT EXISTS instances_by_owner ON instances (owner) WHERE owner IS NOT NULL;
@@ -197,5 +207,6 @@ def prepare(conn: Any, schema: str, where: str, *, create: bool) -> None:
             )
         if version < SCHEMA_VERSION:  # migrate, and replace the functions with this code's
             conn.execute(_V2)
+            conn.execute(_V3)
             conn.execute(FUNCTIONS)
             conn.execute("UPDATE schema_version SET version = %s", (SCHEMA_VERSION,))

@@ -50,9 +50,11 @@ CHECK_RUN = "SELECT status, owner FROM instances WHERE workflow = %s AND instanc
 # whose id exists are left as they are. Returns the ids created.
 INSERT_CHILDREN = """
 INSERT INTO instances (workflow, instance_id, status, input, input_type, created_at,
-                       updated_at, owner, parent_workflow, parent_id, parent_key, parent_group)
-SELECT %(workflow)s, c.id, 'running', c.input, c.input_type, %(at)s, %(at)s, %(me)s,
-       %(parent_workflow)s, %(parent_id)s, c.key, %(parent_group)s
+                       updated_at, owner, parent_workflow, parent_id, parent_key, parent_group,
+                       queue, priority, queued_at)
+SELECT %(workflow)s, c.id, %(status)s, c.input, c.input_type, %(at)s, %(at)s, %(owner)s,
+       %(parent_workflow)s, %(parent_id)s, c.key, %(parent_group)s, %(queue)s,
+       %(priority)s, %(queued_at)s
 FROM unnest(%(ids)s::text[], %(inputs)s::text[], %(types)s::text[], %(keys)s::text[])
     AS c(id, input, input_type, key)
 ON CONFLICT DO NOTHING RETURNING instance_id
@@ -93,7 +95,7 @@ FINISH = (
     "children_pending = CASE WHEN %(status)s = 'suspended' THEN 0 END "
     "WHERE workflow = %(workflow)s AND instance_id = %(instance_id)s "
     "AND owner = %(me)s AND status = 'running' "
-    "RETURNING parent_workflow, parent_id, parent_key, parent_group"
+    "RETURNING parent_workflow, parent_id, parent_key, parent_group, queue"
 )
 RELEASE = (
     "UPDATE instances SET owner = NULL WHERE workflow = %(workflow)s "

@@ -8,14 +8,14 @@ from typing import Any, ClassVar, Literal
 import attrs
 
 #: Stored instance statuses, as written in the ``instances.status`` column.
-StatusName = Literal["running", "suspended", "completed", "failed", "cancelled"]
+StatusName = Literal["queued", "running", "suspended", "completed", "failed", "cancelled"]
 
 
 @attrs.frozen
 class MetadataStatus:
     """Base and namespace of the stored status of an instance.
 
-    The variants are ``MetadataStatus.Running()``,
+    The variants are ``MetadataStatus.Queued()``, ``MetadataStatus.Running()``,
     ``MetadataStatus.Suspended(message)``, ``MetadataStatus.Completed()``,
     ``MetadataStatus.Failed(message)`` and ``MetadataStatus.Cancelled()``;
     each has ``message`` (None where it carries none) and ``is_terminal``.
@@ -28,6 +28,7 @@ class MetadataStatus:
     (True, False)
     """
 
+    Queued: ClassVar[type[_Queued]]
     Running: ClassVar[type[_Running]]
     Suspended: ClassVar[type[_Suspended]]
     Completed: ClassVar[type[_Completed]]
@@ -72,6 +73,11 @@ class MetadataStatus:
 
 
 @attrs.frozen
+class _Queued(MetadataStatus):
+    name: ClassVar[StatusName] = "queued"
+
+
+@attrs.frozen
 class _Running(MetadataStatus):
     name: ClassVar[StatusName] = "running"
 
@@ -100,6 +106,7 @@ class _Cancelled(MetadataStatus):
 
 _BY_NAME: dict[str, type[MetadataStatus]] = {}
 for _variant, _label in (
+    (_Queued, "Queued"),
     (_Running, "Running"),
     (_Suspended, "Suspended"),
     (_Completed, "Completed"),

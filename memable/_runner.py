@@ -19,9 +19,12 @@ import attrs
 
 from ._attempts import traceback_of
 from ._background import BackgroundThread
+from ._background_tick import BackgroundTick
 from ._children import Children
+from ._consumer import QueueConsumer
 from ._context import Context
 from ._control import EngineStopping, LostInstance, RunCancelled, Suspension
+from ._dispatch import Dispatcher
 from ._errors import (
     AlreadyStarted,
     InstanceNotFound,
@@ -35,17 +38,18 @@ from ._fork import ForkGuard
 from ._invocation import Watch, state_of
 from ._log import log, where
 from ._options import Options
+from ._queues import QueueSpec, consumed
 from ._records import StatusName
 from ._run import Run, stored_state
 from ._run import release as release_instance
 from ._serde import decode_for, store_form
-from ._states import Cancelled, Completed, Failed, Suspended, WorkflowState
+from ._states import Cancelled, Completed, Failed, Queued, Suspended, WorkflowState
 from ._store import Claim, RunSnapshot, StepWrite, Store, utcnow
 from ._workflow import Workflow
 
 Phase = Literal["new", "started", "stopped", "closed"]
 
-class Runner:
+class Runner(BackgroundTick):
     """Starts runs on the worker pool, records how they end, and keeps watch.
 
     >>> from memable._options import Options
@@ -73,14 +77,19 @@ class Runner:
         self._watches: weakref.WeakValueDictionary[tuple[str, str], Watch] = (
             weakref.WeakValueDictionary()
         )
-        self._firing = 0  # timer firings and wakes under way outside _lock
+        self._firing = 0  # timer firings, wakes and queue claims under way outside _lock
         self._turnover = 0  # runs registered or ended so far (see _look_around)
+        self._claiming = 0  # queue claims under way (see _look_around)
         self._executor: ThreadPoolExecutor | None = None
         self._background: BackgroundThread | None = None
         self._next_heartbeat = 0.0  # wall clock; the background thread's alone
         self._fork = ForkGuard()  # nothing here works in a forked child
+        #: Declared queues, by name (fixed once started; under _lock until then).
+        self.queues: dict[str, QueueSpec] = {}
+        self._dispatcher: Dispatcher | None = None  # consumes queues; started by start()
+        self._consumer: QueueConsumer | None = None
         #: What runs need to start and follow children.
-        self.children = Children(self.workflows, store, self.submit)
+        self.children = Children(self.workflows, store, self.submit, self.queues, self.kick)
 
     # ------------------------------------------------------------------ guards
 
@@ -110,17 +119,35 @@ class Runner:
                 raise ValueError(f"workflow {workflow.name!r} is already registered")
             self.workflows[workflow.name] = workflow
 
-    def set_max_workers(self, n: int) -> None:
+    def declare_queue(self, spec: QueueSpec) -> None:
+        with self._lock:
+            if self.phase != "new":
+                raise AlreadyStarted(phase=self.phase)
+            if spec.name in self.queues:
+                raise ValueError(f"queue {spec.name!r} is already declared")
+            self.queues[spec.name] = spec
+
+    def set_options(self, **changes: Any) -> None:
+        """Change options before start (``memable worker --threads``, ``--queues``)."""
         with self._lock:
             if self.phase != "new":
                 raise AlreadyStarted()
-            self.options = attrs.evolve(self.options, max_workers=n)
+            self.options = attrs.evolve(self.options, **changes)
 
     def start(self) -> None:
         self.check_fork()
         with self._lock:
             if self.phase != "new":
                 raise AlreadyStarted(phase=self.phase)
+            queues = consumed(self.queues, self.options.queues)  # ValueError: undeclared
+            if queues:
+                self._consumer = QueueConsumer(
+                    self.store, queues, sorted(self.workflows), self.clock,
+                    capacity=self._capacity, run=self._run_claimed,
+                )
+                self._dispatcher = Dispatcher(
+                    self._claim_queued, self.options.poll_interval, self.clock
+                )
             self._executor = ThreadPoolExecutor(
                 max_workers=self.options.max_workers, thread_name_prefix="memable-worker"
             )
@@ -137,6 +164,8 @@ class Runner:
         # instances whose awaited signal or timer arrived meanwhile, and (with
         # recover) those whose owner died.
         self._background.start()
+        if self._dispatcher is not None:
+            self._dispatcher.start()
         self.store.listen(self._changed)
         log.info("engine started", extra={"workflows": sorted(self.workflows)})
 
@@ -149,6 +178,12 @@ class Runner:
                 self._idle.wait_for(lambda: not self._active and not self._firing)
             # Timers that fell due meanwhile start runs too; drain those as well.
             self._tick(False)
+            if self._consumer is not None and self._consumer.waiting():
+                # Queued instances this engine can run: the queue thread takes them.
+                self.kick()
+                with self._lock:
+                    self._idle.wait(self.poll_interval)
+                continue
             with self._lock:
                 if not self._active and not self._firing:
                     break
@@ -163,11 +198,14 @@ class Runner:
                 return
             self.phase = "stopped"
             executor, background = self._executor, self._background
+            dispatcher = self._dispatcher
             # Runs waiting out a retry backoff stop waiting (and store the rest
             # of it as a timer for the next engine).
             for run in self._active.values():
                 run.interrupt.set()
         self.store.listen(None)
+        if dispatcher is not None:
+            dispatcher.stop()
         if background is not None:
             background.stop()
         # Runs submitted before the phase changed still run; shutdown waits for
@@ -274,6 +312,43 @@ class Runner:
         watch.begin()
         return run
 
+    def kick(self) -> None:
+        """An instance was queued, or a slot freed: the queue thread looks now."""
+        if self._dispatcher is not None:
+            self._dispatcher.kick()
+
+    def _claim_queued(self) -> float | None:
+        """The queue thread's look; counted as work under way, so wait_all waits for it."""
+        assert self._consumer is not None
+        with self._lock:
+            self._firing += 1
+            self._claiming += 1
+        try:
+            return self._consumer.claim()
+        finally:
+            with self._lock:
+                self._firing -= 1
+                self._claiming -= 1
+                if not self._firing and not self._active:
+                    self._idle.notify_all()
+
+    def _capacity(self) -> int:
+        with self._lock:
+            return self.options.max_workers - len(self._active)
+
+    def _run_claimed(self, snapshot: RunSnapshot) -> None:
+        """Run an instance the queue thread claimed (it is running and ours)."""
+        name, instance_id = snapshot.instance.workflow, snapshot.instance.instance_id
+        with self._lock:
+            if self.phase == "started" and (name, instance_id) not in self._active:
+                assert self._executor is not None
+                run = self._register(self.workflows[name], instance_id, None, "resume", snapshot)
+                self._executor.submit(self._execute, run)
+                return
+        # Stopping: back in the queue, in its place, for the next engine.
+        self.store.finish(name, instance_id, status="queued", message=None,
+                          now=utcnow().isoformat())
+
     def submit(
         self, workflow: Workflow, instance_id: str, fresh_input: tuple[Any] | None
     ) -> None:
@@ -308,89 +383,12 @@ class Runner:
     def _changed(self, kind: str, name: str | None, instance_id: str | None) -> None:
         """Another engine changed the store (it said so; see ``Store.listen``): act now."""
         background = self._background
-        if name is not None and instance_id is not None and kind in ("signal", "cancel"):
+        if kind == "queued":  # queued or freed a slot elsewhere
+            self.kick()
+        elif name is not None and instance_id is not None and kind in ("signal", "cancel"):
             (self.wake if kind == "signal" else self.cancelled)(name, instance_id)
         elif background is not None:  # a timer armed (look at deadlines again), or anything
             background.armed() if kind == "timer" else background.poll_soon()
-
-    # ------------------------------------------------------------------ the background tick
-
-    def fire_due(self) -> int:
-        """Fire the timers due now and start the runs they resume; return how many."""
-        self.check_fork()
-        with self._lock:
-            if self.phase != "started":
-                raise NotStarted(phase=self.phase)
-        fired, _ = self._fire_due()
-        return fired
-
-    def _fire_due(self) -> tuple[int, float]:
-        """Fire the timers due now; return how many, and the wall-clock time used."""
-        with self._lock:
-            self._firing += 1
-        try:
-            # Read here, not higher up: see BackgroundThread on freezegun.
-            now = self.clock.wall()
-            fired = self.store.fire_due_timers(now, utcnow().isoformat())
-            for name, instance_id, key in fired:
-                log.info("timer fired: %s", key, extra=where(name, instance_id, key))
-                self.wake(name, instance_id)
-            return len(fired), now
-        finally:
-            with self._lock:
-                self._firing -= 1
-                if not self._firing and not self._active:
-                    self._idle.notify_all()
-
-    def _tick(self, poll: bool) -> float | None:
-        """Fire due timers, and look at the store; return seconds to the next deadline."""
-        _, now = self._fire_due()
-        if now >= self._next_heartbeat:
-            self.store.heartbeat(now)
-            self._next_heartbeat = now + self.options.lease / 3
-            steps = [(w, i, k, t) for w, i, k, t in self.in_flight() if k and t]
-            self.store.record_in_flight(steps)
-        if poll:
-            self._look_around(now)
-        deadline = self.store.next_deadline()
-        return None if deadline is None else deadline - now
-
-    def in_flight(self) -> list[tuple[str, str, str | None, str | None]]:
-        """(workflow, id, key, since) of each active run: the step it executes (None between)."""
-        found: list[tuple[str, str, str | None, str | None]] = []
-        with self._lock:  # also each run's flight lock
-            for run in self._active.values():
-                ctx = run.ctx
-                now = None if ctx is None else ctx.attempts.in_flight_now()
-                key, since = (None, None) if now is None else now
-                found.append((run.workflow.name, run.instance_id, key, since))
-        return found
-
-    def _look_around(self, now: float) -> None:
-        with self._lock:
-            turnover = self._turnover
-        look = self.store.look_around(sorted(self.workflows), now)
-        for name, instance_id in look.ready:
-            self.wake(name, instance_id)
-        if self.options.recover:
-            for name, instance_id in look.orphaned:
-                # Logged by the run that wins the claim: every engine sees it.
-                self.wake(name, instance_id, "recover")
-        for name, instance_id in look.cancelled:
-            self.cancelled(name, instance_id)
-        # Instances this engine owns but no longer runs (a run whose end could
-        # not be recorded): run them again. Only when no run here began or
-        # ended while the store was read: else "owned, and not active now" may
-        # be a run that ended meanwhile, and the next poll looks again.
-        with self._lock:
-            if self._turnover != turnover:
-                return
-            lost = [key for key in look.mine if key not in self._active]
-        for name, instance_id in lost:
-            if name in self.workflows:
-                log.warning("running again an instance whose run here did not record its end",
-                            extra=where(name, instance_id))
-                self.wake(name, instance_id, "recover")
 
     # ------------------------------------------------------------------ one run
 
@@ -443,6 +441,7 @@ class Runner:
         with self._lock:
             if not self._active and not self._firing:
                 self._idle.notify_all()
+        self.kick()  # a worker is free, and maybe a slot of a queue
         return follow
 
     def _run_workflow(self, run: Run) -> WorkflowState | None:
@@ -455,6 +454,9 @@ class Runner:
             snapshot = run.snapshot or self.store.begin_run(
                 name, instance_id, now=utcnow().isoformat(), claim=run.claim
             )
+            if snapshot is not None and snapshot.instance.status == "queued":
+                self.kick()  # it waits for a slot; whichever engine consumes its queue runs it
+                return Queued()
             if snapshot is None:  # gone, or run by a live engine, or not waiting any more
                 row = self.store.get_instance(name, instance_id)
                 if row is None:

@@ -19,7 +19,7 @@ from ._errors import StorageError
 from ._options import Synchronous
 
 #: The schema this code writes; ``PRAGMA user_version`` of every store.
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 #: Seconds a statement waits for another process's lock before failing.
 BUSY_TIMEOUT = 10.0
 
@@ -52,11 +52,17 @@ INSTANCE_COLUMNS: dict[str, type] = {
     "parent_key": str,
     "parent_group": str,
     "children_pending": int,
+    # v8: the queue an instance runs through, its priority (lower first) and
+    # when it became runnable there
+    "queue": str,
+    "priority": int,
+    "queued_at": str,
 }
 #: Columns added after version 1 (a file must show the others before we migrate it).
 _LATER_INSTANCE_COLUMNS = (
     "waiting_for", "owner", "status_message", "step_key", "step_started", "traceback",
     "parent_workflow", "parent_id", "parent_key", "parent_group", "children_pending",
+    "queue", "priority", "queued_at",
 )
 #: Columns every store has had since version 1: what a file must show before
 #: we migrate it.
@@ -173,6 +179,22 @@ def migrate_to_7(db: sqlite_utils.Database) -> None:
     )
 
 
+def migrate_to_8(db: sqlite_utils.Database) -> None:
+    """Queues: an instance's queue, priority and place; the starts a rate limit counts."""
+    db["instances"].add_column("queue", str)  # type: ignore[union-attr]
+    db["instances"].add_column("priority", int)  # type: ignore[union-attr]
+    db["instances"].add_column("queued_at", str)  # type: ignore[union-attr]
+    db["instances"].create_index(  # type: ignore[union-attr]
+        ["queue", "status", "priority", "queued_at"], index_name="instances_by_queue"
+    )
+    db["queue_starts"].create(  # type: ignore[union-attr]
+        {"queue": str, "at": float}, not_null={"queue", "at"}
+    )
+    db["queue_starts"].create_index(  # type: ignore[union-attr]
+        ["queue", "at"], index_name="queue_starts_by_queue"
+    )
+
+
 #: Migration to version N is MIGRATIONS[N - 1]; all run in the opening transaction.
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     migrate_to_1,
@@ -182,6 +204,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     migrate_to_5,
     migrate_to_6,
     migrate_to_7,
+    migrate_to_8,
 ]
 
 

@@ -33,7 +33,7 @@ import attrs
 
 from . import _children_sql as children_sql
 from . import _sqlite_sql as sql
-from ._control import LostInstance, RunCancelled
+from ._control import LostInstance
 from ._errors import (
     InstanceFinished,
     SignalRejected,
@@ -44,6 +44,7 @@ from ._group_commit import GroupCommit
 from ._options import Synchronous
 from ._records import StatusName, StepRecord
 from ._schema import open_store
+from ._sqlite_compose import SQLiteComposition
 from ._sqlite_owners import SQLiteOwners
 from ._sqlite_watch import run_checks
 from ._store import (
@@ -64,7 +65,7 @@ from ._store import (
 from ._store_reads import OperatorReads
 
 
-class SQLiteStore(SQLiteOwners, OperatorReads):
+class SQLiteStore(SQLiteOwners, SQLiteComposition, OperatorReads):
     """A memable store in one SQLite file, or in memory when ``path`` is None."""
 
     def __init__(
@@ -130,7 +131,8 @@ class SQLiteStore(SQLiteOwners, OperatorReads):
     # ------------------------------------------------------------------ runs
 
     def create_instance(self, row: InstanceRow) -> bool:
-        values = (*attrs.astuple(attrs.evolve(row, owner=self.owner)),)
+        owner = self.owner if row.status == "running" else None  # a queued one: nobody's yet
+        values = (*attrs.astuple(attrs.evolve(row, owner=owner)),)
 
         def insert(conn: sqlite3.Connection) -> bool:
             created = conn.execute(sql.INSERT_INSTANCE, values).rowcount == 1
@@ -149,9 +151,7 @@ class SQLiteStore(SQLiteOwners, OperatorReads):
 
         def claim_it(conn: sqlite3.Connection) -> RunSnapshot | None:
             found = conn.execute(
-                "UPDATE instances SET status = 'running', message = NULL, waiting_for = NULL, "
-                "owner = :me, updated_at = :at, completed_at = NULL, traceback = NULL, "
-                "step_key = NULL, step_started = NULL, children_pending = NULL "
+                f"UPDATE instances SET {sql.CLAIM_SET} "
                 "WHERE workflow = :workflow AND instance_id = :instance_id "
                 f"AND {sql.CLAIMS[claim]} RETURNING {sql.INSTANCE_RETURNING}",
                 {"me": self.owner, "at": now, "now": sql.wall_of(now), "workflow": workflow,
@@ -159,10 +159,13 @@ class SQLiteStore(SQLiteOwners, OperatorReads):
             ).fetchone()
             if found is None:
                 return None
+            instance = InstanceRow(*found)
+            if instance.status == "queued":  # it waits for a slot of its queue
+                return RunSnapshot(instance, {})
             if self._checks is not None:
                 self._checks.claimed(workflow, instance_id)
             steps = conn.execute(sql.SELECT_RUN_STEPS, (workflow, instance_id)).fetchall()
-            return RunSnapshot(InstanceRow(*found), {s[0]: StoredStep(*s) for s in steps})
+            return RunSnapshot(instance, {s[0]: StoredStep(*s) for s in steps})
 
         return self._grouped(
             "start a run", workflow, instance_id, None, claim_it, changes="none"
@@ -460,61 +463,6 @@ class SQLiteStore(SQLiteOwners, OperatorReads):
             return due
 
         return self._grouped("fire due timers", None, None, None, fire)
-
-    def cancel(self, workflow: str, instance_id: str, *, now: str) -> Ended:
-        def cancel_it(conn: sqlite3.Connection) -> Ended:
-            status = sql.status_of(conn, workflow, instance_id)
-            if status in ("completed", "cancelled"):
-                raise InstanceFinished(workflow, instance_id, f"it is {status}")
-            where = {"workflow": workflow, "instance_id": instance_id}
-            descendants = [
-                (w, i) for w, i in conn.execute(children_sql.DESCENDANTS, where).fetchall()
-            ]
-            # The owners stay: a run in flight stores its current step, then stops.
-            for w, i in [(workflow, instance_id), *descendants]:
-                conn.execute(
-                    "UPDATE instances SET status = 'cancelled', message = NULL, "
-                    "waiting_for = NULL, children_pending = NULL, updated_at = ?, "
-                    "completed_at = ? WHERE workflow = ? AND instance_id = ?",
-                    (now, now, w, i),
-                )
-                conn.execute("DELETE FROM timers WHERE workflow = ? AND instance_id = ?", (w, i))
-            parent = conn.execute(children_sql.PARENT_OF, where).fetchone()
-            wake = children_sql.settle_parent(
-                conn.execute, tuple(parent), status="cancelled", message="cancelled",
-                output=None, at=now,
-            )
-            return Ended(wake=wake, cancelled=descendants)
-
-        return self._grouped(
-            "cancel the instance", workflow, instance_id, None, cancel_it, changes="any"
-        )
-
-    def start_children(self, waits: list[StepWrite], rows: list[InstanceRow]) -> list[str]:
-        if not rows:
-            return []
-        workflow, instance_id = waits[0].workflow, waits[0].instance_id
-
-        def start(conn: sqlite3.Connection) -> list[str]:
-            state = conn.execute(sql.CHECK_RUN, (workflow, instance_id)).fetchone()
-            if state is None or state[1] != self.owner:
-                raise LostInstance(workflow, instance_id)
-            if state[0] != "running":
-                raise RunCancelled()
-            for wait in waits:
-                conn.execute(sql.INSERT_WAITING, step_params(wait, self.owner))
-            created = []
-            for row in rows:
-                values = attrs.astuple(attrs.evolve(row, owner=self.owner))
-                if conn.execute(sql.INSERT_INSTANCE, values).rowcount == 1:
-                    created.append(row.instance_id)
-                    if self._checks is not None:
-                        self._checks.claimed(row.workflow, row.instance_id)
-            return created
-
-        return self._grouped(
-            "start the children", workflow, instance_id, waits[0].key, start, changes="none"
-        )
 
     def purge(self, completed_before: str) -> int:
         # Not one still owned: a run cancelled in flight stores its last step first.

@@ -24,6 +24,13 @@ CLAIMS: dict[Claim, str] = {
     "wake": "status = 'suspended'",
     "recover": f"status = 'running' AND {OWNER_FREE}",
 }
+# What a claim writes: running and owned; an instance of a queue instead
+# waits for a slot (queued, nobody's; a queued one keeps its place).
+CLAIM_SET = """status = CASE WHEN queue IS NULL THEN 'running' ELSE 'queued' END,
+    owner = CASE WHEN queue IS NULL THEN :me END,
+    queued_at = CASE WHEN queue IS NULL OR status = 'queued' THEN queued_at ELSE :at END,
+    message = NULL, waiting_for = NULL, updated_at = :at, completed_at = NULL,
+    traceback = NULL, step_key = NULL, step_started = NULL, children_pending = NULL"""
 OWNED = (
     "EXISTS (SELECT 1 FROM instances WHERE workflow = :workflow "
     "AND instance_id = :instance_id AND owner = :me)"

@@ -47,6 +47,19 @@ class WorkflowState:
 
 
 @attrs.frozen
+class Queued(WorkflowState):
+    """The instance waits for a slot of its queue; no run of it is in progress.
+
+    >>> from memable import Queued
+    >>> str(Queued()), Queued().is_terminal
+    ('queued', False)
+    """
+
+    def __str__(self) -> str:
+        return "queued"
+
+
+@attrs.frozen
 class Started(WorkflowState):
     """The run was submitted and has not reported anything yet.
 

@@ -55,6 +55,9 @@ class InstanceRow:
     parent_key: str | None = None
     parent_group: str | None = None
     children_pending: int | None = None
+    queue: str | None = None
+    priority: int | None = None
+    queued_at: str | None = None
 
 
 @attrs.frozen
@@ -173,6 +176,15 @@ class Ended:
 
 
 @attrs.frozen
+class Claimed:
+    """What one claim on a queue took, and when its rate limit lets more start."""
+
+    snapshots: list[RunSnapshot] = attrs.Factory(list)
+    #: Seconds until the rate window has room again (None: the rate does not hold it back).
+    retry_in: float | None = None
+
+
+@attrs.frozen
 class Look:
     """What a poll of the store found (see ``Store.look_around``)."""
 
@@ -210,8 +222,10 @@ class Store(Protocol):
 
         Atomically: only if the claim's condition holds (see ``Claim``; a
         live owner other than this engine never loses an instance to it),
-        mark it running and owned and read its input and steps. None, and
-        nothing written, if unknown or not claimable.
+        mark it running and owned and read its input and steps. An instance
+        of a queue is marked queued instead (it waits for a slot; a queued
+        one keeps its place), and its snapshot says so. None, and nothing
+        written, if unknown or not claimable.
         """
 
     def save_step(self, write: StepWrite) -> None:
@@ -317,6 +331,25 @@ class Store(Protocol):
         InstanceNotFound, or InstanceFinished for a Completed or Cancelled one
         (writing nothing).
         """
+
+    def claim_queued(
+        self, queue: str, workflows: list[str], *, concurrency: int | None,
+        per_process: int | None, rate: tuple[int, float] | None, now: float, at: str,
+        batch: int,
+    ) -> Claimed:
+        """Claim up to ``batch`` queued instances of ``queue`` (of ``workflows``), atomically.
+
+        Next by priority, then by when they became runnable; no more than
+        the queue's limits let start now: ``concurrency`` running instances
+        of the queue in all, ``per_process`` of this engine's, ``rate =
+        (count, period)`` claims in any window of ``period`` seconds (by the
+        database's clock where there is one). The count and the claim are
+        one transaction that every other claimer of the queue waits for; a
+        claimed instance is marked running and owned by this engine in it.
+        """
+
+    def queued(self, queue: str, workflows: list[str]) -> int:
+        """How many instances of ``workflows`` wait in ``queue``."""
 
     def start_children(self, waits: list[StepWrite], rows: list[InstanceRow]) -> list[str]:
         """Record a parent's child steps as waiting and create the children, atomically.

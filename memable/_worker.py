@@ -98,13 +98,17 @@ def _stop_signals() -> Iterator[Callable[[], int]]:
             signal.signal(sig, handler)
 
 
-def run_worker(engine: Engine, *, threads: int | None, grace: float) -> int:
-    """Run ``engine`` until SIGINT or SIGTERM, then drain it; return the exit status."""
+def run_worker(
+    engine: Engine, *, threads: int | None, grace: float, queues: list[str] | None = None
+) -> int:
+    """Run ``engine`` until SIGINT or SIGTERM, then drain it; return the exit status.
+
+    ``queues``: the declared queues it consumes (None: the engine's ``queues`` option).
+    """
     handler = _log_to_stderr()
     try:
         with _stop_signals() as wait_for_signal:
-            if threads is not None:
-                engine._set_max_workers(threads)
+            engine._configure(threads, queues)
             engine.start()
             log.info("worker %d started: %r", os.getpid(), engine)
             signum = wait_for_signal()

@@ -29,9 +29,11 @@ class Workflow:
     output_hint: Any
     #: The input parameter has no default: invoking without an input is an error.
     input_required: bool = False
+    #: The queue it is invoked onto by default (None: it runs in the invoking engine).
+    queue: str | None = None
 
     @classmethod
-    def of(cls, name: str, fn: Callable[..., Any]) -> Workflow:
+    def of(cls, name: str, fn: Callable[..., Any], queue: str | None = None) -> Workflow:
         """Check ``fn``'s signature and read its annotations."""
         params = [
             p for p in inspect.signature(fn).parameters.values()
@@ -45,4 +47,4 @@ class Workflow:
         hints = hints_of(fn)
         input_hint = hints.get(params[1].name) if len(params) == 2 else None
         required = len(params) == 2 and params[1].default is params[1].empty
-        return cls(name, fn, len(params) == 2, input_hint, return_hint(fn), required)
+        return cls(name, fn, len(params) == 2, input_hint, return_hint(fn), required, queue)

@@ -105,6 +105,8 @@ SPEC_NAMES = SPEC_ERRORS | {
     "Engine", "EngineBuilder", "Context", "Invocation", "Retry", "StepError",
     "WorkflowState", "Started", "InProgress", "Suspended", "Completed", "Failed", "Cancelled",
     "WorkflowMetadata", "MetadataStatus", "StepRecord", "EngineError",
+    # Part 2: queues.
+    "Queued",
 }
 
 

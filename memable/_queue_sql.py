@@ -1,0 +1,110 @@
+"""The SQL of queues, shared by both stores (``:name`` parameters; see ``_children_sql.pg``).
+
+A queued instance has ``status = 'queued'``, no owner, its ``queue``,
+``priority`` and ``queued_at`` (when it became runnable). Claiming takes the
+next ones, by priority then ``queued_at``, within the queue's limits, and
+marks them running and owned in the transaction that counted: SQLite's
+write lock, or on PostgreSQL a transaction-scoped advisory lock per queue,
+keeps any other claimer of the queue out between the count and the claim.
+Each claim is a row of ``queue_starts``, which a rate limit counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ._store import Claimed, InstanceRow, RunSnapshot, StoredStep
+
+#: Runs one statement with named parameters in the caller's transaction.
+Execute = Callable[[str, dict[str, Any]], Any]
+
+ANY_QUEUED = (
+    "SELECT 1 FROM instances WHERE status = 'queued' AND queue = :queue LIMIT 1"
+)
+COUNT_QUEUED = (
+    "SELECT count(*) FROM instances WHERE status = 'queued' AND queue = :queue "
+    "AND workflow IN ({workflows})"
+)
+RUNNING = "SELECT count(*) FROM instances WHERE queue = :queue AND status = 'running'"
+RUNNING_MINE = (
+    "SELECT count(*) FROM instances WHERE queue = :queue AND status = 'running' "
+    "AND owner = :me"
+)
+FORGET_STARTS = "DELETE FROM queue_starts WHERE queue = :queue AND at <= :since"
+STARTS = "SELECT at FROM queue_starts WHERE queue = :queue ORDER BY at"
+NEXT = """
+SELECT workflow, instance_id FROM instances
+WHERE queue = :queue AND status = 'queued' AND workflow IN ({workflows})
+ORDER BY priority, queued_at, instance_id LIMIT :n
+"""
+TAKE = """
+UPDATE instances SET status = 'running', owner = :me, updated_at = :at, message = NULL,
+    waiting_for = NULL, completed_at = NULL, traceback = NULL, step_key = NULL,
+    step_started = NULL, children_pending = NULL
+WHERE workflow = :workflow AND instance_id = :instance_id AND status = 'queued'
+RETURNING {columns}
+"""
+STEPS = (
+    "SELECT key, seq, kind, state, result, result_type, status, attempts "
+    "FROM steps WHERE workflow = :workflow AND instance_id = :instance_id"
+)
+STARTED = "INSERT INTO queue_starts (queue, at) VALUES (:queue, :now)"
+
+
+def claim(
+    execute: Execute,
+    *,
+    queue: str,
+    workflows: list[str],
+    me: str,
+    concurrency: int | None,
+    per_process: int | None,
+    rate: tuple[int, float] | None,
+    now: float,
+    at: str,
+    batch: int,
+    columns: str,
+    workflow_marks: str,
+    lock_rows: str = "",
+) -> Claimed:
+    """Claim up to ``batch`` queued instances of ``queue`` (of ``workflows``) within its limits.
+
+    The caller holds what keeps other claimers of the queue out until its
+    commit. ``now`` is the clock a rate limit is judged by (the database's on
+    PostgreSQL); ``workflow_marks`` the SQL list of the ``workflows``
+    parameters (``:w0, :w1``, or ``SELECT unnest(...)``); ``lock_rows`` what
+    locks the rows it picks (PostgreSQL: ``FOR UPDATE SKIP LOCKED``).
+    """
+    where = {"queue": queue, "me": me}
+    room = batch
+    if concurrency is not None:
+        room = min(room, concurrency - int(execute(RUNNING, where).fetchone()[0]))
+    if per_process is not None:
+        room = min(room, per_process - int(execute(RUNNING_MINE, where).fetchone()[0]))
+    starts: list[float] = []
+    if rate is not None:
+        count, period = rate
+        execute(FORGET_STARTS, {**where, "since": now - period})
+        starts = [float(row[0]) for row in execute(STARTS, where).fetchall()]
+        room = min(room, count - len(starts))
+    taken: list[RunSnapshot] = []
+    if room > 0:
+        params: dict[str, Any] = {**where, "n": room}
+        params.update({f"w{i}": name for i, name in enumerate(workflows)})
+        params["workflows"] = workflows
+        found = execute(NEXT.format(workflows=workflow_marks) + lock_rows, params).fetchall()
+        for workflow, instance_id in found:
+            one = {**where, "workflow": workflow, "instance_id": instance_id, "at": at}
+            row = execute(TAKE.format(columns=columns), one).fetchone()
+            if row is None:
+                continue
+            steps = execute(STEPS, one).fetchall()
+            taken.append(RunSnapshot(InstanceRow(*row), {s[0]: StoredStep(*s) for s in steps}))
+            execute(STARTED, {**where, "now": now})
+            starts.append(now)
+    retry_in = None
+    if rate is not None and len(starts) >= rate[0]:
+        # Room again once the oldest of the last ``count`` starts leaves the window.
+        retry_in = max(0.0, sorted(starts)[len(starts) - rate[0]] + rate[1] - now)
+    return Claimed(taken, retry_in)

@@ -1,0 +1,343 @@
+"""Queues: ``engine.queue``, ``register(..., queue=)``, ``invoke(..., queue=, priority=)``,
+``Queued``, the ``queues`` option, and the limits, on every store."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from helpers import query
+
+from memable import (
+    AlreadyStarted,
+    Cancelled,
+    Completed,
+    Context,
+    Engine,
+    MetadataStatus,
+    Queued,
+    Suspended,
+)
+
+TIMEOUT = 10.0
+
+
+def _running(engine: Engine, queue: str) -> int:
+    rows = query(engine, "SELECT count(*) FROM instances WHERE queue = ? AND status = 'running'",
+                 (queue,))
+    return int(rows[0][0])
+
+
+def _until(condition: Callable[[], bool]) -> None:
+    """Wait for a condition of the store's (another thread's commit offers no event)."""
+    pause = threading.Event()
+    for _ in range(1000):
+        if condition():
+            return
+        pause.wait(0.01)
+    raise AssertionError("the condition never held")
+
+
+def test_an_instance_invoked_onto_a_queue_is_queued_then_run(
+    make_engine: Callable[..., Engine],
+) -> None:
+    engine = make_engine()
+    engine.queue("q")
+    engine.register("double", lambda ctx, n: n * 2, queue="q")
+    with engine:
+        inv = engine.invoke("double", 21, instance_id="d")
+        assert inv.result(TIMEOUT) == 42
+        meta = engine.get_metadata("double", "d")
+        assert meta is not None
+        assert meta.status == MetadataStatus.Completed()
+
+
+@pytest.fixture(params=["file", "postgres"])
+def shared(request: pytest.FixtureRequest, tmp_path: Any) -> Callable[..., Engine]:
+    """Engines that share one store (a file, or a PostgreSQL schema), closed afterwards."""
+    from conftest import POSTGRES_URL
+
+    made: list[Engine] = []
+    if request.param == "file":
+        target: dict[str, Any] = {"target": tmp_path / "db"}
+    else:
+        target = {"target": POSTGRES_URL, "schema": request.getfixturevalue("pg_schema")}
+
+    def make(**options: Any) -> Engine:
+        made.append(Engine.open(**target, **options))
+        return made[-1]
+
+    yield make  # type: ignore[misc]
+    for engine in made:
+        engine.close()
+
+
+def _job_of(who: str, ran: list[str]) -> Callable[[Context], str]:
+    def job(ctx: Context) -> str:
+        ran.append(who)
+        return who
+
+    return job
+
+
+def test_an_enqueue_only_engine_stores_queued_instances_and_runs_none(
+    shared: Callable[..., Engine],
+) -> None:
+    ran: list[str] = []
+    web = shared(queues=())
+    worker = shared(poll_interval=0.05)
+    for engine, who in ((web, "web"), (worker, "worker")):
+        engine.queue("q")
+        engine.register("job", _job_of(who, ran), queue="q")
+    with web:
+        inv = web.invoke("job", instance_id="j")
+        assert inv.state == Queued()
+        meta = web.get_metadata("job", "j")
+        assert meta is not None
+        assert meta.status == MetadataStatus.Queued()
+        with pytest.raises(TimeoutError):
+            inv.wait(timeout=0.3)  # queued: nothing runs it yet
+        with worker:
+            assert inv.result(TIMEOUT) == "worker"
+    assert ran == ["worker"]
+
+
+def test_concurrency_caps_the_running_instances_of_a_queue(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """Five instances, concurrency 2: two run (held at a gate) while three stay queued;
+    released, all complete."""
+    engine = make_engine(poll_interval=60)
+    engine.queue("q", concurrency=2)
+    gate = threading.Event()
+    entered = threading.Semaphore(0)
+
+    def held(ctx: Context, n: int) -> int:
+        entered.release()
+        assert gate.wait(TIMEOUT)
+        return n
+
+    engine.register("held", held, queue="q")
+    with engine:
+        invs = [engine.invoke("held", i, instance_id=f"h{i}") for i in range(5)]
+        assert entered.acquire(timeout=TIMEOUT)
+        assert entered.acquire(timeout=TIMEOUT)
+        assert _running(engine, "q") == 2
+        assert sorted(str(inv.state) for inv in invs) == ["queued"] * 3 + ["started"] * 2
+        gate.set()
+        assert [inv.result(TIMEOUT) for inv in invs] == [0, 1, 2, 3, 4]
+
+
+def test_per_process_caps_what_this_engine_runs(make_engine: Callable[..., Engine]) -> None:
+    engine = make_engine(poll_interval=60)
+    engine.queue("q", per_process=1)
+    gate, entered = threading.Event(), threading.Semaphore(0)
+
+    def held(ctx: Context, n: int) -> int:
+        entered.release()
+        assert gate.wait(TIMEOUT)
+        return n
+
+    engine.register("held", held, queue="q")
+    with engine:
+        invs = [engine.invoke("held", i, instance_id=f"h{i}") for i in range(3)]
+        assert entered.acquire(timeout=TIMEOUT)
+        assert _running(engine, "q") == 1
+        gate.set()
+        assert [inv.result(TIMEOUT) for inv in invs] == [0, 1, 2]
+
+
+def test_lower_priority_runs_first_then_the_order_of_queueing(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """Queued while the one slot is held, they run by priority, then in queueing order."""
+    order: list[int] = []
+    web = make_engine(poll_interval=60)
+    gate = threading.Event()
+
+    def job(ctx: Context, n: int) -> int:
+        if n < 0:
+            assert gate.wait(TIMEOUT)
+        order.append(n)
+        return n
+
+    web.queue("q", concurrency=1)
+    web.register("job", job, queue="q")
+    web.start()
+    try:
+        blocker = web.invoke("job", -1, instance_id="blocker", priority=-10)
+        _until(lambda: _running(web, "q") == 1)
+        invs = [web.invoke("job", n, instance_id=f"j{n}", priority=p)
+                for n, p in ((1, 5), (2, 1), (3, 5), (4, 0))]
+        gate.set()
+        assert blocker.result(TIMEOUT) == -1
+        for inv in invs:
+            inv.result(TIMEOUT)
+    finally:
+        web.close()
+    assert order == [-1, 4, 2, 1, 3]
+
+
+def test_a_signal_to_a_queued_workflow_queues_its_next_run(
+    make_engine: Callable[..., Engine],
+) -> None:
+    engine = make_engine()
+    engine.queue("q", concurrency=1)
+    engine.register("approve", lambda ctx: ctx.suspend("ok") + 1, queue="q")
+    with engine:
+        inv = engine.invoke("approve", instance_id="a")
+        assert inv.wait(TIMEOUT) == Suspended("ok")
+        assert _running(engine, "q") == 0  # suspended: it holds no slot
+        engine.signal("approve", "a", "ok", 41)
+        assert inv.result(TIMEOUT) == 42
+
+
+def test_a_cancelled_queued_instance_never_runs(make_engine: Callable[..., Engine]) -> None:
+    ran: list[int] = []
+    engine = make_engine(queues=())
+    engine.queue("q")
+    engine.register("job", lambda ctx: ran.append(1), queue="q")
+    with engine:
+        inv = engine.invoke("job", instance_id="j")
+        assert inv.state == Queued()
+        engine.cancel("job", "j")
+        assert inv.wait(TIMEOUT) == Cancelled()
+    assert ran == []
+
+
+def test_invoke_can_override_the_queue_or_run_without_one(
+    make_engine: Callable[..., Engine],
+) -> None:
+    engine = make_engine(queues=("b",))
+    engine.queue("a")
+    engine.queue("b")
+    engine.register("job", lambda ctx: "done", queue="a")
+    engine.register("plain", lambda ctx: "here")
+    with engine:
+        assert engine.invoke("job", instance_id="on-a").state == Queued()  # a: not consumed
+        assert engine.invoke("job", instance_id="on-b", queue="b").result(TIMEOUT) == "done"
+        assert engine.invoke("plain").result(TIMEOUT) == "here"  # no queue: runs here
+        assert engine.invocation("job", "on-a").state == Queued()
+
+
+def test_wait_all_waits_for_the_queued_instances_this_engine_runs(
+    make_engine: Callable[..., Engine],
+) -> None:
+    engine = make_engine()
+    engine.queue("q", concurrency=2)
+    engine.register("double", lambda ctx, n: n * 2, queue="q")
+    engine.start()
+    invs = [engine.invoke("double", i) for i in range(20)]
+    engine.wait_all()
+    assert all(inv.state == Completed() for inv in invs)
+    engine.close()
+
+
+def test_children_go_through_their_queue(make_engine: Callable[..., Engine]) -> None:
+    engine = make_engine()
+    engine.queue("resize", concurrency=3)
+    engine.register("resize", lambda ctx, n: n + 1, queue="resize")
+    engine.register("batch", lambda ctx, n: sum(ctx.children("r", "resize", range(n))))
+    with engine:
+        assert engine.invoke("batch", 30, instance_id="b").result(TIMEOUT) == sum(range(1, 31))
+        assert _running(engine, "resize") == 0
+
+
+def test_a_rate_limit_spaces_the_starts(make_engine: Callable[..., Engine]) -> None:
+    """rate=(3, 0.3 s): the claims of nine instances, as the store records them, never
+    hold more than three in any 0.3 s window."""
+    engine = make_engine(poll_interval=60)
+    engine.queue("q", rate=(3, timedelta(seconds=0.3)))
+    engine.register("job", lambda ctx, n: n, queue="q")
+    seen: dict[float, int] = {}  # each start time, and how many claims it holds
+    stop = threading.Event()
+
+    def sample_once() -> None:
+        for at, n in query(engine, "SELECT at, count(*) FROM queue_starts GROUP BY at"):
+            seen[at] = max(seen.get(at, 0), n)
+
+    def sample() -> None:  # the store keeps a start for a window: look more often
+        while not stop.is_set():
+            sample_once()
+            stop.wait(0.02)
+
+    with engine:
+        sampler = threading.Thread(target=sample, name="test-sampler")
+        sampler.start()
+        try:
+            invs = [engine.invoke("job", i) for i in range(9)]
+            assert [inv.result(TIMEOUT) for inv in invs] == list(range(9))
+        finally:
+            stop.set()
+            sampler.join()
+        sample_once()  # the last claims, still in their window
+    starts = sorted(at for at, n in seen.items() for _ in range(n))
+    assert len(starts) == 9
+    assert all(starts[i + 3] - starts[i] >= 0.3 for i in range(len(starts) - 3))
+
+
+@pytest.mark.parametrize(
+    ("limits", "error"),
+    [({"concurrency": 0}, ValueError), ({"per_process": -1}, ValueError),
+     ({"concurrency": 1.5}, ValueError), ({"concurrency": True}, ValueError),
+     ({"rate": (0, 1)}, ValueError), ({"rate": (5, 0)}, ValueError),
+     ({"rate": (5, "1s")}, ValueError), ({"rate": 5}, ValueError)],
+)
+def test_a_bad_limit_is_refused(engine: Engine, limits: dict[str, Any], error: type) -> None:
+    with pytest.raises(error):
+        engine.queue("q", **limits)
+
+
+def test_queues_are_declared_before_start_and_by_name(engine: Engine) -> None:
+    with pytest.raises(ValueError, match="not declared"):
+        engine.register("job", lambda ctx: None, queue="nowhere")
+    engine.queue("q")
+    with pytest.raises(ValueError, match="already declared"):
+        engine.queue("q")
+    engine.register("job", lambda ctx: None, queue="q")
+    with engine:
+        with pytest.raises(AlreadyStarted):
+            engine.queue("late")
+        with pytest.raises(ValueError, match="not declared"):
+            engine.invoke("job", queue="nowhere")
+        with pytest.raises(TypeError, match="priority"):
+            engine.invoke("job", priority="high")
+
+
+def test_consuming_an_undeclared_queue_is_refused_at_start(
+    make_engine: Callable[..., Engine],
+) -> None:
+    engine = make_engine(queues=("missing",))
+    with pytest.raises(ValueError, match="not declared"):
+        engine.start()
+
+
+def test_a_poll_during_a_claim_does_not_take_back_what_was_claimed(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """The poll's look at "instances ours that no run here has" comes right after a
+    claim committed and before its run began: it must leave the claimed instance alone
+    (else it would queue it again, and it would start twice)."""
+    engine = make_engine(poll_interval=60)
+    engine.queue("q")
+    engine.register("job", lambda ctx, n: ctx.step("s").run(lambda: n), queue="q")
+    claim = engine._store.claim_queued
+    looked: list[int] = []
+
+    def claim_then_poll(*args: Any, **kwargs: Any) -> Any:
+        claimed = claim(*args, **kwargs)
+        if claimed.snapshots:
+            engine._runner._look_around(kwargs["now"])
+            looked.append(len(claimed.snapshots))
+        return claimed
+
+    engine._store.claim_queued = claim_then_poll  # type: ignore[method-assign]
+    with engine:
+        assert engine.invoke("job", 7, instance_id="j").result(TIMEOUT) == 7
+        [(starts,)] = query(engine, "SELECT count(*) FROM queue_starts")
+        assert engine.steps("job", "j")[0].attempts == 1
+    assert looked == [1]
+    assert starts == 1
