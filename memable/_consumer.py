@@ -57,7 +57,7 @@ class QueueConsumer:
                 break
             claimed = self._store.claim_queued(
                 queue.name, self._workflows, concurrency=queue.concurrency,
-                per_process=queue.per_process, rate=queue.rate, now=self._clock.wall(),
+                per_process=queue.per_process, rate=queue.rate, clock=self._clock.wall,
                 at=utcnow().isoformat(), batch=min(free, BATCH),
             )
             for snapshot in claimed.snapshots:

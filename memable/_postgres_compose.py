@@ -6,6 +6,7 @@ A mixin of ``PostgresStore``, apart only to keep each module to one job.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -73,7 +74,8 @@ class PostgresComposition:
 
     def claim_queued(
         self, queue: str, workflows: list[str], *, concurrency: int | None,
-        per_process: int | None, rate: tuple[int, float] | None, now: float, at: str,
+        per_process: int | None, rate: tuple[int, float] | None, clock: Callable[[], float],
+        at: str,
         batch: int,
     ) -> Claimed:
         if not workflows:

@@ -43,7 +43,7 @@ from ._records import StatusName
 from ._run import Run, stored_state
 from ._run import release as release_instance
 from ._serde import decode_for, store_form
-from ._states import Cancelled, Completed, Failed, Queued, Suspended, WorkflowState
+from ._states import Cancelled, Completed, Failed, Suspended, WorkflowState
 from ._store import Claim, RunSnapshot, StepWrite, Store, utcnow
 from ._workflow import Workflow
 
@@ -455,8 +455,10 @@ class Runner(BackgroundTick):
                 name, instance_id, now=utcnow().isoformat(), claim=run.claim
             )
             if snapshot is not None and snapshot.instance.status == "queued":
-                self.kick()  # it waits for a slot; whichever engine consumes its queue runs it
-                return Queued()
+                # It waits for a slot; whichever engine consumes its queue runs it.
+                # Nothing ran here: watchers follow the instance (None).
+                self.kick()
+                return None
             if snapshot is None:  # gone, or run by a live engine, or not waiting any more
                 row = self.store.get_instance(name, instance_id)
                 if row is None:

@@ -7,6 +7,7 @@ A mixin of ``SQLiteStore``, apart only to keep each module to one job.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import attrs
@@ -64,7 +65,8 @@ class SQLiteComposition:
 
     def claim_queued(
         self, queue: str, workflows: list[str], *, concurrency: int | None,
-        per_process: int | None, rate: tuple[int, float] | None, now: float, at: str,
+        per_process: int | None, rate: tuple[int, float] | None, clock: Callable[[], float],
+        at: str,
         batch: int,
     ) -> Claimed:
         if not workflows:
@@ -77,7 +79,9 @@ class SQLiteComposition:
         def take(conn: sqlite3.Connection) -> Claimed:
             claimed = queue_sql.claim(
                 conn.execute, queue=queue, workflows=workflows, me=self.owner,
-                concurrency=concurrency, per_process=per_process, rate=rate, now=now, at=at,
+                concurrency=concurrency, per_process=per_process, rate=rate,
+                # Read under the write lock: claims then record their starts in order.
+                now=clock(), at=at,
                 batch=batch, columns=sql.INSTANCE_RETURNING,
                 workflow_marks=", ".join(f":w{i}" for i in range(len(workflows))),
             )

@@ -334,7 +334,8 @@ class Store(Protocol):
 
     def claim_queued(
         self, queue: str, workflows: list[str], *, concurrency: int | None,
-        per_process: int | None, rate: tuple[int, float] | None, now: float, at: str,
+        per_process: int | None, rate: tuple[int, float] | None, clock: Callable[[], float],
+        at: str,
         batch: int,
     ) -> Claimed:
         """Claim up to ``batch`` queued instances of ``queue`` (of ``workflows``), atomically.
@@ -342,8 +343,9 @@ class Store(Protocol):
         Next by priority, then by when they became runnable; no more than
         the queue's limits let start now: ``concurrency`` running instances
         of the queue in all, ``per_process`` of this engine's, ``rate =
-        (count, period)`` claims in any window of ``period`` seconds (by the
-        database's clock where there is one). The count and the claim are
+        (count, period)`` claims in any window of ``period`` seconds, by the
+        database's clock where there is one, else by ``clock`` read inside the
+        transaction (so starts are recorded in the order they commit). The count and the claim are
         one transaction that every other claimer of the queue waits for; a
         claimed instance is marked running and owned by this engine in it.
         """

@@ -330,7 +330,7 @@ def test_a_poll_during_a_claim_does_not_take_back_what_was_claimed(
     def claim_then_poll(*args: Any, **kwargs: Any) -> Any:
         claimed = claim(*args, **kwargs)
         if claimed.snapshots:
-            engine._runner._look_around(kwargs["now"])
+            engine._runner._look_around(kwargs["clock"]())
             looked.append(len(claimed.snapshots))
         return claimed
 
@@ -341,3 +341,54 @@ def test_a_poll_during_a_claim_does_not_take_back_what_was_claimed(
         assert engine.steps("job", "j")[0].attempts == 1
     assert looked == [1]
     assert starts == 1
+
+
+def test_wait_follows_a_queued_instance_to_the_end_of_its_next_run(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """After a signal, the instance waits for a slot (Queued) before it runs on:
+    ``wait()`` returns the state that run ends in, not Queued."""
+    engine = make_engine()
+    engine.queue("q", concurrency=1)
+
+    def two_waits(ctx: Context) -> str:
+        ctx.suspend("first")
+        return str(ctx.suspend("second"))
+
+    engine.register("two", two_waits, queue="q")
+    with engine:
+        inv = engine.invoke("two", instance_id="t")
+        assert inv.wait(TIMEOUT) == Suspended("first")
+        assert engine.signal("two", "t", "first", 1).wait(TIMEOUT) == Suspended("second")
+        assert engine.resume("two", "t").wait(TIMEOUT) == Suspended("second")
+        assert engine.signal("two", "t", "second", "done").result(TIMEOUT) == "done"
+
+
+def test_a_file_store_reads_the_rate_clock_under_its_write_lock(tmp_path: Any) -> None:
+    """Claims on one file are serialised by its write lock; the clock a rate is judged by
+    is read inside that lock, so the starts are recorded in the order claims commit
+    (a clock read before waiting for the lock would record a later claim as earlier)."""
+    import time
+
+    from memable._sqlite import SQLiteStore
+    from memable._store import InstanceRow
+
+    store = SQLiteStore(tmp_path / "db", "full")
+    try:
+        store.create_instance(InstanceRow(
+            workflow="wf", instance_id="i", status="queued", message=None, input="null",
+            input_type=None, output=None, output_type=None, created_at="t", updated_at="t",
+            completed_at=None, queue="q", priority=0, queued_at="t",
+        ))
+        locked: list[bool] = []
+
+        def clock() -> float:
+            locked.append(store._conn.in_transaction)
+            return time.time()
+
+        claimed = store.claim_queued("q", ["wf"], concurrency=None, per_process=None,
+                                     rate=(5, 1.0), clock=clock, at="t", batch=8)
+        assert [s.instance.instance_id for s in claimed.snapshots] == ["i"]
+        assert locked == [True]
+    finally:
+        store.close()
