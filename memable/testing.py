@@ -58,6 +58,7 @@ __all__ = [
     "FrozenClock",
     "advance",
     "engine",
+    "memable_configure",
     "memable_options",
     "memable_workflows",
     "running",
@@ -114,6 +115,17 @@ def memable_workflows() -> Mapping[str, Callable[..., Any]]:
 
 
 @pytest.fixture
+def memable_configure() -> Callable[[Engine], None] | None:
+    """A function that sets up the ``memable_engine`` before it starts: none unless overridden.
+
+    Override it to return your app's own ``configure(engine)``, which
+    declares queues (``engine.queue``) and registers workflows on them; it
+    runs before the workflows of ``memable_workflows`` are registered.
+    """
+    return None
+
+
+@pytest.fixture
 def memable_options() -> dict[str, Any]:
     """Keyword options of ``Engine.in_memory`` for ``memable_engine``: none unless overridden.
 
@@ -127,8 +139,10 @@ def memable_engine(
     request: pytest.FixtureRequest,
     memable_workflows: Mapping[str, Callable[..., Any]],
     memable_options: dict[str, Any],
+    memable_configure: Callable[[Engine], None] | None,
 ) -> Iterator[Engine]:
-    """A started in-memory ``Engine`` with ``memable_workflows``, built with ``memable_options``.
+    """A started in-memory ``Engine`` with ``memable_workflows``, built with ``memable_options``
+    and set up by ``memable_configure``.
 
     At teardown the engine is drained (``wait_all``: runs in flight, and runs
     that due timers and signals start, end) and closed. Then every thread
@@ -138,9 +152,14 @@ def memable_engine(
     their own; a thread still alive fails the test, by name.
     """
     timeout = _thread_timeout(request.config)
-    with running(
-        Engine.in_memory(**memable_options), memable_workflows, thread_timeout=timeout
-    ) as started:
+    engine = Engine.in_memory(**memable_options)
+    if memable_configure is not None:
+        try:
+            memable_configure(engine)
+        except BaseException:
+            engine.close()
+            raise
+    with running(engine, memable_workflows, thread_timeout=timeout) as started:
         yield started
 
 

@@ -1,4 +1,5 @@
-"""Django setup for the example's tests; the memable plugin's ``memable_engine`` runs WORKFLOWS."""
+"""Django setup for the example's tests; the memable plugin's ``memable_engine``, set up
+as the worker is, runs what the views enqueue."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import django
 import pytest
@@ -20,13 +20,14 @@ django.setup()
 setup_test_environment()  # what Django's test runner does: allows the host "testserver"
 
 from orders.engine import use_engine  # noqa: E402
-from orders.workflows import WORKFLOWS  # noqa: E402
+from orders.workflows import configure  # noqa: E402
 
 
 @pytest.fixture
-def memable_workflows() -> dict[str, Callable[..., Any]]:
-    """What the plugin's ``memable_engine`` fixture registers before it starts the engine."""
-    return WORKFLOWS
+def memable_configure() -> Callable[[Engine], None]:
+    """How the plugin's ``memable_engine`` is set up: the app's queue and workflows (it
+    consumes the queue, as the worker does)."""
+    return configure
 
 
 @pytest.fixture

@@ -138,18 +138,25 @@ def test_the_wrong_method_is_405(client: Client) -> None:
     assert client.get("/orders/x/approve").status_code == 405
 
 
-def test_the_web_process_opens_its_engine_on_first_use(tmp_path: Path) -> None:
+def test_the_web_process_opens_its_engine_on_first_use_and_only_enqueues(
+    tmp_path: Path,
+) -> None:
+    """The web engine consumes no queue: an order stays queued until a worker runs it."""
     path = tmp_path / "web.db"
     with override_settings(MEMABLE_DB=str(path)):
         use_engine(None)
         engine = get_engine()
+        worker = open_engine()
         try:
             assert get_engine() is engine
             client = Client()
             started = client.post("/orders", {"item": "cups", "quantity": 6}, "application/json")
-            settle(engine, started.json()["id"])
+            assert client.get(started["Location"]).json()["state"] == "queued"
+            worker.start()
+            settle(engine, started.json()["id"])  # the web engine follows the worker's run
             assert client.get(started["Location"]).json()["state"] == "suspended"
         finally:
+            worker.close()
             engine.close()  # what atexit does at the end of a real process
             use_engine(None)
     assert path.exists()
@@ -166,16 +173,20 @@ def wait_until(check: Callable[[], bool], worker: subprocess.Popen[str], what: s
 
 def test_the_worker_command_runs_the_workflows_until_sigterm(tmp_path: Path) -> None:
     path = tmp_path / "shop.db"
-    # Two orders from a web process that has stopped since. The first was placed and
+    # Two orders a worker that has stopped since ran. The first was placed and
     # approved three days ago: its review timer is due. The second waits for approval.
     three_days_ago = datetime.now(timezone.utc) - timedelta(days=3, minutes=1)
     with override_settings(MEMABLE_DB=str(path)):
-        web_engine = open_engine()
-    with freeze_time(three_days_ago), running(web_engine) as web:
-        web.invoke(WORKFLOW, Order("tea", 2), instance_id="order-1").wait(timeout=10)
-        approved = web.signal(WORKFLOW, "order-1", "approval:v1", "alice")
+        earlier_worker = open_engine()
+        web_engine = open_engine(web=True)
+    with freeze_time(three_days_ago), running(earlier_worker) as earlier:
+        earlier.invoke(WORKFLOW, Order("tea", 2), instance_id="order-1").wait(timeout=10)
+        approved = earlier.signal(WORKFLOW, "order-1", "approval:v1", "alice")
         assert approved.wait(timeout=10) == Suspended("timer review-delay:v1")
-        web.invoke(WORKFLOW, Order("cups", 6), instance_id="order-2").wait(timeout=10)
+        earlier.invoke(WORKFLOW, Order("cups", 6), instance_id="order-2").wait(timeout=10)
+    # A third, queued by a web process: no worker has run it yet.
+    with running(web_engine) as web:
+        assert str(web.invoke(WORKFLOW, Order("pot", 1), instance_id="order-3").state) == "queued"
 
     worker = subprocess.Popen(
         [sys.executable, "manage.py", "memable_worker"],
@@ -199,6 +210,8 @@ def test_the_worker_command_runs_the_workflows_until_sigterm(tmp_path: Path) -> 
             wait_until(lambda: status("order-1") == MetadataStatus.Completed(), worker, "finish")
             shipped = MetadataStatus.Suspended("timer review-delay:v1")
             wait_until(lambda: status("order-2") == shipped, worker, "ship order-2")
+            waiting = MetadataStatus.Suspended("waiting for a manager's approval")
+            wait_until(lambda: status("order-3") == waiting, worker, "start order-3")
             assert signaller.steps(WORKFLOW, "order-1")[-1].key == "review-request:v1"
     finally:
         worker.send_signal(signal.SIGTERM)

@@ -1,8 +1,10 @@
 """A Flask app that starts a memable workflow per order and shows its status.
 
-Run it from this directory with ``flask --app app run``. The workflows are
+Run it from this directory with ``flask --app app run``, and the workers that
+run the orders with ``memable worker worker:engine``. The workflows are
 stored in the SQLite file named by the ``MEMABLE_DB`` setting (set it with
-``FLASK_MEMABLE_DB=/path/to/orders.db`` in the environment).
+``FLASK_MEMABLE_DB=/path/to/orders.db`` in the environment; the worker reads
+``MEMABLE_DB``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from flask import Blueprint, Flask, current_app, request, url_for
 from flask.typing import ResponseReturnValue
 from memable import Engine, InstanceFinished, InstanceNotFound, MetadataStatus, SignalRejected
 
-from workflows import WORKFLOWS, Order
+from workflows import Order, configure
 
 WORKFLOW = "place_order"
 #: What an Idempotency-Key header may hold: it becomes the instance id, and part of a URL.
@@ -25,18 +27,19 @@ orders = Blueprint("orders", __name__)
 
 
 def create_app(engine: Engine | None = None, **config: Any) -> Flask:
-    """Build the app. Without ``engine``, open ``MEMABLE_DB`` and run WORKFLOWS on it.
+    """Build the app. Without ``engine``, open ``MEMABLE_DB`` to enqueue orders on it.
 
-    Tests pass an engine of their own, with WORKFLOWS registered and started.
+    The web process's engine consumes no queue (``queues=()``): it stores
+    orders, signals and reads, and ``memable worker worker:engine`` processes
+    run them. Tests pass an engine of their own, configured and started.
     """
     app = Flask(__name__)
     app.config["MEMABLE_DB"] = "memable.db"
     app.config.from_prefixed_env()  # FLASK_MEMABLE_DB=... in the environment
     app.config.update(config)
     if engine is None:
-        engine = Engine.open(app.config["MEMABLE_DB"])
-        for name, fn in WORKFLOWS.items():
-            engine.register(name, fn)
+        engine = Engine.open(app.config["MEMABLE_DB"], queues=())
+        configure(engine)
         engine.start()
         # At exit: take no new work, let the runs in flight end, close the file.
         atexit.register(engine.close)
@@ -85,7 +88,7 @@ def order_status(order_id: str) -> ResponseReturnValue:
     steps = engine.steps(WORKFLOW, order_id)
     body: dict[str, Any] = {
         "id": order_id,
-        "state": meta.status.name,  # running, suspended, completed, failed, cancelled
+        "state": meta.status.name,  # queued, running, suspended, completed, failed, ...
         "status": meta.status.message,  # e.g. "waiting for a manager's approval"
         "steps_done": [step.key for step in steps if step.state == "completed"],
     }

@@ -1,11 +1,11 @@
-"""Fixtures of the Flask example: the plugin's ``memable_engine`` runs the app's WORKFLOWS."""
+"""Fixtures of the Flask example: the plugin's ``memable_engine``, set up as the app's
+worker is (its queue, its workflows), consumes the queue the views enqueue on."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 from flask.testing import FlaskClient
@@ -14,13 +14,13 @@ from memable import Engine
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from app import create_app
-from workflows import WORKFLOWS
+from workflows import configure
 
 
 @pytest.fixture
-def memable_workflows() -> dict[str, Callable[..., Any]]:
-    """What the plugin's ``memable_engine`` fixture registers before it starts the engine."""
-    return WORKFLOWS
+def memable_configure() -> Callable[[Engine], None]:
+    """How the plugin's ``memable_engine`` is set up: the app's queue and workflows."""
+    return configure
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from memable import Engine
 from memable.testing import advance
 
 from app import WORKFLOW, create_app
+from worker import engine as worker_engine
 
 
 def settle(engine: Engine, order_id: str) -> None:
@@ -121,18 +122,27 @@ def test_a_retried_request_with_the_same_idempotency_key_starts_one_order(
     assert [order_id for order_id, _ in engine.list_instances(WORKFLOW)] == ["cart-41"]
 
 
-def test_without_an_engine_the_app_runs_the_workflows_on_the_configured_file(
-    tmp_path: Path,
+def test_the_web_process_only_enqueues_and_the_worker_runs_the_orders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Without an engine the app opens the configured file to enqueue on (``queues=()``):
+    an order stays queued until a worker (``worker.engine``) consumes the queue."""
     path = tmp_path / "orders.db"
     app = create_app(MEMABLE_DB=str(path))
-    engine: Engine = app.extensions["memable"]
+    web: Engine = app.extensions["memable"]
+    monkeypatch.setenv("MEMABLE_DB", str(path))
+    worker = worker_engine()
     try:
         client = app.test_client()
         order_id = client.post("/orders", json={"item": "cups", "quantity": 6}).json["id"]
+        assert client.get(f"/orders/{order_id}").json["state"] == "queued"
+        worker.start()
+        settle(web, order_id)  # the web engine follows the run the worker makes
+        assert client.get(f"/orders/{order_id}").json["state"] == "suspended"
         client.post(f"/orders/{order_id}/approve", json={"approver": "alice"})
-        settle(engine, order_id)
+        settle(web, order_id)
         assert client.get(f"/orders/{order_id}").json["steps_done"][-1] == "ship:v1"
     finally:
-        engine.close()  # what atexit does at the end of a real process
+        worker.close()
+        web.close()  # what atexit does at the end of a real process
     assert path.exists()

@@ -11,7 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 import attrs
-from memable import Context
+from memable import Context, Engine
 
 
 @attrs.frozen
@@ -50,3 +50,15 @@ def place_order(ctx: Context, order: Order) -> str:
 
 #: Every workflow of the app by name: the app registers these on its engine.
 WORKFLOWS: dict[str, Callable[..., Any]] = {"place_order": place_order}
+
+
+#: The queue orders go through: web processes only enqueue; workers run them, at most
+#: 5 at once and 100 a minute (say, what the payment provider allows).
+QUEUE = "orders"
+
+
+def configure(engine: Engine) -> None:
+    """Declare the queue and register every workflow on it: the same in every process."""
+    engine.queue(QUEUE, concurrency=5, rate=(100, 60))
+    for name, fn in WORKFLOWS.items():
+        engine.register(name, fn, queue=QUEUE)

@@ -8,17 +8,21 @@ import threading
 from django.conf import settings
 from memable import Engine
 
-from .workflows import WORKFLOWS
+from .workflows import configure
 
 _lock = threading.Lock()
 _engine: Engine | None = None
 
 
-def open_engine() -> Engine:
-    """An engine on ``settings.MEMABLE_DB`` with every workflow registered; not started."""
-    engine = Engine.open(settings.MEMABLE_DB)
-    for name, fn in WORKFLOWS.items():
-        engine.register(name, fn)
+def open_engine(*, web: bool = False) -> Engine:
+    """An engine on ``settings.MEMABLE_DB`` with the queue and workflows; not started.
+
+    ``web``: a web process's engine, which consumes no queue (``queues=()``):
+    it enqueues orders, signals them and reads them; ``manage.py
+    memable_worker`` processes run them.
+    """
+    engine = Engine.open(settings.MEMABLE_DB, queues=() if web else None)
+    configure(engine)
     return engine
 
 
@@ -33,7 +37,7 @@ def get_engine() -> Engine:
     global _engine
     with _lock:
         if _engine is None:
-            _engine = open_engine()
+            _engine = open_engine(web=True)
             _engine.start()
             # At exit: take no new work, let the runs in flight end, close the file.
             atexit.register(_engine.close)

@@ -63,7 +63,7 @@ def order_status(request: HttpRequest, order_id: str) -> JsonResponse:
     steps = engine.steps(WORKFLOW, order_id)
     body: dict[str, Any] = {
         "id": order_id,
-        "state": meta.status.name,  # running, suspended, completed, failed, cancelled
+        "state": meta.status.name,  # queued, running, suspended, completed, failed, ...
         "status": meta.status.message,  # e.g. "waiting for a manager's approval"
         "steps_done": [step.key for step in steps if step.state == "completed"],
     }
