@@ -32,6 +32,8 @@ FULL_SIZES = {
     "reps": 50,
     "w6": [100, 1000, 10000],
     "suspended": 10000,
+    "w7": 1000,
+    "w8": 2000,
 }
 QUICK_SIZES = {
     "floor_rows": 300,
@@ -41,6 +43,8 @@ QUICK_SIZES = {
     "reps": 10,
     "w6": [100, 1000],
     "suspended": 1000,
+    "w7": 100,
+    "w8": 200,
 }
 
 
@@ -137,6 +141,8 @@ def plan(
         runs.append((f"W6 W1 n={n}", "step_throughput", {**full, "n": n, "warm": warm}))
     # Every size in one process, taking turns: see _workloads._replays.
     runs.append(("W6 W3", "replay_growth", {**full, "sizes": sizes["w6"]}))
+    runs.append(("W7 full", "children_queue", {**full, "n": sizes["w7"], "concurrency": 8}))
+    runs.append(("W8 full", "queue_throughput", {**full, "m": sizes["w8"], "concurrency": 8}))
     return runs
 
 
@@ -270,6 +276,21 @@ def report(
             )
         else:
             rows.append((f"W6 {workload}", "growth", "FAILED", "", "", False))
+    for label, what in (("W7 full", f"a parent of {sizes['w7']} children through a queue "
+                                    "of concurrency 8, per child"),
+                        ("W8 full", f"{sizes['w8']} one-step workflows through a queue "
+                                    "of concurrency 8, per workflow")):
+        ours, theirs = records.get(label, {}), records.get(f"dbos {label}", {})
+        if not ours.get("ok"):
+            rows.append((label, what, "FAILED", "", "", False))
+        elif theirs.get("ok"):
+            ratio = ours["seconds"] / theirs["seconds"]
+            rows.append((label, what, f"{ours['seconds']:.2f} s ({_fmt_us(ours['per_op_us'])})",
+                         f"{theirs['seconds']:.2f} s DBOS 3.4.0",
+                         f"{ratio:.3f}x (goal ≤ 0.1x)", ratio <= 0.1))
+        else:
+            rows.append((label, what, f"{ours['seconds']:.2f} s ({_fmt_us(ours['per_op_us'])})",
+                         "needs --dbos", "goal ≤ 0.1x of DBOS", False))
     rec = records.get("suspended", {})
     if rec.get("ok"):
         rows.append(
@@ -294,7 +315,7 @@ def report(
     return "\n".join(lines), all(row[-1] for row in rows)
 
 
-DBOS_LABELS = ("W1 full", "W2 full", "W3 full", "W4 full", "W5 full")
+DBOS_LABELS = ("W1 full", "W2 full", "W3 full", "W4 full", "W5 full", "W7 full", "W8 full")
 
 
 def dbos_report(records: dict[str, dict[str, Any]]) -> str:
@@ -343,7 +364,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--dbos",
         metavar="PYTHON",
-        help="also run W1-W5 on DBOS, with this interpreter (one that has dbos installed)",
+        help="also run W1-W5, W7 and W8 on DBOS, with this interpreter (one that has dbos "
+        "installed)",
     )
     parser.add_argument(
         "--store",
