@@ -6,7 +6,8 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -164,3 +165,14 @@ def cli(*args: str | os.PathLike[str]) -> Result:
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise result.exception
     return result
+
+
+def until(condition: Callable[[], bool], seconds: float = 10.0) -> None:
+    """Wait for a condition that offers no event to wait on (a server backend's wait
+    state, another process's commit): look every 10 ms, fail after ``seconds``."""
+    pause = threading.Event()
+    for _ in range(int(seconds / 0.01)):
+        if condition():
+            return
+        pause.wait(0.01)
+    raise AssertionError("the condition never held")

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import PROCS
+from helpers import PROCS, until
 
 from memable import (
     Cancelled,
@@ -378,11 +378,7 @@ def test_a_child_ending_while_its_parent_records_its_wait_is_counted(
     with engine:
         inv = engine.invoke("parent", instance_id="p")
         assert settled.wait(TIMEOUT)
-        pause = threading.Event()
-        for _ in range(1000):  # the server's wait states offer no event: look again
-            if parent_recorded_or_waiting():
-                break
-            pause.wait(0.01)
+        until(parent_recorded_or_waiting)
         go.set()
         assert inv.result(TIMEOUT) == [42]
 

@@ -18,7 +18,7 @@ import psycopg
 import pytest
 from conftest import POSTGRES_URL
 from freezegun import freeze_time
-from helpers import T0, query
+from helpers import T0, query, until
 
 from memable import (
     Completed,
@@ -297,16 +297,6 @@ def _waiting_on_a_lock(schema: str) -> bool:
     return bool(found and found[0])
 
 
-def _until(condition: Callable[[], bool]) -> None:
-    """Wait for a condition of the server's that offers no event (a backend's wait state)."""
-    done = threading.Event()
-    for _ in range(1000):
-        if condition():
-            return
-        done.wait(0.01)
-    raise AssertionError("the condition never held")
-
-
 def test_a_signal_waits_for_a_firing_that_holds_its_deadline_and_is_then_rejected(
     pg_schema: str,
 ) -> None:
@@ -335,7 +325,7 @@ def test_a_signal_waits_for_a_firing_that_holds_its_deadline_and_is_then_rejecte
             assert [tuple(row) for row in fired] == [("approval", "a", "approval:v1")]
             sender = threading.Thread(target=send, name="test-signal")
             sender.start()
-            _until(lambda: _waiting_on_a_lock(pg_schema))
+            until(lambda: _waiting_on_a_lock(pg_schema))
         sender.join(TIMEOUT)  # the firing committed as its block ended
         assert len(outcome) == 1
         assert isinstance(outcome[0], SignalRejected)

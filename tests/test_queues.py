@@ -9,7 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from helpers import query
+from helpers import query, until
 
 from memable import (
     AlreadyStarted,
@@ -29,16 +29,6 @@ def _running(engine: Engine, queue: str) -> int:
     rows = query(engine, "SELECT count(*) FROM instances WHERE queue = ? AND status = 'running'",
                  (queue,))
     return int(rows[0][0])
-
-
-def _until(condition: Callable[[], bool]) -> None:
-    """Wait for a condition of the store's (another thread's commit offers no event)."""
-    pause = threading.Event()
-    for _ in range(1000):
-        if condition():
-            return
-        pause.wait(0.01)
-    raise AssertionError("the condition never held")
 
 
 def test_an_instance_invoked_onto_a_queue_is_queued_then_run(
@@ -169,7 +159,7 @@ def test_lower_priority_runs_first_then_the_order_of_queueing(
     web.start()
     try:
         blocker = web.invoke("job", -1, instance_id="blocker", priority=-10)
-        _until(lambda: _running(web, "q") == 1)
+        until(lambda: _running(web, "q") == 1)
         invs = [web.invoke("job", n, instance_id=f"j{n}", priority=p)
                 for n, p in ((1, 5), (2, 1), (3, 5), (4, 0))]
         gate.set()
