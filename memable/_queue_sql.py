@@ -6,7 +6,8 @@ next ones, by priority then ``queued_at``, within the queue's limits, and
 marks them running and owned in the transaction that counted: SQLite's
 write lock, or on PostgreSQL a transaction-scoped advisory lock per queue,
 keeps any other claimer of the queue out between the count and the claim.
-Each claim is a row of ``queue_starts``, which a rate limit counts.
+Under a rate limit each claim is a row of ``queue_starts``, which the limit
+counts; a claim forgets the rows older than the limit's period.
 """
 
 from __future__ import annotations
@@ -101,8 +102,9 @@ def claim(
                 continue
             steps = execute(STEPS, one).fetchall()
             taken.append(RunSnapshot(InstanceRow(*row), {s[0]: StoredStep(*s) for s in steps}))
-            execute(STARTED, {**where, "now": now})
-            starts.append(now)
+            if rate is not None:  # only a rate counts starts (and forgets old ones)
+                execute(STARTED, {**where, "now": now})
+                starts.append(now)
     retry_in = None
     if rate is not None and len(starts) >= rate[0]:
         # Room again once the oldest of the last ``count`` starts leaves the window.
