@@ -58,7 +58,8 @@ def test_the_plugin_is_loaded_by_pytest_and_exports_its_api(
     """The pytest11 entry point loads memable.testing; __all__ is what the docs list."""
     assert pytestconfig.pluginmanager.is_registered(memable.testing)
     assert memable.testing.__all__ == [
-        "FrozenClock", "advance", "engine", "memable_options", "memable_workflows", "running",
+        "FrozenClock", "advance", "engine", "memable_configure", "memable_options",
+        "memable_workflows", "running",
     ]
     assert all(hasattr(memable.testing, name) for name in memable.testing.__all__)
 
@@ -498,6 +499,36 @@ def test_the_default_fixtures_give_an_empty_started_engine_closed_after(
         """
     )
     inner.runpytest().assert_outcomes(passed=2)
+
+
+def test_memable_configure_sets_up_the_engine_before_it_starts(inner: pytest.Pytester) -> None:
+    """An override of memable_configure declares a queue and registers a workflow on it;
+    it runs before the engine starts (the engine refuses both after), and the
+    workflows of memable_workflows are registered too."""
+    inner.makepyfile(
+        """
+        import pytest
+
+        def configure(engine):
+            engine.queue("jobs", concurrency=1)
+            engine.register("double", lambda ctx, n: n * 2, queue="jobs")
+
+        @pytest.fixture
+        def memable_configure():
+            return configure
+
+        @pytest.fixture
+        def memable_workflows():
+            return {"plain": lambda ctx: "here"}
+
+        def test_the_queue_and_both_workflows(memable_engine):
+            assert memable_engine.invoke("double", 21).result(timeout=10) == 42
+            assert memable_engine.invoke("plain").result(timeout=10) == "here"
+            meta = memable_engine.list_instances("double")[0][1]
+            assert meta.status.name == "completed"
+        """
+    )
+    inner.runpytest().assert_outcomes(passed=1)
 
 
 def test_overrides_in_a_conftest_a_module_and_a_parametrize(inner: pytest.Pytester) -> None:
