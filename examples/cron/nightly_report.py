@@ -111,12 +111,14 @@ def main(argv: list[str] | None = None) -> int:
 
     engine = Engine.open(args.db)
     engine.register(WORKFLOW, make_workflow(args.out))
+    # What the last run left, read before the engine starts: once started, it may
+    # recover (and finish) a crashed run before this line would have run.
+    meta = engine.get_metadata(WORKFLOW, day_id)
+    if meta is None:
+        print(f"{day_id}: starting", flush=True)
+    else:
+        print(f"{day_id}: found {meta.status.name}", flush=True)
     with engine:  # on start, instances of a dead process are recovered
-        meta = engine.get_metadata(WORKFLOW, day_id)
-        if meta is None:
-            print(f"{day_id}: starting", flush=True)
-        else:
-            print(f"{day_id}: found {meta.status.name}", flush=True)
         if meta is not None and isinstance(meta.status, MetadataStatus.Failed):
             inv = engine.resume(WORKFLOW, day_id)
         else:
