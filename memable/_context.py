@@ -215,10 +215,7 @@ class Context:
         shipped
         """
         key = check_key(key, self._workflow, self._instance_id)
-        deadline = None
-        if timeout is not None:
-            seconds = seconds_of(timeout, "suspend timeout")
-            deadline = check_deadline(self._clock.wall() + seconds, "suspend timeout", timeout)
+        deadline = None if timeout is None else self._deadline(key, "suspend timeout", timeout)
         self.attempts.boundary()
         self._claim(key)
         stored = self._arrived(key, "signal")
@@ -259,12 +256,11 @@ class Context:
         MetadataStatus.Suspended(message='timer cool-off:v1')
         """
         key = check_key(key, self._workflow, self._instance_id)
-        seconds = seconds_of(duration, "timer duration")
-        deadline = check_deadline(self._clock.wall() + seconds, "timer duration", duration)
+        deadline = self._deadline(key, "timer duration", duration)
         self.attempts.boundary()
         self._claim(key)
         # A due timer needs no second look: recording it fires it at once.
-        stored = self._arrived(key, "timer", reread=seconds > 0)
+        stored = self._arrived(key, "timer", reread=deadline > self._clock.wall())
         if stored is not None and stored.state == "completed":
             self._replayed(key, stored, None)
             return
@@ -340,6 +336,19 @@ class Context:
                       queue=queue)
 
     # ------------------------------------------------------------------ engine side
+
+    def _deadline(self, key: str, what: str, duration: object) -> float:
+        """The wall-clock deadline ``duration`` from now; a bad one fails the step ``key``.
+
+        The error (TypeError, or ValueError for a negative duration or a
+        deadline past the year 9999) names the key and the argument.
+        """
+        what = f"{what} of {key!r}"
+        try:
+            return check_deadline(self._clock.wall() + seconds_of(duration, what), what, duration)
+        except (TypeError, ValueError) as exc:
+            self._note(key, exc, None)
+            raise
 
     def _end_replay(self) -> None:
         """Leave replay: from now on statuses are live; publish the current one once."""

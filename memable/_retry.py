@@ -13,7 +13,11 @@ from ._step_error import StepError
 
 
 def _seconds(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
-    if isinstance(value, bool) or not 0 <= value < math.inf:
+    """A delay or multiplier: a finite number >= 0 (a ``str`` is a TypeError, named)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        kind = "a number" if attribute.name == "multiplier" else "float seconds or a timedelta"
+        raise TypeError(f"Retry.{attribute.name} is {kind}, not {type(value).__name__} {value!r}")
+    if not 0 <= value < math.inf:
         raise ValueError(f"Retry.{attribute.name} must be a finite number >= 0, not {value!r}")
 
 

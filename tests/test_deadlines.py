@@ -281,7 +281,8 @@ def test_a_bad_timeout_fails_the_run_and_stores_no_row(
     assert isinstance(state, Failed)
     assert state.message is not None
     assert error.__name__ in state.message
-    assert "suspend timeout" in state.message
+    assert state.message.startswith("step 'answer' failed: ")
+    assert "suspend timeout of 'answer'" in state.message
 
 
 # ---------------------------------------------------------------------- overlapping on PostgreSQL

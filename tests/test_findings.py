@@ -100,17 +100,20 @@ def test_bad_durations_are_refused_naming_the_argument(value: object, error: typ
 def test_a_bad_timer_fails_the_run_and_stores_no_timer(
     make_engine: Callable[..., Engine], duration: object
 ) -> None:
-    """A timer of a str, infinity or past the year 9999 fails the run; no timer is armed."""
+    """A timer of a str, infinity or past the year 9999 fails the run naming its key; no
+    timer is armed."""
     engine = make_engine()
 
     def wf(ctx: Context) -> None:
-        ctx.timer("t", duration)  # type: ignore[arg-type]
+        ctx.timer("far:v1", duration)  # type: ignore[arg-type]
 
     engine.register("wf", wf)
     with engine:
-        state = engine.invoke("wf").wait(timeout=10)
+        state = engine.invoke("wf", instance_id="w").wait(timeout=10)
+        assert engine.steps("wf", "w") == []
     assert state.message is not None
-    assert "timer duration" in state.message
+    assert state.message.startswith("step 'far:v1' failed: ")
+    assert "timer duration of 'far:v1'" in state.message
 
 
 @pytest.mark.parametrize("value", [0, -1, timedelta(0)])

@@ -497,3 +497,11 @@ def test_retry_with_something_else_than_a_retry_fails_the_run(engine: Engine) ->
         assert engine.steps("wf", "job-1") == []
     assert state == Failed("workflow raised TypeError: retry takes a Retry, not str")
     assert calls == []
+
+
+@pytest.mark.parametrize("name", ["initial_delay", "max_delay", "multiplier"])
+@pytest.mark.parametrize("value", ["1", None, [1]])
+def test_a_delay_of_the_wrong_type_is_a_type_error_naming_it(name: str, value: object) -> None:
+    """Retry(initial_delay="1") and the like: a TypeError that names the field."""
+    with pytest.raises(TypeError, match=f"^Retry.{name} is .*, not {type(value).__name__}"):
+        Retry(**{name: value})  # type: ignore[arg-type]
