@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TypeVar
 
 import attrs
 
 from ._context import Context
 from ._engine import Engine
+from ._log import log
 
 T = TypeVar("T")
 
@@ -65,6 +69,38 @@ class _Shop:
         return order.total
 
 
+class _OneLine(logging.Formatter):
+    """A record as one line: its level and message, never a traceback or a stack."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        left_out = " (traceback left out)" if record.exc_info or record.exc_text else ""
+        return f"  log: {record.levelname} {record.name}: {record.getMessage()}{left_out}"
+
+
+@contextmanager
+def _one_line_logs() -> Iterator[None]:
+    """While the demo runs, show the engine's warnings in one line on stderr.
+
+    The engine logs the failure the demo makes on purpose at WARNING, with its
+    traceback. Where no handler would take the record, Python's last-resort
+    handler prints it, traceback and all; the demo gives the ``memable``
+    logger a one-line handler instead, and removes it afterwards. Where
+    logging is configured (a handler on ``memable`` or above it), the
+    records go there as configured and the demo adds nothing.
+    """
+    if log.hasHandlers():
+        yield
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(_OneLine())
+    log.addHandler(handler)
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+
+
 def run_demo(path: str | os.PathLike[str], say: Callable[[str], None] = print) -> int:
     """Run the demo on the store at ``path``; return 0 if it went as it should."""
     shop = _Shop(say)
@@ -88,7 +124,7 @@ def run_demo(path: str | os.PathLike[str], say: Callable[[str], None] = print) -
 
     engine = Engine.open(path)
     engine.register("checkout", checkout)
-    with engine:
+    with _one_line_logs(), engine:
         earlier = len(engine.list_instances("checkout"))
         order = Order(earlier + 1, ("tea", "cups"), 19.5)
         say(f"memable demo on {os.path.abspath(path)} ({earlier} earlier demo instances)")
