@@ -21,11 +21,11 @@ import attrs
 
 from ._children_sql import TOLD
 from ._control import Suspension
-from ._errors import ChildFailed, EngineError
+from ._errors import ChildFailed, ChildIdTaken, EngineError
 from ._invocation import state_of
 from ._serde import store_form
 from ._states import Failed, WorkflowState
-from ._store import StepWrite, StoredStep, settled
+from ._store import InstanceRow, StepWrite, StoredStep, settled
 from ._workflow import Workflow
 
 if TYPE_CHECKING:
@@ -69,6 +69,11 @@ def follow(
             waiting = True
         else:  # failed: told (run it again, unless cancelled) or not yet
             child = host.instance(workflow, child_id)
+            if child is not None and not _is_child(child, ctx, k):
+                # Its id was taken by another instance: try to start it again, which
+                # fails the same way while that one holds the id.
+                to_start.append(i)
+                continue
             state = state_of(child) if child is not None else None
             error = ChildFailed(workflow, child_id, state or _gone())
             told = row.result == TOLD
@@ -119,8 +124,22 @@ def _start(
         seqs[i] = ctx._take_seq()
         waits.append(_write(ctx, keys[i], seqs[i], "waiting"))
     assert ctx._children is not None
-    ctx._children.start(workflow, waits, children, group, queue)
+    try:
+        ctx._children.start(workflow, waits, children, group, queue)
+    except ChildIdTaken as taken:  # nothing of the start was written: record the step failed
+        i = keys.index(taken.key)
+        failed = attrs.evolve(_write(ctx, taken.key, seqs[i], "failed"),
+                              error=f"{type(taken).__name__}: {taken}")
+        ctx.attempts.store.save_step(failed)
+        ctx._note(taken.key, taken, None)
+        raise
     return seqs
+
+
+def _is_child(row: InstanceRow, ctx: Context, key: str) -> bool:
+    """Whether ``row`` is the child this run's instance started at ``key``."""
+    return (row.parent_workflow, row.parent_id, row.parent_key) == (
+        ctx._workflow, ctx._instance_id, key)
 
 
 def _write(ctx: Context, key: str, seq: int, state: str) -> StepWrite:

@@ -15,6 +15,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from ._errors import ChildIdTaken
+
 #: A child instance: its parent's columns, read before the parent's row is locked.
 PARENT_OF = (
     "SELECT parent_workflow, parent_id, parent_key, parent_group FROM instances "
@@ -84,6 +86,21 @@ def pg(sql: str) -> str:
 
 #: Runs one statement with named parameters in the caller's transaction.
 Execute = Callable[[str, dict[str, Any]], Any]
+
+
+def refuse_taken(
+    execute: Execute, workflow: str, parent: tuple[str, str], keys: dict[str, str]
+) -> None:
+    """Raise ``ChildIdTaken`` if a child id of ``keys`` (child id -> the parent's key) that
+    was not created belongs to an instance other than ``parent``'s child at that key.
+
+    Called in the transaction that created the others, so raising rolls it all back.
+    """
+    for child_id, key in keys.items():
+        found = execute(PARENT_OF, {"workflow": workflow, "instance_id": child_id}).fetchone()
+        holder = None if found is None or found[0] is None else (found[0], found[1], found[2])
+        if holder != (*parent, key):
+            raise ChildIdTaken(parent[0], parent[1], key, workflow, holder)
 
 
 def settle_parent(

@@ -348,3 +348,42 @@ class ChildFailed(WorkflowFailed):
             self, f"child ended {state}", workflow=workflow, instance_id=instance_id
         )
         self.state = state
+
+
+class ChildIdTaken(EngineError):
+    """A child's id ``"{parent id}/{key}"`` belongs to an instance that is not this child.
+
+    Ids may hold ``/``, so parent ``p`` with the key ``x/y`` and parent ``p/x``
+    with the key ``y`` both name ``p/x/y``; and a user may ``invoke`` any id.
+    Such an instance is never adopted: ``ctx.child`` raises this (an
+    ``EngineError``; ``workflow``, ``instance_id`` and ``key`` name the
+    parent and its step) and the step is recorded failed.
+
+    >>> from memable._errors import ChildIdTaken
+    >>> err = ChildIdTaken("upload", "p", "x/y", "resize", ("upload", "p/x", "y"))
+    >>> for part in str(err).replace(" by ", " by; ").split("; "):
+    ...     print(part)
+    child id 'p/x/y' of workflow 'resize' is taken by
+    the child of workflow 'upload', instance 'p/x' at key 'y'
+    it is not adopted: workflow 'upload', instance 'p', step 'x/y'
+    >>> print(ChildIdTaken("upload", "p", "x", "resize", None).args[0].split(";")[0])
+    child id 'p/x' of workflow 'resize' is taken by an instance invoked on its own
+    """
+
+    def __init__(
+        self, workflow: str, instance_id: str, key: str, child_workflow: str,
+        holder: tuple[str, str, str | None] | None,
+    ) -> None:
+        if holder is None:
+            by = "an instance invoked on its own"
+        else:
+            by = (f"the child of workflow {holder[0]!r}, instance {holder[1]!r} "
+                  f"at key {holder[2]!r}")
+        super().__init__(
+            f"child id {instance_id + '/' + key!r} of workflow {child_workflow!r} is taken by "
+            f"{by}; it is not adopted", workflow=workflow, instance_id=instance_id, key=key,
+        )
+        self.key: str = key
+        self.child_workflow = child_workflow
+        #: (workflow, instance id, key) of the instance's own parent; None if it has none.
+        self.holder = holder

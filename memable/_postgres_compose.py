@@ -146,6 +146,12 @@ class PostgresComposition:
                 "types": [row.input_type for row in rows],
                 "keys": [row.parent_key for row in rows],
             }).fetchall()
+            made = {child_id for (child_id,) in created}
+            # An id that was there must be this parent's child at this key.
+            children_sql.refuse_taken(
+                self._pg_execute(conn), template.workflow, (workflow, instance_id),
+                {r.instance_id: str(r.parent_key) for r in rows if r.instance_id not in made},
+            )
             if created and queued:
                 self._notify(conn, payload("queued", self.owner, workflow, instance_id))
             return [child_id for (child_id,) in created]

@@ -121,7 +121,14 @@ class SQLiteComposition:
                 values = attrs.astuple(attrs.evolve(row, owner=owner))
                 if conn.execute(sql.INSERT_INSTANCE, values).rowcount == 1:
                     created.append(row.instance_id)
-                    if self._checks is not None and owner is not None:
+            # An id that was there must be this parent's child at this key.
+            children_sql.refuse_taken(
+                conn.execute, rows[0].workflow, (workflow, instance_id),
+                {r.instance_id: str(r.parent_key) for r in rows if r.instance_id not in created},
+            )
+            if self._checks is not None:
+                for row in rows:
+                    if row.instance_id in created and row.status == "running":
                         self._checks.claimed(row.workflow, row.instance_id)
             return created
 

@@ -22,6 +22,7 @@ from memable import (
     Completed,
     Context,
     Engine,
+    EngineError,
     Failed,
     Suspended,
     WorkflowFailed,
@@ -405,3 +406,98 @@ def test_memable_show_lists_a_parent_and_its_children(tmp_path: Path) -> None:
     view = json.loads(cli("show", db, "approval", "o/approve:v1", "--json").stdout)
     assert view["parent"] == {"workflow": "order", "instance_id": "o"}
     assert view["children"] == []
+
+
+# ---------------------------------------------------------------------- ids taken by others
+
+
+def _taken_message(state: Any) -> str:
+    assert isinstance(state, Failed), state
+    return state.message
+
+
+def test_a_child_id_taken_by_another_parents_child_is_never_adopted(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """Parent 'p' with key 'x/y' and parent 'p/x' with key 'y' both name the child 'p/x/y':
+    the second parent's ctx.child raises EngineError naming both, its step is recorded
+    failed, it waits on nothing; the first parent's child is untouched and still settles
+    the first parent."""
+    engine = make_engine(poll_interval=60, lease=600)
+    engine.register("approval", _approval)
+    engine.register("by_key", lambda ctx: ctx.child("x/y", "approval", 1))
+    engine.register("by_id", lambda ctx: ctx.child("y", "approval", 2))
+    with engine:
+        first = engine.invoke("by_key", instance_id="p")
+        assert first.wait(TIMEOUT) == Suspended("child x/y")
+        second = engine.invoke("by_id", instance_id="p/x")
+        message = _taken_message(second.wait(TIMEOUT))
+        assert message.startswith("step 'y' failed: ChildIdTaken: child id 'p/x/y'")
+        assert "the child of workflow 'by_key', instance 'p' at key 'x/y'" in message
+        assert "workflow 'by_id', instance 'p/x', step 'y'" in message
+        [record] = engine.steps("by_id", "p/x")
+        assert (record.key, record.kind, record.state) == ("y", "child", "failed")
+        assert record.error is not None
+        assert record.error.startswith("ChildIdTaken: ")
+        # The child is the first parent's, with its input, and ends into that parent only.
+        meta = engine.get_metadata("approval", "p/x/y")
+        assert meta is not None
+        assert meta.parent == ("by_key", "p")
+        engine.signal("approval", "p/x/y", "ok", 7)
+        assert first.result(TIMEOUT) == 7
+        assert engine.steps("by_id", "p/x")[0].state == "failed"
+        # A resume of the second parent tries again and is refused again: never adopted.
+        again = engine.resume("by_id", "p/x")
+        assert _taken_message(again.wait(TIMEOUT)).startswith("step 'y' failed: ChildIdTaken")
+        assert engine.steps("by_id", "p/x")[0].state == "failed"
+
+
+def test_a_child_id_a_user_invoked_is_never_adopted(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """An instance invoked on its own under the id 'o/approve' is not the child of 'o' at
+    'approve': ctx.child raises, its step is failed, the user's instance is left as it was."""
+    engine = make_engine(poll_interval=60, lease=600)
+    engine.register("approval", _approval)
+    engine.register("order", lambda ctx: ctx.child("approve", "approval", 5))
+    with engine:
+        own = engine.invoke("approval", 3, instance_id="o/approve")
+        assert own.wait(TIMEOUT) == Suspended("ok")
+        message = _taken_message(engine.invoke("order", instance_id="o").wait(TIMEOUT))
+        assert "ChildIdTaken: child id 'o/approve'" in message
+        assert "an instance invoked on its own" in message
+        assert engine.steps("order", "o")[0].state == "failed"
+        meta = engine.get_metadata("approval", "o/approve")
+        assert meta is not None
+        assert meta.parent is None
+        engine.signal("approval", "o/approve", "ok", 2)
+        assert own.result(TIMEOUT) == 6
+        order = engine.get_metadata("order", "o")
+        assert order is not None
+        assert order.status.name == "failed"
+
+
+def test_a_group_with_one_taken_id_starts_none_of_its_children(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """ctx.children where child [1]'s id is taken: the transaction that would have started
+    the group writes nothing but the failed step of [1]; the workflow may catch the error."""
+    engine = make_engine(poll_interval=60, lease=600)
+    engine.register("approval", _approval)
+    caught: list[str] = []
+
+    def group(ctx: Context) -> str:
+        try:
+            ctx.children("n", "approval", [1, 2, 3])
+        except EngineError as err:
+            caught.append(str(err))
+        return "went on"
+
+    engine.register("group", group)
+    with engine:
+        engine.invoke("approval", 9, instance_id="g/n[1]").wait(TIMEOUT)
+        assert engine.invoke("group", instance_id="g").result(TIMEOUT) == "went on"
+        assert len(caught) == 1
+        assert "child id 'g/n[1]'" in caught[0]
+        assert [(r.key, r.state) for r in engine.steps("group", "g")] == [("n[1]", "failed")]
+        assert sorted(i for i, _ in engine.list_instances("approval")) == ["g/n[1]"]
