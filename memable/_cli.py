@@ -129,14 +129,23 @@ def list_command(
         _table(
             ["WORKFLOW", "INSTANCE", "STATUS", "MESSAGE", "OWNER", "AGE", "CREATED", "UPDATED"],
             [
-                [i["workflow"], i["instance_id"], i["status"], i["message"],
-                 None if i["owner"] is None else f"{i['owner']['host']}:{i['owner']['pid']}",
-                 _age(i["age_seconds"]), _short_time(i["created_at"]),
-                 _short_time(i["updated_at"])]
+                [i["workflow"], i["instance_id"], i["status"],
+                 i["status_message"] if i["status"] == "running" else i["message"],
+                 _owner_cell(i["owner"]), _age(i["age_seconds"]),
+                 _short_time(i["created_at"]), _short_time(i["updated_at"])]
                 for i in found
             ],
         )
     )
+
+
+def _owner_cell(owner: dict[str, Any] | None) -> str | None:
+    """``host:pid`` of a running instance's owner, marked ``(dead)`` when it is."""
+    if owner is None:
+        return None
+    if owner["host"] is None:  # its owner row is gone: the engine stopped or was reaped
+        return "(dead)"
+    return f"{owner['host']}:{owner['pid']}" + ("" if owner["alive"] else " (dead)")
 
 
 def _age(seconds: float) -> str:
@@ -197,7 +206,7 @@ def _show_text(view: dict[str, Any]) -> str:
     lines += [
         f"created    {view['created_at']}",
         f"updated    {view['updated_at']}",
-        f"completed  {view['completed_at'] or '-'}",
+        f"ended      {view['completed_at'] or '-'}",
         f"input      {json_value('input', view['input'])}",
         f"output     {json_value('output', view['output'])}",
         "",

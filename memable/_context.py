@@ -66,6 +66,7 @@ class Context:
         options: Options | None = None,
         flight_lock: threading.Lock | None = None,
         children: ChildHost | None = None,
+        stored_status: str | None = None,
     ) -> None:
         options = options or Options()
         self._children = children
@@ -87,6 +88,8 @@ class Context:
         # Replaying while the run reaches stored keys; live from the start if none.
         self._replaying = bool(memo)
         self._status: str | None = None
+        # The status message the instance's row holds (the last one stored).
+        self._stored_status = stored_status
         # The key, exception and attempts of the step that failed last, for Failed.
         self._failure: tuple[str, BaseException, int | None] | None = None
 
@@ -156,9 +159,15 @@ class Context:
             raise TypeError(f"set_status takes a str, not {type(message).__name__}")
         self._status = message
         if not self._replaying:
-            # Stored now, so an operator sees it while the step after it runs.
-            self._store.set_status(self._workflow, self._instance_id, message)
+            self._store_status()
             self._publish(InProgress(message))
+
+    def _store_status(self) -> None:
+        """Store the current status now (once live), so an operator sees it while the step
+        after it runs; not again while the row holds it."""
+        if self._status is not None and self._status != self._stored_status:
+            self._store.set_status(self._workflow, self._instance_id, self._status)
+            self._stored_status = self._status
 
     def step(self, key: str) -> Step:
         """Start building the step stored under ``key``; finish with ``.run(fn)``.
@@ -351,10 +360,11 @@ class Context:
             raise
 
     def _end_replay(self) -> None:
-        """Leave replay: from now on statuses are live; publish the current one once."""
+        """Leave replay: from now on statuses are live; store and publish the current one."""
         if self._replaying:
             self._replaying = False
             if self._status is not None:
+                self._store_status()
                 self._publish(InProgress(self._status))
 
     def _failure_message(self, exc: BaseException) -> str:

@@ -58,11 +58,17 @@ def list_instances(
     listed = []
     for row, owner in store.list_view(workflow, status):
         age = now - datetime.fromisoformat(row.created_at)
+        judged = (
+            _owner(row.owner, owner) if row.status == "running" and row.owner else None
+        )
         listed.append({
             "workflow": row.workflow, "instance_id": row.instance_id, "status": row.status,
-            "message": row.message, "created_at": row.created_at,
+            "message": row.message, "status_message": row.status_message,
+            "created_at": row.created_at,
             "updated_at": row.updated_at, "completed_at": row.completed_at,
-            "owner": None if owner is None else {"host": owner.host, "pid": owner.pid},
+            "owner": None if judged is None else {
+                "host": judged["host"], "pid": judged["pid"], "alive": judged["alive"],
+            },
             "age_seconds": round(age.total_seconds(), 3),
         })
     return listed

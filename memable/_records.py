@@ -127,6 +127,8 @@ class WorkflowMetadata:
 
     Timestamps are aware UTC datetimes; ``completed_at`` is set once the
     instance is terminal and cleared when a resume runs it again.
+    ``status_message`` is the progress the workflow last reported with
+    ``ctx.set_status``, e.g. for a web page to show while it runs.
 
     >>> from memable import Engine, MetadataStatus
     >>> engine = Engine.in_memory()
@@ -137,6 +139,15 @@ class WorkflowMetadata:
     ...     meta = engine.get_metadata("wf", inv.instance_id)
     >>> meta.status == MetadataStatus.Completed(), meta.completed_at is not None
     (True, True)
+    >>> def report(ctx):
+    ...     ctx.set_status("halfway")
+    ...     ctx.suspend("go-on:v1")
+    >>> engine = Engine.in_memory()
+    >>> engine.register("report", report)
+    >>> with engine:
+    ...     _ = engine.invoke("report", instance_id="r").wait()
+    ...     engine.get_metadata("report", "r").status_message
+    'halfway'
     """
 
     status: MetadataStatus
@@ -145,6 +156,8 @@ class WorkflowMetadata:
     completed_at: datetime | None = None
     #: ``(workflow, instance_id)`` of the instance that started this one as a child, or None.
     parent: tuple[str, str] | None = None
+    #: The text last given to ``ctx.set_status`` (stored when set, on every run), or None.
+    status_message: str | None = None
 
 
 #: Kinds of stored keys.

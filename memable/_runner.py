@@ -448,6 +448,7 @@ class Runner(BackgroundTick):
         """Run the workflow function once; the state it ended in (None: not ended here)."""
         workflow, instance_id = run.workflow, run.instance_id
         name = workflow.name
+        stored_status = None
         if run.fresh_input is not None:
             input_value, memo = run.fresh_input[0], {}
         else:
@@ -471,7 +472,7 @@ class Runner(BackgroundTick):
                 log.warning(
                     "recovering the instance: its owner died", extra=where(name, instance_id)
                 )
-            memo = snapshot.steps
+            memo, stored_status = snapshot.steps, snapshot.instance.status_message
             try:
                 input_value = decode_for(
                     name, instance_id, "input", snapshot.instance.input,
@@ -483,6 +484,7 @@ class Runner(BackgroundTick):
             workflow=name, instance_id=instance_id, input=input_value, store=self.store,
             memo=memo, publish=run.watch.publish, run=run, options=self.options,
             flight_lock=self._lock, children=self.children,
+            stored_status=stored_status,
         )
         run.ctx = ctx
         log.info("running", extra=where(name, instance_id))

@@ -440,6 +440,7 @@ def metadata_of(row: InstanceRow) -> WorkflowMetadata:
             None if row.parent_workflow is None or row.parent_id is None
             else (row.parent_workflow, row.parent_id)
         ),
+        status_message=row.status_message,
     )
 
 

@@ -308,8 +308,8 @@ def test_list_json_gives_one_record_per_instance(store: Store) -> None:
     ] == INSTANCES
     assert {frozenset(r) for r in records} == {
         frozenset(
-            {"workflow", "instance_id", "status", "message", "created_at", "updated_at",
-             "completed_at", "owner", "age_seconds"}
+            {"workflow", "instance_id", "status", "message", "status_message", "created_at",
+             "updated_at", "completed_at", "owner", "age_seconds"}
         )
     }
     assert {r["owner"] for r in records} == {None}  # none is running
@@ -344,7 +344,7 @@ def test_show_of_a_completed_instance(store: Store) -> None:
     lines = text.splitlines()
     assert lines[0] == "ship/order-7: completed"
     assert f"created    {store.t0.isoformat()}" in lines
-    assert f"completed  {store.later.isoformat()}" in lines
+    assert f"ended      {store.later.isoformat()}" in lines
     assert 'input      {"id": 7, "total": 9.5}' in lines
     assert 'output     {"label": "LBL-7", "stock": "reserved"}' in lines
     steps = section(text, "steps:")
@@ -406,7 +406,7 @@ def test_show_of_an_instance_suspended_on_a_signal_names_the_key(store: Store) -
     text = ok("show", store.path, "approve", "doc-1")
     lines = text.splitlines()
     assert lines[0] == "approve/doc-1: suspended (waiting for a manager)"
-    assert "completed  -" in lines
+    assert "ended      -" in lines
     assert 'input      "report"' in lines
     assert lines[-1] == "awaiting signals: approval:v1"
     assert [(s["KEY"], s["KIND"], s["STATE"], s["ATTEMPTS"]) for s in section(text, "steps:")] == [

@@ -109,7 +109,7 @@ def test_list_names_the_owner_of_a_running_instance_and_its_age(
 ) -> None:
     db, _, _ = held
     [record] = json.loads(cli("list", db, "--status", "running", "--json").stdout)
-    assert record["owner"] == {"host": socket.gethostname(), "pid": os.getpid()}
+    assert record["owner"] == {"host": socket.gethostname(), "pid": os.getpid(), "alive": True}
     assert 0 <= record["age_seconds"] < WAIT
     header, row = cli("list", db, "--status", "running").stdout.splitlines()
     assert header.split() == [
@@ -259,3 +259,42 @@ def test_a_refused_signal_names_the_instance_and_the_key(
         f"step '{key}'\n"
     )
     assert db.read_bytes() == before
+
+
+def test_list_shows_the_status_message_of_a_running_instance(
+    held: tuple[Path, Engine, threading.Event],
+) -> None:
+    """The MESSAGE column of a running instance is its status message, not '-'."""
+    db, _, _ = held
+    [record] = eventually(lambda: [
+        r for r in json.loads(cli("list", db, "--status", "running", "--json").stdout)
+        if r["status_message"] is not None
+    ])
+    assert record["status_message"] == "charging the card"
+    _, row = cli("list", db, "--status", "running").stdout.splitlines()
+    assert "charging the card" in row
+
+
+def test_list_marks_a_dead_owner_dead(tmp_path: Path) -> None:
+    """SIGKILL the engine inside step s3: list names its owner with '(dead)' (JSON: alive
+    False); a live owner is not so marked (test_list_names_the_owner_...)."""
+    db, log = tmp_path / "store.db", tmp_path / "log"
+    with killed_in_a_step(db, log, 3) as pid:
+        eventually(lambda: shown(db, "ten", "crash")["in_flight"])
+    [record] = json.loads(cli("list", db, "--status", "running", "--json").stdout)
+    assert record["owner"] == {"host": socket.gethostname(), "pid": pid, "alive": False}
+    _, row = cli("list", db, "--status", "running").stdout.splitlines()
+    assert f"{socket.gethostname()}:{pid} (dead)" in row
+
+
+def test_show_labels_the_end_of_a_failed_instance_ended(tmp_path: Path) -> None:
+    """A failed instance's end time is 'ended', not 'completed'."""
+    db = tmp_path / "store.db"
+    engine = Engine.open(db)
+    engine.register("boom", lambda ctx: ctx.step("s").run(lambda: 1 / 0))
+    with engine:
+        engine.invoke("boom", instance_id="b").wait(timeout=WAIT)
+    view = shown(db, "boom", "b")
+    lines = cli("show", db, "boom", "b").stdout.splitlines()
+    assert f"ended      {view['completed_at']}" in lines
+    assert not any(line.startswith("completed") for line in lines)
