@@ -66,6 +66,8 @@ class Connections:
         #: How messages name the store: server and schema, no password.
         self.where = f"{schema_.describe(self._params)} (schema {schema!r})"
         self._kwargs = schema_.connect_kwargs(self._params, synchronous, schema)
+        # Each new connection's first statement: the store's schema and durability.
+        self._session_sql = schema_.session_sql(synchronous, schema)
         _keep_real_time_in_psycopg()
         with self._connect("open the store") as conn:
             try:
@@ -76,7 +78,7 @@ class Connections:
         # The pool's own threads are named after it; close() joins them.
         self._pool = psycopg_pool.ConnectionPool(
             url, kwargs=self._kwargs, min_size=1, max_size=max(2, pool_size),
-            open=False, name="memable-pool", timeout=timeout,
+            open=False, name="memable-pool", timeout=timeout, configure=self._configure,
         )
         self._pool.open(wait=True, timeout=timeout)
         # _closing is set once, by close(): retries stop waiting and fail.
@@ -95,11 +97,21 @@ class Connections:
     def _redact(self, exc: BaseException) -> str:
         return schema_.redact(str(exc).strip(), self._url, self._params)
 
+    def _configure(self, conn: Connection) -> None:
+        """Set a new connection's schema and durability (the pool's ``configure``, and
+        ``_connect``'s): by SQL, never through a connection option."""
+        conn.execute(self._session_sql)
+
     def _connect(self, what: str) -> Connection:
         """A connection of its own (not the pool's): opening, and listening."""
+        conn: Connection | None = None
         try:
-            return psycopg.connect(self._url, **self._kwargs)
+            conn = psycopg.connect(self._url, **self._kwargs)
+            self._configure(conn)
+            return conn
         except psycopg.Error as exc:
+            if conn is not None:
+                conn.close()
             raise StorageError(f"cannot {what}: cannot connect to {self.where} "
                                f"({self._redact(exc)})") from None
 

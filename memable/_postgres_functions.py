@@ -7,11 +7,14 @@ instance) run as PL/pgSQL functions, created with the tables. Each is one
 statement, so one transaction: it locks the instance row first, decides and
 writes, and its caller maps the answer to the engine's outcome or error.
 
-Durability: a claim, and a suspension that goes on at once (its key
-completed), commit with ``synchronous_commit`` off. Neither is acknowledged
-to anyone; the run's next write commits durably and, the WAL being one
-sequence, makes them durable too. A server crash that loses one leaves the
-instance as it was before it, and the run's next write is refused.
+Durability: a wake-up's or a recovery's claim, and a suspension that goes
+on at once (its key completed), commit with ``synchronous_commit`` off.
+None is acknowledged to anyone; the run's next write commits durably and,
+the WAL being one sequence, makes them durable too. A server crash that
+loses one leaves the instance as it was before it (suspended and ready, or
+running with a dead owner: the poll claims it again), and the run's next
+write is refused. A resume's claim is the user's call: it commits at the
+session's ``synchronous_commit``, as every other write does.
 """
 
 from __future__ import annotations
@@ -38,11 +41,12 @@ CREATE OR REPLACE FUNCTION memable_claim(
     OUT instance json, OUT steps json)
 LANGUAGE plpgsql AS $fn$
 BEGIN
-    PERFORM set_config('synchronous_commit', 'off', true);
     -- A wake-up or a recovery skips a row another transaction holds (another
     -- engine's claim, or a lost owner's transaction the server has not ended
-    -- yet): the poll finds it again. The user's resume waits its turn.
+    -- yet): the poll finds it again. The user's resume waits its turn, and
+    -- commits at the session's durability: the user was told of it.
     IF p_claim <> 'resume' THEN
+        PERFORM set_config('synchronous_commit', 'off', true);
         PERFORM 1 FROM instances WHERE workflow = p_workflow AND instance_id = p_instance
         FOR UPDATE SKIP LOCKED;
         IF NOT FOUND THEN RETURN; END IF;

@@ -13,6 +13,7 @@ table ``schema_version``; a newer one is refused.
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Any
 
 from ._errors import StorageError
@@ -24,6 +25,8 @@ SCHEMA_VERSION = 3
 #: Seconds to wait for the server unless the URL's ``connect_timeout`` says.
 CONNECT_TIMEOUT = 10
 SCHEMES = ("postgresql://", "postgres://")
+#: What a schema name may be: an identifier that needs no quoting but for its case.
+_SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 
 #: Version 2: a child instance knows its parent; a parent counts the children it
 #: waits for (as on SQLite, schema version 7).
@@ -141,18 +144,36 @@ def channel(schema: str) -> str:
 def connect_kwargs(
     params: dict[str, str], synchronous: Synchronous, schema: str
 ) -> dict[str, Any]:
-    """What every connection of the store is opened with (beyond the URL)."""
-    kwargs: dict[str, Any] = {
-        "autocommit": True,
-        # Each connection reads and writes the store's schema, and commits as durably as asked.
-        "options": f"-c search_path={quote_ident(schema)} "
-        f"-c synchronous_commit={'on' if synchronous == 'full' else 'off'}",
-    }
+    """What every connection of the store is opened with (beyond the URL).
+
+    No connection option names the schema (libpq reads a backslash in
+    ``options`` as an escape and a space as a separator): ``session_sql``
+    sets it, quoted as an identifier, on each new connection.
+
+    >>> sorted(connect_kwargs({"dbname": "test"}, "full", "memable"))
+    ['application_name', 'autocommit', 'connect_timeout']
+    """
+    kwargs: dict[str, Any] = {"autocommit": True}
     if "connect_timeout" not in params:
         kwargs["connect_timeout"] = CONNECT_TIMEOUT
     if "application_name" not in params:
         kwargs["application_name"] = "memable"
     return kwargs
+
+
+def session_sql(synchronous: Synchronous, schema: str) -> str:
+    """What each new connection of the store runs first, in autocommit mode.
+
+    Its tables are the schema's (quoted as an identifier, never passed
+    through a connection option), and it commits as durably as asked.
+
+    >>> session_sql("full", "Jobs_1")
+    'SET search_path TO "Jobs_1"; SET synchronous_commit TO on'
+    >>> session_sql("normal", "memable")
+    'SET search_path TO "memable"; SET synchronous_commit TO off'
+    """
+    level = "on" if synchronous == "full" else "off"
+    return f"SET search_path TO {quote_ident(schema)}; SET synchronous_commit TO {level}"
 
 
 def quote_ident(name: str) -> str:
@@ -165,11 +186,23 @@ def quote_ident(name: str) -> str:
 
 
 def check_schema_name(schema: object) -> str:
-    """A schema name must be a non-empty str of at most 63 bytes, without NUL."""
+    """A schema name: 1 to 63 ASCII letters, digits and ``_``, not starting with a digit.
+
+    Anything else raises ``ValueError`` (a non-str, ``TypeError``), so two
+    names are always two schemas, and two stores.
+
+    >>> check_schema_name("Mixed_Case_1")
+    'Mixed_Case_1'
+    >>> check_schema_name("a b")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: schema must be 1 to 63 ASCII letters, digits and _, ..., not 'a b'
+    """
     if not isinstance(schema, str):
         raise TypeError(f"schema must be a str, not {schema!r}")
-    if not schema or len(schema.encode()) > 63 or "\0" in schema:
-        raise ValueError(f"schema must be 1 to 63 bytes without NUL, not {schema!r}")
+    if _SCHEMA_NAME.fullmatch(schema) is None:
+        raise ValueError("schema must be 1 to 63 ASCII letters, digits and _, not starting "
+                         f"with a digit, not {schema!r}")
     return schema
 
 
