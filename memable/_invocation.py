@@ -79,6 +79,15 @@ class Watch:
         # The output a run here stored with a Completed end it recorded (text, type tag).
         self.output: tuple[str, str | None] | None = None
         self.subscribers: list[deque[tuple[WorkflowState, bool]]] = []
+        # Times the stored row was said to have changed (a cancel, here or from
+        # another engine): waits on the store read it again at once, not at a poll.
+        self.stored = 0
+
+    def changed(self) -> None:
+        """The instance's stored row changed: whatever waits on the store looks again."""
+        with self.cond:
+            self.stored += 1
+            self.cond.notify_all()
 
     def begin(self) -> None:
         """A run starts."""
@@ -212,6 +221,7 @@ class Invocation:
         while True:
             left = None if deadline is None else max(0.0, deadline - _clock.monotonic())
             with watch.cond:
+                stored = watch.stored  # before the read: a change after it ends the wait
                 if watch.active:
                     ended = watch.ended
                     if not watch.cond.wait_for(
@@ -229,13 +239,16 @@ class Invocation:
                 return state_of(row)
             # Running, and not here: another engine has it (or a run here is
             # about to begin); or queued, until an engine takes it. Look again
-            # when a run here begins or ends, or after a poll.
+            # when a run here begins or ends, when the row is said to have
+            # changed, or after a poll.
             if left == 0.0:
                 break
             poll = self._host._poll_interval
             with watch.cond:
                 watch.cond.wait_for(
-                    lambda seen=watch.ended: watch.ended != seen or watch.active,  # type: ignore[misc]
+                    lambda seen=watch.ended, told=stored: (  # type: ignore[misc]
+                        watch.ended != seen or watch.active or watch.stored != told
+                    ),
                     poll if left is None else min(left, poll),
                 )
         raise TimeoutError(
@@ -270,7 +283,8 @@ class Invocation:
             with watch.cond:
                 if not watch.cond.wait_for(lambda: not watch.active, remaining()):
                     break
-                ended, output = watch.ended, watch.output
+                # ``stored`` before the read: a change after it ends the wait below.
+                ended, output, stored = watch.ended, watch.output, watch.stored
             if output is not None:  # a run here stored it: a terminal state, for good
                 return self._host._decode_output(watch.workflow, watch.instance_id, *output)
             row = self._row()
@@ -284,11 +298,14 @@ class Invocation:
             left = remaining()
             if left == 0.0:
                 break
-            # Wake when a run here ends, or poll for what another process wrote.
+            # Wake when a run here ends or the row is said to have changed, or
+            # poll for what another process wrote.
             poll = self._host._poll_interval
             with watch.cond:
                 watch.cond.wait_for(
-                    lambda seen=ended: watch.ended != seen,  # type: ignore[misc]
+                    lambda seen=ended, told=stored: (  # type: ignore[misc]
+                        watch.ended != seen or watch.stored != told
+                    ),
                     poll if left is None else min(left, poll),
                 )
         raise TimeoutError(

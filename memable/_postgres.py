@@ -276,8 +276,11 @@ class PostgresStore(PostgresComposition, OperatorReads):
             # A child's end then locks its parent's row: a cancel that cascades
             # locks them the other way round, and one of the two is retried.
             found = conn.execute(sql.FINISH, params).fetchone()
-            if found is None:
-                conn.execute(sql.RELEASE, where)  # cancelled meanwhile: let go of it all the same
+            if found is None:  # cancelled meanwhile: let go of it all the same
+                released = conn.execute(sql.RELEASE, where).fetchone()
+                if released is not None and released[0] is not None:
+                    # The slot the cancelled run held is free: tell the queue's consumers.
+                    self._notify(conn, payload("queued", self.owner, workflow, instance_id))
                 return Ended(recorded=False)
             *parent, queue = found
             if queue is not None:  # a slot is free: tell the queue's consumers

@@ -97,9 +97,10 @@ FINISH = (
     "AND owner = %(me)s AND status = 'running' "
     "RETURNING parent_workflow, parent_id, parent_key, parent_group, queue"
 )
+# A run that stopped on a cancel lets go of its instance (and of its queue's slot).
 RELEASE = (
     "UPDATE instances SET owner = NULL WHERE workflow = %(workflow)s "
-    "AND instance_id = %(instance_id)s AND owner = %(me)s"
+    "AND instance_id = %(instance_id)s AND owner = %(me)s RETURNING queue"
 )
 ANY_DUE = "SELECT 1 FROM timers WHERE deadline <= %s LIMIT 1"
 # Claims due timers: rows another engine is firing (or a signal is dropping)

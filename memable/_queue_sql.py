@@ -6,6 +6,7 @@ next ones, by priority then ``queued_at``, within the queue's limits, and
 marks them running and owned in the transaction that counted: SQLite's
 write lock, or on PostgreSQL a transaction-scoped advisory lock per queue,
 keeps any other claimer of the queue out between the count and the claim.
+A cancelled instance holds its slot until its run has stopped (see ``RUNNING``).
 Under a rate limit each claim is a row of ``queue_starts``, which the limit
 counts; a claim forgets the rows older than the limit's period.
 """
@@ -27,10 +28,19 @@ COUNT_QUEUED = (
     "SELECT count(*) FROM instances WHERE status = 'queued' AND queue = :queue "
     "AND workflow IN ({workflows})"
 )
-RUNNING = "SELECT count(*) FROM instances WHERE queue = :queue AND status = 'running'"
+# The slots taken: by running instances, and by cancelled ones whose run has not
+# stopped yet (a cancel leaves the owner; the run's end clears it), unless that
+# owner is dead (its lease ran out by ``:now``, or its row was reaped): nobody
+# clears the owner of a cancelled instance but its own run.
+RUNNING = """
+SELECT (SELECT count(*) FROM instances WHERE queue = :queue AND status = 'running')
+    + (SELECT count(*) FROM instances JOIN owners ON owners.id = instances.owner
+       WHERE instances.queue = :queue AND instances.status = 'cancelled'
+       AND owners.heartbeat + owners.lease >= :now)
+"""
 RUNNING_MINE = (
-    "SELECT count(*) FROM instances WHERE queue = :queue AND status = 'running' "
-    "AND owner = :me"
+    "SELECT count(*) FROM instances WHERE queue = :queue "
+    "AND status IN ('running', 'cancelled') AND owner = :me"
 )
 FORGET_STARTS = "DELETE FROM queue_starts WHERE queue = :queue AND at <= :since"
 STARTS = "SELECT at FROM queue_starts WHERE queue = :queue ORDER BY at"
@@ -72,15 +82,17 @@ def claim(
     """Claim up to ``batch`` queued instances of ``queue`` (of ``workflows``) within its limits.
 
     The caller holds what keeps other claimers of the queue out until its
-    commit. ``now`` is the clock a rate limit is judged by (the database's on
-    PostgreSQL); ``workflow_marks`` the SQL list of the ``workflows``
-    parameters (``:w0, :w1``, or ``SELECT unnest(...)``); ``lock_rows`` what
-    locks the rows it picks (PostgreSQL: ``FOR UPDATE SKIP LOCKED``).
+    commit. ``now`` is the clock a rate limit and the leases of cancelled runs'
+    owners are judged by (the database's on PostgreSQL); ``workflow_marks``
+    the SQL list of the ``workflows`` parameters (``:w0, :w1``, or ``SELECT
+    unnest(...)``); ``lock_rows`` what locks the rows it picks (PostgreSQL:
+    ``FOR UPDATE SKIP LOCKED``).
     """
     where = {"queue": queue, "me": me}
     room = batch
     if concurrency is not None:
-        room = min(room, concurrency - int(execute(RUNNING, where).fetchone()[0]))
+        held = execute(RUNNING, {**where, "now": now}).fetchone()[0]
+        room = min(room, concurrency - int(held))
     if per_process is not None:
         room = min(room, per_process - int(execute(RUNNING_MINE, where).fetchone()[0]))
     starts: list[float] = []

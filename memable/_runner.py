@@ -373,12 +373,16 @@ class Runner(BackgroundTick):
             # next poll of whichever engine runs it picks the instance up.
 
     def cancelled(self, name: str, instance_id: str) -> None:
-        """The instance was cancelled: its run here (if any) stops at once."""
+        """The instance was cancelled: its run here (if any) stops at once, and what
+        waits on it here looks at the store again."""
         with self._lock:
             run = self._active.get((name, instance_id))
             if run is not None:
                 run.cancel_requested = True
                 run.interrupt.set()
+            watch = self._watches.get((name, instance_id))
+        if watch is not None:
+            watch.changed()
 
     def _changed(self, kind: str, name: str | None, instance_id: str | None) -> None:
         """Another engine changed the store (it said so; see ``Store.listen``): act now."""
@@ -539,8 +543,8 @@ class Runner(BackgroundTick):
         except InvalidKey as exc:  # the key is stored as another kind
             return self._fail(run, f"step {waiting.key!r} failed: {type(exc).__name__}: {exc}",
                               waiting.key)
-        if recorded.outcome == "stopped":
-            return stored_state(self.store, run)
+        if recorded.outcome == "stopped":  # cancelled meanwhile: let go (and of its slot)
+            return self._finish(run, Cancelled(), status="cancelled", message=None)
         if recorded.outcome == "ready":
             run.go_on = recorded.snapshot  # _execute starts the next run from it
             run.waited = suspension or Suspension(waiting.key, message, waiting, deadline)
