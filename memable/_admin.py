@@ -1,4 +1,4 @@
-"""Signal, cancel and purge as store operations, shared by the engine and the CLI.
+"""Signal, resume, cancel and purge as store operations, shared by the engine and the CLI.
 
 Each is one transaction on the store and needs no running engine: the
 engine calls them and then wakes its own runs; the command line calls them
@@ -30,6 +30,13 @@ def store_signal(store: Store, workflow: str, instance_id: str, key: str, payloa
             at=utcnow().isoformat(),
         )
     )
+
+
+def resume_instance(store: Store, workflow: str, instance_id: str) -> str:
+    """Mark a failed, suspended or completed instance to run again, for an engine on the
+    store that runs its workflow; return the status it had (a running or queued one is
+    left as it is). ``InstanceNotFound``; ``InstanceFinished`` for a Cancelled one."""
+    return store.mark_resumable(workflow, instance_id, utcnow().isoformat())
 
 
 def cancel_instance(store: Store, workflow: str, instance_id: str) -> Ended:

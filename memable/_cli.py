@@ -1,7 +1,7 @@
 """The ``memable`` command line (also ``python -m memable``).
 
 Every command but ``demo`` and ``worker`` acts on an existing store and
-needs no engine: what ``signal``, ``cancel`` and ``purge`` write is acted on
+needs no engine: what ``signal``, ``resume``, ``cancel`` and ``purge`` write is acted on
 by an engine running on the store within its poll interval, or by the next
 one to start. An error prints one line on stderr and exits 2 with the store
 as it was.
@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 
 import click
 
-from ._admin import cancel_instance, purge_finished, store_signal
+from ._admin import cancel_instance, purge_finished, resume_instance, store_signal
 from ._demo import run_demo
 from ._errors import EngineError, InstanceNotFound
 from ._inspect import (
@@ -203,6 +203,16 @@ def _show_text(view: dict[str, Any]) -> str:
     if view["in_flight"] is not None:
         flight = view["in_flight"]
         lines.append(f"in flight  {flight['key']} since {flight['since'] or '-'}")
+    if view["queue"] is not None:
+        queue = view["queue"]
+        lines.append(f"queue      {queue['name']} (priority {queue['priority']}"
+                     + (f", position {queue['position']})" if "position" in queue else ")"))
+        if "waiting_because" in queue:
+            lines.append(f"waiting    {queue['waiting_because']}")
+    if view["recovered"] is not None:
+        lost = view["recovered"]["step_in_flight"]
+        lines.append(f"recovered  {view['recovered']['times']}"
+                     + (f", step {lost} was in flight" if lost else ""))
     lines += [
         f"created    {view['created_at']}",
         f"updated    {view['updated_at']}",
@@ -302,6 +312,28 @@ def cancel(db: str, workflow: str, instance_id: str, schema: str | None) -> None
         except InstanceNotFound:
             raise_unknown(store, workflow, instance_id)
     click.echo(f"cancelled {workflow}/{instance_id}")
+
+
+@main.command()
+@click.argument("db")
+@click.argument("workflow")
+@click.argument("instance_id", metavar="ID")
+@_SCHEMA
+def resume(db: str, workflow: str, instance_id: str, schema: str | None) -> None:
+    """Run a failed, suspended or completed instance again, as engine.resume does: stored
+    steps return their results, the rest execute (in an engine that runs WORKFLOW)."""
+    with _store(db, schema) as store:
+        try:
+            was = resume_instance(store, workflow, instance_id)
+        except InstanceNotFound:
+            raise_unknown(store, workflow, instance_id)
+    if was == "running":
+        click.echo(f"{workflow}/{instance_id} is running: nothing to resume")
+    elif was == "queued":
+        click.echo(f"{workflow}/{instance_id} is queued: it runs when its queue has room")
+    else:
+        click.echo(f"resume of {workflow}/{instance_id} ({was}) stored: an engine that runs "
+                   f"{workflow!r} takes it within its poll interval")
 
 
 @main.command()

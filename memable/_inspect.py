@@ -19,7 +19,8 @@ from typing import Any, NoReturn
 from . import _liveness
 from ._errors import InstanceNotFound, StorageError, WorkflowNotFound
 from ._postgres_schema import is_url
-from ._store import OwnerRow, Store
+from ._queues import Declarations, QueueSpec
+from ._store import InstanceRow, OwnerRow, QueueLook, Store
 from ._stores import open_store
 
 #: What ``memable list --status`` accepts: every status an instance can have.
@@ -123,8 +124,58 @@ def show_instance(
     view["children"] = [
         {"workflow": w, "instance_id": i, "status": status} for w, i, status in found.children
     ]
+    view["queue"] = None if row.queue is None else {
+        "name": row.queue, "priority": row.priority,
+        **(_waiting_in(row, found.queue) if found.queue is not None else {}),
+    }
+    view["recovered"] = None if not row.recoveries else {
+        "times": row.recoveries, "step_in_flight": row.lost_step,
+    }
     view["cut"] = {} if full else _cut_large(view)
     return view
+
+
+def _waiting_in(row: InstanceRow, look: QueueLook) -> dict[str, Any]:
+    """Where a queued instance stands and why it has not started, judged by what the live
+    engines declare they run (stored with their owner rows)."""
+    queue, workflow = row.queue, row.workflow
+    consumers = []
+    for owner in look.live:
+        declared = Declarations.from_json(owner.declares)
+        spec = None if declared is None else next(
+            (q for q in declared.queues if q.name == queue), None)
+        if declared is not None and spec is not None:
+            consumers.append((owner, declared, spec))
+    runners = [(o, spec) for o, declared, spec in consumers if workflow in declared.workflows]
+    running = sum(look.running.values())
+    if not consumers:
+        why = f"no running engine consumes the queue {queue!r}"
+    elif not runners:
+        why = (f"no running engine that consumes the queue {queue!r} registers the "
+               f"workflow {workflow!r}")
+    else:
+        why = _limit_reached(look, runners, running) or (
+            "next to start: a free slot, taken at a consuming engine's next look"
+            if look.position == 1 else f"behind {look.position - 1} in the queue")
+    return {"position": look.position, "running": running, "waiting_because": why}
+
+
+def _limit_reached(
+    look: QueueLook, runners: list[tuple[OwnerRow, QueueSpec]], running: int
+) -> str | None:
+    """The queue's limit that keeps it from starting one more now, if any."""
+    spec = runners[0][1]  # declare a queue the same way everywhere
+    if spec.concurrency is not None and running >= spec.concurrency:
+        return f"queue full: {running} of {spec.concurrency} running"
+    if spec.rate is not None:
+        count, period = spec.rate
+        recent = [at for at in look.starts if at > look.now - period]
+        if len(recent) >= count:
+            return f"rate limit: {len(recent)} started in the last {period:g} s (at most {count})"
+    if all(s.per_process is not None and look.running.get(o.id, 0) >= s.per_process
+           for o, s in runners):
+        return "every engine that runs it is at its per_process limit"
+    return None
 
 
 def _due(deadline: float) -> str:

@@ -79,6 +79,7 @@ class PostgresStore(PostgresComposition, OperatorReads):
         #: This engine's id as an owner of instances.
         self.owner = uuid.uuid4().hex
         self._lease = 15.0
+        self._declares: str | None = None  # what register_owner stored, for a re-register
 
     def __repr__(self) -> str:
         return f"<PostgresStore {self._db.where}>"
@@ -308,6 +309,23 @@ class PostgresStore(PostgresComposition, OperatorReads):
 
     # ------------------------------------------------------------------ from outside a run
 
+    def mark_resumable(self, workflow: str, instance_id: str, now: str) -> str:
+        where = {"workflow": workflow, "instance_id": instance_id, "at": now}
+
+        def mark(conn: psycopg.Connection[Any]) -> str:
+            found = conn.execute(sql.LOCK_INSTANCE, (workflow, instance_id)).fetchone()
+            if found is None:
+                raise InstanceNotFound(workflow, instance_id)
+            status = str(found[0])
+            if status == "cancelled":
+                raise InstanceFinished(workflow, instance_id, "it is cancelled")
+            if conn.execute(sql.MARK_RESUMABLE, where).rowcount:
+                # An engine that runs it takes it now, not at its next poll.
+                self._notify(conn, payload("signal", self.owner, workflow, instance_id))
+            return status
+
+        return self._run("mark the instance to resume", mark, workflow, instance_id)
+
     def deliver_signal(self, write: StepWrite) -> None:
         workflow, instance_id, key = write.workflow, write.instance_id, write.key
 
@@ -375,14 +393,14 @@ class PostgresStore(PostgresComposition, OperatorReads):
 
     # ------------------------------------------------------------------ owners
 
-    def register_owner(self, lease: float, now: float) -> None:
+    def register_owner(self, lease: float, now: float, declares: str | None = None) -> None:
         me = _liveness.current()
         values = (self.owner, me.host, me.pid, lease,
                   datetime.fromtimestamp(now).astimezone().isoformat(),
-                  me.boot_id, me.pid_ns, me.started)
+                  me.boot_id, me.pid_ns, me.started, declares)
         self._run("register the engine as an owner",
                   lambda conn: conn.execute(sql.REGISTER_OWNER, values), transaction=False)
-        self._lease = lease
+        self._lease, self._declares = lease, declares
 
     def heartbeat(self, now: float) -> None:
         renewed = self._run(
@@ -391,7 +409,7 @@ class PostgresStore(PostgresComposition, OperatorReads):
             transaction=False,
         )
         if not renewed:  # reaped while stalled: come back (its runs are lost already)
-            self.register_owner(self._lease, now)
+            self.register_owner(self._lease, now, self._declares)
 
     def drop_owner(self) -> None:
         self._run("remove the engine's owner row",

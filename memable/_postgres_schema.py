@@ -21,7 +21,7 @@ from ._options import Synchronous
 from ._postgres_functions import FUNCTIONS
 
 #: The schema version this code writes (the SQLite store's columns, in PostgreSQL).
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 #: Seconds to wait for the server unless the URL's ``connect_timeout`` says.
 CONNECT_TIMEOUT = 10
 SCHEMES = ("postgresql://", "postgres://")
@@ -46,6 +46,13 @@ CREATE INDEX IF NOT EXISTS instances_by_queue ON instances (queue, status, prior
     WHERE queue IS NOT NULL;
 CREATE TABLE IF NOT EXISTS queue_starts (queue text NOT NULL, at double precision NOT NULL);
 CREATE INDEX IF NOT EXISTS queue_starts_by_queue ON queue_starts (queue, at);
+"""
+#: Version 4: recoveries an instance went through, what each engine declares it runs
+#: (as on SQLite, schema version 9).
+_V4 = """
+ALTER TABLE instances ADD COLUMN IF NOT EXISTS recoveries integer,
+    ADD COLUMN IF NOT EXISTS lost_owner text, ADD COLUMN IF NOT EXISTS lost_step text;
+ALTER TABLE owners ADD COLUMN IF NOT EXISTS declares text;
 """
 _TABLES = f"""
 CREATE TABLE IF NOT EXISTS instances (
@@ -76,6 +83,7 @@ CREATE TABLE IF NOT EXISTS owners (
     heartbeat double precision NOT NULL, lease double precision NOT NULL,
     started_at text, boot_id text, pid_ns text, proc_start text);
 CREATE TABLE IF NOT EXISTS schema_version (version integer NOT NULL);
+{_V4}
 """
 
 
@@ -241,5 +249,6 @@ def prepare(conn: Any, schema: str, where: str, *, create: bool) -> None:
         if version < SCHEMA_VERSION:  # migrate, and replace the functions with this code's
             conn.execute(_V2)
             conn.execute(_V3)
+            conn.execute(_V4)
             conn.execute(FUNCTIONS)
             conn.execute("UPDATE schema_version SET version = %s", (SCHEMA_VERSION,))

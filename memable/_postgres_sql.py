@@ -136,9 +136,11 @@ FINISHED = (
     "AND owner IS NULL"
 )
 REGISTER_OWNER = f"""
-INSERT INTO owners (id, host, pid, heartbeat, lease, started_at, boot_id, pid_ns, proc_start)
-VALUES (%s, %s, %s, {NOW_EPOCH}, %s, %s, %s, %s, %s)
-ON CONFLICT (id) DO UPDATE SET heartbeat = excluded.heartbeat, lease = excluded.lease
+INSERT INTO owners (id, host, pid, heartbeat, lease, started_at, boot_id, pid_ns, proc_start,
+                    declares)
+VALUES (%s, %s, %s, {NOW_EPOCH}, %s, %s, %s, %s, %s, %s)
+ON CONFLICT (id) DO UPDATE SET heartbeat = excluded.heartbeat, lease = excluded.lease,
+    declares = excluded.declares
 """
 HEARTBEAT = f"UPDATE owners SET heartbeat = {NOW_EPOCH} WHERE id = %s"
 # As on SQLite, for the workflows in the array parameter ``workflows``.
@@ -147,3 +149,5 @@ LOOK_ORPHANED = (
     "SELECT workflow, instance_id FROM instances WHERE status = 'running' "
     f"AND owner IS DISTINCT FROM %(me)s AND {OWNER_FREE} AND workflow = ANY(%(workflows)s)"
 )
+# ``memable resume``: ready for the next look of an engine that runs it (as on SQLite).
+MARK_RESUMABLE = pg(_sqlite_sql.MARK_RESUMABLE)

@@ -21,6 +21,11 @@ from ._store import Claimed, InstanceRow, RunSnapshot, StoredStep
 #: Runs one statement with named parameters in the caller's transaction.
 Execute = Callable[[str, dict[str, Any]], Any]
 
+#: Which of a queue's instances hold a slot, judged at ``:now`` (as ``RUNNING`` counts
+#: them; for ``memable show``'s "why it waits").
+HOLDS_SLOT = """(status = 'running' OR (status = 'cancelled' AND EXISTS (
+    SELECT 1 FROM owners WHERE owners.id = instances.owner
+    AND owners.heartbeat + owners.lease >= :now)))"""
 ANY_QUEUED = (
     "SELECT 1 FROM instances WHERE status = 'queued' AND queue = :queue LIMIT 1"
 )

@@ -8,11 +8,13 @@ this engine, and ``rate`` the claims in the last ``period`` seconds.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
 import attrs
+import cattrs
 
 from ._validate import positive_seconds
 
@@ -131,3 +133,39 @@ def check_priority(priority: Any) -> int:
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise TypeError(f"priority is an int, not {priority!r}")
     return priority
+
+
+@attrs.frozen
+class Declarations:
+    """What one engine runs, stored with its owner row (as JSON) for tools to read.
+
+    ``workflows``: the names it registered; ``queues``: the queues it consumes,
+    with their limits as it declared them.
+
+    >>> import json
+    >>> declared = Declarations(["charge"], [QueueSpec("payments", concurrency=2)])
+    >>> text = declared.to_json()
+    >>> json.loads(text)["queues"][0]
+    {'name': 'payments', 'concurrency': 2, 'per_process': None, 'rate': None}
+    >>> Declarations.from_json(text) == declared, Declarations.from_json(None)
+    (True, None)
+    """
+
+    workflows: list[str]
+    queues: list[QueueSpec]
+
+    def to_json(self) -> str:
+        return json.dumps(_CONVERTER.unstructure(self))
+
+    @staticmethod
+    def from_json(text: str | None) -> Declarations | None:
+        """The declarations stored as ``text``; None for none (or unreadable ones)."""
+        if text is None:
+            return None
+        try:
+            return _CONVERTER.structure(json.loads(text), Declarations)
+        except (ValueError, TypeError, cattrs.BaseValidationError):
+            return None
+
+
+_CONVERTER = cattrs.Converter()

@@ -38,6 +38,10 @@ class Run:
     waited: Suspension | None = None
     # How the run claims its instance (see Store.begin_run).
     claim: Claim = "resume"
+    # Set when the caller (resume) made the claim before the run was submitted,
+    # so the call returned with it committed: ``snapshot`` is what it returned
+    # (None: nothing to run here).
+    claimed: bool = False
     # Set under Runner._lock when a signal or timer completed a key while
     # this run was active: if it ends Suspended, run the instance again.
     rerun: bool = False

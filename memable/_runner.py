@@ -38,13 +38,13 @@ from ._fork import ForkGuard
 from ._invocation import Watch, state_of
 from ._log import log, where
 from ._options import Options
-from ._queues import QueueSpec, consumed
+from ._queues import Declarations, QueueSpec, consumed
 from ._records import StatusName
 from ._run import Run, stored_state
 from ._run import release as release_instance
 from ._serde import decode_for, store_form
 from ._states import Cancelled, Completed, Failed, Suspended, WorkflowState
-from ._store import Claim, RunSnapshot, StepWrite, Store, utcnow
+from ._store import Claim, InstanceRow, RunSnapshot, StepWrite, Store, utcnow
 from ._workflow import Workflow
 
 Phase = Literal["new", "started", "stopped", "closed"]
@@ -158,7 +158,9 @@ class Runner(BackgroundTick):
             self.phase = "started"
             self._accepting = True
         now = self.clock.wall()
-        self.store.register_owner(self.options.lease, now)
+        # What it runs, for a tool to say why a queued instance waits.
+        declared = Declarations(sorted(self.workflows), queues)
+        self.store.register_owner(self.options.lease, now, declared.to_json())
         self._next_heartbeat = now + self.options.lease / 3
         # Its first tick fires what fell due while no engine ran, resumes
         # instances whose awaited signal or timer arrived meanwhile, and (with
@@ -275,10 +277,40 @@ class Runner(BackgroundTick):
         User calls need the engine accepting; runs that timers and signals
         start (``wake``) only need it started: they go on while wait_all drains.
         """
+        if fresh_input is None and claim == "resume":
+            return self._resume(workflow, instance_id)
         with self._lock:
             if not self._accepting:
                 raise NotStarted(workflow.name, self.phase)
             return self._submit(workflow, instance_id, fresh_input, claim)
+
+    def _resume(self, workflow: Workflow, instance_id: str) -> Watch:
+        """Claim the instance on the caller's thread, then run it: ``resume()`` returns
+        with its claim committed, at the engine's durability."""
+        with self._lock:
+            if not self._accepting:
+                raise NotStarted(workflow.name, self.phase)
+            active = self._active.get((workflow.name, instance_id))
+            if active is not None:  # at most one run per instance
+                return active.watch
+            run = self._register(workflow, instance_id, None, "resume", None)
+        try:
+            run.snapshot = self.store.begin_run(
+                workflow.name, instance_id, now=utcnow().isoformat(), claim="resume"
+            )
+        except BaseException:
+            self._ended(run, None)  # nothing claimed: the caller gets the error
+            raise
+        run.claimed = True
+        if run.snapshot is not None:
+            _log_recovery(run.snapshot.instance)
+        try:
+            with self._lock:
+                assert self._executor is not None
+                self._executor.submit(self._execute, run)
+        except RuntimeError:  # stopped meanwhile: its owner row goes, recovery runs it
+            self._ended(run, None)
+        return run.watch
 
     def _submit(
         self,
@@ -456,9 +488,13 @@ class Runner(BackgroundTick):
         if run.fresh_input is not None:
             input_value, memo = run.fresh_input[0], {}
         else:
-            snapshot = run.snapshot or self.store.begin_run(
-                name, instance_id, now=utcnow().isoformat(), claim=run.claim
-            )
+            snapshot = run.snapshot
+            if snapshot is None and not run.claimed:
+                snapshot = self.store.begin_run(
+                    name, instance_id, now=utcnow().isoformat(), claim=run.claim
+                )
+                if snapshot is not None:
+                    _log_recovery(snapshot.instance)
             if snapshot is not None and snapshot.instance.status == "queued":
                 # It waits for a slot; whichever engine consumes its queue runs it.
                 # Nothing ran here: watchers follow the instance (None).
@@ -472,10 +508,6 @@ class Runner(BackgroundTick):
                 if row.status == "running" or run.claim != "resume":
                     return None
                 return state_of(row)
-            if run.claim == "recover":
-                log.warning(
-                    "recovering the instance: its owner died", extra=where(name, instance_id)
-                )
             memo, stored_status = snapshot.steps, snapshot.instance.status_message
             try:
                 input_value = decode_for(
@@ -587,3 +619,16 @@ class Runner(BackgroundTick):
             run, Failed(message), status="failed", message=message,
             traceback=None if exc is None else traceback_of(exc),
         )
+
+
+def _log_recovery(row: InstanceRow) -> None:
+    """One WARNING from the engine whose claim took the instance from a dead owner
+    (that claim alone returns ``lost_owner``), naming it and the step lost in flight."""
+    if row.lost_owner is None:
+        return
+    lost = row.lost_step
+    log.warning(
+        "recovered the instance from engine %s, which died%s", row.lost_owner,
+        f"; step {lost!r} was in flight and runs again" if lost else "",
+        extra=where(row.workflow, row.instance_id, lost),
+    )

@@ -19,7 +19,7 @@ from ._errors import StorageError
 from ._options import Synchronous
 
 #: The schema this code writes; ``PRAGMA user_version`` of every store.
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 #: Seconds a statement waits for another process's lock before failing.
 BUSY_TIMEOUT = 10.0
 
@@ -57,12 +57,17 @@ INSTANCE_COLUMNS: dict[str, type] = {
     "queue": str,
     "priority": int,
     "queued_at": str,
+    # v9: how often the instance was taken over from a dead owner, the last such
+    # owner and the step it had in flight (its executions lost with it)
+    "recoveries": int,
+    "lost_owner": str,
+    "lost_step": str,
 }
 #: Columns added after version 1 (a file must show the others before we migrate it).
 _LATER_INSTANCE_COLUMNS = (
     "waiting_for", "owner", "status_message", "step_key", "step_started", "traceback",
     "parent_workflow", "parent_id", "parent_key", "parent_group", "children_pending",
-    "queue", "priority", "queued_at",
+    "queue", "priority", "queued_at", "recoveries", "lost_owner", "lost_step",
 )
 #: Columns every store has had since version 1: what a file must show before
 #: we migrate it.
@@ -103,10 +108,14 @@ OWNER_COLUMNS: dict[str, type] = {
     "boot_id": str,
     "pid_ns": str,
     "proc_start": str,
+    # v9: what the engine runs (its workflows, and the queues it consumes with
+    # their limits), as JSON, so a tool can say why a queued instance waits
+    "declares": str,
 }
 #: Columns of owners since version 3.
 V3_OWNER_COLUMNS = {
-    c: t for c, t in OWNER_COLUMNS.items() if c not in ("boot_id", "pid_ns", "proc_start")
+    c: t for c, t in OWNER_COLUMNS.items()
+    if c not in ("boot_id", "pid_ns", "proc_start", "declares")
 }
 
 
@@ -195,6 +204,14 @@ def migrate_to_8(db: sqlite_utils.Database) -> None:
     )
 
 
+def migrate_to_9(db: sqlite_utils.Database) -> None:
+    """Recoveries an instance went through; what each engine declares it runs."""
+    db["instances"].add_column("recoveries", int)  # type: ignore[union-attr]
+    db["instances"].add_column("lost_owner", str)  # type: ignore[union-attr]
+    db["instances"].add_column("lost_step", str)  # type: ignore[union-attr]
+    db["owners"].add_column("declares", str)  # type: ignore[union-attr]
+
+
 #: Migration to version N is MIGRATIONS[N - 1]; all run in the opening transaction.
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     migrate_to_1,
@@ -205,6 +222,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     migrate_to_6,
     migrate_to_7,
     migrate_to_8,
+    migrate_to_9,
 ]
 
 

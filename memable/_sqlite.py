@@ -89,6 +89,7 @@ class SQLiteStore(SQLiteOwners, SQLiteComposition, OperatorReads):
         #: This engine's id as an owner of instances.
         self.owner = uuid.uuid4().hex
         self._lease = 15.0
+        self._declares: str | None = None  # what register_owner stored, for a re-register
 
     def _connection(self) -> sqlite3.Connection | None:
         # Caller holds _lock.
@@ -395,6 +396,18 @@ class SQLiteStore(SQLiteOwners, SQLiteComposition, OperatorReads):
         )
 
     # ------------------------------------------------------------------ from outside a run
+
+    def mark_resumable(self, workflow: str, instance_id: str, now: str) -> str:
+        def mark(conn: sqlite3.Connection) -> str:
+            status = sql.status_of(conn, workflow, instance_id)  # InstanceNotFound
+            if status == "cancelled":
+                raise InstanceFinished(workflow, instance_id, "it is cancelled")
+            conn.execute(sql.MARK_RESUMABLE,
+                         {"workflow": workflow, "instance_id": instance_id, "at": now})
+            return status
+
+        return self._grouped("mark the instance to resume", workflow, instance_id, None, mark,
+                             changes="instance")
 
     def deliver_signal(self, write: StepWrite) -> None:
         workflow, instance_id, key = write.workflow, write.instance_id, write.key

@@ -22,6 +22,7 @@ class SQLiteOwners:
 
     owner: str
     _lease: float
+    _declares: str | None
 
     def _using(
         self, what: str, workflow: str | None = None, instance_id: str | None = None,
@@ -30,17 +31,17 @@ class SQLiteOwners:
         raise NotImplementedError  # SQLiteStore's
 
 
-    def register_owner(self, lease: float, now: float) -> None:
+    def register_owner(self, lease: float, now: float, declares: str | None = None) -> None:
         me = _liveness.current()
         with self._using("register the engine as an owner") as conn:
             conn.execute(
                 "INSERT OR REPLACE INTO owners (id, host, pid, heartbeat, lease, started_at, "
-                "boot_id, pid_ns, proc_start) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "boot_id, pid_ns, proc_start, declares) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (self.owner, me.host, me.pid, now, lease,
                  datetime.fromtimestamp(now).astimezone().isoformat(),
-                 me.boot_id, me.pid_ns, me.started),
+                 me.boot_id, me.pid_ns, me.started, declares),
             )
-        self._lease = lease
+        self._lease, self._declares = lease, declares
 
     def heartbeat(self, now: float) -> None:
         with self._using("renew the engine's lease") as conn:
@@ -48,7 +49,7 @@ class SQLiteOwners:
                 "UPDATE owners SET heartbeat = ? WHERE id = ?", (now, self.owner)
             ).rowcount
         if not renewed:  # reaped while stalled: come back (its runs are lost already)
-            self.register_owner(self._lease, now)
+            self.register_owner(self._lease, now, self._declares)
 
     def drop_owner(self) -> None:
         with self._using("remove the engine's owner row") as conn:

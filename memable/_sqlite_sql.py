@@ -24,11 +24,24 @@ CLAIMS: dict[Claim, str] = {
     "wake": "status = 'suspended'",
     "recover": f"status = 'running' AND {OWNER_FREE}",
 }
+# A claim that takes a running instance from another owner (dead: the claim's
+# WHERE says so) recovers it; the expressions of one UPDATE see the old row.
+_RECOVERED = "status = 'running' AND owner IS NOT NULL AND owner <> :me"
 # What a claim writes: running and owned; an instance of a queue instead
-# waits for a slot (queued, nobody's; a queued one keeps its place).
-CLAIM_SET = """status = CASE WHEN queue IS NULL THEN 'running' ELSE 'queued' END,
+# waits for a slot (queued, nobody's; a queued or recovered one keeps its
+# place). A recovery is counted, with the dead owner (cleared by any other
+# claim: set, it says this claim recovered the instance) and the step it had
+# in flight, if that never completed (its execution was lost with it).
+CLAIM_SET = f"""status = CASE WHEN queue IS NULL THEN 'running' ELSE 'queued' END,
     owner = CASE WHEN queue IS NULL THEN :me END,
-    queued_at = CASE WHEN queue IS NULL OR status = 'queued' THEN queued_at ELSE :at END,
+    queued_at = CASE WHEN queue IS NULL OR status IN ('queued', 'running') THEN queued_at
+        ELSE :at END,
+    recoveries = CASE WHEN {_RECOVERED} THEN COALESCE(recoveries, 0) + 1 ELSE recoveries END,
+    lost_owner = CASE WHEN {_RECOVERED} THEN owner END,
+    lost_step = CASE WHEN {_RECOVERED} THEN (SELECT instances.step_key WHERE NOT EXISTS (
+        SELECT 1 FROM steps AS done WHERE done.workflow = instances.workflow
+        AND done.instance_id = instances.instance_id AND done.key = instances.step_key
+        AND done.state = 'completed')) ELSE lost_step END,
     message = NULL, waiting_for = NULL, updated_at = :at, completed_at = NULL,
     traceback = NULL, step_key = NULL, step_started = NULL, children_pending = NULL"""
 OWNED = (
@@ -132,4 +145,13 @@ AND instances.workflow IN ({{marks}})
 UNION
 SELECT workflow, instance_id FROM instances
 WHERE status = 'suspended' AND children_pending = 0 AND workflow IN ({{marks}})
+"""
+# ``memable resume``: ready for the next poll of an engine that runs it (see
+# Store.mark_resumable); a running or queued instance is left as it is.
+MARK_RESUMABLE = """
+UPDATE instances SET status = 'suspended', message = 'resumed from the command line',
+    waiting_for = NULL, children_pending = 0, owner = NULL, completed_at = NULL,
+    traceback = NULL, updated_at = :at
+WHERE workflow = :workflow AND instance_id = :instance_id
+AND status IN ('failed', 'suspended', 'completed')
 """

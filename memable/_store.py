@@ -58,6 +58,9 @@ class InstanceRow:
     queue: str | None = None
     priority: int | None = None
     queued_at: str | None = None
+    recoveries: int | None = None
+    lost_owner: str | None = None
+    lost_step: str | None = None
 
 
 @attrs.frozen
@@ -72,6 +75,21 @@ class OwnerRow:
     boot_id: str | None
     pid_ns: str | None
     proc_start: str | None
+    #: What it runs, as ``_queues.Declarations`` JSON (None: an engine older than v9).
+    declares: str | None = None
+
+
+@attrs.frozen
+class QueueLook:
+    """Where a queued instance stands in its queue, read by ``Store.inspect``."""
+
+    position: int  # 1 for the next to start, by priority and then runnable time
+    #: The queue's instances that hold a slot, counted by owner.
+    running: dict[str, int]
+    starts: list[float]  # the claims a rate limit counts (epoch seconds), oldest first
+    #: Owners whose lease has not ended, each with what it declares it runs.
+    live: list[OwnerRow]
+    now: float  # the clock ``live`` was judged by
 
 
 @attrs.frozen
@@ -86,6 +104,8 @@ class InstanceView:
     awaiting: list[str]  # the suspend points it waits on now
     #: Its children, oldest first: (workflow, instance_id, status).
     children: list[tuple[str, str, str]] = attrs.Factory(list)
+    #: For a queued instance, where it stands in its queue.
+    queue: QueueLook | None = None
 
 
 @attrs.frozen
@@ -287,6 +307,16 @@ class Store(Protocol):
         a signal and a deadline firing at once, exactly one takes the key.
         """
 
+    def mark_resumable(self, workflow: str, instance_id: str, now: str) -> str:
+        """Mark a failed, suspended or completed instance ready to run again, atomically, for
+        an engine's next look (``memable resume``: no engine here); return the status it had.
+
+        It is stored suspended and ready (``children_pending`` 0, which every
+        poll runs on, as after ``release``) and nobody's; a running or queued
+        one is left as it is. Raise InstanceNotFound, or InstanceFinished for a
+        Cancelled one (writing nothing).
+        """
+
     def fire_due_timers(self, now: float, at: str) -> list[tuple[str, str, str]]:
         """Claim every timer due at ``now`` and complete its key; return (workflow, id, key)s.
 
@@ -367,8 +397,9 @@ class Store(Protocol):
     def purge(self, completed_before: str) -> int:
         """Delete terminal, unowned instances completed before then, with steps and timers."""
 
-    def register_owner(self, lease: float, now: float) -> None:
-        """Record this engine as an owner on the store, alive for ``lease`` seconds."""
+    def register_owner(self, lease: float, now: float, declares: str | None = None) -> None:
+        """Record this engine as an owner on the store, alive for ``lease`` seconds, with what
+        it ``declares`` it runs (``_queues.Declarations`` JSON)."""
 
     def heartbeat(self, now: float) -> None:
         """Renew this engine's lease (and its owner row, if someone reaped it)."""

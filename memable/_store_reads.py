@@ -10,16 +10,20 @@ each store has from ``OperatorReads``.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
+from ._queue_sql import HOLDS_SLOT
 from ._schema import INSTANCE_COLUMNS
-from ._store import InstanceRow, InstanceView, OwnerRow
+from ._store import InstanceRow, InstanceView, OwnerRow, QueueLook
 
 #: ``read_rows(what, sql, params)``: the rows of one read, as dicts of their columns.
 ReadRows = Callable[[str, str, dict[str, Any]], list[dict[str, Any]]]
 
-_OWNER_COLUMNS = ("id", "host", "pid", "heartbeat", "lease", "boot_id", "pid_ns", "proc_start")
+_OWNER_COLUMNS = (
+    "id", "host", "pid", "heartbeat", "lease", "boot_id", "pid_ns", "proc_start", "declares",
+)
 _INSTANCE = ", ".join(f"i.{c}" for c in INSTANCE_COLUMNS)
 _OWNER = ", ".join(f"o.{c} AS owner_{c}" for c in _OWNER_COLUMNS)
 
@@ -89,13 +93,51 @@ def inspect(read: ReadRows, workflow: str, instance_id: str) -> InstanceView | N
         "AND parent_id = :instance_id ORDER BY created_at, instance_id",
         where,
     )
+    instance = _instance(found[0])
     return InstanceView(
-        instance=_instance(found[0]),
+        instance=instance,
         owner=_owner(found[0]),
         steps=steps,
         timers=[(t["key"], float(t["deadline"])) for t in timers],
         awaiting=awaited_signals(read, workflow, instance_id),
         children=[(c["workflow"], c["instance_id"], c["status"]) for c in children],
+        queue=queue_look(read, instance) if instance.status == "queued" else None,
+    )
+
+
+def queue_look(read: ReadRows, row: InstanceRow) -> QueueLook | None:
+    """Where the queued instance ``row`` stands in its queue, and who could run it."""
+    if row.queue is None:
+        return None
+    where = {"queue": row.queue, "priority": row.priority or 0,
+             "queued_at": row.queued_at or "", "instance_id": row.instance_id}
+    ahead = read(
+        "count the instances ahead in the queue",
+        "SELECT count(*) AS n FROM instances WHERE queue = :queue AND status = 'queued' "
+        "AND (priority < :priority OR (priority = :priority AND (queued_at < :queued_at "
+        "OR (queued_at = :queued_at AND instance_id < :instance_id))))",
+        where,
+    )
+    now = time.time()
+    running = read(
+        "count the queue's running instances",
+        f"SELECT owner, count(*) AS n FROM instances WHERE queue = :queue AND {HOLDS_SLOT} "
+        "GROUP BY owner",
+        {**where, "now": now},
+    )
+    starts = read("read the queue's starts",
+                  "SELECT at FROM queue_starts WHERE queue = :queue ORDER BY at", where)
+    live = read(
+        "read the live owners",
+        f"SELECT {_OWNER} FROM owners AS o WHERE o.heartbeat + o.lease >= :now ORDER BY o.id",
+        {"now": now},
+    )
+    return QueueLook(
+        position=int(ahead[0]["n"]) + 1,
+        running={str(r["owner"]): int(r["n"]) for r in running},
+        starts=[float(r["at"]) for r in starts],
+        live=[owner for owner in map(_owner, live) if owner is not None],
+        now=now,
     )
 
 

@@ -49,7 +49,8 @@ def open_store(
             from ._postgres import PostgresStore
         except ImportError as exc:
             raise StorageError(
-                "a PostgreSQL store needs psycopg: pip install 'memable-engine[postgres]' "
+                "a PostgreSQL store needs psycopg, in the extra 'postgres': pip install "
+                "'memable-engine[postgres]', or from a checkout pip install '.[postgres]' "
                 f"({exc})"
             ) from None
         return PostgresStore(

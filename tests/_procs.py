@@ -7,6 +7,7 @@
     python _procs.py signal  DB ID [wf]     signal that instance (registering it with "wf")
     python _procs.py open    -              open (and close) each path read from stdin
     python _procs.py family  DB LOG         a parent starts a child; hang once it is started
+    python _procs.py queued  DB LOG K       run ten/crash through the queue "q"; hang in step K
 
 Every step body appends one line to LOG (O_APPEND: whole lines, from any
 process), so the parent counts executions. Any exception exits non-zero.
@@ -112,7 +113,9 @@ def open_each_line() -> None:
 def main(command: str, db: str, *args: str) -> None:
     if command == "open":
         return open_each_line()
-    engine = Engine.open(db, poll_interval=0.05, lease=3.0)
+    # A PostgreSQL URL's schema comes from the environment (the test's own schema).
+    schema = os.environ.get("MEMABLE_PROC_SCHEMA") if db.startswith("postgresql") else None
+    engine = Engine.open(db, poll_interval=0.05, lease=3.0, schema=schema)
     if command == "crash":
         log, k = args[0], int(args[1])
         engine.register("ten", ten_steps(log, k))  # type: ignore[arg-type]
@@ -143,6 +146,12 @@ def main(command: str, db: str, *args: str) -> None:
             engine.register("awaits", awaits_signal(args[1]))  # type: ignore[arg-type]
         with engine:
             engine.signal("awaits", instance_id, "go:v1", "hello")
+    elif command == "queued":
+        log, k = args[0], int(args[1])
+        engine.queue("q", concurrency=1)
+        engine.register("ten", ten_steps(log, k), queue="q")  # type: ignore[arg-type]
+        engine.start()
+        engine.invoke("ten", instance_id="crash").result()
     elif command == "family":
         family(engine, args[0], hold=True)
         engine.start()

@@ -261,7 +261,7 @@ def test_an_engine_whose_start_failed_stops_and_closes_cleanly(tmp_path: Path) -
     """Registering as an owner fails: start raises it, and stop and close still work."""
     engine = Engine.open(tmp_path / "db")
 
-    def register_owner(lease: float, now: float) -> None:
+    def register_owner(lease: float, now: float, declares: str | None = None) -> None:
         raise StorageError("cannot register the engine (forced)")
 
     engine._store.register_owner = register_owner  # type: ignore[method-assign]
@@ -943,13 +943,17 @@ def test_the_steps_in_flight_list_a_run_that_has_not_begun_its_workflow_yet() ->
     engine._store.begin_run = held  # type: ignore[method-assign]
     with engine:
         assert isinstance(engine.invoke("wf", instance_id="x").wait(timeout=10), Completed)
-        resumed = engine.resume("wf", "x")
+        # resume() claims on its caller's thread: call it on a thread of its own.
+        resumed: list[Any] = []
+        caller = threading.Thread(target=lambda: resumed.append(engine.resume("wf", "x")))
+        caller.start()
         try:
             assert claiming.wait(10)
             assert engine._runner.in_flight() == [("wf", "x", None, None)]
         finally:
             release.set()
-        assert resumed.result(timeout=10) == 1
+            caller.join(10)
+        assert resumed[0].result(timeout=10) == 1
     engine.close()
 
 
