@@ -87,6 +87,29 @@ def make_engine(store_target: dict[str, Any]) -> Iterator[Callable[..., Engine]]
     assert not leaked, _leak_report(leaked, 10)
 
 
+@pytest.fixture(params=["file", "postgres"])
+def shared_store(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
+    """A store several engines and processes can share: ``{"target": ...}`` of a file, or
+    ``{"target": URL, "schema": ...}`` of a PostgreSQL schema of its own."""
+    if request.param == "file":
+        return {"target": tmp_path / "db"}
+    return {"target": POSTGRES_URL, "schema": request.getfixturevalue("pg_schema")}
+
+
+@pytest.fixture
+def open_shared(shared_store: dict[str, Any]) -> Iterator[Callable[..., Engine]]:
+    """Open engines on ``shared_store``; closed afterwards."""
+    made: list[Engine] = []
+
+    def make(**options: Any) -> Engine:
+        made.append(Engine.open(**shared_store, **options))
+        return made[-1]
+
+    yield make
+    for engine in made:
+        engine.close()
+
+
 @pytest.fixture
 def engine(make_engine: Callable[..., Engine]) -> Engine:
     """A fresh, not yet started engine on the parametrised store."""

@@ -5,39 +5,15 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
-import pytest
 from click.testing import Result
 from helpers import cli
 
 from memable import Context, Engine, Failed, MetadataStatus
 
 TIMEOUT = 10.0
-
-
-@pytest.fixture(params=["file", "postgres"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
-    if request.param == "file":
-        return {"target": tmp_path / "db"}
-    from conftest import POSTGRES_URL
-
-    return {"target": POSTGRES_URL, "schema": request.getfixturevalue("pg_schema")}
-
-
-@pytest.fixture
-def open_engine(store: dict[str, Any]) -> Iterator[Callable[..., Engine]]:
-    made: list[Engine] = []
-
-    def make(**options: Any) -> Engine:
-        made.append(Engine.open(**store, **options))
-        return made[-1]
-
-    yield make
-    for engine in made:
-        engine.close()
 
 
 def resume(store: dict[str, Any], workflow: str, instance_id: str) -> Result:
@@ -63,17 +39,17 @@ def _flaky(calls: Counter[str]) -> Callable[[Context], str]:
 
 
 def test_resume_of_a_failed_instance_runs_it_again_in_the_running_engine(
-    open_engine: Callable[..., Engine], store: dict[str, Any],
+    open_shared: Callable[..., Engine], shared_store: dict[str, Any],
 ) -> None:
     """The engine on the store takes the resume at its next look (on PostgreSQL at once, by
     NOTIFY: its poll is 30 s); completed steps are not run again."""
     calls: Counter[str] = Counter()
-    poll = 30 if "schema" in store else 0.05
-    engine = open_engine(poll_interval=poll, lease=300)  # no look for 30 s on PostgreSQL
+    poll = 30 if "schema" in shared_store else 0.05
+    engine = open_shared(poll_interval=poll, lease=300)  # no look for 30 s on PostgreSQL
     engine.register("pay", _flaky(calls))
     with engine:
         assert isinstance(engine.invoke("pay", instance_id="p").wait(TIMEOUT), Failed)
-        result = resume(store, "pay", "p")
+        result = resume(shared_store, "pay", "p")
         assert result.exit_code == 0, result.output
         assert result.stdout.startswith("resume of pay/p (failed) stored")
         assert engine.invocation("pay", "p").result(TIMEOUT) == "order charged"
@@ -81,18 +57,18 @@ def test_resume_of_a_failed_instance_runs_it_again_in_the_running_engine(
 
 
 def test_a_resume_stored_while_no_engine_runs_is_run_by_the_next_one(
-    open_engine: Callable[..., Engine], store: dict[str, Any],
+    open_shared: Callable[..., Engine], shared_store: dict[str, Any],
 ) -> None:
     calls: Counter[str] = Counter()
-    first = open_engine()
+    first = open_shared()
     first.register("pay", _flaky(calls))
     with first:
         assert isinstance(first.invoke("pay", instance_id="p").wait(TIMEOUT), Failed)
-    assert resume(store, "pay", "p").exit_code == 0
-    meta = open_engine().get_metadata("pay", "p")
+    assert resume(shared_store, "pay", "p").exit_code == 0
+    meta = open_shared().get_metadata("pay", "p")
     assert meta is not None
     assert meta.status == MetadataStatus.Suspended("resumed from the command line")
-    second = open_engine()
+    second = open_shared()
     second.register("pay", _flaky(calls))
     with second:
         assert second.invocation("pay", "p").result(TIMEOUT) == "order charged"
@@ -100,17 +76,17 @@ def test_a_resume_stored_while_no_engine_runs_is_run_by_the_next_one(
 
 
 def test_resume_of_a_running_instance_changes_nothing(
-    open_engine: Callable[..., Engine], store: dict[str, Any],
+    open_shared: Callable[..., Engine], shared_store: dict[str, Any],
 ) -> None:
     inside, release = threading.Event(), threading.Event()
-    engine = open_engine()
+    engine = open_shared()
     engine.register("hold", lambda ctx: ctx.step("s").run(
         lambda: (inside.set(), release.wait(TIMEOUT))[1]))
     try:
         with engine:
             inv = engine.invoke("hold", instance_id="h")
             assert inside.wait(TIMEOUT)
-            result = resume(store, "hold", "h")
+            result = resume(shared_store, "hold", "h")
             assert (result.exit_code, result.stdout) == (
                 0, "hold/h is running: nothing to resume\n")
             release.set()
@@ -120,18 +96,18 @@ def test_resume_of_a_running_instance_changes_nothing(
 
 
 def test_resume_of_a_cancelled_or_unknown_instance_exits_2_and_writes_nothing(
-    open_engine: Callable[..., Engine], store: dict[str, Any],
+    open_shared: Callable[..., Engine], shared_store: dict[str, Any],
 ) -> None:
-    engine = open_engine()
+    engine = open_shared()
     engine.register("wait", lambda ctx: ctx.suspend("ok"))
     with engine:
         engine.invoke("wait", instance_id="w").wait(TIMEOUT)
         engine.cancel("wait", "w")
         before = engine.get_metadata("wait", "w")
-        refused = resume(store, "wait", "w")
+        refused = resume(shared_store, "wait", "w")
         assert refused.exit_code == 2
         assert "it is cancelled" in refused.stderr
         assert engine.get_metadata("wait", "w") == before
-        unknown = resume(store, "wait", "nobody")
+        unknown = resume(shared_store, "wait", "nobody")
         assert unknown.exit_code == 2
         assert "no stored instance" in unknown.stderr

@@ -6,40 +6,14 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
-import pytest
 from helpers import cli
 
 from memable import Context, Engine, Queued
 
 TIMEOUT = 10.0
-
-
-@pytest.fixture(params=["file", "postgres"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, Any]]:
-    """``{"target": ..., "schema": ...}`` of a file or a PostgreSQL schema."""
-    if request.param == "file":
-        yield {"target": tmp_path / "db"}
-    else:
-        from conftest import POSTGRES_URL
-
-        yield {"target": POSTGRES_URL, "schema": request.getfixturevalue("pg_schema")}
-
-
-@pytest.fixture
-def open_engine(store: dict[str, Any]) -> Iterator[Callable[..., Engine]]:
-    made: list[Engine] = []
-
-    def make(**options: Any) -> Engine:
-        made.append(Engine.open(**store, **options))
-        return made[-1]
-
-    yield make
-    for engine in made:
-        engine.close()
 
 
 def shown(store: dict[str, Any], workflow: str, instance_id: str) -> tuple[dict[str, Any], str]:
@@ -58,18 +32,18 @@ def _enqueue(web: Engine, name: str, instance_id: str, **options: Any) -> None:
 
 
 def test_a_queue_no_running_engine_consumes_is_named(
-    open_engine: Callable[..., Engine], store: dict[str, Any],
+    open_shared: Callable[..., Engine], shared_store: dict[str, Any],
 ) -> None:
     """A typo'd queue: the only running engine consumes another one."""
-    web = open_engine(queues=())
+    web = open_shared(queues=())
     web.queue("emails")
     web.register("send", lambda ctx: None, queue="emails")
-    other = open_engine()
+    other = open_shared()
     other.queue("emial")
     other.register("send", lambda ctx: None, queue="emial")
     with web, other:
         _enqueue(web, "send", "s-1")
-        view, text = shown(store, "send", "s-1")
+        view, text = shown(shared_store, "send", "s-1")
     assert view["queue"] == {
         "name": "emails", "priority": 0, "position": 1, "running": 0,
         "waiting_because": "no running engine consumes the queue 'emails'",
@@ -79,24 +53,24 @@ def test_a_queue_no_running_engine_consumes_is_named(
 
 
 def test_a_consumer_without_the_workflow_is_named(
-    open_engine: Callable[..., Engine], store: dict[str, Any],
+    open_shared: Callable[..., Engine], shared_store: dict[str, Any],
 ) -> None:
-    web = open_engine(queues=())
+    web = open_shared(queues=())
     web.queue("emails")
     web.register("send", lambda ctx: None, queue="emails")
-    worker = open_engine()
+    worker = open_shared()
     worker.queue("emails")
     worker.register("other", lambda ctx: None, queue="emails")
     with web, worker:
         _enqueue(web, "send", "s-1")
-        view, _ = shown(store, "send", "s-1")
+        view, _ = shown(shared_store, "send", "s-1")
     assert view["queue"]["waiting_because"] == (
         "no running engine that consumes the queue 'emails' registers the workflow 'send'"
     )
 
 
 def test_a_full_queue_says_so_and_gives_each_its_position(
-    open_engine: Callable[..., Engine], store: dict[str, Any],
+    open_shared: Callable[..., Engine], shared_store: dict[str, Any],
 ) -> None:
     """Concurrency 1 held by a running instance: the others are queue full, in order of
     priority, then of when they became runnable."""
@@ -106,7 +80,7 @@ def test_a_full_queue_says_so_and_gives_each_its_position(
         if ctx.instance_id == "busy":
             ctx.step("hold").run(lambda: (inside.set(), release.wait(TIMEOUT)))
 
-    worker = open_engine()
+    worker = open_shared()
     worker.queue("q", concurrency=1)
     worker.register("job", job, queue="q")
     try:
@@ -115,7 +89,7 @@ def test_a_full_queue_says_so_and_gives_each_its_position(
             assert inside.wait(TIMEOUT)
             for instance_id, priority in (("a", 5), ("b", 0), ("c", 5)):
                 _enqueue(worker, "job", instance_id, priority=priority)
-            places = {i: shown(store, "job", i)[0]["queue"] for i in ("a", "b", "c")}
+            places = {i: shown(shared_store, "job", i)[0]["queue"] for i in ("a", "b", "c")}
             release.set()
     finally:
         release.set()
@@ -126,13 +100,15 @@ def test_a_full_queue_says_so_and_gives_each_its_position(
     assert {q["running"] for q in places.values()} == {1}
 
 
-def test_a_rate_limit_says_so(open_engine: Callable[..., Engine], store: dict[str, Any]) -> None:
-    worker = open_engine()
+def test_a_rate_limit_says_so(
+    open_shared: Callable[..., Engine], shared_store: dict[str, Any],
+) -> None:
+    worker = open_shared()
     worker.queue("q", rate=(1, 600))
     worker.register("job", lambda ctx: ctx.instance_id, queue="q")
     worker.start()  # closed by the fixture: wait_all would wait out the rate limit
     assert worker.invoke("job", instance_id="first").result(TIMEOUT) == "first"
     _enqueue(worker, "job", "second")
-    view, _ = shown(store, "job", "second")
+    view, _ = shown(shared_store, "job", "second")
     assert view["queue"]["waiting_because"] == (
         "rate limit: 1 started in the last 600 s (at most 1)")
