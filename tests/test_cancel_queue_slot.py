@@ -19,7 +19,6 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -163,30 +162,6 @@ def test_a_cancelled_run_holds_its_slot_until_it_stops(
     assert steps.most == 1
 
 
-@pytest.fixture(params=["file", "postgres"])
-def target(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
-    """Where ``Engine.open`` finds the shared store: a file, or a PostgreSQL schema."""
-    from conftest import POSTGRES_URL
-
-    if request.param == "file":
-        return {"target": str(tmp_path / "db"), "schema": None}
-    return {"target": POSTGRES_URL, "schema": request.getfixturevalue("pg_schema")}
-
-
-@pytest.fixture
-def shared(target: dict[str, Any]) -> Iterator[Callable[..., Engine]]:
-    """Engines that share the one store of ``target``, closed afterwards."""
-    made: list[Engine] = []
-
-    def make(**options: Any) -> Engine:
-        made.append(Engine.open(**target, **options))
-        return made[-1]
-
-    yield make
-    for engine in made:
-        engine.close()
-
-
 def _on_postgres(engine: Engine) -> bool:
     from memable._postgres import PostgresStore
 
@@ -195,15 +170,15 @@ def _on_postgres(engine: Engine) -> bool:
 
 @pytest.mark.parametrize("then", ["step", "suspend"])
 def test_another_engine_claims_the_slot_once_the_cancelled_run_stopped(
-    shared: Callable[..., Engine], then: str,
+    open_shared: Callable[..., Engine], then: str,
 ) -> None:
     """Engine one runs A (only it has "hold"), engine two alone can run B ("job"). Two
     cancels A and invokes B: B stays queued while A's step runs; when one's run stops
     (at its next step, or at a suspend point), two is woken through the store (a
     file's poll; on PostgreSQL the release's NOTIFY: two polls only every 30 s, and B
     must run well within that)."""
-    one = shared(poll_interval=30)
-    two = shared(poll_interval=30 if _on_postgres(one) else 0.05)
+    one = open_shared(poll_interval=30)
+    two = open_shared(poll_interval=30 if _on_postgres(one) else 0.05)
     steps, inside, release = Steps(), threading.Event(), threading.Event()
     for engine in (one, two):
         engine.queue("q", concurrency=1)
@@ -241,20 +216,21 @@ def _child(target: str, schema: str) -> None:
 
 @pytest.mark.parametrize("where", ["here", "elsewhere"])
 def test_the_slot_of_a_cancelled_run_whose_owner_died_comes_free(
-    shared: Callable[..., Engine], target: dict[str, Any], where: str,
+    open_shared: Callable[..., Engine], shared_store: dict[str, Any], where: str,
 ) -> None:
     """A child process runs A and holds the slot; A is cancelled here and B stays queued
     while the child lives. Then the child is SIGKILLed: nobody will clear A's owner.
     On this host its dead pid gets its owner row reaped at once; an owner on another
     host is judged by its lease alone (the test moves the child's row "elsewhere"
     first). Either way B runs."""
-    engine = shared(poll_interval=0.05)
+    engine = open_shared(poll_interval=0.05)
     engine.queue("q", concurrency=1)
     steps = Steps()
     engine.register("job", _job(steps), queue="q")
     claims = Claims(engine)
     child = subprocess.Popen(
-        [sys.executable, __file__, "hold", target["target"], target["schema"] or ""],
+        [sys.executable, __file__, "hold", str(shared_store["target"]),
+         shared_store.get("schema") or ""],
         stdout=subprocess.PIPE, text=True,
     )
     with engine:
