@@ -304,6 +304,10 @@ class Runner(BackgroundTick):
         run.claimed = True
         if run.snapshot is not None:
             _log_recovery(run.snapshot.instance)
+            if run.snapshot.instance.status == "queued":
+                # It waits for a slot: nothing runs here now (its state reads Queued()).
+                self._ended(run, None)
+                return run.watch
         try:
             with self._lock:
                 assert self._executor is not None

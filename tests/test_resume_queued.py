@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import pytest
 
-from memable import Context, Engine, Failed, MetadataStatus
+from memable import Context, Engine, Failed, MetadataStatus, Queued
 
 TIMEOUT = 10.0
 
@@ -54,6 +54,7 @@ def test_resume_of_a_failed_instance_waits_queued_for_the_full_queue(
             meta = engine.get_metadata("job", "x")  # read as resume() returns, no wait
             assert meta is not None
             assert meta.status == MetadataStatus.Queued()
+            assert inv.state == Queued()  # no run here holds it: its handle says so too
             assert charges == ["charge"]  # not run again while the slot is taken
             release.set()
             assert holder.result(TIMEOUT) == 0
