@@ -423,13 +423,16 @@ def test_advance_counts_a_deadline_the_timer_thread_fired_first(
     make_engine: Callable[..., Engine],
 ) -> None:
     """``advance`` counts a deadline that fell due when the clock moved, whichever thread
-    fired it: here the timer thread wins (the engine's own call then finds nothing)."""
+    fired it: here the timer thread wins (the engine's own call then finds nothing).
+
+    The stand-in fires what is due (unless the real timer thread, woken by the move,
+    already did: either way the deadline has fired) and reports nothing fired."""
     engine = make_engine(poll_interval=60)
     engine.register("wf", lambda ctx: ctx.suspend("answer", timeout=5))
     real = engine.fire_due_timers
 
     def timer_thread_won() -> int:
-        assert real() == 1
+        real()
         return 0
 
     engine.fire_due_timers = timer_thread_won  # type: ignore[method-assign]
