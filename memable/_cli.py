@@ -13,9 +13,9 @@ import json
 import math
 import re
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import click
 
@@ -34,6 +34,7 @@ from ._inspect import (
 from ._store import Store
 from ._worker import load_engine, run_worker
 
+T = TypeVar("T")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 #: Every command that takes a store takes --schema after its name.
 _SCHEMA = click.option(
@@ -59,6 +60,19 @@ def _store(target: str, schema: str | None) -> Iterator[Store]:
             store.close()
     except EngineError as err:
         _fail(str(err))
+
+
+def _act_on(
+    target: str, schema: str | None, workflow: str, instance_id: str,
+    act: Callable[[Store], T],
+) -> T:
+    """``act(store)`` on an instance of the store ``target``; an instance it does not have
+    is reported (with the closest workflow name, if the workflow is unknown), exit 2."""
+    with _store(target, schema) as store:
+        try:
+            return act(store)
+        except InstanceNotFound:
+            raise_unknown(store, workflow, instance_id)
 
 
 def _duration(text: str) -> float:
@@ -283,12 +297,13 @@ def signal(
         value = json.loads(payload)
     except json.JSONDecodeError as exc:
         _fail(f"the payload is not JSON ({exc}): {payload!r}")
-    with _store(db, schema) as store:
+
+    def deliver(store: Store) -> list[str]:
         awaited = store.awaited_signals(workflow, instance_id)
-        try:
-            store_signal(store, workflow, instance_id, key, value)
-        except InstanceNotFound:
-            raise_unknown(store, workflow, instance_id)
+        store_signal(store, workflow, instance_id, key, value)
+        return awaited
+
+    awaited = _act_on(db, schema, workflow, instance_id, deliver)
     click.echo(f"signal {key} stored for {workflow}/{instance_id}")
     if key not in awaited:
         waits = f" (it waits on {', '.join(map(repr, awaited))})" if awaited else ""
@@ -306,11 +321,8 @@ def signal(
 @_SCHEMA
 def cancel(db: str, workflow: str, instance_id: str, schema: str | None) -> None:
     """Cancel an instance: it ends Cancelled at its next step boundary."""
-    with _store(db, schema) as store:
-        try:
-            cancel_instance(store, workflow, instance_id)
-        except InstanceNotFound:
-            raise_unknown(store, workflow, instance_id)
+    _act_on(db, schema, workflow, instance_id,
+            lambda store: cancel_instance(store, workflow, instance_id))
     click.echo(f"cancelled {workflow}/{instance_id}")
 
 
@@ -322,11 +334,8 @@ def cancel(db: str, workflow: str, instance_id: str, schema: str | None) -> None
 def resume(db: str, workflow: str, instance_id: str, schema: str | None) -> None:
     """Run a failed, suspended or completed instance again, as engine.resume does: stored
     steps return their results, the rest execute (in an engine that runs WORKFLOW)."""
-    with _store(db, schema) as store:
-        try:
-            was = resume_instance(store, workflow, instance_id)
-        except InstanceNotFound:
-            raise_unknown(store, workflow, instance_id)
+    was = _act_on(db, schema, workflow, instance_id,
+                  lambda store: resume_instance(store, workflow, instance_id))
     if was == "running":
         click.echo(f"{workflow}/{instance_id} is running: nothing to resume")
     elif was == "queued":

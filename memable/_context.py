@@ -224,7 +224,7 @@ class Context:
         shipped
         """
         key = check_key(key, self._workflow, self._instance_id)
-        deadline = None if timeout is None else self._deadline(key, "suspend timeout", timeout)
+        deadline = None if timeout is None else self._deadline(key, "suspend timeout", timeout)[1]
         self.attempts.boundary()
         self._claim(key)
         stored = self._arrived(key, "signal")
@@ -265,11 +265,11 @@ class Context:
         MetadataStatus.Suspended(message='timer cool-off:v1')
         """
         key = check_key(key, self._workflow, self._instance_id)
-        deadline = self._deadline(key, "timer duration", duration)
+        seconds, deadline = self._deadline(key, "timer duration", duration)
         self.attempts.boundary()
         self._claim(key)
         # A due timer needs no second look: recording it fires it at once.
-        stored = self._arrived(key, "timer", reread=deadline > self._clock.wall())
+        stored = self._arrived(key, "timer", reread=seconds > 0)
         if stored is not None and stored.state == "completed":
             self._replayed(key, stored, None)
             return
@@ -346,15 +346,17 @@ class Context:
 
     # ------------------------------------------------------------------ engine side
 
-    def _deadline(self, key: str, what: str, duration: object) -> float:
-        """The wall-clock deadline ``duration`` from now; a bad one fails the step ``key``.
+    def _deadline(self, key: str, what: str, duration: object) -> tuple[float, float]:
+        """``duration`` in seconds, and the wall-clock deadline that far from now; a bad
+        one fails the step ``key``.
 
         The error (TypeError, or ValueError for a negative duration or a
         deadline past the year 9999) names the key and the argument.
         """
         what = f"{what} of {key!r}"
         try:
-            return check_deadline(self._clock.wall() + seconds_of(duration, what), what, duration)
+            seconds = seconds_of(duration, what)
+            return seconds, check_deadline(self._clock.wall() + seconds, what, duration)
         except (TypeError, ValueError) as exc:
             self._note(key, exc, None)
             raise

@@ -139,13 +139,13 @@ def _waiting_in(row: InstanceRow, look: QueueLook) -> dict[str, Any]:
     """Where a queued instance stands and why it has not started, judged by what the live
     engines declare they run (stored with their owner rows)."""
     queue, workflow = row.queue, row.workflow
-    consumers = []
-    for owner in look.live:
-        declared = Declarations.from_json(owner.declares)
-        spec = None if declared is None else next(
-            (q for q in declared.queues if q.name == queue), None)
-        if declared is not None and spec is not None:
-            consumers.append((owner, declared, spec))
+    # (owner, what it runs, its declaration of the queue) of each engine consuming it.
+    consumers = [
+        (owner, declared, spec)
+        for owner in look.live
+        if (declared := Declarations.from_json(owner.declares)) is not None
+        for spec in declared.queues if spec.name == queue
+    ]
     runners = [(o, spec) for o, declared, spec in consumers if workflow in declared.workflows]
     running = sum(look.running.values())
     if not consumers:

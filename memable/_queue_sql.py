@@ -21,11 +21,15 @@ from ._store import Claimed, InstanceRow, RunSnapshot, StoredStep
 #: Runs one statement with named parameters in the caller's transaction.
 Execute = Callable[[str, dict[str, Any]], Any]
 
-#: Which of a queue's instances hold a slot, judged at ``:now`` (as ``RUNNING`` counts
-#: them; for ``memable show``'s "why it waits").
-HOLDS_SLOT = """(status = 'running' OR (status = 'cancelled' AND EXISTS (
+# A cancelled instance whose run has not stopped yet (a cancel leaves the owner;
+# the run's end clears it) holds its slot, unless that owner is dead (its lease ran
+# out by ``:now``, or its row was reaped): nobody else clears that owner.
+_CANCELLED_HOLDING = """status = 'cancelled' AND EXISTS (
     SELECT 1 FROM owners WHERE owners.id = instances.owner
-    AND owners.heartbeat + owners.lease >= :now)))"""
+    AND owners.heartbeat + owners.lease >= :now)"""
+#: Which of a queue's instances hold a slot, judged at ``:now`` (what ``RUNNING``
+#: counts; for ``memable show``'s "why it waits").
+HOLDS_SLOT = f"(status = 'running' OR ({_CANCELLED_HOLDING}))"
 ANY_QUEUED = (
     "SELECT 1 FROM instances WHERE status = 'queued' AND queue = :queue LIMIT 1"
 )
@@ -33,15 +37,10 @@ COUNT_QUEUED = (
     "SELECT count(*) FROM instances WHERE status = 'queued' AND queue = :queue "
     "AND workflow IN ({workflows})"
 )
-# The slots taken: by running instances, and by cancelled ones whose run has not
-# stopped yet (a cancel leaves the owner; the run's end clears it), unless that
-# owner is dead (its lease ran out by ``:now``, or its row was reaped): nobody
-# clears the owner of a cancelled instance but its own run.
-RUNNING = """
+# The slots taken (``HOLDS_SLOT``), counted as two index range reads (queue, status).
+RUNNING = f"""
 SELECT (SELECT count(*) FROM instances WHERE queue = :queue AND status = 'running')
-    + (SELECT count(*) FROM instances JOIN owners ON owners.id = instances.owner
-       WHERE instances.queue = :queue AND instances.status = 'cancelled'
-       AND owners.heartbeat + owners.lease >= :now)
+    + (SELECT count(*) FROM instances WHERE queue = :queue AND {_CANCELLED_HOLDING})
 """
 RUNNING_MINE = (
     "SELECT count(*) FROM instances WHERE queue = :queue "

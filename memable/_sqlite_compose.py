@@ -115,22 +115,22 @@ class SQLiteComposition:
                 raise RunCancelled()
             for wait in waits:
                 conn.execute(sql.INSERT_WAITING, step_params(wait, self.owner))
-            created = []
-            for row in rows:
-                owner = self.owner if row.status == "running" else None
-                values = attrs.astuple(attrs.evolve(row, owner=owner))
-                if conn.execute(sql.INSERT_INSTANCE, values).rowcount == 1:
-                    created.append(row.instance_id)
+            created = [row for row in rows if conn.execute(
+                sql.INSERT_INSTANCE,
+                attrs.astuple(attrs.evolve(row, owner=self.owner if row.status == "running"
+                                           else None)),
+            ).rowcount == 1]
+            made = {row.instance_id for row in created}
             # An id that was there must be this parent's child at this key.
             children_sql.refuse_taken(
                 conn.execute, rows[0].workflow, (workflow, instance_id),
-                {r.instance_id: str(r.parent_key) for r in rows if r.instance_id not in created},
+                {r.instance_id: str(r.parent_key) for r in rows if r.instance_id not in made},
             )
             if self._checks is not None:
-                for row in rows:
-                    if row.instance_id in created and row.status == "running":
+                for row in created:
+                    if row.status == "running":
                         self._checks.claimed(row.workflow, row.instance_id)
-            return created
+            return [row.instance_id for row in created]
 
         return self._commits.write(
             "start the children", workflow, instance_id, waits[0].key, start, changes="none"

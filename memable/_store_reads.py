@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ._queue_sql import HOLDS_SLOT
+from ._queue_sql import HOLDS_SLOT, STARTS
 from ._schema import INSTANCE_COLUMNS
 from ._store import InstanceRow, InstanceView, OwnerRow, QueueLook
 
@@ -125,8 +125,7 @@ def queue_look(read: ReadRows, row: InstanceRow) -> QueueLook | None:
         "GROUP BY owner",
         {**where, "now": now},
     )
-    starts = read("read the queue's starts",
-                  "SELECT at FROM queue_starts WHERE queue = :queue ORDER BY at", where)
+    starts = read("read the queue's starts", STARTS, where)
     live = read(
         "read the live owners",
         f"SELECT {_OWNER} FROM owners AS o WHERE o.heartbeat + o.lease >= :now ORDER BY o.id",

@@ -176,3 +176,22 @@ def until(condition: Callable[[], bool], seconds: float = 10.0) -> None:
             return
         pause.wait(0.01)
     raise AssertionError("the condition never held")
+
+
+def stored_apart(url: str, first: str, second: str) -> None:
+    """An instance stored through schema ``first`` is not in schema ``second``, which
+    stores its own: two schemas are two stores."""
+
+    def double(ctx: Any, n: int) -> int:
+        return int(ctx.step("double").run(lambda: n * 2))
+
+    one = Engine.open(url, schema=first)
+    one.register("double", double)
+    with one:
+        assert one.invoke("double", 21, instance_id="a").result(timeout=30) == 42
+    other = Engine.open(url, schema=second)
+    other.register("double", double)
+    with other:
+        assert other.get_metadata("double", "a") is None
+        assert other.invoke("double", 1, instance_id="b").result(timeout=30) == 2
+        assert other.get_metadata("double", "a") is None

@@ -20,7 +20,7 @@ from typing import Any
 import psycopg
 import pytest
 from conftest import POSTGRES_URL
-from helpers import cli
+from helpers import cli, stored_apart
 from psycopg.conninfo import make_conninfo
 
 from memable import Completed, Context, Engine, StorageError
@@ -112,14 +112,7 @@ def test_a_schema_with_a_sqlite_target_is_a_value_error(tmp_path: Path) -> None:
 
 def test_two_schemas_are_two_stores(pg_schema: str, other_schema: str) -> None:
     """An instance stored in one schema is not in the other; both live in one database."""
-    first = Engine.open(POSTGRES_URL, schema=pg_schema)
-    first.register("double", _one_step)
-    with first:
-        assert first.invoke("double", 21, instance_id="a").result(timeout=10) == 42
-    second = Engine.open(POSTGRES_URL, schema=other_schema)
-    second.register("double", _one_step)
-    with second:
-        assert second.get_metadata("double", "a") is None
+    stored_apart(POSTGRES_URL, pg_schema, other_schema)
     with psycopg.connect(POSTGRES_URL) as conn:
         tables = conn.execute(
             "SELECT table_schema, count(*) FROM information_schema.tables "

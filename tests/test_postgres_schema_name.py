@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 from conftest import POSTGRES_URL, postgres_or_skip
-from helpers import query
+from helpers import query, stored_apart
 
 from memable import Engine
 from memable._postgres_conn import Connections
@@ -80,21 +80,11 @@ def test_mixed_case_is_a_store_of_its_own(schemas: Callable[[str], str]) -> None
     upper = schemas("Mixed_Case_1_")
     lower = upper.lower()
     schemas("mixed_case_1_")  # the same name lowered: dropped afterwards too
+    stored_apart(POSTGRES_URL, upper, lower)
     first = Engine.open(POSTGRES_URL, schema=upper)
-    first.register("wf", _wf)
     with first:
-        assert first.invoke("wf", 21, instance_id="one").result(timeout=30) == 42
-    second = Engine.open(POSTGRES_URL, schema=lower)
-    second.register("wf", _wf)
-    with second:
-        assert second.get_metadata("wf", "one") is None
-        assert second.invoke("wf", 1, instance_id="two").result(timeout=30) == 2
-        assert second.get_metadata("wf", "one") is None
-    first = Engine.open(POSTGRES_URL, schema=upper)
-    first.register("wf", _wf)
-    with first:
-        assert first.get_metadata("wf", "two") is None
-        assert first.get_metadata("wf", "one") is not None
+        assert first.get_metadata("double", "b") is None
+        assert first.get_metadata("double", "a") is not None
     assert sorted(_namespaces(f"%{upper[-10:]}")) == sorted([upper, lower])
 
 

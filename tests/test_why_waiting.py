@@ -26,6 +26,17 @@ def shown(store: dict[str, Any], workflow: str, instance_id: str) -> tuple[dict[
     return json.loads(as_json.stdout), text.stdout
 
 
+def _declaring(
+    open_shared: Callable[..., Engine], queue: str, workflow: str, **options: Any
+) -> Engine:
+    """An engine on the shared store that declares ``queue`` and registers ``workflow`` on
+    it (a workflow that does nothing)."""
+    engine = open_shared(**options)
+    engine.queue(queue)
+    engine.register(workflow, lambda ctx: None, queue=queue)
+    return engine
+
+
 def _enqueue(web: Engine, name: str, instance_id: str, **options: Any) -> None:
     inv = web.invoke(name, instance_id=instance_id, **options)
     assert inv.state == Queued()
@@ -35,12 +46,8 @@ def test_a_queue_no_running_engine_consumes_is_named(
     open_shared: Callable[..., Engine], shared_store: dict[str, Any],
 ) -> None:
     """A typo'd queue: the only running engine consumes another one."""
-    web = open_shared(queues=())
-    web.queue("emails")
-    web.register("send", lambda ctx: None, queue="emails")
-    other = open_shared()
-    other.queue("emial")
-    other.register("send", lambda ctx: None, queue="emial")
+    web = _declaring(open_shared, "emails", "send", queues=())
+    other = _declaring(open_shared, "emial", "send")
     with web, other:
         _enqueue(web, "send", "s-1")
         view, text = shown(shared_store, "send", "s-1")
@@ -55,12 +62,8 @@ def test_a_queue_no_running_engine_consumes_is_named(
 def test_a_consumer_without_the_workflow_is_named(
     open_shared: Callable[..., Engine], shared_store: dict[str, Any],
 ) -> None:
-    web = open_shared(queues=())
-    web.queue("emails")
-    web.register("send", lambda ctx: None, queue="emails")
-    worker = open_shared()
-    worker.queue("emails")
-    worker.register("other", lambda ctx: None, queue="emails")
+    web = _declaring(open_shared, "emails", "send", queues=())
+    worker = _declaring(open_shared, "emails", "other")
     with web, worker:
         _enqueue(web, "send", "s-1")
         view, _ = shown(shared_store, "send", "s-1")
