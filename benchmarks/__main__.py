@@ -346,7 +346,7 @@ def _server(url: str) -> str:
     """Host, port and version of the server (no password)."""
     import psycopg
 
-    from memable._postgres_schema import describe, parse
+    from memable._postgres.schema import describe, parse
 
     with psycopg.connect(url) as conn:
         version = conn.execute("SHOW server_version").fetchone()

@@ -21,10 +21,10 @@ from typing import Any
 
 from memable import Context, Engine
 from memable import _sqlite_sql as sql
-from memable._options import Options, Synchronous
-from memable._schema import open_store
-from memable._sqlite import SQLiteStore
-from memable._store import StepWrite
+from memable._run.options import Options, Synchronous
+from memable._sqlite.schema import open_store
+from memable._sqlite.store import SQLiteStore
+from memable._store.protocol import StepWrite
 
 from ._floor import insert_commit_us
 

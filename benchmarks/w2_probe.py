@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from memable import Context, Engine
-from memable._sqlite import SQLiteStore
+from memable._sqlite.store import SQLiteStore
 
 WORKFLOWS = 500
 

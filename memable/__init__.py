@@ -14,9 +14,8 @@ failed or was suspended runs again without repeating a completed step.
 
 from importlib.metadata import PackageNotFoundError, version
 
-from ._builder import EngineBuilder
-from ._context import Context
-from ._engine import Engine
+from ._engine.builder import EngineBuilder
+from ._engine.engine import Engine
 from ._errors import (
     AlreadyStarted,
     ChildFailed,
@@ -34,9 +33,10 @@ from ._errors import (
     WorkflowFailed,
     WorkflowNotFound,
 )
-from ._invocation import Invocation
 from ._records import MetadataStatus, StepRecord, WorkflowMetadata
 from ._retry import Retry
+from ._run.context import Context
+from ._run.invocation import Invocation
 from ._states import (
     Cancelled,
     Completed,

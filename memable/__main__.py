@@ -1,5 +1,5 @@
 """``python -m memable``: the command line."""
 
-from ._cli import main
+from ._cli.commands import main
 
 main()

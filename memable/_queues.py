@@ -1,7 +1,7 @@
 """Queue declarations (``engine.queue``) and which of them an engine consumes. No I/O.
 
 A queue's limits are enforced by each engine that consumes it, when it
-claims, through the store (see ``_queue_sql``): ``concurrency`` counts the
+claims, through the store (see ``memable._store.sql.queues``): ``concurrency`` counts the
 queue's running instances across every engine, ``per_process`` those of
 this engine, and ``rate`` the claims in the last ``period`` seconds.
 """

@@ -51,7 +51,7 @@ from typing import Any, Protocol
 import pytest
 
 from . import _clock
-from ._engine import Engine
+from ._engine.engine import Engine
 from ._errors import InstanceNotFound, NotStarted
 
 __all__ = [

@@ -16,8 +16,8 @@ from typing import Any
 from click.testing import CliRunner, Result
 
 from memable import Engine
-from memable._cli import main
-from memable._sqlite import SQLiteStore
+from memable._cli.commands import main
+from memable._sqlite.store import SQLiteStore
 
 PROCS = str(Path(__file__).with_name("_procs.py"))
 

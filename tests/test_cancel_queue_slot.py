@@ -163,7 +163,7 @@ def test_a_cancelled_run_holds_its_slot_until_it_stops(
 
 
 def _on_postgres(engine: Engine) -> bool:
-    from memable._postgres import PostgresStore
+    from memable._postgres.store import PostgresStore
 
     return isinstance(engine._store, PostgresStore)
 

@@ -341,9 +341,9 @@ def test_a_child_ending_while_its_parent_records_its_wait_is_counted(
     import psycopg
     from conftest import POSTGRES_URL
 
-    from memable import _children_sql
+    from memable._store.sql import children as children_sql
 
-    settle = _children_sql.settle_parent
+    settle = children_sql.settle_parent
     settled, go = threading.Event(), threading.Event()
 
     def settle_and_hold(*args: Any, **kwargs: Any) -> Any:
@@ -352,7 +352,7 @@ def test_a_child_ending_while_its_parent_records_its_wait_is_counted(
         assert go.wait(TIMEOUT)  # the child's transaction stays open meanwhile
         return wake
 
-    monkeypatch.setattr(_children_sql, "settle_parent", settle_and_hold)
+    monkeypatch.setattr(children_sql, "settle_parent", settle_and_hold)
     engine = Engine.open(POSTGRES_URL, schema=pg_schema, poll_interval=60, lease=600)
     engine.register("double", lambda ctx, n: n * 2)
     engine.register("parent", lambda ctx: ctx.children("d", "double", [21]))

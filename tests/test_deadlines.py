@@ -30,8 +30,8 @@ from memable import (
     SignalTimeout,
     Suspended,
 )
-from memable._postgres import PostgresStore
-from memable._postgres_sql import FIRE_DUE
+from memable._postgres.sql import FIRE_DUE
+from memable._postgres.store import PostgresStore
 from memable.testing import advance
 
 TIMEOUT = 10.0

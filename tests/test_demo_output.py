@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from memable._demo import run_demo
+from memable._cli.demo import run_demo
 
 
 def test_the_demo_logs_its_failure_in_one_line_without_a_traceback(tmp_path: Path) -> None:

@@ -19,8 +19,8 @@ import memable
 ROOT = Path(__file__).resolve().parent.parent
 FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 MODULES = ["memable"] + [
-    f"memable.{info.name}" for info in pkgutil.iter_modules(memable.__path__)
-    if info.name != "__main__"
+    info.name for info in pkgutil.walk_packages(memable.__path__, "memable.")
+    if info.name != "memable.__main__"
 ]
 
 

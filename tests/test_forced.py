@@ -18,9 +18,9 @@ from helpers import until
 
 from memable import Cancelled, Completed, Context, Engine, Invocation, StorageError
 from memable._clock import Clock
-from memable._group_commit import GroupCommit
-from memable._options import Options
-from memable._sqlite import SQLiteStore
+from memable._run.options import Options
+from memable._sqlite.group_commit import GroupCommit
+from memable._sqlite.store import SQLiteStore
 
 
 class _Interrupting:

@@ -22,8 +22,8 @@ from memable import (
     Retry,
     SignalRejected,
     Suspended,
-    _fan_out,
 )
+from memable._run import fan_out
 from memable.testing import advance
 
 TIMEOUT = 10.0
@@ -59,7 +59,7 @@ def test_at_most_max_concurrency_items_run_at_once_and_that_many_do(
             pools.append(max_workers)
             super().__init__(max_workers, **kwargs)
 
-    monkeypatch.setattr(_fan_out, "ThreadPoolExecutor", Pool)
+    monkeypatch.setattr(fan_out, "ThreadPoolExecutor", Pool)
     lock = threading.Lock()
     running, most = [0], [0]
     barrier = threading.Barrier(3, timeout=TIMEOUT)

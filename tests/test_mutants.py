@@ -30,14 +30,14 @@ from memable import (
     NotStarted,
     StorageError,
 )
-from memable._background import BackgroundThread
+from memable._background.timers import BackgroundThread
 from memable._clock import Clock
-from memable._control import LostInstance
-from memable._group_commit import GroupCommit, _Pending
-from memable._options import Options
-from memable._runner import Runner
-from memable._sqlite import SQLiteStore
-from memable._store import InstanceRow, StepWrite
+from memable._run.options import Options
+from memable._run.runner import Runner
+from memable._sqlite.group_commit import GroupCommit, _Pending
+from memable._sqlite.store import SQLiteStore
+from memable._store.control import LostInstance
+from memable._store.protocol import InstanceRow, StepWrite
 
 
 class _Recording:

@@ -25,7 +25,7 @@ from click.testing import CliRunner, Result
 from helpers import killed_in_a_step
 
 from memable import Context, Engine
-from memable._cli import main
+from memable._cli.commands import main
 
 WAIT = 30.0
 

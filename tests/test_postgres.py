@@ -24,10 +24,10 @@ from helpers import cli, stored_apart
 from psycopg.conninfo import make_conninfo
 
 from memable import Completed, Context, Engine, StorageError
-from memable._postgres import PostgresStore
-from memable._postgres_listen import Listener
-from memable._postgres_schema import SCHEMA_VERSION, parse
-from memable._store import RunSnapshot
+from memable._postgres.listener import Listener
+from memable._postgres.schema import SCHEMA_VERSION, parse
+from memable._postgres.store import PostgresStore
+from memable._store.protocol import RunSnapshot
 
 
 def _with_password(url: str, password: str) -> str:

@@ -25,7 +25,7 @@ from conftest import POSTGRES_URL
 from helpers import query
 
 from memable import Context, Engine
-from memable._postgres_schema import parse
+from memable._postgres.schema import parse
 
 #: Each fault test runs this many times in a row (MEMABLE_FAULT_ROUNDS=10 for the
 #: acceptance run; the suite runs each once).

@@ -19,8 +19,8 @@ from conftest import POSTGRES_URL, postgres_or_skip
 from helpers import query, stored_apart
 
 from memable import Engine
-from memable._postgres_conn import Connections
-from memable._postgres_schema import quote_ident
+from memable._postgres.connections import Connections
+from memable._postgres.schema import quote_ident
 
 
 @pytest.fixture

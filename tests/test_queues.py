@@ -358,8 +358,8 @@ def test_a_file_store_reads_the_rate_clock_under_its_write_lock(tmp_path: Any) -
     (a clock read before waiting for the lock would record a later claim as earlier)."""
     import time
 
-    from memable._sqlite import SQLiteStore
-    from memable._store import InstanceRow
+    from memable._sqlite.store import SQLiteStore
+    from memable._store.protocol import InstanceRow
 
     store = SQLiteStore(tmp_path / "db", "full")
     try:

@@ -1,4 +1,4 @@
-"""The read before each step, and when the store may skip it (``memable._sqlite_watch``).
+"""The read before each step, and when the store may skip it (``memable._sqlite.watch``).
 
 A run checks its instance's status before each step it executes; the SQLite
 store skips the read while nothing but its own step writes committed since
@@ -23,9 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from memable import Cancelled, Context, Engine, _sqlite_watch
-from memable._sqlite import SQLiteStore
-from memable._store import InstanceRow, StepWrite, utcnow
+from memable import Cancelled, Context, Engine
+from memable._sqlite import watch as sqlite_watch
+from memable._sqlite.store import SQLiteStore
+from memable._store.protocol import InstanceRow, StepWrite
+from memable._store.rows import utcnow
 
 WAIT = 60.0
 
@@ -112,7 +114,7 @@ def test_a_store_that_cannot_see_the_counter_reads_every_time(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """No /proc, or another descriptor on the -shm file: no skipping, same answers."""
-    monkeypatch.setattr(_sqlite_watch, "_sqlite_descriptor", lambda shm: None)
+    monkeypatch.setattr(sqlite_watch, "_sqlite_descriptor", lambda shm: None)
     store = running_store(tmp_path / "db")
     assert store._checks is None
     with traced(store) as seen:
@@ -213,7 +215,7 @@ def test_the_counter_wraps_around_at_32_bits() -> None:
     counter.word.value = 0xFFFFFFFF
     conn = sqlite3.connect(":memory:")
     conn.execute("CREATE TABLE t (x)")
-    checks = _sqlite_watch.RunChecks(conn, counter)  # type: ignore[arg-type]
+    checks = sqlite_watch.RunChecks(conn, counter)  # type: ignore[arg-type]
     assert not checks.known_running("wf", "x")
     checks.saw_running("wf", "x")
     before = checks.before_write()
@@ -237,7 +239,7 @@ def test_closing_the_store_unmaps_the_counter(tmp_path: Path) -> None:
 def test_a_failed_mapping_means_no_counter(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = _sqlite_watch._libc()
+    real = sqlite_watch._libc()
 
     class FailingLibc:
         munmap = real.munmap
@@ -246,7 +248,7 @@ def test_a_failed_mapping_means_no_counter(
         def mmap(*args: object) -> int | None:
             return ctypes.c_void_p(-1).value  # MAP_FAILED
 
-    monkeypatch.setattr(_sqlite_watch, "_libc", FailingLibc)
+    monkeypatch.setattr(sqlite_watch, "_libc", FailingLibc)
     store = running_store(tmp_path / "db")
     assert store._checks is None
     assert store.check_run("wf", "x") == "running"
@@ -273,10 +275,10 @@ def test_a_header_that_is_not_a_wal_index_means_no_counter(
     fake.write_bytes(bytes(first + second) + bytes(mmap.PAGESIZE))
     fd = os.open(fake, os.O_RDONLY)  # not a SQLite file: closing it drops no lock
     try:
-        monkeypatch.setattr(_sqlite_watch, "_sqlite_descriptor", lambda shm: fd)
-        assert _sqlite_watch.ShmCounter.open(str(tmp_path / "anything")) is None
+        monkeypatch.setattr(sqlite_watch, "_sqlite_descriptor", lambda shm: fd)
+        assert sqlite_watch.ShmCounter.open(str(tmp_path / "anything")) is None
         fake.write_bytes(bytes(header + header) + bytes(mmap.PAGESIZE))
-        counter = _sqlite_watch.ShmCounter.open(str(tmp_path / "anything"))
+        counter = sqlite_watch.ShmCounter.open(str(tmp_path / "anything"))
         assert counter is not None
         counter.close()
     finally:
@@ -303,7 +305,7 @@ def test_the_descriptor_scan_skips_what_it_cannot_read(
 ) -> None:
     real = os.listdir
     monkeypatch.setattr(
-        _sqlite_watch.os, "listdir",
+        sqlite_watch.os, "listdir",
         lambda path: ["not-a-descriptor", "999999", *real(path)],
     )
     store = running_store(tmp_path / "db")

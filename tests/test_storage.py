@@ -25,7 +25,7 @@ from memable import (
     StorageError,
     Suspended,
 )
-from memable._schema import SCHEMA_VERSION, migrate_to_1
+from memable._sqlite.schema import SCHEMA_VERSION, migrate_to_1
 
 # Several tests look at the engine's own connection (``engine._store._conn``):
 # PRAGMA synchronous is per connection, and the statement trace

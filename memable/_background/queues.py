@@ -1,0 +1,109 @@
+"""Consuming queues: the queue thread, and what it does each time it looks.
+
+``QueueConsumer.claim`` asks the store for the queued instances each consumed
+queue lets start now (of the workflows this engine registered, no more than
+it has free worker threads for) and hands each claimed snapshot to the
+runner, which runs it like any other run of the instance. The ``Dispatcher``
+thread calls it (through the runner, which counts a claim as work under way)
+whenever it may find something, and knows nothing of the engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .._clock import Clock
+from .._queues import QueueSpec
+from .._store.protocol import Store
+from .._store.rows import RunSnapshot, utcnow
+from .loop import LoopThread
+
+#: Claim what may start now; seconds until a rate window has room again, or None.
+Claim = Callable[[], "float | None"]
+
+
+class Dispatcher(LoopThread):
+    """One named daemon thread per engine that consumes queues.
+
+    It claims when kicked (an instance was queued, or a run here ended and
+    freed a slot, or another engine said so), when a rate limit's window has
+    room again, and every ``poll_interval`` seconds for what other processes
+    queued or freed.
+
+    >>> from memable._clock import SYSTEM_CLOCK
+    >>> looks = []
+    >>> thread = Dispatcher(lambda: looks.append(1), 60.0, SYSTEM_CLOCK)
+    >>> thread.start(); thread.stop()
+    >>> looks
+    [1]
+    """
+
+    def __init__(self, claim: Claim, poll_interval: float, clock: Clock) -> None:
+        super().__init__("memable-queues", "queue thread: claiming", clock)
+        self._claim = claim
+        self._poll_interval = poll_interval
+
+    def _look(self) -> float:
+        retry_in = self._claim()
+        return self._poll_interval if retry_in is None else min(retry_in, self._poll_interval)
+
+    def _after_failure(self) -> float:
+        return self._poll_interval
+
+
+#: Most instances one claim takes.
+BATCH = 64
+
+
+class QueueConsumer:
+    """Claims for one engine's consumed queues; used by its queue thread alone.
+
+    >>> from memable._sqlite.store import SQLiteStore
+    >>> from memable._clock import SYSTEM_CLOCK
+    >>> store = SQLiteStore(None, "full")
+    >>> consumer = QueueConsumer(store, [QueueSpec("q")], ["wf"], SYSTEM_CLOCK,
+    ...                          capacity=lambda: 8, run=print)
+    >>> consumer.claim() is None  # nothing queued
+    True
+    >>> store.close()
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        queues: list[QueueSpec],
+        workflows: list[str],
+        clock: Clock,
+        *,
+        capacity: Callable[[], int],
+        run: Callable[[RunSnapshot], None],
+    ) -> None:
+        self._store = store
+        self._queues = queues
+        self._workflows = workflows
+        self._clock = clock
+        self._capacity = capacity  # worker threads free now
+        self._run = run  # runs a claimed instance here
+
+    def claim(self) -> float | None:
+        """Claim what may start now; seconds until a rate limit has room again, or None."""
+        retry_in: float | None = None
+        for queue in self._queues:
+            free = self._capacity()
+            if free <= 0:  # the end of a run here looks again
+                break
+            claimed = self._store.claim_queued(
+                queue.name, self._workflows, concurrency=queue.concurrency,
+                per_process=queue.per_process, rate=queue.rate, clock=self._clock.wall,
+                at=utcnow().isoformat(), batch=min(free, BATCH),
+            )
+            for snapshot in claimed.snapshots:
+                self._run(snapshot)
+            later = claimed.retry_in
+            if later is not None:
+                retry_in = later if retry_in is None else min(retry_in, later)
+        return retry_in
+
+    def waiting(self) -> bool:
+        """Whether an instance this engine can run waits in one of its queues."""
+        return any(self._store.queued(q.name, self._workflows) for q in self._queues)

@@ -1,0 +1,83 @@
+"""The timer thread: due timers, the heartbeat, polling the store, recovery.
+
+It knows nothing of the engine: it calls one function, ``tick(poll)``, that
+does the work and answers how many seconds remain until the next deadline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .._clock import Clock
+from .loop import LoopThread
+
+#: ``tick(poll)``: fire due timers (with ``poll``, also look at the store for
+#: what other processes wrote); return seconds to the next deadline, or None.
+Tick = Callable[[bool], "float | None"]
+
+
+class BackgroundThread(LoopThread):
+    """One named daemon thread per engine that sleeps until the earliest deadline.
+
+    It wakes when that deadline passes, when ``armed()`` reports an earlier
+    one, every ``poll_interval`` seconds to see what other processes wrote
+    (their timers, signals, cancels, dead owners), and when ``stop()`` is
+    called.
+
+    freezegun gives real time to any caller with a frame of an ignored module
+    (``threading`` among them) within five frames of the clock call. The
+    tick reads the wall clock at least five frames of memable below
+    ``threading`` (``run``, ``_loop``, ``_once``, ``_look``, the tick, and the
+    reader), so a frozen test sees this thread keep frozen time.
+
+    >>> from memable._clock import SYSTEM_CLOCK
+    >>> polls = []
+    >>> thread = BackgroundThread(lambda poll: polls.append(poll), 60.0, SYSTEM_CLOCK)
+    >>> thread.start(); thread.stop()
+    >>> polls
+    [True]
+    """
+
+    def __init__(self, tick: Tick, poll_interval: float, clock: Clock) -> None:
+        super().__init__("memable-timers", "timer thread: looking at the store", clock)
+        self._tick = tick
+        self._poll_interval = poll_interval
+        self._poll_now = False  # under _cond: another engine wrote something, poll now
+        self._poll = False  # this look polls (taken from _poll_now); this thread's alone
+        self._next_poll = 0.0  # monotonic; read and written by this thread only
+
+    def armed(self) -> None:
+        """A timer was armed: wake the thread to look at the deadlines again."""
+        self.kick()
+
+    def poll_soon(self) -> None:
+        """Another engine changed the store: look at it now, not at the next poll."""
+        with self._cond:
+            self._poll_now = True
+            self._cond.notify()
+
+    def run(self) -> None:
+        self._next_poll = self._clock.monotonic()
+        self._loop()
+
+    def _taking(self) -> None:
+        self._poll, self._poll_now = self._poll_now, False
+
+    def _woken(self) -> bool:
+        return self._poll_now
+
+    def _look(self) -> float:
+        poll = self._poll or self._clock.monotonic() >= self._next_poll
+        if poll:
+            self._next_poll = self._clock.monotonic() + self._poll_interval
+        return self._until_next(self._tick(poll))
+
+    def _after_failure(self) -> float:
+        return self._until_next(None)
+
+    def _until_next(self, until_deadline: float | None) -> float:
+        """Seconds to the next poll, or to the next deadline if that comes first."""
+        wait = max(0.0, self._next_poll - self._clock.monotonic())
+        if until_deadline is not None:
+            wait = min(wait, max(0.0, until_deadline))
+        return wait

@@ -1,0 +1,10 @@
+"""The command line: ``memable`` and its commands.
+
+Its one job: the commands (``commands``: list, show, signal, cancel, resume,
+purge, worker, demo), ``show``/``list`` reading and formatting (``inspect``),
+running an engine as a worker process (``worker``) and the demo (``demo``).
+It talks to a store through the store protocol, so every command works on
+every store.
+
+May import: ``memable._engine`` and everything below it.
+"""

@@ -1,0 +1,398 @@
+"""The ``memable`` command line (also ``python -m memable``).
+
+Every command but ``demo`` and ``worker`` acts on an existing store and
+needs no engine: what ``signal``, ``resume``, ``cancel`` and ``purge`` write is acted on
+by an engine running on the store within its poll interval, or by the next
+one to start. An error prints one line on stderr and exits 2 with the store
+as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, NoReturn, TypeVar
+
+import click
+
+from .._errors import EngineError, InstanceNotFound
+from .._store.admin import cancel_instance, purge_finished, resume_instance, store_signal
+from .._store.protocol import Store
+from .demo import run_demo
+from .inspect import (
+    CUT,
+    STATUSES,
+    did_you_mean,
+    list_instances,
+    open_existing,
+    raise_unknown,
+    show_instance,
+)
+from .worker import load_engine, run_worker
+
+T = TypeVar("T")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+#: Every command that takes a store takes --schema after its name.
+_SCHEMA = click.option(
+    "--schema", metavar="NAME",
+    help="PostgreSQL only: the schema that holds the store (default: memable).",
+)
+
+
+def _fail(message: str) -> NoReturn:
+    click.echo(f"memable: error: {message}", err=True)
+    sys.exit(2)
+
+
+@contextmanager
+def _store(target: str, schema: str | None) -> Iterator[Store]:
+    """The store ``target`` names (a file, or a PostgreSQL URL's ``schema``); any
+    EngineError on the way is reported and exits 2."""
+    try:
+        store = open_existing(target, schema)
+        try:
+            yield store
+        finally:
+            store.close()
+    except EngineError as err:
+        _fail(str(err))
+
+
+def _act_on(
+    target: str, schema: str | None, workflow: str, instance_id: str,
+    act: Callable[[Store], T],
+) -> T:
+    """``act(store)`` on an instance of the store ``target``; an instance it does not have
+    is reported (with the closest workflow name, if the workflow is unknown), exit 2."""
+    with _store(target, schema) as store:
+        try:
+            return act(store)
+        except InstanceNotFound:
+            raise_unknown(store, workflow, instance_id)
+
+
+def _duration(text: str) -> float:
+    found = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", text.strip())
+    if found is None:
+        raise click.BadParameter(f"{text!r} is not a duration like 90s, 15m, 12h or 30d")
+    return float(found[1]) * _UNITS[found[2]]
+
+
+def _short_time(iso: str | None) -> str:
+    """An ISO timestamp to the second, for tables; '-' for none."""
+    if iso is None:
+        return "-"
+    return iso[:19].replace("T", " ")
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    cells = [[str(h) for h in headers]] + [["-" if c is None else str(c) for c in r] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
+    )
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False)
+
+
+@click.group()
+@click.version_option(package_name="memable-engine")
+def main() -> None:
+    """memable: durable execution for plain synchronous Python."""
+
+
+@main.command()
+@click.option(
+    "--db",
+    "path",
+    default="memable-demo.db",
+    show_default=True,
+    help="Store to run the demo on (created if missing).",
+)
+def demo(path: str) -> None:
+    """Run a workflow whose second step fails once, then resume it."""
+    raise SystemExit(run_demo(path, click.echo))
+
+
+@main.command("list")
+@click.argument("db")
+@click.option("--workflow", help="Only instances of this workflow.")
+@click.option("--status", type=click.Choice(STATUSES), help="Only instances in this status.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON records instead of a table.")
+@_SCHEMA
+def list_command(
+    db: str, workflow: str | None, status: str | None, as_json: bool, schema: str | None
+) -> None:
+    """List the instances in the store DB, oldest first."""
+    with _store(db, schema) as store:
+        found = list_instances(store, workflow, status)
+        names = store.workflows() if workflow is not None and not found else []
+    if workflow is not None and not found and workflow not in names:
+        hint = did_you_mean(workflow, names)
+        _note(f"the store has no instance of workflow {workflow!r}{'; ' + hint if hint else ''}")
+    if as_json:
+        click.echo(_json(found))
+        return
+    click.echo(
+        _table(
+            ["WORKFLOW", "INSTANCE", "STATUS", "MESSAGE", "OWNER", "AGE", "CREATED", "UPDATED"],
+            [
+                [i["workflow"], i["instance_id"], i["status"],
+                 i["status_message"] if i["status"] == "running" else i["message"],
+                 _owner_cell(i["owner"]), _age(i["age_seconds"]),
+                 _short_time(i["created_at"]), _short_time(i["updated_at"])]
+                for i in found
+            ],
+        )
+    )
+
+
+def _owner_cell(owner: dict[str, Any] | None) -> str | None:
+    """``host:pid`` of a running instance's owner, marked ``(dead)`` when it is."""
+    if owner is None:
+        return None
+    if owner["host"] is None:  # its owner row is gone: the engine stopped or was reaped
+        return "(dead)"
+    return f"{owner['host']}:{owner['pid']}" + ("" if owner["alive"] else " (dead)")
+
+
+def _age(seconds: float) -> str:
+    """A coarse age for tables: 45s, 12m, 5h, 3d."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{max(0, int(seconds))}s"
+
+
+def _note(message: str) -> None:
+    click.echo(f"memable: note: {message}", err=True)
+
+
+def _seconds(duration: float | None) -> str | None:
+    if duration is None:
+        return None
+    return f"{duration * 1000:.1f}ms" if duration < 1 else f"{duration:.2f}s"
+
+
+def _owner_text(owner: dict[str, Any]) -> str:
+    if owner["judged_by"] == "gone":
+        return f"engine {owner['id']} (dead: its owner row is gone)"
+    state = "alive" if owner["alive"] else "dead"
+    how = (
+        "its pid" if owner["judged_by"] == "pid"
+        else f"its lease, which {'ends' if owner['alive'] else 'ended'} {owner['lease_ends']}"
+    )
+    return f"{owner['host']} pid {owner['pid']} ({state}, judged by {how})"
+
+
+def _show_text(view: dict[str, Any]) -> str:
+    cut = view["cut"]
+
+    def value(place: str, shown: str) -> str:
+        if place not in cut:
+            return shown
+        return f"{shown}… (cut: {cut[place]:,} characters; --full prints them all)"
+
+    def json_value(place: str, data: Any) -> str:
+        if place in cut:  # already the start of its JSON text
+            return value(place, data)
+        return "-" if data is None else json.dumps(data, ensure_ascii=False)
+
+    lines = [
+        f"{view['workflow']}/{view['instance_id']}: {view['status']}"
+        + (f" ({value('message', view['message'])})" if view["message"] else ""),
+    ]
+    if view["status_message"]:
+        lines.append(f"status     {value('status_message', view['status_message'])}")
+    if view["parent"] is not None:
+        lines.append(f"parent     {view['parent']['workflow']}/{view['parent']['instance_id']}")
+    if view["owner"] is not None:
+        lines.append(f"owner      {_owner_text(view['owner'])}")
+    if view["in_flight"] is not None:
+        flight = view["in_flight"]
+        lines.append(f"in flight  {flight['key']} since {flight['since'] or '-'}")
+    if view["queue"] is not None:
+        queue = view["queue"]
+        lines.append(f"queue      {queue['name']} (priority {queue['priority']}"
+                     + (f", position {queue['position']})" if "position" in queue else ")"))
+        if "waiting_because" in queue:
+            lines.append(f"waiting    {queue['waiting_because']}")
+    if view["recovered"] is not None:
+        lost = view["recovered"]["step_in_flight"]
+        lines.append(f"recovered  {view['recovered']['times']}"
+                     + (f", step {lost} was in flight" if lost else ""))
+    lines += [
+        f"created    {view['created_at']}",
+        f"updated    {view['updated_at']}",
+        f"ended      {view['completed_at'] or '-'}",
+        f"input      {json_value('input', view['input'])}",
+        f"output     {json_value('output', view['output'])}",
+        "",
+        "steps:",
+        _table(
+            ["SEQ", "KEY", "KIND", "STATE", "ATTEMPTS", "DURATION", "STATUS", "ERROR"],
+            [
+                [s["seq"], s["key"], s["kind"], s["state"], s["attempts"],
+                 _seconds(s["duration"]), s["status"], s["error"]]
+                for s in view["steps"]
+            ],
+        ),
+    ]
+    cut_steps = sorted(p for p in cut if p.startswith("steps["))
+    if cut_steps:
+        lines += ["", "cut (--full prints them all): " + ", ".join(
+            f"{p} ({cut[p]:,} characters)" for p in cut_steps
+        )]
+    if view["timers"]:
+        lines += ["", "pending timers:", _table(["KEY", "DUE"], [
+            [t["key"], t["due"]] for t in view["timers"]
+        ])]
+    if view["awaiting_signals"]:
+        lines += ["", "awaiting signals: " + ", ".join(view["awaiting_signals"])]
+    if view["children"]:
+        lines += ["", "children:", _table(["WORKFLOW", "ID", "STATUS"], [
+            [c["workflow"], c["instance_id"], c["status"]] for c in view["children"]
+        ])]
+    if view["traceback"]:
+        lines += ["", "traceback:", value("traceback", view["traceback"].rstrip("\n"))]
+    return "\n".join(lines)
+
+
+@main.command()
+@click.argument("db")
+@click.argument("workflow")
+@click.argument("instance_id", metavar="ID")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON record.")
+@click.option("--full", is_flag=True, help=f"Print values longer than {CUT} characters whole.")
+@_SCHEMA
+def show(
+    db: str, workflow: str, instance_id: str, as_json: bool, full: bool, schema: str | None
+) -> None:
+    """Show one instance: status, owner, step in flight, input, output, steps, timers,
+    awaited signals and the traceback of a failure."""
+    with _store(db, schema) as store:
+        view = show_instance(store, workflow, instance_id, full=full)
+    click.echo(_json(view) if as_json else _show_text(view))
+
+
+# A payload such as -5 is JSON, not an option.
+@main.command(context_settings={"ignore_unknown_options": True})
+@click.argument("db")
+@click.argument("workflow")
+@click.argument("instance_id", metavar="ID")
+@click.argument("key")
+@click.argument("payload", metavar="JSON")
+@_SCHEMA
+def signal(
+    db: str, workflow: str, instance_id: str, key: str, payload: str, schema: str | None
+) -> None:
+    """Deliver the JSON value to the suspend point KEY of an instance."""
+    try:
+        value = json.loads(payload)
+    except json.JSONDecodeError as exc:
+        _fail(f"the payload is not JSON ({exc}): {payload!r}")
+
+    def deliver(store: Store) -> list[str]:
+        awaited = store.awaited_signals(workflow, instance_id)
+        store_signal(store, workflow, instance_id, key, value)
+        return awaited
+
+    awaited = _act_on(db, schema, workflow, instance_id, deliver)
+    click.echo(f"signal {key} stored for {workflow}/{instance_id}")
+    if key not in awaited:
+        waits = f" (it waits on {', '.join(map(repr, awaited))})" if awaited else ""
+        hint = did_you_mean(key, awaited)
+        _note(
+            f"{workflow}/{instance_id} is not waiting on {key!r}{waits}; the value is kept "
+            f"for when the workflow reaches that key{'; ' + hint if hint else ''}"
+        )
+
+
+@main.command()
+@click.argument("db")
+@click.argument("workflow")
+@click.argument("instance_id", metavar="ID")
+@_SCHEMA
+def cancel(db: str, workflow: str, instance_id: str, schema: str | None) -> None:
+    """Cancel an instance: it ends Cancelled at its next step boundary."""
+    _act_on(db, schema, workflow, instance_id,
+            lambda store: cancel_instance(store, workflow, instance_id))
+    click.echo(f"cancelled {workflow}/{instance_id}")
+
+
+@main.command()
+@click.argument("db")
+@click.argument("workflow")
+@click.argument("instance_id", metavar="ID")
+@_SCHEMA
+def resume(db: str, workflow: str, instance_id: str, schema: str | None) -> None:
+    """Run a failed, suspended or completed instance again, as engine.resume does: stored
+    steps return their results, the rest execute (in an engine that runs WORKFLOW)."""
+    was = _act_on(db, schema, workflow, instance_id,
+                  lambda store: resume_instance(store, workflow, instance_id))
+    if was == "running":
+        click.echo(f"{workflow}/{instance_id} is running: nothing to resume")
+    elif was == "queued":
+        click.echo(f"{workflow}/{instance_id} is queued: it runs when its queue has room")
+    else:
+        click.echo(f"resume of {workflow}/{instance_id} ({was}) stored: an engine that runs "
+                   f"{workflow!r} takes it within its poll interval")
+
+
+@main.command()
+@click.argument("db")
+@click.option(
+    "--older-than",
+    "older_than",
+    required=True,
+    metavar="AGE",
+    help="Finished longer ago than this: a number with s, m, h or d (e.g. 30d).",
+)
+@_SCHEMA
+def purge(db: str, older_than: str, schema: str | None) -> None:
+    """Delete finished (completed, failed, cancelled) instances older than AGE."""
+    try:
+        seconds = _duration(older_than)
+    except click.BadParameter as exc:
+        _fail(f"--older-than: {exc.message}")
+    with _store(db, schema) as store:
+        deleted = purge_finished(store, seconds)
+    click.echo(f"purged {deleted} finished instance{'' if deleted == 1 else 's'}")
+
+
+def _grace(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    if not math.isfinite(value) or value < 0:
+        raise click.BadParameter(f"{value} is not a number of seconds, 0 or more")
+    return value
+
+
+@main.command()
+@click.argument("spec", metavar="MODULE:ENGINE")
+@click.option(
+    "--threads", type=click.IntRange(min=1), help="Worker threads (default: the engine's)."
+)
+@click.option(
+    "--grace", type=float, default=30.0, show_default=True, callback=_grace,
+    help="Seconds to let runs in flight end after SIGINT or SIGTERM.",
+)
+@click.option(
+    "--queues", metavar="A,B",
+    help="The declared queues to consume, comma-separated ('' for none; default: the "
+    "engine's queues option).",
+)
+def worker(spec: str, threads: int | None, grace: float, queues: str | None) -> None:
+    """Run the engine MODULE:ENGINE until SIGINT or SIGTERM, logging each state change."""
+    names = None if queues is None else [q for q in queues.split(",") if q]
+    try:
+        engine = load_engine(spec)
+        status = run_worker(engine, threads=threads, grace=grace, queues=names)
+    except (EngineError, ValueError) as err:  # ValueError: a queue it does not declare
+        _fail(str(err))
+    raise SystemExit(status)
+

@@ -1,0 +1,258 @@
+"""What the command line shows of a store: instance listings and one instance in full.
+
+Plain reads, through the store's operator reads (``Store.list_view``,
+``Store.inspect``; see ``memable._store.sql.reads``), on a store opened by
+``open_existing``, file or PostgreSQL; nothing here writes. The views are
+JSON-ready dicts (stored JSON values decoded, times as stored ISO text) so
+``--json`` prints them as they are and the tables format them.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import time
+from datetime import datetime, timezone
+from typing import Any, NoReturn
+
+from .._engine.targets import open_store
+from .._errors import InstanceNotFound, StorageError, WorkflowNotFound
+from .._postgres.schema import is_url
+from .._queues import Declarations, QueueSpec
+from .._store import liveness as _liveness
+from .._store.protocol import Store
+from .._store.rows import InstanceRow, OwnerRow, QueueLook
+
+#: What ``memable list --status`` accepts: every status an instance can have.
+STATUSES = ("queued", "running", "suspended", "completed", "failed", "cancelled")
+
+
+def open_existing(target: str, schema: str | None = None) -> Store:
+    """Open the store ``target`` names, which must exist (a tool never creates one).
+
+    A path must be a file that is a memable store; a PostgreSQL URL's schema
+    (``schema``, default ``memable``) must hold one.
+    """
+    if not is_url(target):
+        if schema is not None:
+            raise StorageError(f"--schema is for a PostgreSQL URL; {target!r} is a SQLite file")
+        if not os.path.exists(target):
+            raise StorageError(f"no such file: {target}")
+        if not os.path.isfile(target):
+            raise StorageError(f"not a file: {target}")
+    try:
+        # Engine.open makes a store of an empty database; a tool must not.
+        return open_store(target, "full", schema=schema, create=False, pool_size=2)
+    except (TypeError, ValueError) as exc:  # a bad schema name
+        raise StorageError(str(exc)) from None
+
+
+def _decoded(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def list_instances(
+    store: Store, workflow: str | None = None, status: str | None = None
+) -> list[dict[str, Any]]:
+    """Instances, oldest first, optionally of one workflow and in one status."""
+    now = datetime.now(timezone.utc)
+    listed = []
+    for row, owner in store.list_view(workflow, status):
+        age = now - datetime.fromisoformat(row.created_at)
+        judged = (
+            _owner(row.owner, owner) if row.status == "running" and row.owner else None
+        )
+        listed.append({
+            "workflow": row.workflow, "instance_id": row.instance_id, "status": row.status,
+            "message": row.message, "status_message": row.status_message,
+            "created_at": row.created_at,
+            "updated_at": row.updated_at, "completed_at": row.completed_at,
+            "owner": None if judged is None else {
+                "host": judged["host"], "pid": judged["pid"], "alive": judged["alive"],
+            },
+            "age_seconds": round(age.total_seconds(), 3),
+        })
+    return listed
+
+
+def _seconds_between(start: str | None, end: str | None) -> float | None:
+    if start is None or end is None:
+        return None
+    return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
+
+
+def show_instance(
+    store: Store, workflow: str, instance_id: str, *, full: bool = False
+) -> dict[str, Any]:
+    """One instance: its row, owner, step in flight, steps, pending timers, awaited signals,
+    parent and children.
+
+    Values longer than ``CUT`` characters of JSON are cut unless ``full``:
+    the view holds the first ``CUT`` characters of their JSON text instead,
+    and ``view["cut"]`` maps each one's place to its whole length.
+    """
+    found = store.inspect(workflow, instance_id)
+    if found is None:
+        raise_unknown(store, workflow, instance_id)
+    row = found.instance
+    view: dict[str, Any] = {
+        "workflow": row.workflow, "instance_id": row.instance_id, "status": row.status,
+        "message": row.message, "status_message": row.status_message,
+        "waiting_for": row.waiting_for, "input": _decoded(row.input),
+        "output": _decoded(row.output), "created_at": row.created_at,
+        "updated_at": row.updated_at, "completed_at": row.completed_at,
+        "traceback": row.traceback,
+    }
+    steps = [dict(step) for step in found.steps]
+    for step in steps:
+        step["duration"] = _seconds_between(step["started_at"], step["completed_at"])
+        step["result"] = _decoded(step["result"])
+    view["steps"] = steps
+    running = row.status == "running"
+    view["owner"] = _owner(row.owner, found.owner) if running and row.owner else None
+    done = {s["key"] for s in steps if s["state"] == "completed" and s["kind"] == "step"}
+    view["in_flight"] = (
+        {"key": row.step_key, "since": row.step_started}
+        if running and row.step_key and row.step_key not in done else None
+    )
+    view["timers"] = [{"key": key, "due": _due(deadline)} for key, deadline in found.timers]
+    view["awaiting_signals"] = found.awaiting
+    view["parent"] = (
+        {"workflow": row.parent_workflow, "instance_id": row.parent_id}
+        if row.parent_workflow is not None else None
+    )
+    view["children"] = [
+        {"workflow": w, "instance_id": i, "status": status} for w, i, status in found.children
+    ]
+    view["queue"] = None if row.queue is None else {
+        "name": row.queue, "priority": row.priority,
+        **(_waiting_in(row, found.queue) if found.queue is not None else {}),
+    }
+    view["recovered"] = None if not row.recoveries else {
+        "times": row.recoveries, "step_in_flight": row.lost_step,
+    }
+    view["cut"] = {} if full else _cut_large(view)
+    return view
+
+
+def _waiting_in(row: InstanceRow, look: QueueLook) -> dict[str, Any]:
+    """Where a queued instance stands and why it has not started, judged by what the live
+    engines declare they run (stored with their owner rows)."""
+    queue, workflow = row.queue, row.workflow
+    # (owner, what it runs, its declaration of the queue) of each engine consuming it.
+    consumers = [
+        (owner, declared, spec)
+        for owner in look.live
+        if (declared := Declarations.from_json(owner.declares)) is not None
+        for spec in declared.queues if spec.name == queue
+    ]
+    runners = [(o, spec) for o, declared, spec in consumers if workflow in declared.workflows]
+    running = sum(look.running.values())
+    if not consumers:
+        why = f"no running engine consumes the queue {queue!r}"
+    elif not runners:
+        why = (f"no running engine that consumes the queue {queue!r} registers the "
+               f"workflow {workflow!r}")
+    else:
+        why = _limit_reached(look, runners, running) or (
+            "next to start: a free slot, taken at a consuming engine's next look"
+            if look.position == 1 else f"behind {look.position - 1} in the queue")
+    return {"position": look.position, "running": running, "waiting_because": why}
+
+
+def _limit_reached(
+    look: QueueLook, runners: list[tuple[OwnerRow, QueueSpec]], running: int
+) -> str | None:
+    """The queue's limit that keeps it from starting one more now, if any."""
+    spec = runners[0][1]  # declare a queue the same way everywhere
+    if spec.concurrency is not None and running >= spec.concurrency:
+        return f"queue full: {running} of {spec.concurrency} running"
+    if spec.rate is not None:
+        count, period = spec.rate
+        recent = [at for at in look.starts if at > look.now - period]
+        if len(recent) >= count:
+            return f"rate limit: {len(recent)} started in the last {period:g} s (at most {count})"
+    if all(s.per_process is not None and look.running.get(o.id, 0) >= s.per_process
+           for o, s in runners):
+        return "every engine that runs it is at its per_process limit"
+    return None
+
+
+def _due(deadline: float) -> str:
+    """A timer's deadline as ISO text; one past the calendar (stored by an older memable,
+    which took any number) as the seconds it holds.
+
+    >>> _due(0.0)
+    '1970-01-01T00:00:00+00:00'
+    >>> _due(1e12)
+    '1000000000000.0 s after 1970-01-01 (past the calendar)'
+    """
+    try:
+        return datetime.fromtimestamp(deadline, timezone.utc).isoformat()
+    except (OverflowError, ValueError, OSError):
+        return f"{deadline} s after 1970-01-01 (past the calendar)"
+
+
+def _owner(owner_id: str, row: OwnerRow | None) -> dict[str, Any]:
+    """Who runs the instance, and whether it lives: judged by pid where this process can
+    see it (same host, boot and PID namespace), else by its lease."""
+    if row is None:  # its engine stopped, or another took its instances over
+        return {"id": owner_id, "host": None, "pid": None, "alive": False, "judged_by": "gone"}
+    lease_ends = row.heartbeat + row.lease
+    if _liveness.same_pid_space(_liveness.current(), row.host, row.boot_id, row.pid_ns):
+        alive, judged_by = _liveness.pid_alive(row.pid, row.proc_start), "pid"
+    else:
+        alive, judged_by = time.time() < lease_ends, "lease"
+    return {
+        "id": owner_id, "host": row.host, "pid": row.pid, "alive": alive,
+        "judged_by": judged_by,
+        "heartbeat": datetime.fromtimestamp(row.heartbeat, timezone.utc).isoformat(),
+        "lease_ends": datetime.fromtimestamp(lease_ends, timezone.utc).isoformat(),
+    }
+
+
+#: Characters of a value's JSON text that ``show`` prints before cutting it.
+CUT = 2000
+
+
+def _cut_large(view: dict[str, Any]) -> dict[str, int]:
+    """Cut every long value of ``view`` in place; return where, with each whole length."""
+    cut: dict[str, int] = {}
+
+    def shorten(place: str, value: Any, is_json: bool) -> Any:
+        if value is None:
+            return None
+        text = json.dumps(value, ensure_ascii=False) if is_json else str(value)
+        if len(text) <= CUT:
+            return value
+        cut[place] = len(text)
+        return text[:CUT]
+
+    for name in ("input", "output", "message", "status_message", "traceback"):
+        view[name] = shorten(name, view[name], name in ("input", "output"))
+    for i, step in enumerate(view["steps"]):
+        for name in ("result", "error", "status", "traceback"):
+            step[name] = shorten(f"steps[{i}].{name}", step[name], name == "result")
+    return cut
+
+
+def raise_unknown(store: Store, workflow: str, instance_id: str) -> NoReturn:
+    """Raise InstanceNotFound, or WorkflowNotFound (with a guess) if no instance has that
+    workflow."""
+    names = store.workflows()
+    if workflow in names:
+        raise InstanceNotFound(workflow, instance_id)
+    raise WorkflowNotFound(
+        workflow, "the store has no instance of this workflow", did_you_mean(workflow, names)
+    )
+
+
+def did_you_mean(name: str, names: list[str]) -> str:
+    """``"did you mean 'x'?"`` for the closest of ``names``, or ``""``.
+
+    >>> did_you_mean("aprove", ["approve", "ship"])
+    "did you mean 'approve'?"
+    """
+    close = difflib.get_close_matches(name, names, n=1)
+    return f"did you mean {close[0]!r}?" if close else ""

@@ -1,0 +1,175 @@
+"""``memable worker MODULE:ENGINE``: run a user's engine until SIGINT or SIGTERM.
+
+The worker imports the engine, starts it (recovery, timers, and the poll
+that picks up signals and cancels other processes wrote), logs one line per
+state change, and on SIGINT or SIGTERM takes no new work and lets the runs
+in flight end. A run still going when the grace period ends is left: the
+process exits 1, and the next engine on the store recovers the instance
+(its completed steps stay completed).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from .._engine.engine import Engine
+from .._errors import EngineError
+from .._log import log
+
+
+class WorkerError(EngineError):
+    """The worker cannot load or start the engine it was given."""
+
+
+def load_engine(spec: str) -> Engine:
+    """The Engine named by ``module:attribute`` (an Engine, or a function returning one)."""
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise WorkerError(f"expected MODULE:ENGINE, e.g. myapp.workflows:engine, not {spec!r}")
+    # Like other app servers: the current directory is importable.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        found: object = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise WorkerError(f"cannot import {module_name!r} ({exc})") from exc
+    for name in attribute.split("."):
+        try:
+            found = getattr(found, name)
+        except AttributeError:
+            raise WorkerError(f"{module_name!r} has no attribute {attribute!r}") from None
+    if not isinstance(found, Engine) and callable(found):
+        found = found()
+    if not isinstance(found, Engine):
+        raise WorkerError(f"{spec} is not a memable Engine (it is a {type(found).__name__})")
+    return found
+
+
+def _log_to_stderr() -> logging.Handler:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s memable: %(message)s"))
+    log.addHandler(handler)
+    if log.level == logging.NOTSET or log.level > logging.INFO:
+        log.setLevel(logging.INFO)
+    return handler
+
+
+_STOP = {signal.SIGINT, signal.SIGTERM}
+
+
+@contextmanager
+def _stop_signals() -> Iterator[Callable[[], int]]:
+    """Hold SIGINT and SIGTERM for a wait; yield the function that waits for one.
+
+    On POSIX the signals are blocked before any engine thread starts (threads
+    inherit the mask) and taken with ``sigwait``: no handler runs in the
+    middle of other code. Elsewhere a handler notes the signal for a loop.
+    """
+    if hasattr(signal, "pthread_sigmask"):
+        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP)
+        try:
+            yield lambda: signal.sigwait(_STOP)
+        finally:
+            # A second signal during the drain is taken here, not delivered later.
+            for pending in signal.sigpending() & _STOP:
+                signal.sigwait({pending})
+            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        return
+    received: list[int] = []  # pragma: no cover - platforms without sigwait
+    old = {sig: signal.signal(sig, lambda signum, _: received.append(signum)) for sig in _STOP}
+
+    def wait() -> int:  # pragma: no cover
+        while not received:
+            threading.Event().wait(0.2)  # no sigwait: look a few times a second
+        return received[0]
+
+    try:  # pragma: no cover
+        yield wait
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+def run_worker(
+    engine: Engine, *, threads: int | None, grace: float, queues: list[str] | None = None
+) -> int:
+    """Run ``engine`` until SIGINT or SIGTERM, then drain it; return the exit status.
+
+    ``queues``: the declared queues it consumes (None: the engine's ``queues`` option).
+    """
+    handler = _log_to_stderr()
+    try:
+        with _stop_signals() as wait_for_signal:
+            engine._configure(threads, queues)
+            engine.start()
+            log.info("worker %d started: %r", os.getpid(), engine)
+            signum = wait_for_signal()
+            log.info("received %s: taking no new work", signal.Signals(signum).name)
+            # stop() lets the runs in flight end; a thread of its own so the
+            # grace period can run out while it waits.
+            drain = threading.Thread(target=engine.stop, name="memable-drain", daemon=True)
+            drain.start()
+            left = _drain(engine, drain, grace)
+        if left is not None:
+            handler.flush()
+            os._exit(left)  # the worker threads cannot be interrupted, only abandoned
+        engine.close()
+        log.info("worker %d stopped", os.getpid())
+        return 0
+    finally:
+        log.removeHandler(handler)
+
+
+def _drain(engine: Engine, drain: threading.Thread, grace: float) -> int | None:
+    """Wait for ``drain`` (engine.stop) up to ``grace`` seconds; None once it ended.
+
+    With nothing in flight it ends at once, whatever the grace. It gives up
+    before the grace ends when every run left is of a cancelled instance
+    (a step that hangs: nothing of it is to be recovered), looking at the
+    store once per poll interval. Else, past the grace, it logs the runs
+    left and returns the exit status: 1 if some are to be recovered by the
+    next engine, 0 if all were cancelled.
+    """
+    deadline = time.monotonic() + grace
+    while True:
+        runs = engine._runner.in_flight()
+        if not runs:
+            drain.join()  # stop() has nothing to wait for but its own threads
+            return None
+        cancelled = [run for run in runs if _is_cancelled(engine, run[0], run[1])]
+        remaining = deadline - time.monotonic()
+        if len(cancelled) == len(runs) or remaining <= 0:
+            break
+        drain.join(min(remaining, engine._runner.poll_interval))
+        if not drain.is_alive():
+            return None
+    others = [run for run in runs if run not in cancelled]
+    if cancelled:
+        log.warning("leaving %s: cancelled, its step still running", _names(cancelled))
+    if others:
+        log.error(
+            "%s still in flight after the %gs grace period; exiting, the next engine "
+            "on the store recovers %s", _names(others), grace,
+            "it" if len(others) == 1 else "them",
+        )
+        return 1
+    return 0
+
+
+def _is_cancelled(engine: Engine, workflow: str, instance_id: str) -> bool:
+    row = engine._store.get_instance(workflow, instance_id)
+    return row is not None and row.status == "cancelled"
+
+
+def _names(runs: list[tuple[str, str, str | None, str | None]]) -> str:
+    return ", ".join(
+        f"{w}/{i}" + (f" [{key} since {since}]" if key else "") for w, i, key, since in runs
+    )

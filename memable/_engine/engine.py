@@ -1,0 +1,601 @@
+"""The engine's public face: registry, lifecycle, invoking, signalling and reading."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from datetime import timedelta
+from types import TracebackType
+from typing import Any, TypeVar
+
+from .._errors import InstanceFinished, InstanceNotFound, WorkflowNotFound
+from .._log import log, where
+from .._queues import QueueSpec, check_consumed
+from .._records import StepRecord, WorkflowMetadata
+from .._retry import Retry
+from .._run.invocation import Invocation
+from .._run.options import Options
+from .._run.runner import Runner
+from .._run.workflow import Workflow
+from .._store.admin import cancel_instance, purge_finished, store_signal
+from .._store.protocol import Store, Synchronous
+from .._store.rows import InstanceRow, metadata_of
+from .builder import EngineBuilder
+from .invoking import NO_INPUT, new_instance
+from .stored import decode_output, stored_row
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Engine:
+    """The durable execution engine: registered workflows, run on a thread pool.
+
+    Build it with ``Engine.in_memory()``, ``Engine.open(path)`` or
+    ``Engine.builder()``; register workflows; ``start()``; invoke them by
+    name; ``wait_all()`` or ``stop()``, then ``close()``. ``with engine:``
+    starts it, and on exit drains and closes it.
+
+    >>> from memable import Completed, Context, Engine
+    >>> def greet(ctx: Context) -> str:
+    ...     name = ctx.step("fetch-name:v1").run(lambda: "world")
+    ...     return f"hello {name}"
+    >>> engine = Engine.in_memory()
+    >>> engine.register("greet", greet)
+    >>> with engine:
+    ...     inv = engine.invoke("greet")
+    ...     print(inv.wait(), inv.result())
+    completed hello world
+    """
+
+    def __init__(self, store: Store, options: Options) -> None:
+        """Use ``Engine.in_memory``, ``Engine.open`` or ``Engine.builder`` instead."""
+        self._store = store
+        # The runner owns the lock, the registry, the runs and the threads.
+        self._runner = Runner(store, options)
+
+    def __repr__(self) -> str:
+        return f"<Engine {self._runner.phase} workflows={sorted(self._runner.workflows)}>"
+
+    # ------------------------------------------------------------------ construction
+
+    @staticmethod
+    def builder() -> EngineBuilder[Engine]:
+        """Start configuring an engine: ``.in_memory()`` or ``.open(path)``, then ``.build()``.
+
+        >>> from memable import Engine
+        >>> engine = Engine.builder().in_memory().max_workers(2).build()
+        >>> engine
+        <Engine new workflows=[]>
+        >>> engine.close()
+        """
+        return EngineBuilder(factory=Engine)
+
+    @classmethod
+    def in_memory(
+        cls,
+        *,
+        max_workers: int = 8,
+        synchronous: Synchronous = "full",
+        poll_interval: float | timedelta = 1.0,
+        lease: float | timedelta = 15.0,
+        recover: bool = True,
+        retry: Retry | None = None,
+        sleep: Callable[[float], None] | None = None,
+        queues: Iterable[str] | None = None,
+    ) -> Engine:
+        """An engine on an in-memory store: nothing survives the process. For tests.
+
+        Takes the options of ``Engine.open`` (``synchronous`` does nothing here).
+
+        >>> from memable import Engine
+        >>> engine = Engine.in_memory(max_workers=4)
+        >>> engine.list_instances("anything")
+        []
+        >>> engine.close()
+        """
+        options = Options(max_workers, synchronous, poll_interval, lease, recover, retry, sleep,
+                          queues=check_consumed(queues))
+        return EngineBuilder(memory=True, options=options, factory=Engine).build()
+
+    @classmethod
+    def open(
+        cls,
+        target: str | os.PathLike[str],
+        *,
+        max_workers: int = 8,
+        synchronous: Synchronous = "full",
+        poll_interval: float | timedelta = 1.0,
+        lease: float | timedelta = 15.0,
+        recover: bool = True,
+        retry: Retry | None = None,
+        sleep: Callable[[float], None] | None = None,
+        schema: str | None = None,
+        queues: Iterable[str] | None = None,
+    ) -> Engine:
+        """An engine on the SQLite file at ``target``, created if missing, or on the
+        PostgreSQL database a ``postgresql://`` (or ``postgres://``) URL names.
+
+        Options: ``max_workers`` worker threads (8); ``synchronous`` ``"full"``
+        (survives power loss) or ``"normal"`` (faster; survives process
+        crashes); ``poll_interval`` seconds between looks at the store for what
+        other processes wrote (1.0); ``lease`` seconds an engine counts as alive
+        without a heartbeat (15.0); ``recover`` instances whose engine died
+        (True); ``retry``, every step's default ``Retry`` (None); ``sleep``, what
+        retry backoffs sleep with on the worker (for tests); ``queues``, the
+        declared queues it consumes (None: all; ``()``: none, an engine that
+        only enqueues). Durations are float seconds or a ``timedelta``.
+        ``schema``, for a PostgreSQL URL only, holds the tables (``"memable"``).
+        Raise ``StorageError`` if the file is not a memable store or has a
+        newer schema (such a file is left as it was), or if the server does
+        not answer within its connect timeout (10 s unless the URL sets
+        ``connect_timeout``; the message names host and port, never the
+        password).
+
+        >>> import os, tempfile
+        >>> from memable import Engine
+        >>> path = os.path.join(tempfile.mkdtemp(), "workflows.db")
+        >>> engine = Engine.open(path, synchronous="normal")
+        >>> engine.close()
+        >>> os.path.exists(path)
+        True
+        """
+        options = Options(max_workers, synchronous, poll_interval, lease, recover, retry, sleep,
+                          queues=check_consumed(queues))
+        return EngineBuilder(
+            path=target, schema=schema, options=options, factory=Engine
+        ).build()
+
+    # ------------------------------------------------------------------ registry
+
+    def queue(
+        self,
+        name: str,
+        *,
+        concurrency: int | None = None,
+        per_process: int | None = None,
+        rate: tuple[int, float | timedelta] | None = None,
+    ) -> None:
+        """Declare the queue ``name`` and its limits (before ``start``; None is unlimited).
+
+        ``concurrency``: at most that many of its instances run at once across
+        every engine on the store; ``per_process``: at most that many in this
+        engine; ``rate=(count, period)``: at most ``count`` runs start in any
+        window of ``period`` (seconds or a timedelta) across every engine. A
+        slot is held by a running run only: a queued or suspended instance
+        holds none. Each engine enforces its own declaration when it claims,
+        so declare a queue the same way everywhere. A bad limit raises
+        ``ValueError``; a declaration after ``start()``, ``AlreadyStarted``.
+
+        >>> from memable import Engine, Queued
+        >>> engine = Engine.in_memory()
+        >>> engine.queue("payments", concurrency=5, rate=(100, 60))
+        >>> engine.register("charge", lambda ctx, n: n * 2, queue="payments")
+        >>> with engine:
+        ...     inv = engine.invoke("charge", 21)
+        ...     print(inv.result(timeout=10))
+        42
+        """
+        self._runner.check_fork()
+        self._runner.declare_queue(QueueSpec.declare(
+            name, concurrency=concurrency, per_process=per_process, rate=rate
+        ))
+
+    def register(self, name: str, fn: Callable[..., Any], queue: str | None = None) -> None:
+        """Register ``fn`` as the workflow ``name``; ``fn`` is ``fn(ctx)`` or ``fn(ctx, input)``.
+
+        The input's annotation types the stored input, the return
+        annotation the stored output. ``queue``, a declared queue, is the
+        one ``invoke`` puts it on unless told otherwise (``ValueError`` if
+        not declared). Raise ``AlreadyStarted`` after ``start()``.
+
+        >>> from memable import Engine
+        >>> def my_workflow(ctx, order_id: int) -> str:
+        ...     return f"order {order_id}"
+        >>> engine = Engine.in_memory()
+        >>> engine.register("my-workflow", my_workflow)
+        >>> with engine:
+        ...     engine.invoke("my-workflow", 7).result()
+        'order 7'
+        """
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"a workflow name is a non-empty str, not {name!r}")
+        if not callable(fn):
+            raise TypeError(f"workflow {name!r} must be callable, not {fn!r}")
+        self._runner.check_fork()
+        if queue is not None and queue not in self._runner.queues:
+            raise ValueError(f"queue {queue!r} is not declared (engine.queue(name, ...))")
+        self._runner.register(Workflow.of(name, fn, queue))
+
+    def workflow(self, name: str, queue: str | None = None) -> Callable[[F], F]:
+        """Register the decorated function as the workflow ``name`` (on ``queue``, if given).
+
+        >>> from memable import Engine
+        >>> engine = Engine.in_memory()
+        >>> @engine.workflow("hello")
+        ... def hello(ctx) -> str:
+        ...     return "hi"
+        >>> with engine:
+        ...     engine.invoke("hello").result()
+        'hi'
+        """
+
+        def decorate(fn: F) -> F:
+            self.register(name, fn, queue)
+            return fn
+
+        return decorate
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _configure(self, max_workers: int | None, queues: Iterable[str] | None) -> None:
+        """Before ``start()``: ``memable worker --threads`` and ``--queues`` (None: keep)."""
+        if max_workers is not None:
+            self._runner.set_options(max_workers=max_workers)
+        if queues is not None:
+            self._runner.set_options(queues=check_consumed(queues))
+
+    def start(self) -> None:
+        """Start the worker pool (and the queue thread, if it consumes queues); from now on
+        invocations are taken. Raise ``AlreadyStarted`` if called twice, ``ValueError``
+        if the ``queues`` option names a queue not declared.
+
+        >>> from memable import Engine
+        >>> engine = Engine.in_memory()
+        >>> engine.start()
+        >>> engine
+        <Engine started workflows=[]>
+        >>> engine.close()
+        """
+        self._runner.start()
+
+    def wait_all(self) -> None:
+        """Take no new invocations, wait until no run is active (nor any queued instance this
+        engine runs), then ``stop()``.
+
+        >>> from memable import Engine
+        >>> done = []
+        >>> engine = Engine.in_memory()
+        >>> engine.register("wf", lambda ctx: done.append(ctx.instance_id))
+        >>> engine.start()
+        >>> for _ in range(3):
+        ...     _ = engine.invoke("wf")
+        >>> engine.wait_all()
+        >>> len(done)
+        3
+        >>> engine.close()
+        """
+        self._runner.check_fork()
+        self._runner.wait_all()
+
+    def stop(self) -> None:
+        """Take no new work, let active runs end, and join every engine thread.
+
+        The store stays open for reads; idempotent.
+
+        >>> import threading
+        >>> from memable import Engine
+        >>> engine = Engine.in_memory()
+        >>> engine.start()
+        >>> engine.stop()
+        >>> [t.name for t in threading.enumerate() if t.name.startswith("memable")]
+        []
+        >>> engine.close()
+        """
+        self._runner.check_fork()
+        self._runner.stop()
+
+    def close(self) -> None:
+        """Stop the engine and close its store; idempotent.
+
+        >>> from memable import Engine
+        >>> engine = Engine.in_memory()
+        >>> engine.close()
+        >>> engine.close()
+        """
+        self._runner.check_fork()
+        if self._runner.close():
+            self._store.close()
+
+    def __enter__(self) -> Engine:
+        if self._runner.phase == "new":
+            self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.wait_all()
+        self.close()
+
+    # ------------------------------------------------------------------ invoking
+
+    def invoke(
+        self,
+        name: str,
+        input: Any = NO_INPUT,
+        *,
+        instance_id: str | None = None,
+        queue: str | None = None,
+        priority: int = 0,
+    ) -> Invocation:
+        """Create an instance of workflow ``name`` with ``input`` and start running it.
+
+        The input is stored with the instance and typed by the workflow's
+        annotation; a workflow whose input parameter has no default must be
+        given one (``TypeError`` otherwise; ``None`` counts as given). With
+        ``instance_id`` given and already stored, return that instance's
+        Invocation and start nothing (the stored input stands). Raise
+        ``SerializationError`` (storing nothing) for an input that cannot be
+        stored.
+
+        Onto a queue (``queue``, else the workflow's default one; a name not
+        declared raises ``ValueError``) the instance is stored ``Queued()``
+        and this returns at once: an engine that consumes the queue runs it
+        when a slot is free, lower ``priority`` first, then in the order
+        instances became runnable. Without a queue it runs in this engine.
+
+        >>> from memable import Engine
+        >>> runs = []
+        >>> engine = Engine.in_memory()
+        >>> engine.register("once", lambda ctx: runs.append(1))
+        >>> with engine:
+        ...     a = engine.invoke("once", instance_id="order-1")
+        ...     _ = a.wait()
+        ...     b = engine.invoke("once", instance_id="order-1")
+        >>> b.instance_id, len(runs)
+        ('order-1', 1)
+        """
+        workflow = self._runner.workflow(name)
+        self._runner.require_accepting(name)
+        row, value = new_instance(workflow, input, instance_id, queue, priority,
+                                  self._runner.queues)
+        instance_id = row.instance_id
+        if not self._store.create_instance(row):
+            return self.invocation(name, instance_id)
+        log.debug("invoked", extra=where(name, instance_id))
+        if row.queue is not None:  # an engine that consumes the queue runs it
+            self._runner.kick()
+            return Invocation(self, self._runner.watch(name, instance_id))
+        return Invocation(self, self._runner.start_run(workflow, instance_id, (value,)))
+
+    def resume(self, name: str, instance_id: str) -> Invocation:
+        """Run an instance again: stored steps return their results, the rest execute.
+
+        A Completed instance replays to Completed, a Failed or Suspended one
+        continues, a running one just returns its Invocation. Raise
+        ``InstanceNotFound`` for an unknown id.
+
+        >>> from memable import Engine
+        >>> attempts = []
+        >>> def flaky() -> str:
+        ...     attempts.append(1)
+        ...     if len(attempts) == 1:
+        ...         raise ConnectionError("try again")
+        ...     return "ok"
+        >>> def wf(ctx) -> str:
+        ...     return ctx.step("call:v1").run(flaky)
+        >>> engine = Engine.in_memory()
+        >>> engine.register("wf", wf)
+        >>> with engine:
+        ...     inv = engine.invoke("wf")
+        ...     print(inv.wait())
+        ...     print(engine.resume("wf", inv.instance_id).result())
+        failed: step 'call:v1' failed: ConnectionError: try again
+        ok
+        """
+        workflow = self._runner.workflow(name)
+        self._runner.require_accepting(name)
+        row = self._stored_row(name, instance_id)
+        if row.status == "cancelled":
+            raise InstanceFinished(name, instance_id, "it is cancelled")
+        watch = self._runner.start_run(workflow, instance_id, None, claim="resume")
+        return Invocation(self, watch)
+
+    def signal(self, name: str, instance_id: str, key: str, payload: Any) -> Invocation:
+        """Store ``payload`` as the value of the suspend point ``key`` and run the instance.
+
+        The instance's ``ctx.suspend(key)`` returns the payload. A signal
+        that arrives while the instance is running is kept: the run uses it
+        when it reaches ``key``, or a run starts right after it suspends.
+        An engine without the workflow registered only stores the signal;
+        the engine that has it picks it up within its poll interval. Raise
+        ``InstanceNotFound``, ``InstanceFinished`` (Completed, Cancelled, or
+        Failed: resume that instead), ``SignalRejected`` (``key`` already
+        holds a value) or ``SerializationError``; each writes nothing.
+
+        >>> from memable import Engine, SignalRejected
+        >>> def wf(ctx) -> int:
+        ...     return ctx.suspend("answer:v1") + 1
+        >>> engine = Engine.in_memory()
+        >>> engine.register("wf", wf)
+        >>> with engine:
+        ...     inv = engine.invoke("wf")
+        ...     _ = inv.wait()
+        ...     print(engine.signal("wf", inv.instance_id, "answer:v1", 41).result())
+        ...     try:
+        ...         engine.signal("wf", inv.instance_id, "answer:v1", 0)
+        ...     except Exception as err:
+        ...         print(type(err).__name__)
+        42
+        InstanceFinished
+        """
+        self._runner.require_accepting(name)
+        try:
+            with self._runner.signalling(name, instance_id, key):
+                store_signal(self._store, name, instance_id, key, payload)
+        except InstanceNotFound:
+            if name not in self._runner.workflows and not self._store.list_instances(name):
+                raise WorkflowNotFound(name) from None
+            raise
+        log.info("signal stored", extra=where(name, instance_id, key))
+        watch = self._runner.watch(name, instance_id)
+        self._runner.wake(name, instance_id)
+        return Invocation(self, watch)
+
+    def fire_due_timers(self) -> int:
+        """Fire every timer due now (wall clock) and start the runs they resume.
+
+        The timer thread does this by itself; call it in tests that move the
+        clock with freezegun. Return how many timers fired; the resumed runs
+        are started, not waited for.
+
+        >>> from datetime import datetime, timedelta, timezone
+        >>> from freezegun import freeze_time
+        >>> from memable import Engine
+        >>> def wf(ctx) -> str:
+        ...     ctx.timer("cool-off:v1", timedelta(days=3))
+        ...     return "done"
+        >>> engine = Engine.in_memory(poll_interval=60)
+        >>> engine.register("wf", wf)
+        >>> with freeze_time(datetime(2026, 1, 1, tzinfo=timezone.utc)) as clock, engine:
+        ...     inv = engine.invoke("wf")
+        ...     print(inv.wait())
+        ...     _ = clock.tick(timedelta(days=2))
+        ...     print(engine.fire_due_timers())
+        ...     _ = clock.tick(timedelta(days=1))
+        ...     _ = engine.fire_due_timers()
+        ...     print(inv.result(timeout=10))
+        suspended: timer cool-off:v1
+        0
+        done
+        """
+        return self._runner.fire_due()
+
+    def cancel(self, name: str, instance_id: str) -> None:
+        """Cancel an instance: it ends Cancelled, its timers are dropped, signals refused.
+
+        A running instance stops at its next step boundary (the step in
+        flight finishes and is stored); in another process, within that
+        engine's poll interval. Its children that have not ended (and theirs)
+        are cancelled with it; a cancelled child's parent gets ``ChildFailed``.
+        Cancelling a Failed or Suspended instance works; a Completed or
+        Cancelled one raises ``InstanceFinished``.
+
+        >>> from memable import Cancelled, Engine, InstanceFinished
+        >>> engine = Engine.in_memory()
+        >>> engine.register("wf", lambda ctx: ctx.suspend("approval:v1"))
+        >>> with engine:
+        ...     inv = engine.invoke("wf")
+        ...     _ = inv.wait()
+        ...     engine.cancel("wf", inv.instance_id)
+        ...     print(inv.state)
+        ...     try:
+        ...         engine.signal("wf", inv.instance_id, "approval:v1", True)
+        ...     except InstanceFinished as err:
+        ...         print("refused")
+        cancelled
+        refused
+        """
+        self._runner.check_fork()
+        ended = cancel_instance(self._store, name, instance_id)
+        for workflow, child_id in [(name, instance_id), *ended.cancelled]:
+            self._runner.cancelled(workflow, child_id)
+        if ended.wake is not None:  # a child cancelled: its parent goes on
+            self._runner.wake(*ended.wake)
+        log.info("cancelled", extra=where(name, instance_id))
+
+    def purge(self, older_than: float | timedelta) -> int:
+        """Delete finished instances completed more than ``older_than`` ago; return how many.
+
+        Finished means Completed, Failed or Cancelled; their steps and timers
+        go with them. Running and suspended instances are never touched.
+
+        >>> from memable import Engine
+        >>> engine = Engine.in_memory()
+        >>> engine.register("wf", lambda ctx: None)
+        >>> with engine:
+        ...     _ = engine.invoke("wf").wait()
+        ...     engine.purge(older_than=0)
+        1
+        """
+        self._runner.check_fork()
+        deleted = purge_finished(self._store, older_than)
+        log.info("purged %d finished instances", deleted)
+        return deleted
+
+    def invocation(self, name: str, instance_id: str) -> Invocation:
+        """An Invocation of a stored instance, e.g. to follow it from another request.
+
+        >>> from memable import Engine
+        >>> engine = Engine.in_memory()
+        >>> engine.register("wf", lambda ctx: 5)
+        >>> with engine:
+        ...     _ = engine.invoke("wf", instance_id="job-1").wait()
+        ...     engine.invocation("wf", "job-1").result()
+        5
+        """
+        self._runner.check_fork()
+        self._stored_row(name, instance_id)
+        return Invocation(self, self._runner.watch(name, instance_id))
+
+    # ------------------------------------------------------------------ reading
+
+    def get_metadata(self, name: str, instance_id: str) -> WorkflowMetadata | None:
+        """The stored status and timestamps of an instance, or None if unknown.
+
+        >>> from memable import Engine
+        >>> engine = Engine.in_memory()
+        >>> engine.get_metadata("wf", "no-such-id") is None
+        True
+        >>> engine.close()
+        """
+        self._runner.check_fork()
+        row = self._store.get_instance(name, instance_id)
+        return None if row is None else metadata_of(row)
+
+    def list_instances(self, name: str) -> list[tuple[str, WorkflowMetadata]]:
+        """Every stored instance of workflow ``name`` as (id, metadata), oldest first.
+
+        >>> from memable import Engine
+        >>> engine = Engine.in_memory()
+        >>> engine.register("wf", lambda ctx: None)
+        >>> with engine:
+        ...     _ = engine.invoke("wf", instance_id="a").wait()
+        ...     _ = engine.invoke("wf", instance_id="b").wait()
+        ...     [instance_id for instance_id, _ in engine.list_instances("wf")]
+        ['a', 'b']
+        """
+        self._runner.check_fork()
+        return [(row.instance_id, metadata_of(row)) for row in self._store.list_instances(name)]
+
+    def steps(self, name: str, instance_id: str) -> list[StepRecord]:
+        """The stored keys of an instance, in the order first reached.
+
+        Raise ``InstanceNotFound`` for an unknown instance.
+
+        >>> from memable import Engine
+        >>> def wf(ctx):
+        ...     ctx.step("a").run(lambda: 1)
+        ...     ctx.step("b").run(lambda: 2)
+        >>> engine = Engine.in_memory()
+        >>> engine.register("wf", wf)
+        >>> with engine:
+        ...     _ = engine.invoke("wf", instance_id="x").wait()
+        ...     [(s.key, s.result) for s in engine.steps("wf", "x")]
+        [('a', 1), ('b', 2)]
+        """
+        self._runner.check_fork()
+        self._stored_row(name, instance_id)
+        return self._store.list_steps(name, instance_id)
+
+    # ------------------------------------------------------------------ Invocation host
+    def _stored_row(self, workflow: str, instance_id: str) -> InstanceRow:
+        """The instance's row; raise InstanceNotFound if there is none."""
+        self._runner.check_fork()
+        return stored_row(self._store, workflow, instance_id)
+
+    def _decode_output(
+        self, workflow: str, instance_id: str, output: str | None, output_type: str | None
+    ) -> Any:
+        """The stored output of a Completed instance, rebuilt as its workflow returns it."""
+        return decode_output(self._runner.workflows, workflow, instance_id, output, output_type)
+
+
+    @property
+    def _poll_interval(self) -> float:
+        return self._runner.poll_interval
+

@@ -1,0 +1,76 @@
+"""What ``invoke`` stores: a new instance's row, from its workflow and the caller's input."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._queues import QueueSpec, check_priority
+from .._run.run import new_instance_id
+from .._run.workflow import Workflow
+from .._store.rows import InstanceRow, utcnow
+from .._store.serde import store_form
+from .._validate import check_key
+
+
+class _NoInput:
+    """The default of ``invoke``'s input: none given (``None`` is a value)."""
+
+    def __repr__(self) -> str:
+        return "<no input>"
+
+
+NO_INPUT: Any = _NoInput()
+
+
+def new_instance(
+    workflow: Workflow,
+    input: Any,
+    instance_id: str | None,
+    queue: str | None,
+    priority: int,
+    queues: dict[str, QueueSpec],
+) -> tuple[InstanceRow, Any]:
+    """The row of a new instance (running here, or queued) and its input as runs see it.
+
+    Raise ``TypeError`` for an input the workflow does not take (or a missing
+    one it needs), ``ValueError`` for a queue not declared, ``InvalidKey``
+    for a bad id, ``SerializationError`` for an input that cannot be stored.
+
+    >>> wf = Workflow.of("double", lambda ctx, n: n * 2)
+    >>> row, value = new_instance(wf, 21, "d-1", None, 0, {})
+    >>> row.status, row.input, value
+    ('running', '21', 21)
+    >>> new_instance(wf, 21, "d-2", "q", 0, {})
+    Traceback (most recent call last):
+    ...
+    ValueError: queue 'q' is not declared (engine.queue(name, ...))
+    """
+    name = workflow.name
+    queue = queue if queue is not None else workflow.queue
+    if queue is not None and queue not in queues:
+        raise ValueError(f"queue {queue!r} is not declared (engine.queue(name, ...))")
+    priority = check_priority(priority)
+    if instance_id is None:
+        instance_id = new_instance_id()
+    else:
+        check_key(instance_id, name, instance_id)
+    if input is NO_INPUT:
+        if workflow.input_required:
+            raise TypeError(
+                f"workflow {name!r} takes an input and was invoked without one "
+                "(give its parameter a default to make it optional)"
+            )
+        input = None
+    if input is not None and not workflow.takes_input:
+        raise TypeError(f"workflow {name!r} takes no input, got {type(input).__name__}")
+    text, tag, value = store_form(name, instance_id, "input", input, workflow.input_hint)
+    now = utcnow().isoformat()
+    row = InstanceRow(
+        workflow=name, instance_id=instance_id,
+        status="running" if queue is None else "queued", message=None,
+        input=text, input_type=tag, output=None, output_type=None,
+        created_at=now, updated_at=now, completed_at=None, queue=queue,
+        priority=None if queue is None else priority,
+        queued_at=None if queue is None else now,
+    )
+    return row, value

@@ -1,0 +1,254 @@
+"""A PostgreSQL store's target, connections and tables: what opening one does.
+
+The target is a libpq URL (``postgresql://`` or ``postgres://``). Every
+message names it by ``describe``: user, host, port and database, never the
+password. Opening connects at once (an unreachable server fails within the
+connect timeout, 10 s unless the URL sets one), creates the store's schema
+and tables if missing, and migrates an older store, all under a
+transaction-scoped advisory lock, so many processes opening one new database
+at once run one migration between them. The schema version lives in the
+table ``schema_version``; a newer one is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Any
+
+from .._errors import StorageError
+from .._store.protocol import Synchronous
+from .functions import FUNCTIONS
+
+#: The schema version this code writes (the SQLite store's columns, in PostgreSQL).
+SCHEMA_VERSION = 4
+#: Seconds to wait for the server unless the URL's ``connect_timeout`` says.
+CONNECT_TIMEOUT = 10
+SCHEMES = ("postgresql://", "postgres://")
+#: What a schema name may be: an identifier that needs no quoting but for its case.
+_SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+
+#: Version 2: a child instance knows its parent; a parent counts the children it
+#: waits for (as on SQLite, schema version 7).
+_V2 = """
+ALTER TABLE instances ADD COLUMN IF NOT EXISTS parent_workflow text,
+    ADD COLUMN IF NOT EXISTS parent_id text, ADD COLUMN IF NOT EXISTS parent_key text,
+    ADD COLUMN IF NOT EXISTS parent_group text,
+    ADD COLUMN IF NOT EXISTS children_pending integer;
+CREATE INDEX IF NOT EXISTS instances_by_parent ON instances (parent_workflow, parent_id)
+    WHERE parent_id IS NOT NULL;
+"""
+#: Version 3: queues (as on SQLite, schema version 8).
+_V3 = """
+ALTER TABLE instances ADD COLUMN IF NOT EXISTS queue text,
+    ADD COLUMN IF NOT EXISTS priority integer, ADD COLUMN IF NOT EXISTS queued_at text;
+CREATE INDEX IF NOT EXISTS instances_by_queue ON instances (queue, status, priority, queued_at)
+    WHERE queue IS NOT NULL;
+CREATE TABLE IF NOT EXISTS queue_starts (queue text NOT NULL, at double precision NOT NULL);
+CREATE INDEX IF NOT EXISTS queue_starts_by_queue ON queue_starts (queue, at);
+"""
+#: Version 4: recoveries an instance went through, what each engine declares it runs
+#: (as on SQLite, schema version 9).
+_V4 = """
+ALTER TABLE instances ADD COLUMN IF NOT EXISTS recoveries integer,
+    ADD COLUMN IF NOT EXISTS lost_owner text, ADD COLUMN IF NOT EXISTS lost_step text;
+ALTER TABLE owners ADD COLUMN IF NOT EXISTS declares text;
+"""
+_TABLES = f"""
+CREATE TABLE IF NOT EXISTS instances (
+    workflow text NOT NULL, instance_id text NOT NULL, status text NOT NULL, message text,
+    input text NOT NULL, input_type text, output text, output_type text,
+    created_at text NOT NULL, updated_at text NOT NULL, completed_at text,
+    waiting_for text, owner text, status_message text, step_key text, step_started text,
+    traceback text,
+    PRIMARY KEY (workflow, instance_id));
+{_V2}
+{_V3}
+CREATE INDEX IF NOT EXISTS instances_by_workflow ON instances (workflow, created_at);
+CREATE INDEX IF NOT EXISTS instances_by_status ON instances (status);
+CREATE INDEX IF NOT EXISTS instances_by_owner ON instances (owner) WHERE owner IS NOT NULL;
+CREATE TABLE IF NOT EXISTS steps (
+    workflow text NOT NULL, instance_id text NOT NULL, key text NOT NULL,
+    seq integer NOT NULL, kind text NOT NULL, state text NOT NULL, result text,
+    result_type text, status text, error text, attempts integer NOT NULL,
+    completed_at text, started_at text, traceback text,
+    PRIMARY KEY (workflow, instance_id, key));
+CREATE TABLE IF NOT EXISTS timers (
+    workflow text NOT NULL, instance_id text NOT NULL, key text NOT NULL,
+    deadline double precision NOT NULL,
+    PRIMARY KEY (workflow, instance_id, key));
+CREATE INDEX IF NOT EXISTS timers_by_deadline ON timers (deadline);
+CREATE TABLE IF NOT EXISTS owners (
+    id text PRIMARY KEY, host text NOT NULL, pid integer NOT NULL,
+    heartbeat double precision NOT NULL, lease double precision NOT NULL,
+    started_at text, boot_id text, pid_ns text, proc_start text);
+CREATE TABLE IF NOT EXISTS schema_version (version integer NOT NULL);
+{_V4}
+"""
+
+
+def is_url(target: object) -> bool:
+    """Whether ``target`` names a PostgreSQL server rather than a SQLite file.
+
+    >>> is_url("postgresql://localhost/app"), is_url("postgres://h/db"), is_url("app.db")
+    (True, True, False)
+    """
+    return isinstance(target, str) and target.startswith(SCHEMES)
+
+
+def parse(url: str) -> dict[str, str]:
+    """The URL's connection parameters; StorageError (naming no password) if malformed."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        return {k: str(v) for k, v in conninfo_to_dict(url).items() if v is not None}
+    except Exception as exc:  # psycopg.ProgrammingError: not a valid conninfo
+        raise StorageError(
+            f"not a valid PostgreSQL URL: {redact(str(exc), url)}"
+        ) from None
+
+
+def describe(params: dict[str, str]) -> str:
+    """How messages name a server: the URL without its password.
+
+    >>> describe({"user": "app", "password": "s3cret", "host": "db", "port": "5433",
+    ...           "dbname": "prod"})
+    'postgresql://app@db:5433/prod'
+    >>> describe({"dbname": "test"})
+    'postgresql://localhost:5432/test'
+    """
+    user = params.get("user")
+    host = params.get("host") or params.get("hostaddr") or "localhost"
+    port = params.get("port") or "5432"
+    return f"postgresql://{user + '@' if user else ''}{host}:{port}/{params.get('dbname', '')}"
+
+
+def redact(text: str, url: str, params: dict[str, str] | None = None) -> str:
+    """``text`` with the URL and its password blanked out.
+
+    >>> redact("failed: postgresql://u:pw@h/d (pw)", "postgresql://u:pw@h/d",
+    ...        {"password": "pw"})
+    'failed: <url> (***)'
+    """
+    text = text.replace(url, "<url>")
+    password = (params or {}).get("password")
+    return text.replace(password, "***") if password else text
+
+
+def channel(schema: str) -> str:
+    """The LISTEN/NOTIFY channel of the store in ``schema`` (an identifier, at most 63 bytes).
+
+    >>> channel("memable")
+    'memable_memable'
+    >>> channel("x" * 63)
+    'memable_75220b47218278e656f2013bb8f0c455'
+    """
+    name = f"memable_{schema}"
+    if len(name.encode()) <= 63 and name.isidentifier() and name.isascii():
+        return name
+    return f"memable_{hashlib.sha256(schema.encode()).hexdigest()[:32]}"
+
+
+def connect_kwargs(
+    params: dict[str, str], synchronous: Synchronous, schema: str
+) -> dict[str, Any]:
+    """What every connection of the store is opened with (beyond the URL).
+
+    No connection option names the schema (libpq reads a backslash in
+    ``options`` as an escape and a space as a separator): ``session_sql``
+    sets it, quoted as an identifier, on each new connection.
+
+    >>> sorted(connect_kwargs({"dbname": "test"}, "full", "memable"))
+    ['application_name', 'autocommit', 'connect_timeout']
+    """
+    kwargs: dict[str, Any] = {"autocommit": True}
+    if "connect_timeout" not in params:
+        kwargs["connect_timeout"] = CONNECT_TIMEOUT
+    if "application_name" not in params:
+        kwargs["application_name"] = "memable"
+    return kwargs
+
+
+def session_sql(synchronous: Synchronous, schema: str) -> str:
+    """What each new connection of the store runs first, in autocommit mode.
+
+    Its tables are the schema's (quoted as an identifier, never passed
+    through a connection option), and it commits as durably as asked.
+
+    >>> session_sql("full", "Jobs_1")
+    'SET search_path TO "Jobs_1"; SET synchronous_commit TO on'
+    >>> session_sql("normal", "memable")
+    'SET search_path TO "memable"; SET synchronous_commit TO off'
+    """
+    level = "on" if synchronous == "full" else "off"
+    return f"SET search_path TO {quote_ident(schema)}; SET synchronous_commit TO {level}"
+
+
+def quote_ident(name: str) -> str:
+    """``name`` as a quoted SQL identifier.
+
+    >>> quote_ident('my "odd" schema')
+    '"my ""odd"" schema"'
+    """
+    return '"' + name.replace('"', '""') + '"'
+
+
+def check_schema_name(schema: object) -> str:
+    """A schema name: 1 to 63 ASCII letters, digits and ``_``, not starting with a digit.
+
+    Anything else raises ``ValueError`` (a non-str, ``TypeError``), so two
+    names are always two schemas, and two stores.
+
+    >>> check_schema_name("Mixed_Case_1")
+    'Mixed_Case_1'
+    >>> check_schema_name("a b")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: schema must be 1 to 63 ASCII letters, digits and _, ..., not 'a b'
+    """
+    if not isinstance(schema, str):
+        raise TypeError(f"schema must be a str, not {schema!r}")
+    if _SCHEMA_NAME.fullmatch(schema) is None:
+        raise ValueError("schema must be 1 to 63 ASCII letters, digits and _, not starting "
+                         f"with a digit, not {schema!r}")
+    return schema
+
+
+def prepare(conn: Any, schema: str, where: str, *, create: bool) -> None:
+    """Create or migrate the store's tables under an advisory lock; check its version.
+
+    With ``create=False`` a schema without a store is refused and nothing is created.
+    """
+    with conn.transaction():
+        # One opener at a time per schema, across every process on the server.
+        conn.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"memable:{schema}",)
+        )
+        exists = conn.execute(
+            "SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)
+        ).fetchone()
+        has_version = exists and conn.execute(
+            "SELECT 1 FROM pg_tables WHERE schemaname = %s AND tablename = 'schema_version'",
+            (schema,),
+        ).fetchone()
+        if not has_version:
+            if not create:
+                raise StorageError(f"{where} has no memable store in schema {schema!r}")
+            conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(schema)}")
+            conn.execute(_TABLES)
+            conn.execute(FUNCTIONS)
+            conn.execute("INSERT INTO schema_version (version) VALUES (%s)", (SCHEMA_VERSION,))
+            return
+        row = conn.execute("SELECT max(version) FROM schema_version").fetchone()
+        version = int(row[0] or 0)
+        if version > SCHEMA_VERSION:
+            raise StorageError(
+                f"{where} schema {schema!r} has memable schema version {version}, newer than "
+                f"this memable understands ({SCHEMA_VERSION}); upgrade memable to open it"
+            )
+        if version < SCHEMA_VERSION:  # migrate, and replace the functions with this code's
+            conn.execute(_V2)
+            conn.execute(_V3)
+            conn.execute(_V4)
+            conn.execute(FUNCTIONS)
+            conn.execute("UPDATE schema_version SET version = %s", (SCHEMA_VERSION,))

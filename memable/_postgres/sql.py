@@ -1,0 +1,135 @@
+"""The fixed SQL of the PostgreSQL store (see ``store``).
+
+Every statement names its tables unqualified: each connection's
+``search_path`` is the store's schema. Fencing: a write of a run locks its
+instance row (``FOR SHARE`` or ``FOR UPDATE``) in the same statement or
+transaction and writes only while the row's owner is this engine, so a
+takeover (an ``UPDATE`` of the owner) waits for the write's commit, and a
+write that comes after the takeover sees the new owner and writes nothing.
+Leases are judged by the server's clock (``NOW_EPOCH``), so hosts whose
+clocks differ agree on them.
+"""
+
+from __future__ import annotations
+
+from .._store.sql import instances as shared
+from .._store.sql.execute import pg
+from .._store.sql.instances import INSTANCE_COLUMNS
+
+#: The server's clock, as seconds since the epoch: what leases are judged by.
+NOW_EPOCH = "extract(epoch FROM clock_timestamp())::double precision"
+
+# An instance is free to claim when nobody runs it, or its owner's lease ran out.
+OWNER_FREE = f"""(
+    instances.owner IS NULL OR instances.owner = %(me)s OR NOT EXISTS (
+        SELECT 1 FROM owners WHERE owners.id = instances.owner
+        AND owners.heartbeat + owners.lease >= {NOW_EPOCH}))"""
+INSTANCE_RETURNING = ", ".join(INSTANCE_COLUMNS)
+# The server-side functions (``functions``), one round trip each.
+CLAIM = "SELECT instance, steps FROM memable_claim(%s, %s, %s, %s, %s)"
+DELIVER_SIGNAL = "SELECT memable_deliver_signal(%s, %s, %s, %s, %s, %s, %s, %s)"
+SUSPEND_RUN = (
+    "SELECT outcome, armed, instance, steps FROM memable_suspend("
+    "%s, %s, %s, %s, %s, %s, %s, %s, %s, "
+    "%s::double precision, %s::double precision, %s, %s, %s)"
+)
+SELECT_RUN_STEPS = (
+    "SELECT key, seq, kind, state, result, result_type, status, attempts "
+    "FROM steps WHERE workflow = %s AND instance_id = %s"
+)
+SELECT_STEP = SELECT_RUN_STEPS + " AND key = %s"
+SELECT_INSTANCE = (
+    f"SELECT {INSTANCE_RETURNING} FROM instances WHERE workflow = %s AND instance_id = %s"
+)
+INSERT_INSTANCE = (
+    f"INSERT INTO instances ({INSTANCE_RETURNING}) "
+    f"VALUES ({', '.join(['%s'] * len(INSTANCE_COLUMNS))}) ON CONFLICT DO NOTHING"
+)
+CHECK_RUN = "SELECT status, owner FROM instances WHERE workflow = %s AND instance_id = %s"
+# Children of one workflow and parent, running and owned by this engine; those
+# whose id exists are left as they are. Returns the ids created.
+INSERT_CHILDREN = """
+INSERT INTO instances (workflow, instance_id, status, input, input_type, created_at,
+                       updated_at, owner, parent_workflow, parent_id, parent_key, parent_group,
+                       queue, priority, queued_at)
+SELECT %(workflow)s, c.id, %(status)s, c.input, c.input_type, %(at)s, %(at)s, %(owner)s,
+       %(parent_workflow)s, %(parent_id)s, c.key, %(parent_group)s, %(queue)s,
+       %(priority)s, %(queued_at)s
+FROM unnest(%(ids)s::text[], %(inputs)s::text[], %(types)s::text[], %(keys)s::text[])
+    AS c(id, input, input_type, key)
+ON CONFLICT DO NOTHING RETURNING instance_id
+"""
+# A parent's child steps, waiting (a failed one turns waiting: its child is resumed).
+INSERT_WAITING = pg(shared.INSERT_WAITING)
+# The instance row, locked against a takeover until this transaction commits.
+OWNED_ROW = (
+    "SELECT 1 FROM instances WHERE workflow = %(workflow)s "
+    "AND instance_id = %(instance_id)s AND owner = %(me)s FOR SHARE"
+)
+# A completed step is never overwritten, nor a row of another kind (see ``_sqlite.sql``).
+UPSERT_STEP = f"""
+WITH owned AS ({OWNED_ROW})
+INSERT INTO steps (workflow, instance_id, key, seq, kind, state, result, result_type,
+                   status, error, attempts, completed_at, started_at, traceback)
+SELECT %(workflow)s, %(instance_id)s, %(key)s, %(seq)s, %(kind)s, %(state)s, %(result)s,
+       %(result_type)s, %(status)s, %(error)s, 1, %(completed_at)s, %(started_at)s,
+       %(traceback)s
+FROM owned
+ON CONFLICT (workflow, instance_id, key) DO UPDATE SET
+    state = excluded.state, result = excluded.result, result_type = excluded.result_type,
+    status = excluded.status, error = excluded.error, attempts = steps.attempts + 1,
+    completed_at = excluded.completed_at, started_at = excluded.started_at,
+    traceback = excluded.traceback
+WHERE steps.state <> 'completed' AND steps.kind = excluded.kind
+"""
+# Locks the instance for the rest of the transaction (suspend, signal, cancel).
+LOCK_INSTANCE = (
+    "SELECT status, owner FROM instances WHERE workflow = %s AND instance_id = %s FOR UPDATE"
+)
+FINISH = pg(shared.FINISH)
+RELEASE = pg(shared.RELEASE)
+ANY_DUE = "SELECT 1 FROM timers WHERE deadline <= %s LIMIT 1"
+# Claims due timers: rows another engine is firing (or a signal is dropping)
+# are skipped, not waited for. What it does to each key: ``shared.FIRE_KEY``.
+FIRE_DUE = f"""
+WITH due AS (
+    DELETE FROM timers WHERE (workflow, instance_id, key) IN (
+        SELECT workflow, instance_id, key FROM timers WHERE deadline <= %(now)s
+        ORDER BY deadline LIMIT 500 FOR UPDATE SKIP LOCKED)
+    RETURNING workflow, instance_id, key),
+fired AS (
+    UPDATE steps SET {shared.FIRE_KEY.format(at="%(at)s")}
+    FROM due WHERE steps.workflow = due.workflow AND steps.instance_id = due.instance_id
+    AND steps.key = due.key AND {shared.FIRE_KEY_WHERE})
+SELECT workflow, instance_id, key FROM due
+"""
+CANCEL = (
+    "UPDATE instances SET status = 'cancelled', message = NULL, waiting_for = NULL, "
+    "children_pending = NULL, updated_at = %s, completed_at = %s "
+    "WHERE workflow = %s AND instance_id = %s"
+)
+SET_STATUS = (
+    "UPDATE instances SET status_message = %s WHERE workflow = %s AND instance_id = %s "
+    "AND owner = %s"
+)
+SET_IN_FLIGHT = (
+    "UPDATE instances SET step_key = %s, step_started = %s WHERE workflow = %s "
+    "AND instance_id = %s AND owner = %s AND status = 'running'"
+)
+FINISHED = (
+    "SELECT workflow, instance_id FROM instances "
+    "WHERE status IN ('completed', 'failed', 'cancelled') AND completed_at < %(before)s "
+    "AND owner IS NULL"
+)
+REGISTER_OWNER = f"""
+INSERT INTO owners (id, host, pid, heartbeat, lease, started_at, boot_id, pid_ns, proc_start,
+                    declares)
+VALUES (%s, %s, %s, {NOW_EPOCH}, %s, %s, %s, %s, %s, %s)
+ON CONFLICT (id) DO UPDATE SET heartbeat = excluded.heartbeat, lease = excluded.lease,
+    declares = excluded.declares
+"""
+HEARTBEAT = f"UPDATE owners SET heartbeat = {NOW_EPOCH} WHERE id = %s"
+#: The workflows a look names (as the array parameter ``workflows``).
+WORKFLOWS = "SELECT unnest(:workflows::text[])"
+# ``memable resume``: ready for the next look of an engine that runs it (as on SQLite).
+MARK_RESUMABLE = pg(shared.MARK_RESUMABLE)

@@ -1,0 +1,625 @@
+"""The PostgreSQL store: several hosts on one database, with the file store's guarantees.
+
+Each operation is one function run on a pooled connection by
+``connections.Connections``, which retries it across lost connections
+(a write with an unknown commit outcome reads back first, by the
+``read_back`` given here). Every write of a run is fenced by its instance
+row's lock (see ``sql``). Claims of due timers, and wake-ups and
+recoveries of instances, skip rows another transaction holds. Leases are
+judged by the server's clock. The transactions that store a signal, a
+cancel or a timer NOTIFY the other engines (``listener``).
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from datetime import datetime
+from typing import Any
+
+import attrs
+import psycopg
+from psycopg.rows import dict_row
+
+from .._errors import InstanceFinished, InstanceNotFound, SignalRejected, key_taken
+from .._records import StatusName, StepRecord
+from .._store import liveness as _liveness
+from .._store.control import LostInstance, RunCancelled
+from .._store.protocol import Synchronous
+from .._store.rows import (
+    Claim,
+    Claimed,
+    Ended,
+    InstanceRow,
+    Look,
+    RunSnapshot,
+    StepWrite,
+    StoredStep,
+    Suspend,
+    step_params,
+    step_record,
+)
+from .._store.sql import children as children_sql
+from .._store.sql import instances as shared
+from .._store.sql import owners as owners_sql
+from .._store.sql import queues as queue_sql
+from .._store.sql.execute import Execute, pg
+from .._store.sql.reads import OperatorReads
+from . import schema as schema_
+from . import sql
+from .connections import NOT_DONE, Connections
+from .listener import Changed, Listener, payload
+
+
+def _snapshot_of(instance: dict[str, Any], steps: list[list[Any]]) -> RunSnapshot:
+    """A run's snapshot from the JSON the claim and suspend functions return."""
+    return RunSnapshot(
+        InstanceRow(**instance), {step[0]: StoredStep(*step) for step in steps}
+    )
+
+
+class PostgresStore(OperatorReads):
+    """A memable store in one schema of a PostgreSQL database."""
+
+    def __init__(
+        self,
+        url: str,
+        synchronous: Synchronous,
+        *,
+        schema: str = "memable",
+        create: bool = True,
+        pool_size: int = 10,
+    ) -> None:
+        self.schema = schema_.check_schema_name(schema)
+        self._db = Connections(url, synchronous, schema, create=create, pool_size=pool_size)
+        self._run = self._db.run
+        self.channel = schema_.channel(schema)
+        # _listener_lock guards _listener: the thread LISTENing for this engine, if any.
+        self._listener_lock = threading.Lock()
+        self._listener: Listener | None = None
+        #: This engine's id as an owner of instances.
+        self.owner = uuid.uuid4().hex
+        self._lease = 15.0
+        self._declares: str | None = None  # what register_owner stored, for a re-register
+
+    def __repr__(self) -> str:
+        return f"<PostgresStore {self._db.where}>"
+
+    def _owns(self, conn: psycopg.Connection[Any], workflow: str, instance_id: str) -> bool:
+        row = conn.execute(sql.CHECK_RUN, (workflow, instance_id)).fetchone()
+        return row is not None and row[1] == self.owner
+
+    def _notify(self, conn: psycopg.Connection[Any], text: str) -> None:
+        """Tell every engine listening on this store, when the transaction commits."""
+        conn.execute("SELECT pg_notify(%s, %s)", (self.channel, text))
+
+    def _probe(self, text: str) -> None:
+        """NOTIFY ``text`` through the pool: how the listener checks that notices arrive."""
+        self._run("probe the notification channel", lambda conn: self._notify(conn, text),
+                  transaction=False)
+
+    def listen(self, changed: Changed | None) -> None:
+        with self._listener_lock:
+            if self._listener is not None:
+                self._listener.stop()
+                self._listener = None
+            if changed is not None and not self._db.closed:
+                self._listener = Listener(
+                    self._db.connect, self.channel, self.owner, changed, self._probe
+                )
+                self._listener.start()
+
+    # ------------------------------------------------------------------ runs
+
+    def create_instance(self, row: InstanceRow) -> bool:
+        queued = row.status != "running"  # it waits for a slot: nobody's yet
+        values = attrs.astuple(attrs.evolve(row, owner=None if queued else self.owner))
+
+        def insert(conn: psycopg.Connection[Any]) -> bool:
+            created = conn.execute(sql.INSERT_INSTANCE, values).rowcount == 1
+            if created and queued:
+                self._notify(conn, payload("queued", self.owner, row.workflow, row.instance_id))
+            return created
+
+        def read_back(conn: psycopg.Connection[Any]) -> object:
+            found = conn.execute(sql.SELECT_INSTANCE, (row.workflow, row.instance_id)).fetchone()
+            if found is None:
+                return NOT_DONE
+            stored = InstanceRow(*found)
+            return stored.created_at == row.created_at and stored.input == row.input
+
+        return self._run("create the instance", insert, row.workflow, row.instance_id,
+                         transaction=False, read_back=read_back)
+
+    def begin_run(
+        self, workflow: str, instance_id: str, *, now: str, claim: Claim
+    ) -> RunSnapshot | None:
+        def claim_it(conn: psycopg.Connection[Any]) -> RunSnapshot | None:
+            found = conn.execute(
+                sql.CLAIM, (workflow, instance_id, self.owner, now, claim)
+            ).fetchone()
+            if found is None or found[0] is None:
+                return None
+            snapshot = _snapshot_of(*found)
+            if snapshot.instance.status == "queued":  # waits for a slot: tell the consumers
+                self._notify(conn, payload("queued", self.owner, workflow, instance_id))
+            return snapshot
+
+        def read_back(conn: psycopg.Connection[Any]) -> object:
+            found = conn.execute(sql.SELECT_INSTANCE, (workflow, instance_id)).fetchone()
+            row = None if found is None else InstanceRow(*found)
+            if row is None or row.owner != self.owner or row.updated_at != now:
+                return NOT_DONE
+            steps = conn.execute(sql.SELECT_RUN_STEPS, (workflow, instance_id)).fetchall()
+            return RunSnapshot(row, {s[0]: StoredStep(*s) for s in steps})
+
+        return self._run("start a run", claim_it, workflow, instance_id,
+                         transaction=False, read_back=read_back)
+
+    def save_step(self, write: StepWrite) -> None:
+        params = step_params(write, self.owner)
+
+        def store(conn: psycopg.Connection[Any]) -> None:
+            if conn.execute(sql.UPSERT_STEP, params).rowcount == 0:
+                self._refused(conn, write)
+
+        def read_back(conn: psycopg.Connection[Any]) -> object:
+            row = conn.execute(
+                "SELECT state, started_at, result, error FROM steps WHERE workflow = %s "
+                "AND instance_id = %s AND key = %s",
+                (write.workflow, write.instance_id, write.key),
+            ).fetchone()
+            mine = (write.state, write.started, write.result, write.error)
+            return None if row is not None and tuple(row) == mine else NOT_DONE
+
+        self._run("store the step", store, write.workflow, write.instance_id, write.key,
+                  transaction=False, read_back=read_back)
+
+    def _refused(self, conn: psycopg.Connection[Any], write: StepWrite) -> None:
+        """Say why a step write matched nothing: the instance is lost, or the key taken."""
+        if not self._owns(conn, write.workflow, write.instance_id):
+            raise LostInstance(write.workflow, write.instance_id)
+        row = conn.execute(sql.SELECT_STEP, (write.workflow, write.instance_id, write.key))
+        found = row.fetchone()
+        step = None if found is None else StoredStep(*found)
+        if step is not None and step.kind != write.kind:
+            raise key_taken(write.workflow, write.instance_id, write.key, step.kind, write.kind)
+        # Else the key completed meanwhile (a timer fired): that row stands.
+
+    def check_run(self, workflow: str, instance_id: str) -> StatusName:
+        def check(conn: psycopg.Connection[Any]) -> StatusName:
+            row = conn.execute(sql.CHECK_RUN, (workflow, instance_id)).fetchone()
+            if row is None or row[1] != self.owner:
+                raise LostInstance(workflow, instance_id)
+            return row[0]  # type: ignore[no-any-return]
+
+        return self._run("check the run", check, workflow, instance_id, transaction=False)
+
+    def set_status(self, workflow: str, instance_id: str, message: str) -> None:
+        def store(conn: psycopg.Connection[Any]) -> None:
+            where = (message, workflow, instance_id, self.owner)
+            if conn.execute(sql.SET_STATUS, where).rowcount == 0:
+                raise LostInstance(workflow, instance_id)
+
+        self._run("store the status message", store, workflow, instance_id, transaction=False)
+
+    def record_in_flight(self, steps: list[tuple[str, str, str, str]]) -> None:
+        if not steps:
+            return
+
+        def store(conn: psycopg.Connection[Any]) -> None:
+            with conn.cursor() as cursor:
+                cursor.executemany(
+                    sql.SET_IN_FLIGHT, [(k, t, w, i, self.owner) for w, i, k, t in steps]
+                )
+
+        self._run("record the steps in flight", store)
+
+    def read_step(self, workflow: str, instance_id: str, key: str) -> StoredStep | None:
+        def read(conn: psycopg.Connection[Any]) -> StoredStep | None:
+            row = conn.execute(sql.SELECT_STEP, (workflow, instance_id, key)).fetchone()
+            return None if row is None else StoredStep(*row)
+
+        return self._run("read the step", read, workflow, instance_id, key, transaction=False)
+
+    def suspend(
+        self, waiting: StepWrite, message: str, deadline: float | None, now: float
+    ) -> Suspend:
+        workflow, instance_id, key = waiting.workflow, waiting.instance_id, waiting.key
+        args = (workflow, instance_id, key, waiting.seq, waiting.kind, waiting.result,
+                waiting.status, message, waiting.at, deadline, now, self.owner, self.channel,
+                payload("timer", self.owner, workflow, instance_id))
+
+        def record(conn: psycopg.Connection[Any]) -> Suspend:
+            found = conn.execute(sql.SUSPEND_RUN, args).fetchone()
+            assert found is not None  # a function's one row
+            outcome, armed, instance, steps = found
+            if outcome == "lost":
+                raise LostInstance(workflow, instance_id)
+            if outcome.startswith("kind "):
+                raise key_taken(workflow, instance_id, key, outcome[5:], waiting.kind)
+            if outcome == "ready":  # the instance stays running, and ours
+                return Suspend("ready", snapshot=_snapshot_of(instance, steps))
+            return Suspend(outcome, deadline=armed)
+
+        def read_back(conn: psycopg.Connection[Any]) -> object:
+            row = conn.execute(sql.SELECT_INSTANCE, (workflow, instance_id)).fetchone()
+            found = None if row is None else InstanceRow(*row)
+            if found is None or found.status != "suspended" or found.updated_at != waiting.at:
+                return NOT_DONE
+            timer = conn.execute(
+                "SELECT deadline FROM timers WHERE workflow = %s AND instance_id = %s "
+                "AND key = %s", (workflow, instance_id, key),
+            ).fetchone()
+            return Suspend("waiting", deadline=None if timer is None else float(timer[0]))
+
+        return self._run("record the suspension", record, workflow, instance_id, key,
+                         transaction=False, read_back=read_back)
+
+    def finish(
+        self,
+        workflow: str,
+        instance_id: str,
+        *,
+        status: StatusName,
+        message: str | None,
+        output: tuple[str, str | None] | None = None,
+        waiting_for: str | None = None,
+        traceback: str | None = None,
+        now: str,
+    ) -> Ended:
+        params = shared.finish_params(
+            workflow, instance_id, self.owner, status=status, message=message, output=output,
+            waiting_for=waiting_for, traceback=traceback, now=now,
+        )
+
+        def record(conn: psycopg.Connection[Any]) -> Ended:
+            # A child's end then locks its parent's row: a cancel that cascades
+            # locks them the other way round, and one of the two is retried.
+            found = conn.execute(sql.FINISH, params).fetchone()
+            if found is None:  # cancelled meanwhile: let go of it all the same
+                released = conn.execute(sql.RELEASE, params).fetchone()
+                if released is not None and released[0] is not None:
+                    # The slot the cancelled run held is free: tell the queue's consumers.
+                    self._notify(conn, payload("queued", self.owner, workflow, instance_id))
+                return Ended(recorded=False)
+            *parent, queue = found
+            if queue is not None:  # a slot is free: tell the queue's consumers
+                self._notify(conn, payload("queued", self.owner, workflow, instance_id))
+            wake = children_sql.settle_parent(
+                self._pg_execute(conn), tuple(parent), status=status, message=message,
+                output=output, at=now, lock=children_sql.LOCK_PARENT,
+            )
+            if wake is not None:
+                self._notify(conn, payload("signal", self.owner, *wake))
+            return Ended(wake=wake)
+
+        def read_back(conn: psycopg.Connection[Any]) -> object:
+            row = conn.execute(sql.SELECT_INSTANCE, (workflow, instance_id)).fetchone()
+            found = None if row is None else InstanceRow(*row)
+            if found is None or found.owner == self.owner:
+                return NOT_DONE
+            if found.status != status or found.updated_at != now:
+                return Ended(recorded=False)
+            # Recorded; whether it made its parent ready is not known: the poll finds that.
+            return Ended()
+
+        return self._run(f"record the run as {status}", record, workflow, instance_id,
+                         read_back=read_back)
+
+    # ------------------------------------------------------------------ from outside a run
+
+    def mark_resumable(self, workflow: str, instance_id: str, now: str) -> str:
+        where = {"workflow": workflow, "instance_id": instance_id, "at": now}
+
+        def mark(conn: psycopg.Connection[Any]) -> str:
+            found = conn.execute(sql.LOCK_INSTANCE, (workflow, instance_id)).fetchone()
+            if found is None:
+                raise InstanceNotFound(workflow, instance_id)
+            status = str(found[0])
+            if status == "cancelled":
+                raise InstanceFinished(workflow, instance_id, "it is cancelled")
+            if conn.execute(sql.MARK_RESUMABLE, where).rowcount:
+                # An engine that runs it takes it now, not at its next poll.
+                self._notify(conn, payload("signal", self.owner, workflow, instance_id))
+            return status
+
+        return self._run("mark the instance to resume", mark, workflow, instance_id)
+
+    def deliver_signal(self, write: StepWrite) -> None:
+        workflow, instance_id, key = write.workflow, write.instance_id, write.key
+
+        args = (workflow, instance_id, key, write.result, write.result_type, write.at,
+                self.channel, payload("signal", self.owner, workflow, instance_id))
+
+        def deliver(conn: psycopg.Connection[Any]) -> None:
+            found = conn.execute(sql.DELIVER_SIGNAL, args).fetchone()
+            answer = "missing" if found is None else str(found[0])
+            if answer == "missing":
+                raise InstanceNotFound(workflow, instance_id)
+            if answer.startswith("finished "):
+                status = answer[9:]
+                raise InstanceFinished(
+                    workflow, instance_id,
+                    f"it is {status}" + ("; resume it instead" if status == "failed" else ""),
+                )
+            if answer.startswith("kind "):
+                why = f"the key is a {answer[5:]}, not a suspend point"
+                raise SignalRejected(workflow, instance_id, key, why)
+            if answer == "holds":
+                raise SignalRejected(workflow, instance_id, key, "the key already holds a value")
+            if answer == "timed out":
+                why = "the suspend point timed out before it"
+                raise SignalRejected(workflow, instance_id, key, why)
+
+        def read_back(conn: psycopg.Connection[Any]) -> object:
+            row = conn.execute(
+                "SELECT state, result, completed_at FROM steps WHERE workflow = %s "
+                "AND instance_id = %s AND key = %s", (workflow, instance_id, key),
+            ).fetchone()
+            mine = ("completed", write.result, write.at)
+            return None if row is not None and tuple(row) == mine else NOT_DONE
+
+        self._run("deliver the signal", deliver, workflow, instance_id, key,
+                  transaction=False, read_back=read_back)
+
+    def fire_due_timers(self, now: float, at: str) -> list[tuple[str, str, str]]:
+        # Deleting the rows claims them: of several engines, one fires each timer.
+        def fire(conn: psycopg.Connection[Any]) -> list[tuple[str, str, str]]:
+            # Most looks find nothing due: a read answers those, without a write.
+            if conn.execute(sql.ANY_DUE, (now,)).fetchone() is None:
+                return []
+            rows = conn.execute(sql.FIRE_DUE, {"now": now, "at": at}).fetchall()
+            return [(w, i, k) for w, i, k in rows]
+
+        return self._run("fire due timers", fire, transaction=False)
+
+    def purge(self, completed_before: str) -> int:
+        # Not one still owned: a run cancelled in flight stores its last step first.
+        def purge_them(conn: psycopg.Connection[Any]) -> int:
+            params = {"before": completed_before}
+            for table in ("steps", "timers"):
+                conn.execute(
+                    f"DELETE FROM {table} WHERE (workflow, instance_id) IN ({sql.FINISHED})",
+                    params,
+                )
+            deleted = conn.execute(
+                f"DELETE FROM instances WHERE (workflow, instance_id) IN ({sql.FINISHED})",
+                params,
+            )
+            return int(deleted.rowcount)
+
+        return self._run("purge finished instances", purge_them)
+
+    # ------------------------------------------------------------------ owners
+
+    def register_owner(self, lease: float, now: float, declares: str | None = None) -> None:
+        me = _liveness.current()
+        values = (self.owner, me.host, me.pid, lease,
+                  datetime.fromtimestamp(now).astimezone().isoformat(),
+                  me.boot_id, me.pid_ns, me.started, declares)
+        self._run("register the engine as an owner",
+                  lambda conn: conn.execute(sql.REGISTER_OWNER, values), transaction=False)
+        self._lease, self._declares = lease, declares
+
+    def heartbeat(self, now: float) -> None:
+        renewed = self._run(
+            "renew the engine's lease",
+            lambda conn: conn.execute(sql.HEARTBEAT, (self.owner,)).rowcount,
+            transaction=False,
+        )
+        if not renewed:  # reaped while stalled: come back (its runs are lost already)
+            self.register_owner(self._lease, now, self._declares)
+
+    def drop_owner(self) -> None:
+        self._run("remove the engine's owner row",
+                  lambda conn: conn.execute("DELETE FROM owners WHERE id = %s", (self.owner,)),
+                  transaction=False)
+
+    def look_around(self, workflows: list[str], now: float) -> Look:
+        def look(conn: psycopg.Connection[Any]) -> Look:
+            return owners_sql.look_around(
+                self._pg_execute(conn), self.owner, workflows, marks=sql.WORKFLOWS,
+                owner_free=sql.OWNER_FREE, params={"workflows": workflows, "me": self.owner},
+            )
+
+        return self._run("look at the store", look, transaction=False)
+
+    # ------------------------------------------------------------------ several instances at once
+
+    @staticmethod
+    def _pg_execute(conn: psycopg.Connection[Any]) -> Execute:
+        """Run the shared child and queue SQL (``:name`` parameters) on ``conn``."""
+        return lambda text, params: conn.execute(pg(text), params)
+
+    def cancel(self, workflow: str, instance_id: str, *, now: str) -> Ended:
+        def cancel_it(conn: psycopg.Connection[Any]) -> Ended:
+            found = conn.execute(sql.LOCK_INSTANCE, (workflow, instance_id)).fetchone()
+            if found is None:
+                raise InstanceNotFound(workflow, instance_id)
+            if found[0] in ("completed", "cancelled"):
+                raise InstanceFinished(workflow, instance_id, f"it is {found[0]}")
+            execute = self._pg_execute(conn)
+            where = {"workflow": workflow, "instance_id": instance_id}
+            descendants = [(w, i) for w, i in execute(children_sql.DESCENDANTS, where)]
+            # The owners stay: a run in flight stores its current step, then stops.
+            for w, i in [(workflow, instance_id), *descendants]:
+                conn.execute(sql.CANCEL, (now, now, w, i))
+                conn.execute(
+                    "DELETE FROM timers WHERE workflow = %s AND instance_id = %s", (w, i)
+                )
+                self._notify(conn, payload("cancel", self.owner, w, i))
+            parent = execute(children_sql.PARENT_OF, where).fetchone()
+            wake = children_sql.settle_parent(
+                execute, tuple(parent), status="cancelled", message="cancelled", output=None,
+                at=now, lock=children_sql.LOCK_PARENT,
+            )
+            if wake is not None:
+                self._notify(conn, payload("signal", self.owner, *wake))
+            return Ended(wake=wake, cancelled=descendants)
+
+        def read_back(conn: psycopg.Connection[Any]) -> object:
+            row = conn.execute(sql.SELECT_INSTANCE, (workflow, instance_id)).fetchone()
+            found = None if row is None else InstanceRow(*row)
+            done = found is not None and found.status == "cancelled" and found.updated_at == now
+            return Ended() if done else NOT_DONE
+
+        return self._db.run(
+            "cancel the instance", cancel_it, workflow, instance_id, read_back=read_back
+        )
+
+    def claim_queued(
+        self, queue: str, workflows: list[str], *, concurrency: int | None,
+        per_process: int | None, rate: tuple[int, float] | None, clock: Callable[[], float],
+        at: str,
+        batch: int,
+    ) -> Claimed:
+        if not workflows:
+            return Claimed()
+        lock = f"memable-queue:{self.schema}:{queue}"
+
+        def take(conn: psycopg.Connection[Any]) -> Claimed:
+            execute = self._pg_execute(conn)
+            # Most looks find nothing queued: a read answers those, without the lock.
+            if execute(queue_sql.ANY_QUEUED, {"queue": queue}).fetchone() is None:
+                return Claimed()
+            # One claimer of the queue at a time, across every engine on the server,
+            # from its count to its claim; and a rate judged by the server's clock.
+            conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (lock,))
+            server_now = conn.execute(f"SELECT {sql.NOW_EPOCH}").fetchone()
+            assert server_now is not None
+            return queue_sql.claim(
+                execute, queue=queue, workflows=workflows, me=self.owner,
+                concurrency=concurrency, per_process=per_process, rate=rate,
+                now=float(server_now[0]), at=at, batch=batch, columns=sql.INSTANCE_RETURNING,
+                workflow_marks="SELECT unnest(%(workflows)s::text[])",
+                lock_rows=" FOR UPDATE SKIP LOCKED",
+            )
+
+        def read_back(conn: psycopg.Connection[Any]) -> object:
+            # What a lost commit claimed is this engine's, running and not run here:
+            # the poll's look at "mine" runs it again.
+            return Claimed()
+
+        return self._db.run("claim queued instances", take, read_back=read_back)
+
+    def queued(self, queue: str, workflows: list[str]) -> int:
+        text = pg(queue_sql.COUNT_QUEUED.format(
+            workflows="SELECT unnest(%(workflows)s::text[])"))
+
+        def count(conn: psycopg.Connection[Any]) -> int:
+            row = conn.execute(text, {"queue": queue, "workflows": workflows}).fetchone()
+            return 0 if row is None else int(row[0])
+
+        return self._db.run("count the queued instances", count, transaction=False)
+
+    def start_children(self, waits: list[StepWrite], rows: list[InstanceRow]) -> list[str]:
+        if not rows:
+            return []
+        workflow, instance_id = waits[0].workflow, waits[0].instance_id
+
+        def start(conn: psycopg.Connection[Any]) -> list[str]:
+            found = conn.execute(sql.LOCK_INSTANCE, (workflow, instance_id)).fetchone()
+            if found is None or found[1] != self.owner:
+                raise LostInstance(workflow, instance_id)
+            if found[0] != "running":
+                raise RunCancelled()
+            with conn.cursor() as cursor:
+                cursor.executemany(
+                    sql.INSERT_WAITING, [step_params(wait, self.owner) for wait in waits]
+                )
+            ids = [row.instance_id for row in rows]
+            template = rows[0]
+            queued = template.status != "running"
+            created = conn.execute(sql.INSERT_CHILDREN, {
+                "workflow": template.workflow, "at": template.created_at,
+                "owner": None if queued else self.owner, "status": template.status,
+                "queue": template.queue, "priority": template.priority,
+                "queued_at": template.queued_at,
+                "parent_workflow": template.parent_workflow, "parent_id": template.parent_id,
+                "parent_group": template.parent_group, "ids": ids,
+                "inputs": [row.input for row in rows],
+                "types": [row.input_type for row in rows],
+                "keys": [row.parent_key for row in rows],
+            }).fetchall()
+            made = {child_id for (child_id,) in created}
+            # An id that was there must be this parent's child at this key.
+            children_sql.refuse_taken(
+                self._pg_execute(conn), template.workflow, (workflow, instance_id),
+                {r.instance_id: str(r.parent_key) for r in rows if r.instance_id not in made},
+            )
+            if created and queued:
+                self._notify(conn, payload("queued", self.owner, workflow, instance_id))
+            return [child_id for (child_id,) in created]
+
+        def read_back(conn: psycopg.Connection[Any]) -> object:
+            # The children a lost commit created cannot be told from ones that were
+            # there: none is started here, and recovery runs them (their owner is us,
+            # running, and the poll's "mine, not running here" finds them).
+            return []
+
+        return self._db.run(
+            "start the children", start, workflow, instance_id, waits[0].key,
+            read_back=read_back,
+        )
+
+    # ------------------------------------------------------------------ reads
+
+    def next_deadline(self) -> float | None:
+        row = self._run("read the next timer deadline",
+                        lambda conn: conn.execute("SELECT MIN(deadline) FROM timers").fetchone(),
+                        transaction=False)
+        return None if row is None or row[0] is None else float(row[0])
+
+    def get_instance(self, workflow: str, instance_id: str) -> InstanceRow | None:
+        row = self._run(
+            "read the instance",
+            lambda conn: conn.execute(sql.SELECT_INSTANCE, (workflow, instance_id)).fetchone(),
+            workflow, instance_id, transaction=False,
+        )
+        return None if row is None else InstanceRow(*row)
+
+    def list_instances(self, workflow: str) -> list[InstanceRow]:
+        rows = self._run(
+            "list instances",
+            lambda conn: conn.execute(
+                f"SELECT {sql.INSTANCE_RETURNING} FROM instances WHERE workflow = %s "
+                "ORDER BY created_at, instance_id", (workflow,),
+            ).fetchall(),
+            workflow, transaction=False,
+        )
+        return [InstanceRow(*row) for row in rows]
+
+    def list_steps(self, workflow: str, instance_id: str) -> list[StepRecord]:
+        def read(conn: psycopg.Connection[Any]) -> list[dict[str, Any]]:
+            with conn.cursor(row_factory=dict_row) as cursor:
+                cursor.execute(
+                    "SELECT * FROM steps WHERE workflow = %s AND instance_id = %s "
+                    "ORDER BY seq", (workflow, instance_id),
+                )
+                return cursor.fetchall()
+
+        rows = self._run("read the steps", read, workflow, instance_id, transaction=False)
+        return [step_record(row) for row in rows]
+
+    # ------------------------------------------------------------------ an operator's reads
+
+    def read_rows(self, what: str, sql_text: str, params: dict[str, Any]
+                  ) -> list[dict[str, Any]]:
+        """Rows of one read-only query with ``:name`` parameters, as dicts (``sql.reads``)."""
+        query = pg(sql_text)
+
+        def read(conn: psycopg.Connection[Any]) -> list[dict[str, Any]]:
+            with conn.cursor(row_factory=dict_row) as cursor:
+                return cursor.execute(query, params).fetchall()
+
+        return self._run(what, read, transaction=False)
+
+    def session(self) -> AbstractContextManager[None]:
+        return self._db.session()
+
+    def close(self) -> None:
+        self.listen(None)
+        self._db.close()

@@ -1,0 +1,97 @@
+"""One run of an instance, as the runner tracks it from submit to end."""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from typing import Any
+
+import attrs
+
+from .._log import log, where
+from .._states import Failed, Suspended, WorkflowState
+from .._store.protocol import Store
+from .._store.rows import Claim, RunSnapshot, utcnow
+from .context import Context
+from .control import Suspension
+from .invocation import Watch, state_of
+from .workflow import Workflow
+
+
+@attrs.define(eq=False)
+class Run:
+    """One execution of an instance's workflow function, from submit to end."""
+
+    workflow: Workflow
+    instance_id: str
+    watch: Watch
+    # For a run of an instance created by this invoke: the input, already
+    # validated; the run then needs to read nothing from the store.
+    fresh_input: tuple[Any] | None = None
+    # For a run that goes straight on from the one before it (what it waited
+    # for had arrived): the instance is still claimed, its steps already read.
+    snapshot: RunSnapshot | None = None
+    # Set by this run when it ends at a wait whose key had completed: the
+    # snapshot its successor starts from, and the wait (to release the
+    # instance with, should the engine stop first).
+    go_on: RunSnapshot | None = None
+    waited: Suspension | None = None
+    # How the run claims its instance (see Store.begin_run).
+    claim: Claim = "resume"
+    # Set when the caller (resume) made the claim before the run was submitted,
+    # so the call returned with it committed: ``snapshot`` is what it returned
+    # (None: nothing to run here).
+    claimed: bool = False
+    # Set under Runner._lock when a signal or timer completed a key while
+    # this run was active: if it ends Suspended, run the instance again.
+    rerun: bool = False
+    # Set under Runner._lock when the instance was cancelled; read without the
+    # lock by the run's thread (a stale read is caught by the store's check).
+    cancel_requested: bool = False
+    # Set when the run must stop waiting (a cancel, or the engine stopping).
+    interrupt: threading.Event = attrs.Factory(threading.Event)
+    # Keys this engine stored signals for while the run was active (under
+    # Runner._lock): a step reaching one refuses it, without a read.
+    signalled: set[str] = attrs.Factory(set)
+    # The run's Context while its function runs (for the key in flight).
+    ctx: Context | None = None
+    # The output this run stored when it recorded a Completed end (text, type tag).
+    output: tuple[str, str | None] | None = None
+
+
+def new_instance_id() -> str:
+    """A time-ordered, random instance id (lists read oldest first)."""
+    return f"{int(time.time() * 1000):013d}-{secrets.token_hex(6)}"
+
+
+def release(store: Store, run: Run) -> WorkflowState | None:
+    """The engine stopped before a run could go on past a satisfied wait: let go.
+
+    The instance is stored suspended on that key, which is complete, and
+    marked ready (``children_pending`` 0), so the next engine's poll runs it on.
+    """
+    waited = run.waited
+    assert waited is not None
+    try:
+        store.finish(
+            run.workflow.name, run.instance_id, status="suspended",
+            message=waited.message, waiting_for=waited.key, now=utcnow().isoformat(),
+        )
+    except BaseException:
+        log.exception("could not release the instance",
+                      extra=where(run.workflow.name, run.instance_id))
+        return None
+    return Suspended(waited.message)
+
+
+def stored_state(store: Store, run: Run) -> WorkflowState | None:
+    """What the store says of an instance this run no longer holds.
+
+    None while it is running (another engine has it): the run's watchers
+    then follow the instance in the store, whichever engine ends it.
+    """
+    row = store.get_instance(run.workflow.name, run.instance_id)
+    if row is None:
+        return Failed("the instance vanished")
+    return None if row.status == "running" else state_of(row)

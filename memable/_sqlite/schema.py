@@ -1,0 +1,301 @@
+"""The tables of a memable store, their migrations, and opening a file safely.
+
+The schema version is ``PRAGMA user_version``. Opening checks a file before
+writing anything to it: a file that is not a SQLite database, a database
+that is not a memable store, or a store of a newer version is refused and
+left byte for byte as it was. An older store is migrated in one transaction.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from collections.abc import Callable
+
+import sqlite_utils
+
+from .._errors import StorageError
+from .._store.protocol import Synchronous
+from .._store.sql.instances import INSTANCE_COLUMNS
+
+#: The schema this code writes; ``PRAGMA user_version`` of every store.
+SCHEMA_VERSION = 9
+#: Seconds a statement waits for another process's lock before failing.
+BUSY_TIMEOUT = 10.0
+
+#: Columns added after version 1 (a file must show the others before we migrate it).
+_LATER_INSTANCE_COLUMNS = (
+    "waiting_for", "owner", "status_message", "step_key", "step_started", "traceback",
+    "parent_workflow", "parent_id", "parent_key", "parent_group", "children_pending",
+    "queue", "priority", "queued_at", "recoveries", "lost_owner", "lost_step",
+)
+#: Columns every store has had since version 1: what a file must show before
+#: we migrate it.
+V1_INSTANCE_COLUMNS = {
+    c: t for c, t in INSTANCE_COLUMNS.items() if c not in _LATER_INSTANCE_COLUMNS
+}
+STEP_COLUMNS: dict[str, type] = {
+    "workflow": str,
+    "instance_id": str,
+    "key": str,
+    "seq": int,
+    "kind": str,
+    "state": str,
+    "result": str,
+    "result_type": str,
+    "status": str,
+    "error": str,
+    "attempts": int,
+    "completed_at": str,
+    "started_at": str,  # v4: when the execution that wrote the row began (its duration)
+    "traceback": str,  # v6: the traceback of a failed step's last error
+}
+#: Columns of steps since version 1.
+V1_STEP_COLUMNS = {
+    c: t for c, t in STEP_COLUMNS.items() if c not in ("started_at", "traceback")
+}
+TIMER_COLUMNS: dict[str, type] = {
+    "workflow": str, "instance_id": str, "key": str, "deadline": float,
+}
+OWNER_COLUMNS: dict[str, type] = {
+    "id": str,
+    "host": str,
+    "pid": int,
+    "heartbeat": float,  # wall clock of the last heartbeat
+    "lease": float,  # seconds the owner counts as alive after a heartbeat
+    "started_at": str,
+    # v5: where the pid is valid (see memable._store.liveness), and when that process started
+    "boot_id": str,
+    "pid_ns": str,
+    "proc_start": str,
+    # v9: what the engine runs (its workflows, and the queues it consumes with
+    # their limits), as JSON, so a tool can say why a queued instance waits
+    "declares": str,
+}
+#: Columns of owners since version 3.
+V3_OWNER_COLUMNS = {
+    c: t for c, t in OWNER_COLUMNS.items()
+    if c not in ("boot_id", "pid_ns", "proc_start", "declares")
+}
+
+
+def migrate_to_1(db: sqlite_utils.Database) -> None:
+    """Instances and their steps."""
+    db["instances"].create(  # type: ignore[union-attr]
+        V1_INSTANCE_COLUMNS,
+        pk=("workflow", "instance_id"),
+        not_null={"status", "input", "created_at", "updated_at"},
+    )
+    db["instances"].create_index(  # type: ignore[union-attr]
+        ["workflow", "created_at"], index_name="instances_by_workflow"
+    )
+    db["steps"].create(  # type: ignore[union-attr]
+        V1_STEP_COLUMNS,
+        pk=("workflow", "instance_id", "key"),
+        not_null={"seq", "kind", "state", "attempts"},
+    )
+
+
+def migrate_to_2(db: sqlite_utils.Database) -> None:
+    """Timers, and the key a suspended instance waits on."""
+    db["instances"].add_column("waiting_for", str)  # type: ignore[union-attr]
+    db["instances"].create_index(  # type: ignore[union-attr]
+        ["status"], index_name="instances_by_status"
+    )
+    db["timers"].create(  # type: ignore[union-attr]
+        TIMER_COLUMNS,
+        pk=("workflow", "instance_id", "key"),
+        not_null={"deadline"},
+    )
+    db["timers"].create_index(  # type: ignore[union-attr]
+        ["deadline"], index_name="timers_by_deadline"
+    )
+
+
+def migrate_to_3(db: sqlite_utils.Database) -> None:
+    """Owners with leases, and the owner of each running instance."""
+    db["instances"].add_column("owner", str)  # type: ignore[union-attr]
+    db["owners"].create(  # type: ignore[union-attr]
+        V3_OWNER_COLUMNS, pk="id", not_null={"host", "pid", "heartbeat", "lease"}
+    )
+
+
+def migrate_to_4(db: sqlite_utils.Database) -> None:
+    """When each step's execution began, so tools can show how long it took."""
+    db["steps"].add_column("started_at", str)  # type: ignore[union-attr]
+
+
+def migrate_to_5(db: sqlite_utils.Database) -> None:
+    """Owners say which boot and PID namespace their pid belongs to."""
+    for column in ("boot_id", "pid_ns", "proc_start"):
+        db["owners"].add_column(column, str)  # type: ignore[union-attr]
+
+
+def migrate_to_6(db: sqlite_utils.Database) -> None:
+    """What an operator sees: status message, step in flight, tracebacks."""
+    for column in ("status_message", "step_key", "step_started", "traceback"):
+        db["instances"].add_column(column, str)  # type: ignore[union-attr]
+    db["steps"].add_column("traceback", str)  # type: ignore[union-attr]
+
+
+def migrate_to_7(db: sqlite_utils.Database) -> None:
+    """Child instances know their parent; a parent counts the children it waits for."""
+    for column in ("parent_workflow", "parent_id", "parent_key", "parent_group"):
+        db["instances"].add_column(column, str)  # type: ignore[union-attr]
+    db["instances"].add_column("children_pending", int)  # type: ignore[union-attr]
+    db["instances"].create_index(  # type: ignore[union-attr]
+        ["parent_workflow", "parent_id"], index_name="instances_by_parent"
+    )
+
+
+def migrate_to_8(db: sqlite_utils.Database) -> None:
+    """Queues: an instance's queue, priority and place; the starts a rate limit counts."""
+    db["instances"].add_column("queue", str)  # type: ignore[union-attr]
+    db["instances"].add_column("priority", int)  # type: ignore[union-attr]
+    db["instances"].add_column("queued_at", str)  # type: ignore[union-attr]
+    db["instances"].create_index(  # type: ignore[union-attr]
+        ["queue", "status", "priority", "queued_at"], index_name="instances_by_queue"
+    )
+    db["queue_starts"].create(  # type: ignore[union-attr]
+        {"queue": str, "at": float}, not_null={"queue", "at"}
+    )
+    db["queue_starts"].create_index(  # type: ignore[union-attr]
+        ["queue", "at"], index_name="queue_starts_by_queue"
+    )
+
+
+def migrate_to_9(db: sqlite_utils.Database) -> None:
+    """Recoveries an instance went through; what each engine declares it runs."""
+    db["instances"].add_column("recoveries", int)  # type: ignore[union-attr]
+    db["instances"].add_column("lost_owner", str)  # type: ignore[union-attr]
+    db["instances"].add_column("lost_step", str)  # type: ignore[union-attr]
+    db["owners"].add_column("declares", str)  # type: ignore[union-attr]
+
+
+#: Migration to version N is MIGRATIONS[N - 1]; all run in the opening transaction.
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
+    migrate_to_1,
+    migrate_to_2,
+    migrate_to_3,
+    migrate_to_4,
+    migrate_to_5,
+    migrate_to_6,
+    migrate_to_7,
+    migrate_to_8,
+    migrate_to_9,
+]
+
+
+def open_store(
+    path: str | os.PathLike[str] | None, synchronous: Synchronous, *, create: bool = True
+) -> tuple[sqlite3.Connection, sqlite_utils.Database, str]:
+    """Open, check and migrate the store; return (connection, Database, its name).
+
+    With ``create=False`` an empty database is refused, untouched, instead of
+    being made a store (for tools that look at stores an engine made).
+    """
+    where = ":memory:" if path is None else os.fspath(path)
+    try:
+        conn = sqlite3.connect(
+            where, timeout=BUSY_TIMEOUT, isolation_level=None, check_same_thread=False
+        )
+    except sqlite3.Error as exc:
+        raise StorageError(f"cannot open {where} ({exc})") from exc
+    db = sqlite_utils.Database(conn)
+    try:
+        _retry_while_busy(
+            lambda: _prepare(conn, db, where, path is not None, synchronous, create)
+        )
+    except BaseException:
+        conn.close()
+        raise
+    return conn, db, where
+
+
+def _retry_while_busy(action: Callable[[], None]) -> None:
+    # Several processes opening a new file at once contend for the first
+    # write; each step here is safe to repeat, so a busy one is tried again.
+    deadline = time.monotonic() + BUSY_TIMEOUT
+    while True:
+        try:
+            return action()
+        except sqlite3.Error as exc:
+            busy = isinstance(exc, sqlite3.OperationalError) and (
+                "locked" in str(exc) or "busy" in str(exc)
+            )
+            if not busy or time.monotonic() > deadline:
+                raise StorageError(f"cannot prepare the store ({exc})") from exc
+            time.sleep(0.01)  # a short pause between attempts, not a wait on an event
+
+
+def _prepare(
+    conn: sqlite3.Connection,
+    db: sqlite_utils.Database,
+    where: str,
+    file_backed: bool,
+    synchronous: Synchronous,
+    create: bool,
+) -> None:
+    # Read-only checks first: a file that is not ours must be left byte for byte.
+    version, tables = _inspect(conn, where)
+    if version > SCHEMA_VERSION:
+        raise StorageError(
+            f"{where} has schema version {version}, newer than this memable "
+            f"understands ({SCHEMA_VERSION}); upgrade memable to open it"
+        )
+    if version == 0 and tables:
+        raise StorageError(
+            f"{where} is not a memable store (it has tables "
+            f"{', '.join(sorted(tables))} and no memable schema version)"
+        )
+    if version == 0 and not create:
+        raise StorageError(f"{where} is not a memable store (no memable schema version)")
+    if version > 0:
+        _check_columns(db, where, tables)
+    if file_backed:
+        conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute(f"PRAGMA synchronous = {synchronous.upper()}")
+    if version < SCHEMA_VERSION:
+        _migrate(conn, db)
+
+
+def _inspect(conn: sqlite3.Connection, where: str) -> tuple[int, set[str]]:
+    try:
+        # One statement, so one snapshot: read apart, another process's
+        # migration could commit in between, showing its tables without its
+        # version (and the file refused as "not a memable store").
+        rows = conn.execute(
+            "SELECT v.user_version, m.name FROM pragma_user_version AS v "
+            "LEFT JOIN sqlite_master AS m ON m.type = 'table'"
+        ).fetchall()
+    except sqlite3.OperationalError:
+        raise  # busy: the caller tries again
+    except sqlite3.DatabaseError as exc:
+        raise StorageError(f"{where} is not a SQLite database ({exc})") from exc
+    return int(rows[0][0]), {name for _, name in rows if name is not None}
+
+
+def _check_columns(db: sqlite_utils.Database, where: str, tables: set[str]) -> None:
+    for table, columns in (("instances", V1_INSTANCE_COLUMNS), ("steps", V1_STEP_COLUMNS)):
+        have = {c.name for c in db[table].columns} if table in tables else set()
+        if not set(columns) <= have:
+            raise StorageError(
+                f"{where} is not a memable store (table {table!r} is missing "
+                f"or lacks columns {', '.join(sorted(set(columns) - have))})"
+            )
+
+
+def _migrate(conn: sqlite3.Connection, db: sqlite_utils.Database) -> None:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        # Another process may have migrated while we waited for the lock.
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        for step in MIGRATIONS[version:]:
+            step(db)
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise

@@ -1,0 +1,687 @@
+"""The SQLite store: every statement memable runs against a store.
+
+One connection per engine, shared by all threads behind one lock. The
+connection is in driver autocommit mode (``isolation_level=None``) and every
+write goes through ``group_commit.GroupCommit``: writes that arrive while a
+commit is in progress share the next ``BEGIN IMMEDIATE`` ... ``COMMIT``, so a
+busy database makes them wait (busy timeout) instead of failing half way; a
+lone one-statement write runs as its own autocommit transaction. No write
+returns before its commit, and any failure rolls it back.
+sqlite-utils creates and migrates the tables (``schema``) and serves the
+reads people make (metadata, listings); the per-step hot path uses fixed SQL
+on the connection, because sqlite-utils introspects the schema on every call.
+
+Each engine is an owner: a row in ``owners`` with a heartbeat. A run claims
+its instance (``instances.owner``), and each of its writes checks, in the
+same statement or transaction, that the instance is still its own. SQLite
+serialises writers database-wide, so a check and the write it guards in one
+transaction see no other writer in between: that is how this store meets the
+guarantees ``memable._store.protocol.Store`` states.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from datetime import datetime
+from typing import Any, TypeVar
+
+import attrs
+
+from .._errors import (
+    InstanceFinished,
+    SignalRejected,
+    StorageError,
+    key_taken,
+)
+from .._records import StatusName, StepRecord
+from .._store import liveness as _liveness
+from .._store.control import LostInstance, RunCancelled
+from .._store.protocol import Synchronous
+from .._store.rows import (
+    ROWS,
+    TERMINAL,
+    Claim,
+    Claimed,
+    Ended,
+    InstanceRow,
+    Look,
+    RunSnapshot,
+    StepWrite,
+    StoredStep,
+    Suspend,
+    fired_now,
+    settled,
+    step_params,
+    step_record,
+)
+from .._store.sql import children as children_sql
+from .._store.sql import instances as shared
+from .._store.sql import owners as owners_sql
+from .._store.sql import queues as queue_sql
+from .._store.sql.reads import OperatorReads
+from . import sql
+from .group_commit import GroupCommit
+from .schema import open_store
+from .watch import run_checks
+
+T = TypeVar("T")
+
+
+class SQLiteStore(OperatorReads):
+    """A memable store in one SQLite file, or in memory when ``path`` is None."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None,
+        synchronous: Synchronous,
+        *,
+        create: bool = True,
+    ) -> None:
+        conn, db, where = open_store(path, synchronous, create=create)
+        self._where = where
+        # _lock guards _conn, _db and _closed: every use of the connection, from any thread.
+        self._lock = threading.Lock()
+        self._conn = conn
+        self._db = db
+        self._closed = False
+        # Used under _lock: which instances check_run may answer for unread.
+        self._checks = run_checks(conn, in_memory=path is None)
+        self._commits = GroupCommit(self._lock, where, self._connection, self._checks)
+        self._grouped = self._commits.write
+        #: This engine's id as an owner of instances.
+        self.owner = uuid.uuid4().hex
+        self._lease = 15.0
+        self._declares: str | None = None  # what register_owner stored, for a re-register
+
+    def _connection(self) -> sqlite3.Connection | None:
+        # Caller holds _lock.
+        return None if self._closed else self._conn
+
+    # ------------------------------------------------------------------ plumbing
+
+    @contextmanager
+    def _using(
+        self,
+        what: str,
+        workflow: str | None = None,
+        instance_id: str | None = None,
+        key: str | None = None,
+    ) -> Iterator[sqlite3.Connection]:
+        """Hold the connection; turn sqlite3 errors into StorageError naming the target."""
+        with self._lock:
+            if self._closed:
+                raise StorageError(
+                    f"cannot {what}: the store {self._where} is closed",
+                    workflow=workflow, instance_id=instance_id, key=key,
+                )
+            try:
+                yield self._conn
+            except sqlite3.Error as exc:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                raise StorageError(
+                    f"cannot {what} in {self._where} ({exc})",
+                    workflow=workflow, instance_id=instance_id, key=key,
+                ) from exc
+
+    def _owns(self, conn: sqlite3.Connection, workflow: str, instance_id: str) -> bool:
+        row = conn.execute(
+            "SELECT owner FROM instances WHERE workflow = ? AND instance_id = ?",
+            (workflow, instance_id),
+        ).fetchone()
+        return row is not None and row[0] == self.owner
+
+    # ------------------------------------------------------------------ runs
+
+    def create_instance(self, row: InstanceRow) -> bool:
+        owner = self.owner if row.status == "running" else None  # a queued one: nobody's yet
+        values = (*attrs.astuple(attrs.evolve(row, owner=owner)),)
+
+        def insert(conn: sqlite3.Connection) -> bool:
+            created = conn.execute(sql.INSERT_INSTANCE, values).rowcount == 1
+            if created and row.status == "running" and self._checks is not None:
+                self._checks.claimed(row.workflow, row.instance_id)
+            return created
+
+        where = (row.workflow, row.instance_id, None)
+        return self._grouped(
+            "create the instance", *where, insert, single=True, changes="none"
+        )
+
+    def begin_run(
+        self, workflow: str, instance_id: str, *, now: str, claim: Claim
+    ) -> RunSnapshot | None:
+
+        def claim_it(conn: sqlite3.Connection) -> RunSnapshot | None:
+            found = conn.execute(
+                f"UPDATE instances SET {shared.CLAIM_SET} "
+                "WHERE workflow = :workflow AND instance_id = :instance_id "
+                f"AND {sql.CLAIMS[claim]} RETURNING {sql.INSTANCE_RETURNING}",
+                {"me": self.owner, "at": now, "now": sql.wall_of(now), "workflow": workflow,
+                 "instance_id": instance_id},
+            ).fetchone()
+            if found is None:
+                return None
+            instance = InstanceRow(*found)
+            if instance.status == "queued":  # it waits for a slot of its queue
+                return RunSnapshot(instance, {})
+            if self._checks is not None:
+                self._checks.claimed(workflow, instance_id)
+            steps = conn.execute(sql.SELECT_RUN_STEPS, (workflow, instance_id)).fetchall()
+            return RunSnapshot(instance, {s[0]: StoredStep(*s) for s in steps})
+
+        return self._grouped(
+            "start a run", workflow, instance_id, None, claim_it, changes="none"
+        )
+
+    def save_step(self, write: StepWrite) -> None:
+        params = step_params(write, self.owner)
+
+        def store(conn: sqlite3.Connection) -> None:
+            if conn.execute(sql.UPSERT_STEP, params).rowcount == 0:
+                self._refused(conn, write)
+
+        where = (write.workflow, write.instance_id, write.key)
+        self._grouped("store the step", *where, store, single=True, changes="none")
+
+    def _refused(self, conn: sqlite3.Connection, write: StepWrite) -> None:
+        """Say why a step write matched nothing: the instance is lost, or the key taken."""
+        if not self._owns(conn, write.workflow, write.instance_id):
+            raise LostInstance(write.workflow, write.instance_id)
+        where = (write.workflow, write.instance_id, write.key)
+        row = conn.execute(sql.SELECT_STEP, where).fetchone()
+        step = None if row is None else StoredStep(*row)
+        if step is not None and step.kind != write.kind:
+            raise key_taken(write.workflow, write.instance_id, write.key, step.kind, write.kind)
+        # Else the key completed meanwhile (a timer fired): that row stands.
+
+    def check_run(self, workflow: str, instance_id: str) -> StatusName:
+        # Before every executed step: the lock and one statement, without the
+        # context manager of _using (a generator per call); no statement at
+        # all while nothing can have changed the instance (``watch``).
+        with self._lock:
+            checks = self._checks
+            if checks is not None and not self._closed and checks.known_running(
+                workflow, instance_id
+            ):
+                return "running"
+            try:
+                if self._closed:
+                    raise sqlite3.ProgrammingError("the store is closed")
+                row = self._conn.execute(sql.CHECK_RUN, (workflow, instance_id)).fetchone()
+            except sqlite3.Error as exc:
+                raise StorageError(
+                    f"cannot check the run in {self._where} ({exc})",
+                    workflow=workflow, instance_id=instance_id,
+                ) from exc
+            if row is None or row[1] != self.owner:
+                raise LostInstance(workflow, instance_id)
+            if checks is not None and row[0] == "running":
+                checks.saw_running(workflow, instance_id)
+        return row[0]  # type: ignore[no-any-return]
+
+    def set_status(self, workflow: str, instance_id: str, message: str) -> None:
+        def store(conn: sqlite3.Connection) -> None:
+            where = (message, workflow, instance_id, self.owner)
+            if conn.execute(sql.SET_STATUS, where).rowcount == 0:
+                raise LostInstance(workflow, instance_id)
+
+        where = (workflow, instance_id, None)
+        self._grouped("store the status message", *where, store, single=True, changes="none")
+
+    def record_in_flight(self, steps: list[tuple[str, str, str, str]]) -> None:
+        if not steps:
+            return
+
+        def store(conn: sqlite3.Connection) -> None:
+            for workflow, instance_id, key, started in steps:
+                conn.execute(sql.SET_IN_FLIGHT, (key, started, workflow, instance_id, self.owner))
+
+        self._grouped("record the steps in flight", None, None, None, store, changes="none")
+
+    def read_step(self, workflow: str, instance_id: str, key: str) -> StoredStep | None:
+        with self._using("read the step", workflow, instance_id, key) as conn:
+            row = conn.execute(sql.SELECT_STEP, (workflow, instance_id, key)).fetchone()
+        return None if row is None else StoredStep(*row)
+
+    def suspend(
+        self, waiting: StepWrite, message: str, deadline: float | None, now: float
+    ) -> Suspend:
+        workflow, instance_id, key = waiting.workflow, waiting.instance_id, waiting.key
+
+        def record(conn: sqlite3.Connection) -> Suspend:
+            state = conn.execute(
+                "SELECT status, owner FROM instances WHERE workflow = ? AND instance_id = ?",
+                (workflow, instance_id),
+            ).fetchone()
+            if state is None or state[1] != self.owner:
+                raise LostInstance(workflow, instance_id)
+            if state[0] != "running":  # cancelled meanwhile: arm nothing, write nothing
+                return Suspend("stopped")
+            if waiting.kind == "children":  # a group: no row of its own, a count
+                return self._suspend_on_group(conn, waiting, message)
+            stored = conn.execute(sql.SELECT_STEP, (workflow, instance_id, key)).fetchone()
+            step = None if stored is None else StoredStep(*stored)
+            if step is not None and step.kind != waiting.kind:
+                raise key_taken(workflow, instance_id, key, step.kind, waiting.kind)
+            armed = None
+            if waiting.kind == "step":  # a retry backoff: the failed row turns waiting
+                conn.execute(shared.INSERT_WAITING, step_params(waiting, self.owner))
+            ready = step is not None and settled(step.kind, step.state)
+            if not ready and deadline is not None:
+                # The first arming sets the deadline; runs after it do not move it.
+                row = conn.execute(
+                    "SELECT deadline FROM timers WHERE workflow = ? AND instance_id = ? "
+                    "AND key = ?",
+                    (workflow, instance_id, key),
+                ).fetchone()
+                armed = deadline if row is None else float(row[0])
+                if armed <= now:  # due already: fire it here, no timer thread needed
+                    if row is not None:
+                        self._fire(conn, [(workflow, instance_id, key)], waiting.at)
+                    elif waiting.kind == "step":
+                        pass  # a backoff already over: the next attempt goes on now
+                    else:  # never armed: store it fired, without touching the timers
+                        fired = step_params(fired_now(waiting), self.owner)
+                        conn.execute(sql.UPSERT_STEP, fired)
+                    ready = True
+                elif row is None:
+                    conn.execute(
+                        "INSERT INTO timers (workflow, instance_id, key, deadline) "
+                        "VALUES (?, ?, ?, ?)",
+                        (workflow, instance_id, key, deadline),
+                    )
+            if not ready and waiting.kind != "step":
+                conn.execute(shared.INSERT_WAITING, step_params(waiting, self.owner))
+            if ready:  # go on at once: the instance stays running, and ours
+                return self._go_on(conn, workflow, instance_id)
+            return self._suspended(conn, waiting, message, None, armed)
+
+        return self._grouped(
+            "record the suspension", workflow, instance_id, key, record, changes="instance"
+        )
+
+    def _suspend_on_group(
+        self, conn: sqlite3.Connection, waiting: StepWrite, message: str
+    ) -> Suspend:
+        """Suspend on the children of group ``waiting.key``, unless none is pending."""
+        workflow, instance_id = waiting.workflow, waiting.instance_id
+        prefix = f"{waiting.key}["
+        pending = conn.execute(children_sql.PENDING_IN_GROUP, {
+            "workflow": workflow, "instance_id": instance_id, "n": len(prefix),
+            "prefix": prefix,
+        }).fetchone()[0]
+        if not pending:
+            return self._go_on(conn, workflow, instance_id)
+        return self._suspended(conn, waiting, message, int(pending), None)
+
+    def _go_on(self, conn: sqlite3.Connection, workflow: str, instance_id: str) -> Suspend:
+        steps = conn.execute(sql.SELECT_RUN_STEPS, (workflow, instance_id)).fetchall()
+        instance = conn.execute(sql.SELECT_INSTANCE, (workflow, instance_id)).fetchone()
+        memo = {s[0]: StoredStep(*s) for s in steps}
+        return Suspend("ready", snapshot=RunSnapshot(InstanceRow(*instance), memo))
+
+    def _suspended(
+        self, conn: sqlite3.Connection, waiting: StepWrite, message: str,
+        pending: int | None, armed: float | None,
+    ) -> Suspend:
+        suspended = conn.execute(
+            "UPDATE instances SET status = 'suspended', message = ?, waiting_for = ?, "
+            "children_pending = ?, owner = NULL, updated_at = ? WHERE workflow = ? "
+            "AND instance_id = ? AND owner = ? AND status = 'running'",
+            (message, waiting.key, pending, waiting.at, waiting.workflow, waiting.instance_id,
+             self.owner),
+        ).rowcount
+        if not suspended:  # cancelled meanwhile
+            return Suspend("stopped")
+        return Suspend("waiting", deadline=armed)
+
+    def _fire(self, conn: sqlite3.Connection, due: list[tuple[str, str, str]], at: str) -> None:
+        for workflow, instance_id, key in due:
+            conn.execute(
+                "DELETE FROM timers WHERE workflow = ? AND instance_id = ? AND key = ?",
+                (workflow, instance_id, key),
+            )
+            conn.execute(
+                f"UPDATE steps SET {shared.FIRE_KEY.format(at=':at')} "
+                "WHERE workflow = :workflow AND instance_id = :instance_id AND key = :key "
+                f"AND {shared.FIRE_KEY_WHERE}",
+                {"at": at, "workflow": workflow, "instance_id": instance_id, "key": key},
+            )
+
+    def finish(
+        self,
+        workflow: str,
+        instance_id: str,
+        *,
+        status: StatusName,
+        message: str | None,
+        output: tuple[str, str | None] | None = None,
+        waiting_for: str | None = None,
+        traceback: str | None = None,
+        now: str,
+    ) -> Ended:
+        params = shared.finish_params(
+            workflow, instance_id, self.owner, status=status, message=message, output=output,
+            waiting_for=waiting_for, traceback=traceback, now=now,
+        )
+
+        def record(conn: sqlite3.Connection) -> Ended:
+            found = conn.execute(shared.FINISH, params).fetchone()
+            if found is None:  # cancelled meanwhile: let go of it all the same
+                conn.execute(shared.RELEASE, params).fetchall()
+                return Ended(recorded=False)
+            *parent, _ = found  # its queue: this engine's queue thread looks when the run ends
+            wake = children_sql.settle_parent(
+                conn.execute, tuple(parent), status=status, message=message, output=output,
+                at=now,
+            )
+            return Ended(wake=wake)
+
+        return self._grouped(
+            f"record the run as {status}", workflow, instance_id, None, record,
+            changes="instance",
+        )
+
+    # ------------------------------------------------------------------ from outside a run
+
+    def mark_resumable(self, workflow: str, instance_id: str, now: str) -> str:
+        def mark(conn: sqlite3.Connection) -> str:
+            status = sql.status_of(conn, workflow, instance_id)  # InstanceNotFound
+            if status == "cancelled":
+                raise InstanceFinished(workflow, instance_id, "it is cancelled")
+            conn.execute(shared.MARK_RESUMABLE,
+                         {"workflow": workflow, "instance_id": instance_id, "at": now})
+            return status
+
+        return self._grouped("mark the instance to resume", workflow, instance_id, None, mark,
+                             changes="instance")
+
+    def deliver_signal(self, write: StepWrite) -> None:
+        workflow, instance_id, key = write.workflow, write.instance_id, write.key
+
+        def deliver(conn: sqlite3.Connection) -> None:
+            status = sql.status_of(conn, workflow, instance_id)
+            if status in TERMINAL:
+                raise InstanceFinished(
+                    workflow, instance_id,
+                    f"it is {status}" + ("; resume it instead" if status == "failed" else ""),
+                )
+            stored = conn.execute(sql.SELECT_STEP, (workflow, instance_id, key)).fetchone()
+            if stored is not None:
+                step = StoredStep(*stored)
+                if step.kind != "signal":
+                    why = f"the key is a {step.kind}, not a suspend point"
+                    raise SignalRejected(workflow, instance_id, key, why)
+                if step.state == "completed":
+                    why = "the key already holds a value"
+                    raise SignalRejected(workflow, instance_id, key, why)
+                if step.state == "timed_out":
+                    why = "the suspend point timed out before it"
+                    raise SignalRejected(workflow, instance_id, key, why)
+                seq = step.seq
+            else:
+                seq = conn.execute(
+                    "SELECT COALESCE(MAX(seq), -1) + 1 FROM steps "
+                    "WHERE workflow = ? AND instance_id = ?",
+                    (workflow, instance_id),
+                ).fetchone()[0]
+            conn.execute(
+                "INSERT INTO steps (workflow, instance_id, key, seq, kind, state, result, "
+                "result_type, attempts, completed_at) "
+                "VALUES (?, ?, ?, ?, 'signal', 'completed', ?, ?, 1, ?) "
+                "ON CONFLICT (workflow, instance_id, key) DO UPDATE SET state = 'completed', "
+                "result = excluded.result, result_type = excluded.result_type, "
+                "attempts = 1, completed_at = excluded.completed_at",
+                (workflow, instance_id, key, seq, write.result, write.result_type, write.at),
+            )
+            # The signal came first: its suspend point's deadline, if any, is dropped.
+            conn.execute(
+                "DELETE FROM timers WHERE workflow = ? AND instance_id = ? AND key = ?",
+                (workflow, instance_id, key),
+            )
+
+        self._grouped(
+            "deliver the signal", workflow, instance_id, key, deliver, changes="instance"
+        )
+
+    def fire_due_timers(self, now: float, at: str) -> list[tuple[str, str, str]]:
+        with self._using("look for due timers") as conn:
+            # Most looks find nothing due: answer those without taking the write lock.
+            any_due = conn.execute("SELECT 1 FROM timers WHERE deadline <= ? LIMIT 1", (now,))
+            if any_due.fetchone() is None:
+                return []
+        # Deleting the rows claims them: of several processes, one fires each timer.
+
+        def fire(conn: sqlite3.Connection) -> list[tuple[str, str, str]]:
+            due = [
+                (w, i, k)
+                for w, i, k in conn.execute(
+                    "SELECT workflow, instance_id, key FROM timers WHERE deadline <= ?", (now,)
+                )
+            ]
+            self._fire(conn, due, at)
+            return due
+
+        return self._grouped("fire due timers", None, None, None, fire)
+
+    def purge(self, completed_before: str) -> int:
+        # Not one still owned: a run cancelled in flight stores its last step first.
+        finished = (
+            "SELECT workflow, instance_id FROM instances "
+            "WHERE status IN ('completed', 'failed', 'cancelled') AND completed_at < ? "
+            "AND owner IS NULL"
+        )
+
+        def purge_them(conn: sqlite3.Connection) -> int:
+            for table in ("steps", "timers"):
+                conn.execute(
+                    f"DELETE FROM {table} WHERE (workflow, instance_id) IN ({finished})",
+                    (completed_before,),
+                )
+            return int(
+                conn.execute(
+                    f"DELETE FROM instances WHERE (workflow, instance_id) IN ({finished})",
+                    (completed_before,),
+                ).rowcount
+            )
+
+        return self._grouped("purge finished instances", None, None, None, purge_them)
+
+    # ------------------------------------------------------------------ owners
+
+    def register_owner(self, lease: float, now: float, declares: str | None = None) -> None:
+        me = _liveness.current()
+        with self._using("register the engine as an owner") as conn:
+            conn.execute(
+                "INSERT OR REPLACE INTO owners (id, host, pid, heartbeat, lease, started_at, "
+                "boot_id, pid_ns, proc_start, declares) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (self.owner, me.host, me.pid, now, lease,
+                 datetime.fromtimestamp(now).astimezone().isoformat(),
+                 me.boot_id, me.pid_ns, me.started, declares),
+            )
+        self._lease, self._declares = lease, declares
+
+    def heartbeat(self, now: float) -> None:
+        with self._using("renew the engine's lease") as conn:
+            renewed = conn.execute(
+                "UPDATE owners SET heartbeat = ? WHERE id = ?", (now, self.owner)
+            ).rowcount
+        if not renewed:  # reaped while stalled: come back (its runs are lost already)
+            self.register_owner(self._lease, now, self._declares)
+
+    def drop_owner(self) -> None:
+        with self._using("remove the engine's owner row") as conn:
+            conn.execute("DELETE FROM owners WHERE id = ?", (self.owner,))
+
+    def look_around(self, workflows: list[str], now: float) -> Look:
+        marks = ", ".join(f":w{i}" for i in range(len(workflows)))
+        params: dict[str, Any] = {f"w{i}": w for i, w in enumerate(workflows)}
+        params.update(me=self.owner, now=now)
+        with self._using("look at the store") as conn:
+            return owners_sql.look_around(conn.execute, self.owner, workflows, marks=marks,
+                                          owner_free=shared.OWNER_FREE, params=params)
+
+    # ------------------------------------------------------------------ several instances at once
+
+    def cancel(self, workflow: str, instance_id: str, *, now: str) -> Ended:
+        def cancel_it(conn: sqlite3.Connection) -> Ended:
+            status = sql.status_of(conn, workflow, instance_id)
+            if status in ("completed", "cancelled"):
+                raise InstanceFinished(workflow, instance_id, f"it is {status}")
+            where = {"workflow": workflow, "instance_id": instance_id}
+            descendants = [
+                (w, i) for w, i in conn.execute(children_sql.DESCENDANTS, where).fetchall()
+            ]
+            # The owners stay: a run in flight stores its current step, then stops.
+            for w, i in [(workflow, instance_id), *descendants]:
+                conn.execute(
+                    "UPDATE instances SET status = 'cancelled', message = NULL, "
+                    "waiting_for = NULL, children_pending = NULL, updated_at = ?, "
+                    "completed_at = ? WHERE workflow = ? AND instance_id = ?",
+                    (now, now, w, i),
+                )
+                conn.execute("DELETE FROM timers WHERE workflow = ? AND instance_id = ?", (w, i))
+            parent = conn.execute(children_sql.PARENT_OF, where).fetchone()
+            wake = children_sql.settle_parent(
+                conn.execute, tuple(parent), status="cancelled", message="cancelled",
+                output=None, at=now,
+            )
+            return Ended(wake=wake, cancelled=descendants)
+
+        return self._commits.write(
+            "cancel the instance", workflow, instance_id, None, cancel_it, changes="any"
+        )
+
+    def claim_queued(
+        self, queue: str, workflows: list[str], *, concurrency: int | None,
+        per_process: int | None, rate: tuple[int, float] | None, clock: Callable[[], float],
+        at: str,
+        batch: int,
+    ) -> Claimed:
+        if not workflows:
+            return Claimed()
+        with self._using("look at the queue") as conn:
+            # Most looks find nothing queued: answer those without the write lock.
+            if conn.execute(queue_sql.ANY_QUEUED, {"queue": queue}).fetchone() is None:
+                return Claimed()
+
+        def take(conn: sqlite3.Connection) -> Claimed:
+            claimed = queue_sql.claim(
+                conn.execute, queue=queue, workflows=workflows, me=self.owner,
+                concurrency=concurrency, per_process=per_process, rate=rate,
+                # Read under the write lock: claims then record their starts in order.
+                now=clock(), at=at,
+                batch=batch, columns=sql.INSTANCE_RETURNING,
+                workflow_marks=", ".join(f":w{i}" for i in range(len(workflows))),
+            )
+            for snapshot in claimed.snapshots:
+                if self._checks is not None:
+                    self._checks.claimed(snapshot.instance.workflow, snapshot.instance.instance_id)
+            return claimed
+
+        return self._commits.write("claim queued instances", None, None, None, take, changes="any")
+
+    def queued(self, queue: str, workflows: list[str]) -> int:
+        if not workflows:
+            return 0
+        marks = ", ".join(f":w{i}" for i in range(len(workflows)))
+        params: dict[str, Any] = {f"w{i}": w for i, w in enumerate(workflows)}
+        with self._using("count the queued instances") as conn:
+            row = conn.execute(queue_sql.COUNT_QUEUED.format(workflows=marks),
+                               {**params, "queue": queue}).fetchone()
+        return int(row[0])
+
+    def start_children(self, waits: list[StepWrite], rows: list[InstanceRow]) -> list[str]:
+        if not rows:
+            return []
+        workflow, instance_id = waits[0].workflow, waits[0].instance_id
+
+        def start(conn: sqlite3.Connection) -> list[str]:
+            state = conn.execute(sql.CHECK_RUN, (workflow, instance_id)).fetchone()
+            if state is None or state[1] != self.owner:
+                raise LostInstance(workflow, instance_id)
+            if state[0] != "running":
+                raise RunCancelled()
+            for wait in waits:
+                conn.execute(shared.INSERT_WAITING, step_params(wait, self.owner))
+            created = [row for row in rows if conn.execute(
+                sql.INSERT_INSTANCE,
+                attrs.astuple(attrs.evolve(row, owner=self.owner if row.status == "running"
+                                           else None)),
+            ).rowcount == 1]
+            made = {row.instance_id for row in created}
+            # An id that was there must be this parent's child at this key.
+            children_sql.refuse_taken(
+                conn.execute, rows[0].workflow, (workflow, instance_id),
+                {r.instance_id: str(r.parent_key) for r in rows if r.instance_id not in made},
+            )
+            if self._checks is not None:
+                for row in created:
+                    if row.status == "running":
+                        self._checks.claimed(row.workflow, row.instance_id)
+            return [row.instance_id for row in created]
+
+        return self._commits.write(
+            "start the children", workflow, instance_id, waits[0].key, start, changes="none"
+        )
+
+    # ------------------------------------------------------------------ reads
+
+    def next_deadline(self) -> float | None:
+        with self._using("read the next timer deadline") as conn:
+            row = conn.execute("SELECT MIN(deadline) FROM timers").fetchone()
+        return None if row[0] is None else float(row[0])
+
+    def get_instance(self, workflow: str, instance_id: str) -> InstanceRow | None:
+        # Fixed SQL: Invocation.state and result() read this on every look.
+        with self._using("read the instance", workflow, instance_id) as conn:
+            row = conn.execute(sql.SELECT_INSTANCE, (workflow, instance_id)).fetchone()
+        return None if row is None else InstanceRow(*row)
+
+    def list_instances(self, workflow: str) -> list[InstanceRow]:
+        with self._using("list instances", workflow):
+            rows = list(
+                self._db["instances"].rows_where(
+                    "workflow = ?", [workflow], order_by="created_at, instance_id"
+                )
+            )
+        return [ROWS.structure(row, InstanceRow) for row in rows]
+
+    def list_steps(self, workflow: str, instance_id: str) -> list[StepRecord]:
+        with self._using("read the steps", workflow, instance_id):
+            rows = list(
+                self._db["steps"].rows_where(
+                    "workflow = ? AND instance_id = ?", [workflow, instance_id], order_by="seq"
+                )
+            )
+        return [step_record(row) for row in rows]
+
+    # ------------------------------------------------------------------ an operator's reads
+
+    def read_rows(
+        self, what: str, sql: str, params: dict[str, Any]
+    ) -> list[dict[str, Any]]:
+        """Rows of one read-only query, as dicts (``memable._store.sql.reads``)."""
+        with self._using(what) as conn:
+            cursor = conn.execute(sql, params)
+            names = [d[0] for d in cursor.description]
+            return [dict(zip(names, row, strict=True)) for row in cursor]
+
+    def listen(self, changed: Callable[[str, str | None, str | None], None] | None) -> None:
+        """Nothing to listen to: engines on one file find each other's writes by the poll."""
+
+    def session(self) -> AbstractContextManager[None]:
+        return nullcontext()  # one connection for everything already
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            if self._checks is not None:
+                self._checks.close()
+            self._conn.close()

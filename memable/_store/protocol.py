@@ -1,0 +1,279 @@
+"""The storage interface the engine speaks to, and the rows it passes.
+
+Two stores implement it: one SQLite file (``memable._sqlite``) and a
+PostgreSQL schema (``memable._postgres``). Each operation states the guarantee
+it gives atomically, without relying on SQLite's database-wide write lock
+being the only lock, so the PostgreSQL store meets the same contract with row
+locks. Only a
+store speaks SQL. What goes wrong below it reaches the engine as
+``StorageError`` (naming workflow, instance and key); the checks a store
+makes inside a transaction (a signal to a finished instance, say) raise the
+matching ``EngineError``, and the transaction writes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Literal, Protocol
+
+from .._records import StatusName, StepRecord
+from .rows import (
+    Claim,
+    Claimed,
+    Ended,
+    InstanceRow,
+    InstanceView,
+    Look,
+    OwnerRow,
+    RunSnapshot,
+    StepWrite,
+    StoredStep,
+    Suspend,
+)
+
+#: How durable a commit is when the call that made it returns: "full" survives
+#: a power cut (or a database server crash), "normal" an application crash.
+Synchronous = Literal["full", "normal"]
+
+
+class Store(Protocol):
+    """What the engine needs from a store, and what each operation guarantees.
+
+    Every method is thread-safe. Every write is atomic: all of it is
+    committed before the method returns, or none of it is and the method
+    raises. "Owned" means the instance's owner is this store's engine,
+    checked in the same transaction as the write it guards, under a lock that
+    keeps every other writer of that instance out until the commit (SQLite's
+    database write lock; row locks on a server database). A write of a run
+    that finds its instance not owned raises ``LostInstance`` and writes
+    nothing: that is the fence that keeps a stalled engine from writing after
+    another took over.
+    """
+
+    def create_instance(self, row: InstanceRow) -> bool:
+        """Insert ``row``, owned by this store's engine; False (nothing written) if it exists."""
+
+    def begin_run(
+        self, workflow: str, instance_id: str, *, now: str, claim: Claim
+    ) -> RunSnapshot | None:
+        """Claim the instance for a run of this engine, as ``claim`` allows.
+
+        Atomically: only if the claim's condition holds (see ``Claim``; a
+        live owner other than this engine never loses an instance to it),
+        mark it running and owned and read its input and steps. An instance
+        of a queue is marked queued instead (it waits for a slot; a queued
+        one keeps its place), and its snapshot says so. None, and nothing
+        written, if unknown or not claimable.
+        """
+
+    def save_step(self, write: StepWrite) -> None:
+        """Store one step outcome (completed or failed).
+
+        Atomically, only if owned (else ``LostInstance``), and only over a row
+        of the same kind that is not completed: a completed row is never
+        overwritten, and a key stored as another kind (an early signal)
+        raises ``InvalidKey`` naming it. Allowed on a cancelled instance: the
+        step in flight at a cancel stores its outcome.
+        """
+
+    def check_run(self, workflow: str, instance_id: str) -> StatusName:
+        """The instance's status, read before a step executes; ``LostInstance`` if not owned.
+
+        A store may answer without reading while it knows that nothing can
+        have changed the instance's status or owner since it last read them
+        (the SQLite store watches the WAL's commit counter); never from
+        knowledge older than the last commit of another connection.
+        """
+
+    def set_status(self, workflow: str, instance_id: str, message: str) -> None:
+        """Store the run's status message now; only if owned (else ``LostInstance``)."""
+
+    def record_in_flight(self, steps: list[tuple[str, str, str, str]]) -> None:
+        """Note, for operators, the step each run is executing: (workflow, id, key, since).
+
+        Only for instances this engine owns and runs; written at heartbeats,
+        so a step shows once it has run that long, and an entry may outlive
+        its step until the next one (readers compare it with the step's row).
+        """
+
+    def read_step(self, workflow: str, instance_id: str, key: str) -> StoredStep | None:
+        """The stored row of one key, or None."""
+
+    def suspend(
+        self, waiting: StepWrite, message: str, deadline: float | None, now: float
+    ) -> Suspend:
+        """End this engine's run at a suspend point, timer or retry backoff, in one transaction.
+
+        Only if owned (else ``LostInstance``) and still running: a cancelled
+        instance gets no waiting row and no timer ("stopped"). A key stored
+        as another kind raises ``InvalidKey``. Mark the key waiting (arming
+        the timer once, with ``deadline``) and the instance suspended and
+        unowned. A suspend point's ``deadline`` is armed the same way. If the
+        key has its outcome meanwhile (a signal arrived, or the timer or
+        deadline is due at ``now``, which fires it here: a timer completes, a
+        deadline times the key out), the instance stays running and owned
+        instead, and the steps to go on with are returned.
+        """
+
+    def deliver_signal(self, write: StepWrite) -> None:
+        """Store a signal payload as its key's completed value, atomically.
+
+        Raise InstanceNotFound, InstanceFinished (a terminal instance) or
+        SignalRejected (the key holds a value, timed out, or was reached as a
+        step or a timer), writing nothing, when the instance cannot take it.
+        The key's deadline, if armed, is dropped in the same transaction: of
+        a signal and a deadline firing at once, exactly one takes the key.
+        """
+
+    def mark_resumable(self, workflow: str, instance_id: str, now: str) -> str:
+        """Mark a failed, suspended or completed instance ready to run again, atomically, for
+        an engine's next look (``memable resume``: no engine here); return the status it had.
+
+        It is stored suspended and ready (``children_pending`` 0, which every
+        poll runs on, as after ``release``) and nobody's; a running or queued
+        one is left as it is. Raise InstanceNotFound, or InstanceFinished for a
+        Cancelled one (writing nothing).
+        """
+
+    def fire_due_timers(self, now: float, at: str) -> list[tuple[str, str, str]]:
+        """Claim every timer due at ``now`` and complete its key; return (workflow, id, key)s.
+
+        Atomically per call: a timer is fired (its row deleted, a timer key
+        completed, a suspend point that holds no signal yet timed out) by
+        exactly one caller across every engine on the store. A due retry
+        backoff is deleted and returned; its step stays as it is.
+        """
+
+    def next_deadline(self) -> float | None:
+        """The earliest armed timer deadline, or None."""
+
+    def finish(
+        self,
+        workflow: str,
+        instance_id: str,
+        *,
+        status: StatusName,
+        message: str | None,
+        output: tuple[str, str | None] | None = None,
+        waiting_for: str | None = None,
+        traceback: str | None = None,
+        now: str,
+    ) -> Ended:
+        """Record how this engine's run ended, and release the instance, atomically.
+
+        Only while owned and running; not recorded (only the release written)
+        if the instance is no longer running under this engine: cancelled
+        meanwhile, or taken over. The end of a child (a terminal ``status``)
+        settles its parent's step in the same transaction (the output, or the
+        failure) and, if that was what the parent waited for (the key, or the
+        last pending child of its group), names the parent to ``wake``.
+        """
+
+    def cancel(self, workflow: str, instance_id: str, *, now: str) -> Ended:
+        """Mark the instance and its descendants that have not ended Cancelled, atomically.
+
+        Their timers are dropped. The owners stay, so a run in flight can
+        store its current step; every later write that would carry a run on
+        is refused. A cancelled child settles its parent's step as failed
+        (and may name the parent to ``wake``, as ``finish`` does). Raise
+        InstanceNotFound, or InstanceFinished for a Completed or Cancelled one
+        (writing nothing).
+        """
+
+    def claim_queued(
+        self, queue: str, workflows: list[str], *, concurrency: int | None,
+        per_process: int | None, rate: tuple[int, float] | None, clock: Callable[[], float],
+        at: str,
+        batch: int,
+    ) -> Claimed:
+        """Claim up to ``batch`` queued instances of ``queue`` (of ``workflows``), atomically.
+
+        Next by priority, then by when they became runnable; no more than
+        the queue's limits let start now: ``concurrency`` running instances
+        of the queue in all, ``per_process`` of this engine's, ``rate =
+        (count, period)`` claims in any window of ``period`` seconds, by the
+        database's clock where there is one, else by ``clock`` read inside the
+        transaction (so starts are recorded in the order they commit). The count and the claim are
+        one transaction that every other claimer of the queue waits for; a
+        claimed instance is marked running and owned by this engine in it.
+        """
+
+    def queued(self, queue: str, workflows: list[str]) -> int:
+        """How many instances of ``workflows`` wait in ``queue``."""
+
+    def start_children(self, waits: list[StepWrite], rows: list[InstanceRow]) -> list[str]:
+        """Record a parent's child steps as waiting and create the children, atomically.
+
+        ``waits`` are the parent's rows (kind ``"child"``), ``rows`` the
+        children, owned by this engine. Only if the parent is owned (else
+        ``LostInstance``) and running (cancelled: ``RunCancelled``, nothing
+        written). A child id that exists is left as it was, so a parent that
+        crashed after starting a child never makes a second. Return the ids
+        of the children created.
+        """
+
+    def purge(self, completed_before: str) -> int:
+        """Delete terminal, unowned instances completed before then, with steps and timers."""
+
+    def register_owner(self, lease: float, now: float, declares: str | None = None) -> None:
+        """Record this engine as an owner on the store, alive for ``lease`` seconds, with what
+        it ``declares`` it runs (``_queues.Declarations`` JSON)."""
+
+    def heartbeat(self, now: float) -> None:
+        """Renew this engine's lease (and its owner row, if someone reaped it)."""
+
+    def drop_owner(self) -> None:
+        """Remove this engine's owner row (at stop; it runs nothing any more)."""
+
+    def look_around(self, workflows: list[str], now: float) -> Look:
+        """What other processes changed, for these workflows.
+
+        Owners in this process's PID namespace whose process is gone (or a
+        zombie) are reaped first; owners elsewhere only by their lease.
+        """
+
+    def get_instance(self, workflow: str, instance_id: str) -> InstanceRow | None:
+        """The instance's row, or None."""
+
+    def list_instances(self, workflow: str) -> list[InstanceRow]:
+        """Every instance of ``workflow``, oldest first."""
+
+    def list_steps(self, workflow: str, instance_id: str) -> list[StepRecord]:
+        """The instance's stored keys, in the order first reached."""
+
+    # Reads an operator makes (``memable list``, ``show``, ``signal``); see ``sql.reads``.
+
+    def list_view(
+        self, workflow: str | None, status: str | None
+    ) -> list[tuple[InstanceRow, OwnerRow | None]]:
+        """Instances oldest first, optionally of one workflow and in one status, each with
+        its owner's row while it runs."""
+
+    def inspect(self, workflow: str, instance_id: str) -> InstanceView | None:
+        """One instance with its owner, steps, timers and awaited signals; None if unknown."""
+
+    def workflows(self) -> list[str]:
+        """The names of the workflows the store has instances of."""
+
+    def awaited_signals(self, workflow: str, instance_id: str) -> list[str]:
+        """The suspend points the instance waits on now (none once it finished)."""
+
+    def listen(self, changed: Callable[[str, str | None, str | None], None] | None) -> None:
+        """Tell ``changed(kind, workflow, instance_id)`` what other engines write, as they do.
+
+        kind: "signal", "cancel", "timer" (armed), or "poll" (anything:
+        look at the store; workflow and id None). None stops listening. A
+        store that cannot tell (SQLite: the engines on one file are found by
+        the poll) does nothing; the poll stays the safety net either way.
+        """
+
+    def session(self) -> AbstractContextManager[None]:
+        """Within (one run, on its thread): the thread's operations may share one connection.
+
+        A store whose operations each take a connection from a pool holds one
+        for the whole run instead; the SQLite store has one connection anyway.
+        """
+
+    def close(self) -> None:
+        """Release the store; later calls raise ``StorageError``."""

@@ -1,0 +1,266 @@
+"""The rows a store passes to the engine and takes from it: frozen attrs records
+with no I/O, and their conversions to the public records and to SQL parameters.
+
+The operations that pass them, each with its guarantee, are the store
+protocol's (``memable._store.protocol``).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+import attrs
+import cattrs
+
+from .._records import (
+    MetadataStatus,
+    StatusName,
+    StepKind,
+    StepRecord,
+    StepState,
+    WorkflowMetadata,
+)
+
+
+def utcnow() -> datetime:
+    """The wall clock as an aware UTC datetime (freezegun moves it in tests)."""
+    return datetime.now(timezone.utc)
+
+
+@attrs.frozen
+class InstanceRow:
+    """One row of the ``instances`` table; timestamps are ISO 8601 text."""
+
+    workflow: str
+    instance_id: str
+    status: StatusName
+    message: str | None
+    input: str
+    input_type: str | None
+    output: str | None
+    output_type: str | None
+    created_at: str
+    updated_at: str
+    completed_at: str | None
+    waiting_for: str | None = None
+    owner: str | None = None
+    status_message: str | None = None
+    step_key: str | None = None
+    step_started: str | None = None
+    traceback: str | None = None
+    parent_workflow: str | None = None
+    parent_id: str | None = None
+    parent_key: str | None = None
+    parent_group: str | None = None
+    children_pending: int | None = None
+    queue: str | None = None
+    priority: int | None = None
+    queued_at: str | None = None
+    recoveries: int | None = None
+    lost_owner: str | None = None
+    lost_step: str | None = None
+
+
+@attrs.frozen
+class OwnerRow:
+    """One row of ``owners``: an engine, where it runs, and its lease."""
+
+    id: str
+    host: str
+    pid: int
+    heartbeat: float  # seconds since the epoch of its last heartbeat
+    lease: float
+    boot_id: str | None
+    pid_ns: str | None
+    proc_start: str | None
+    #: What it runs, as ``_queues.Declarations`` JSON (None: an engine older than v9).
+    declares: str | None = None
+
+
+@attrs.frozen
+class QueueLook:
+    """Where a queued instance stands in its queue, read by ``Store.inspect``."""
+
+    position: int  # 1 for the next to start, by priority and then runnable time
+    #: The queue's instances that hold a slot, counted by owner.
+    running: dict[str, int]
+    starts: list[float]  # the claims a rate limit counts (epoch seconds), oldest first
+    #: Owners whose lease has not ended, each with what it declares it runs.
+    live: list[OwnerRow]
+    now: float  # the clock ``live`` was judged by
+
+
+@attrs.frozen
+class InstanceView:
+    """What ``memable show`` needs of one instance, read by ``Store.inspect``."""
+
+    instance: InstanceRow
+    owner: OwnerRow | None  # the row of ``instance.owner``, if it still has one
+    #: Its steps in order, as dicts of the ``steps`` columns an operator sees.
+    steps: list[dict[str, Any]]
+    timers: list[tuple[str, float]]  # (key, deadline) of each pending timer
+    awaiting: list[str]  # the suspend points it waits on now
+    #: Its children, oldest first: (workflow, instance_id, status).
+    children: list[tuple[str, str, str]] = attrs.Factory(list)
+    #: For a queued instance, where it stands in its queue.
+    queue: QueueLook | None = None
+
+
+@attrs.frozen
+class StoredStep:
+    """What a run needs to know of one stored key."""
+
+    key: str
+    seq: int
+    kind: StepKind
+    state: StepState
+    result: str | None
+    result_type: str | None
+    status: str | None
+    attempts: int
+
+
+@attrs.frozen
+class StepWrite:
+    """The outcome of one step execution, to be stored in one transaction."""
+
+    workflow: str
+    instance_id: str
+    key: str
+    seq: int
+    #: "children": a wait on a group of children (``ctx.children``), which has no row.
+    kind: StepKind | Literal["children"]
+    state: StepState
+    result: str | None
+    result_type: str | None
+    status: str | None
+    error: str | None
+    at: str
+    #: When the execution that produced this outcome began (None for signals, waits).
+    started: str | None = None
+    #: The traceback of a failed execution's error.
+    traceback: str | None = None
+
+
+@attrs.frozen
+class RunSnapshot:
+    """Everything a run reads before it starts, read in one go."""
+
+    instance: InstanceRow
+    steps: dict[str, StoredStep]
+
+
+#: The statuses an instance ends in (a store stamps ``completed_at`` on reaching one).
+TERMINAL: tuple[StatusName, ...] = ("completed", "failed", "cancelled")
+#: The states of a key a wait has its outcome in: a value, or a deadline passed.
+SETTLED: tuple[StepState, ...] = ("completed", "timed_out")
+
+
+def settled(kind: str, state: str) -> bool:
+    """Whether a wait on a key of ``kind`` in ``state`` is over (a child's failure ends it).
+
+    >>> settled("signal", "timed_out"), settled("child", "failed"), settled("step", "failed")
+    (True, True, False)
+    """
+    return state in SETTLED or (kind == "child" and state == "failed")
+
+#: How a run may claim an instance: the user's resume (anything not cancelled
+#: and not run by a live owner), a timer or signal (only a suspended one), or
+#: recovery (only a running one whose owner is dead).
+Claim = Literal["resume", "wake", "recover"]
+
+
+@attrs.frozen
+class Suspend:
+    """How recording a suspension went."""
+
+    #: "waiting", "ready" (the key completed: run again with ``snapshot``),
+    #: or "stopped" (the instance is no longer running under this engine).
+    outcome: Literal["waiting", "ready", "stopped"]
+    deadline: float | None = None  # the timer's armed deadline, when waiting on one
+    snapshot: RunSnapshot | None = None
+
+
+@attrs.frozen
+class Ended:
+    """How recording the end of a run (``Store.finish``) or a cancel went."""
+
+    #: Whether the end was recorded (False: the instance was no longer this run's).
+    recorded: bool = True
+    #: The parent this end made ready to go on (it waited for this child): wake it.
+    wake: tuple[str, str] | None = None
+    #: Descendants a cancel cancelled with the instance (their runs stop too).
+    cancelled: list[tuple[str, str]] = attrs.Factory(list)
+
+
+@attrs.frozen
+class Claimed:
+    """What one claim on a queue took, and when its rate limit lets more start."""
+
+    snapshots: list[RunSnapshot] = attrs.Factory(list)
+    #: Seconds until the rate window has room again (None: the rate does not hold it back).
+    retry_in: float | None = None
+
+
+@attrs.frozen
+class Look:
+    """What a poll of the store found (see ``Store.look_around``)."""
+
+    #: Suspended instances whose awaited key completed (or whose retry backoff ended).
+    ready: list[tuple[str, str]] = attrs.Factory(list)
+    #: Running instances whose owner is dead.
+    orphaned: list[tuple[str, str]] = attrs.Factory(list)
+    #: Instances this engine owns that were cancelled.
+    cancelled: list[tuple[str, str]] = attrs.Factory(list)
+    #: Running instances this engine owns (the runner recovers those it no longer runs).
+    mine: list[tuple[str, str]] = attrs.Factory(list)
+
+
+def metadata_of(row: InstanceRow) -> WorkflowMetadata:
+    """Build the public ``WorkflowMetadata`` of an instance row."""
+    return WorkflowMetadata(
+        status=MetadataStatus.from_row(row.status, row.message),
+        created_at=datetime.fromisoformat(row.created_at),
+        updated_at=datetime.fromisoformat(row.updated_at),
+        completed_at=datetime.fromisoformat(row.completed_at) if row.completed_at else None,
+        parent=(
+            None if row.parent_workflow is None or row.parent_id is None
+            else (row.parent_workflow, row.parent_id)
+        ),
+        status_message=row.status_message,
+    )
+
+
+#: Structures stored rows (dicts of column values) into records.
+ROWS = cattrs.Converter()
+ROWS.register_structure_hook(datetime, lambda value, _: datetime.fromisoformat(value))
+
+
+def step_record(row: dict[str, Any]) -> StepRecord:
+    """The public ``StepRecord`` of one stored ``steps`` row (a dict of its columns)."""
+    row = dict(row)
+    row["result"] = json.loads(row["result"]) if row["state"] == "completed" else None
+    return ROWS.structure(row, StepRecord)
+
+
+def fired_now(waiting: StepWrite) -> StepWrite:
+    """A timer's or deadline's waiting row as it is once due: completed, or timed out."""
+    if waiting.kind == "signal":
+        return attrs.evolve(waiting, state="timed_out", result=None)
+    return attrs.evolve(waiting, state="completed", result="null")
+
+
+def step_params(write: StepWrite, owner: str) -> dict[str, Any]:
+    """The named parameters of UPSERT_STEP and INSERT_WAITING for ``write`` by ``owner``."""
+    return {
+        "workflow": write.workflow, "instance_id": write.instance_id, "key": write.key,
+        "seq": write.seq, "kind": write.kind, "state": write.state,
+        "result": write.result, "result_type": write.result_type,
+        "status": write.status, "error": write.error,
+        "completed_at": write.at if write.state == "completed" else None,
+        "started_at": write.started,
+        "traceback": write.traceback,
+        "me": owner,
+    }

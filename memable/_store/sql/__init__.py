@@ -1,0 +1,9 @@
+"""The SQL both stores run, written once with ``:name`` parameters.
+
+Instances and their keys (``instances``: claims, waiting rows, firing a
+timer, readiness), queues (``queues``), children (``children``, with ``pg``,
+which rewrites ``:name`` parameters for PostgreSQL) and the reads an operator
+makes (``reads``). Text and row conversions only: the stores execute it.
+
+May import: ``memable._store`` and the value modules.
+"""

@@ -1,0 +1,138 @@
+"""The SQL of child instances, shared by both stores (``:name`` parameters; the
+PostgreSQL store rewrites them with ``execute.pg``).
+
+A child instance row names its parent (``parent_workflow``, ``parent_id``),
+the key of its step in the parent (``parent_key``, kind ``"child"``) and,
+for ``ctx.children``, the group key (``parent_group``). A parent suspended on
+a group keeps in ``children_pending`` how many of the group's children it
+still waits for; the transaction that ends a child settles the parent's step
+and counts it down, so the last child's end finds the parent ready.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..._errors import ChildIdTaken
+from .execute import Execute
+
+#: A child instance: its parent's columns, read before the parent's row is locked.
+PARENT_OF = (
+    "SELECT parent_workflow, parent_id, parent_key, parent_group FROM instances "
+    "WHERE workflow = :workflow AND instance_id = :instance_id"
+)
+#: Locks the parent's row until the child's end commits (PostgreSQL).
+LOCK_PARENT = (
+    "SELECT 1 FROM instances WHERE workflow = :parent_workflow AND instance_id = :parent_id "
+    "FOR UPDATE"
+)
+#: The state of the parent's step for a child (None if the parent has no such row).
+PARENT_STEP = (
+    "SELECT state FROM steps WHERE workflow = :parent_workflow "
+    "AND instance_id = :parent_id AND key = :parent_key AND kind = 'child'"
+)
+#: The child's end, written into its parent's step: its output, or its failure
+#: (``result`` NULL: the parent has not been told yet; see ``TOLD``).
+SETTLE_PARENT_STEP = """
+UPDATE steps SET state = :state, result = :result, result_type = :result_type,
+    error = :error, attempts = attempts + 1, completed_at = :completed_at
+WHERE workflow = :parent_workflow AND instance_id = :parent_id AND key = :parent_key
+AND kind = 'child' AND state <> 'completed'
+"""
+#: What a parent's failed child step holds once the parent has raised ChildFailed for it.
+TOLD = "told"
+#: One child of the group the parent waits on has ended: count it down.
+COUNT_DOWN = """
+UPDATE instances SET children_pending = children_pending - 1
+WHERE workflow = :parent_workflow AND instance_id = :parent_id AND status = 'suspended'
+AND waiting_for = :parent_group AND children_pending > 0
+RETURNING children_pending
+"""
+#: Whether the parent is suspended on exactly this child's key.
+WAITS_ON_KEY = """
+SELECT 1 FROM instances WHERE workflow = :parent_workflow AND instance_id = :parent_id
+AND status = 'suspended' AND waiting_for = :parent_key
+"""
+#: The instance and every descendant of it that has not ended (for a cascading cancel).
+DESCENDANTS = """
+WITH RECURSIVE family(workflow, instance_id) AS (
+    SELECT workflow, instance_id FROM instances
+    WHERE parent_workflow = :workflow AND parent_id = :instance_id
+    UNION
+    SELECT i.workflow, i.instance_id FROM instances AS i JOIN family AS f
+    ON i.parent_workflow = f.workflow AND i.parent_id = f.instance_id)
+SELECT i.workflow, i.instance_id FROM instances AS i JOIN family AS f
+ON i.workflow = f.workflow AND i.instance_id = f.instance_id
+WHERE i.status NOT IN ('completed', 'failed', 'cancelled')
+"""
+#: How many children of one group the parent still waits for: its keys start with
+#: ``:prefix`` (``"{group}["``), ``:n`` characters (compared as characters, so no
+#: collation or LIKE pattern is involved).
+PENDING_IN_GROUP = """
+SELECT count(*) FROM steps WHERE workflow = :workflow AND instance_id = :instance_id
+AND kind = 'child' AND state = 'waiting' AND substr(key, 1, :n) = :prefix
+"""
+
+
+def refuse_taken(
+    execute: Execute, workflow: str, parent: tuple[str, str], keys: dict[str, str]
+) -> None:
+    """Raise ``ChildIdTaken`` if a child id of ``keys`` (child id -> the parent's key) that
+    was not created belongs to an instance other than ``parent``'s child at that key.
+
+    Called in the transaction that created the others, so raising rolls it all back.
+    """
+    for child_id, key in keys.items():
+        found = execute(PARENT_OF, {"workflow": workflow, "instance_id": child_id}).fetchone()
+        holder = None if found is None or found[0] is None else (found[0], found[1], found[2])
+        if holder != (*parent, key):
+            raise ChildIdTaken(parent[0], parent[1], key, workflow, holder)
+
+
+def settle_parent(
+    execute: Execute,
+    parent: tuple[Any, Any, Any, Any],
+    *,
+    status: str,
+    message: str | None,
+    output: tuple[str, str | None] | None,
+    at: str,
+    lock: str | None = None,
+) -> tuple[str, str] | None:
+    """Write a child's end (``status``) into its parent's step; the parent to wake, if any.
+
+    ``parent`` is the child's (parent_workflow, parent_id, parent_key,
+    parent_group), all None for an instance that is no child. Only a step
+    that waited counts: the parent is ready when it waits on this key, or
+    when this was the last pending child of the group it waits on.
+
+    ``lock`` locks the parent's row first, where the database does not lock
+    it whole (PostgreSQL: ``LOCK_PARENT``): a parent recording its suspension
+    holds that lock while it counts what it waits for, so either it sees this
+    end, or this end sees it suspended and counts itself down.
+    """
+    parent_workflow, parent_id, parent_key, parent_group = parent
+    if parent_workflow is None or status not in ("completed", "failed", "cancelled"):
+        return None
+    where = {"parent_workflow": parent_workflow, "parent_id": parent_id,
+             "parent_key": parent_key, "parent_group": parent_group}
+    if lock is not None:
+        execute(lock, where)
+    before = execute(PARENT_STEP, where).fetchone()
+    if before is None or before[0] == "completed":
+        return None
+    text, tag = output if output is not None else (None, None)
+    done = status == "completed"
+    execute(SETTLE_PARENT_STEP, {
+        **where, "state": "completed" if done else "failed", "result": text if done else None,
+        "result_type": tag if done else None, "completed_at": at if done else None,
+        "error": None if done else (message or status),
+    })
+    if before[0] != "waiting":
+        return None
+    if parent_group is not None:
+        left = execute(COUNT_DOWN, where).fetchone()
+        ready = left is not None and left[0] == 0
+    else:
+        ready = execute(WAITS_ON_KEY, where).fetchone() is not None
+    return (parent_workflow, parent_id) if ready else None

@@ -1,0 +1,180 @@
+"""The SQL of instances and their keys that both stores run (``:name`` parameters; the
+PostgreSQL store rewrites them with ``children.pg``, or fills in its own marks).
+
+What a claim writes, a step's waiting row, what firing a due timer does to
+its key, which suspended instances are ready to go on, and ``memable
+resume``'s mark: the same rules, written once, on either store.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..rows import TERMINAL
+
+#: The columns of an instance row, in ``InstanceRow``'s order, with their types.
+INSTANCE_COLUMNS: dict[str, type] = {
+    "workflow": str,
+    "instance_id": str,
+    "status": str,
+    "message": str,
+    "input": str,
+    "input_type": str,
+    "output": str,
+    "output_type": str,
+    "created_at": str,
+    "updated_at": str,
+    "completed_at": str,
+    "waiting_for": str,  # v2: the signal or timer key a suspended instance waits on
+    "owner": str,  # v3: the engine running the instance (owners.id), NULL when none
+    # v6: what an operator sees of a run: the status message last set, the
+    # step in flight (written at the owner's heartbeat) and since when, and
+    # the traceback of a failure
+    "status_message": str,
+    "step_key": str,
+    "step_started": str,
+    "traceback": str,
+    # v7: the parent of a child instance (its workflow, id, the key of its step
+    # in the parent, and the group of ``ctx.children`` it belongs to), and how
+    # many children a parent suspended on a group still waits for
+    "parent_workflow": str,
+    "parent_id": str,
+    "parent_key": str,
+    "parent_group": str,
+    "children_pending": int,
+    # v8: the queue an instance runs through, its priority (lower first) and
+    # when it became runnable there
+    "queue": str,
+    "priority": int,
+    "queued_at": str,
+    # v9: how often the instance was taken over from a dead owner, the last such
+    # owner and the step it had in flight (its executions lost with it)
+    "recoveries": int,
+    "lost_owner": str,
+    "lost_step": str,
+}
+
+# An instance is free to claim when nobody runs it, or its owner's lease ran out.
+OWNER_FREE = """(
+    instances.owner IS NULL OR instances.owner = :me OR NOT EXISTS (
+        SELECT 1 FROM owners WHERE owners.id = instances.owner
+        AND owners.heartbeat + owners.lease >= :now))"""
+
+# A claim that takes a running instance from another owner (dead: the claim's
+# WHERE says so) recovers it; the expressions of one UPDATE see the old row.
+_RECOVERED = "status = 'running' AND owner IS NOT NULL AND owner <> :me"
+# What a claim writes: running and owned; an instance of a queue instead
+# waits for a slot (queued, nobody's; a queued or recovered one keeps its
+# place). A recovery is counted, with the dead owner (cleared by any other
+# claim: set, it says this claim recovered the instance) and the step it had
+# in flight, if that never completed (its execution was lost with it).
+CLAIM_SET = f"""status = CASE WHEN queue IS NULL THEN 'running' ELSE 'queued' END,
+    owner = CASE WHEN queue IS NULL THEN :me END,
+    queued_at = CASE WHEN queue IS NULL OR status IN ('queued', 'running') THEN queued_at
+        ELSE :at END,
+    recoveries = CASE WHEN {_RECOVERED} THEN COALESCE(recoveries, 0) + 1 ELSE recoveries END,
+    lost_owner = CASE WHEN {_RECOVERED} THEN owner END,
+    lost_step = CASE WHEN {_RECOVERED} THEN (SELECT instances.step_key WHERE NOT EXISTS (
+        SELECT 1 FROM steps AS done WHERE done.workflow = instances.workflow
+        AND done.instance_id = instances.instance_id AND done.key = instances.step_key
+        AND done.state = 'completed')) ELSE lost_step END,
+    message = NULL, waiting_for = NULL, updated_at = :at, completed_at = NULL,
+    traceback = NULL, step_key = NULL, step_started = NULL, children_pending = NULL"""
+OWNED = (
+    "EXISTS (SELECT 1 FROM instances WHERE workflow = :workflow "
+    "AND instance_id = :instance_id AND owner = :me)"
+)
+
+# A waiting row marks a suspend point or timer reached, or a step waiting out a
+# retry backoff (its failed row turns waiting, ``result`` holding the attempt
+# number the backoff follows). It never replaces a row of another kind.
+INSERT_WAITING = f"""
+INSERT INTO steps (workflow, instance_id, key, seq, kind, state, result, status, attempts)
+SELECT :workflow, :instance_id, :key, :seq, :kind, 'waiting', :result, :status, 0
+WHERE {OWNED}
+ON CONFLICT (workflow, instance_id, key) DO UPDATE SET
+    state = 'waiting', result = excluded.result
+WHERE steps.state = 'failed' AND steps.kind = excluded.kind
+"""
+
+# What firing a due timer row does to its key: a timer completes; a suspend
+# point's deadline times it out, unless a signal completed it first; a step's
+# retry backoff only ends (the run makes the next attempt). ``{at}`` is the
+# parameter holding the time.
+FIRE_KEY = """state = CASE kind WHEN 'timer' THEN 'completed' ELSE 'timed_out' END,
+    result = CASE kind WHEN 'timer' THEN 'null' END, result_type = NULL,
+    attempts = CASE kind WHEN 'timer' THEN attempts + 1 ELSE attempts END,
+    completed_at = CASE kind WHEN 'timer' THEN {at} END"""
+FIRE_KEY_WHERE = "state NOT IN ('completed', 'timed_out') AND kind IN ('timer', 'signal')"
+
+#: A key whose wait is over (as ``memable._store.rows.settled`` says): a value, a deadline
+#: passed, a child that ended failed.
+SETTLED = (
+    "(steps.state IN ('completed', 'timed_out') "
+    "OR (steps.kind = 'child' AND steps.state = 'failed'))"
+)
+# Suspended instances whose awaited key has its outcome, or whose retry backoff ended
+# (its timer row is gone), or whose group of children has all ended, among the
+# workflows named by the ``marks`` parameters.
+LOOK_READY = f"""
+SELECT instances.workflow, instances.instance_id FROM instances JOIN steps
+ON steps.workflow = instances.workflow AND steps.instance_id = instances.instance_id
+AND steps.key = instances.waiting_for
+WHERE instances.status = 'suspended' AND ({SETTLED} OR (
+    steps.kind = 'step' AND NOT EXISTS (SELECT 1 FROM timers
+    WHERE timers.workflow = steps.workflow AND timers.instance_id = steps.instance_id
+    AND timers.key = steps.key)))
+AND instances.workflow IN ({{marks}})
+UNION
+SELECT workflow, instance_id FROM instances
+WHERE status = 'suspended' AND children_pending = 0 AND workflow IN ({{marks}})
+"""
+#: The end of a run, recorded if the instance is still this engine's and running; it
+#: names the parent (of a child) and the queue (whose slot it frees). A run released
+#: at a wait it may go past (the engine stopped) is left ready, for the poll.
+FINISH = """
+UPDATE instances SET status = :status, message = :message, output = :output,
+    output_type = :output_type, waiting_for = :waiting_for, owner = NULL, updated_at = :at,
+    completed_at = :completed_at, traceback = :traceback, step_key = NULL, step_started = NULL,
+    children_pending = CASE WHEN :status = 'suspended' THEN 0 END
+WHERE workflow = :workflow AND instance_id = :instance_id AND owner = :me
+AND status = 'running'
+RETURNING parent_workflow, parent_id, parent_key, parent_group, queue
+"""
+#: A run that stopped on a cancel lets go of its instance (and of its queue's slot).
+RELEASE = """
+UPDATE instances SET owner = NULL
+WHERE workflow = :workflow AND instance_id = :instance_id AND owner = :me
+RETURNING queue
+"""
+
+
+def finish_params(
+    workflow: str, instance_id: str, owner: str, *, status: str, message: str | None,
+    output: tuple[str, str | None] | None, waiting_for: str | None, traceback: str | None,
+    now: str,
+) -> dict[str, Any]:
+    """The parameters of ``FINISH`` (and ``RELEASE``) for a run of ``owner`` ending so.
+
+    >>> finish_params("wf", "i", "me", status="completed", message=None, output=("1", None),
+    ...               waiting_for=None, traceback=None, now="T")["completed_at"]
+    'T'
+    """
+    text, tag = output if output is not None else (None, None)
+    return {
+        "workflow": workflow, "instance_id": instance_id, "me": owner, "status": status,
+        "message": message, "output": text, "output_type": tag, "waiting_for": waiting_for,
+        "at": now, "traceback": traceback,
+        "completed_at": now if status in TERMINAL else None,
+    }
+
+
+# ``memable resume``: ready for the next poll of an engine that runs it (see
+# Store.mark_resumable); a running or queued instance is left as it is.
+MARK_RESUMABLE = """
+UPDATE instances SET status = 'suspended', message = 'resumed from the command line',
+    waiting_for = NULL, children_pending = 0, owner = NULL, completed_at = NULL,
+    traceback = NULL, updated_at = :at
+WHERE workflow = :workflow AND instance_id = :instance_id
+AND status IN ('failed', 'suspended', 'completed')
+"""

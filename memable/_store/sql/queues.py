@@ -1,0 +1,125 @@
+"""The SQL of queues, shared by both stores (``:name`` parameters; see ``execute.pg``).
+
+A queued instance has ``status = 'queued'``, no owner, its ``queue``,
+``priority`` and ``queued_at`` (when it became runnable). Claiming takes the
+next ones, by priority then ``queued_at``, within the queue's limits, and
+marks them running and owned in the transaction that counted: SQLite's
+write lock, or on PostgreSQL a transaction-scoped advisory lock per queue,
+keeps any other claimer of the queue out between the count and the claim.
+A cancelled instance holds its slot until its run has stopped (see ``RUNNING``).
+Under a rate limit each claim is a row of ``queue_starts``, which the limit
+counts; a claim forgets the rows older than the limit's period.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..rows import Claimed, InstanceRow, RunSnapshot, StoredStep
+from .execute import Execute
+
+# A cancelled instance whose run has not stopped yet (a cancel leaves the owner;
+# the run's end clears it) holds its slot, unless that owner is dead (its lease ran
+# out by ``:now``, or its row was reaped): nobody else clears that owner.
+_CANCELLED_HOLDING = """status = 'cancelled' AND EXISTS (
+    SELECT 1 FROM owners WHERE owners.id = instances.owner
+    AND owners.heartbeat + owners.lease >= :now)"""
+#: Which of a queue's instances hold a slot, judged at ``:now`` (what ``RUNNING``
+#: counts; for ``memable show``'s "why it waits").
+HOLDS_SLOT = f"(status = 'running' OR ({_CANCELLED_HOLDING}))"
+ANY_QUEUED = (
+    "SELECT 1 FROM instances WHERE status = 'queued' AND queue = :queue LIMIT 1"
+)
+COUNT_QUEUED = (
+    "SELECT count(*) FROM instances WHERE status = 'queued' AND queue = :queue "
+    "AND workflow IN ({workflows})"
+)
+# The slots taken (``HOLDS_SLOT``), counted as two index range reads (queue, status).
+RUNNING = f"""
+SELECT (SELECT count(*) FROM instances WHERE queue = :queue AND status = 'running')
+    + (SELECT count(*) FROM instances WHERE queue = :queue AND {_CANCELLED_HOLDING})
+"""
+RUNNING_MINE = (
+    "SELECT count(*) FROM instances WHERE queue = :queue "
+    "AND status IN ('running', 'cancelled') AND owner = :me"
+)
+FORGET_STARTS = "DELETE FROM queue_starts WHERE queue = :queue AND at <= :since"
+STARTS = "SELECT at FROM queue_starts WHERE queue = :queue ORDER BY at"
+NEXT = """
+SELECT workflow, instance_id FROM instances
+WHERE queue = :queue AND status = 'queued' AND workflow IN ({workflows})
+ORDER BY priority, queued_at, instance_id LIMIT :n
+"""
+TAKE = """
+UPDATE instances SET status = 'running', owner = :me, updated_at = :at, message = NULL,
+    waiting_for = NULL, completed_at = NULL, traceback = NULL, step_key = NULL,
+    step_started = NULL, children_pending = NULL
+WHERE workflow = :workflow AND instance_id = :instance_id AND status = 'queued'
+RETURNING {columns}
+"""
+STEPS = (
+    "SELECT key, seq, kind, state, result, result_type, status, attempts "
+    "FROM steps WHERE workflow = :workflow AND instance_id = :instance_id"
+)
+STARTED = "INSERT INTO queue_starts (queue, at) VALUES (:queue, :now)"
+
+
+def claim(
+    execute: Execute,
+    *,
+    queue: str,
+    workflows: list[str],
+    me: str,
+    concurrency: int | None,
+    per_process: int | None,
+    rate: tuple[int, float] | None,
+    now: float,
+    at: str,
+    batch: int,
+    columns: str,
+    workflow_marks: str,
+    lock_rows: str = "",
+) -> Claimed:
+    """Claim up to ``batch`` queued instances of ``queue`` (of ``workflows``) within its limits.
+
+    The caller holds what keeps other claimers of the queue out until its
+    commit. ``now`` is the clock a rate limit and the leases of cancelled runs'
+    owners are judged by (the database's on PostgreSQL); ``workflow_marks``
+    the SQL list of the ``workflows`` parameters (``:w0, :w1``, or ``SELECT
+    unnest(...)``); ``lock_rows`` what locks the rows it picks (PostgreSQL:
+    ``FOR UPDATE SKIP LOCKED``).
+    """
+    where = {"queue": queue, "me": me}
+    room = batch
+    if concurrency is not None:
+        held = execute(RUNNING, {**where, "now": now}).fetchone()[0]
+        room = min(room, concurrency - int(held))
+    if per_process is not None:
+        room = min(room, per_process - int(execute(RUNNING_MINE, where).fetchone()[0]))
+    starts: list[float] = []
+    if rate is not None:
+        count, period = rate
+        execute(FORGET_STARTS, {**where, "since": now - period})
+        starts = [float(row[0]) for row in execute(STARTS, where).fetchall()]
+        room = min(room, count - len(starts))
+    taken: list[RunSnapshot] = []
+    if room > 0:
+        params: dict[str, Any] = {**where, "n": room}
+        params.update({f"w{i}": name for i, name in enumerate(workflows)})
+        params["workflows"] = workflows
+        found = execute(NEXT.format(workflows=workflow_marks) + lock_rows, params).fetchall()
+        for workflow, instance_id in found:
+            one = {**where, "workflow": workflow, "instance_id": instance_id, "at": at}
+            row = execute(TAKE.format(columns=columns), one).fetchone()
+            if row is None:
+                continue
+            steps = execute(STEPS, one).fetchall()
+            taken.append(RunSnapshot(InstanceRow(*row), {s[0]: StoredStep(*s) for s in steps}))
+            if rate is not None:  # only a rate counts starts (and forgets old ones)
+                execute(STARTED, {**where, "now": now})
+                starts.append(now)
+    retry_in = None
+    if rate is not None and len(starts) >= rate[0]:
+        # Room again once the oldest of the last ``count`` starts leaves the window.
+        retry_in = max(0.0, sorted(starts)[len(starts) - rate[0]] + rate[1] - now)
+    return Claimed(taken, retry_in)

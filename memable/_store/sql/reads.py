@@ -1,0 +1,184 @@
+"""The reads an operator makes of a store (``memable list`` and ``show``), for every store.
+
+Plain SQL that SQLite and PostgreSQL both run, with ``:name`` parameters;
+each store runs it through its own ``read_rows`` (PostgreSQL's turns the
+parameters into its driver's). Nothing here writes. The command line reaches
+these only through the store's methods (``Store.list_view``,
+``Store.inspect``, ``Store.workflows``, ``Store.awaited_signals``), which
+each store has from ``OperatorReads``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..rows import InstanceRow, InstanceView, OwnerRow, QueueLook
+from .instances import INSTANCE_COLUMNS
+from .queues import HOLDS_SLOT, STARTS
+
+#: ``read_rows(what, sql, params)``: the rows of one read, as dicts of their columns.
+ReadRows = Callable[[str, str, dict[str, Any]], list[dict[str, Any]]]
+
+_OWNER_COLUMNS = (
+    "id", "host", "pid", "heartbeat", "lease", "boot_id", "pid_ns", "proc_start", "declares",
+)
+_INSTANCE = ", ".join(f"i.{c}" for c in INSTANCE_COLUMNS)
+_OWNER = ", ".join(f"o.{c} AS owner_{c}" for c in _OWNER_COLUMNS)
+
+
+def _owner(row: dict[str, Any]) -> OwnerRow | None:
+    if row.get("owner_id") is None:
+        return None
+    return OwnerRow(*(row[f"owner_{c}"] for c in _OWNER_COLUMNS))
+
+
+def _instance(row: dict[str, Any]) -> InstanceRow:
+    return InstanceRow(*(row[c] for c in INSTANCE_COLUMNS))
+
+
+def list_view(
+    read: ReadRows, workflow: str | None, status: str | None
+) -> list[tuple[InstanceRow, OwnerRow | None]]:
+    """Instances, oldest first (of one workflow, in one status, if given), with the owner
+    row of each running one."""
+    where, params = [], {}
+    if workflow is not None:
+        where.append("i.workflow = :workflow")
+        params["workflow"] = workflow
+    if status is not None:
+        where.append("i.status = :status")
+        params["status"] = status
+    rows = read(
+        "list instances",
+        f"SELECT {_INSTANCE}, {_OWNER} FROM instances AS i "
+        "LEFT JOIN owners AS o ON o.id = i.owner AND i.status = 'running' "
+        + (f"WHERE {' AND '.join(where)} " if where else "")
+        + "ORDER BY i.created_at, i.workflow, i.instance_id",
+        params,
+    )
+    return [(_instance(row), _owner(row)) for row in rows]
+
+
+def inspect(read: ReadRows, workflow: str, instance_id: str) -> InstanceView | None:
+    """One instance with its owner row, steps, pending timers, awaited signals and
+    children."""
+    where = {"workflow": workflow, "instance_id": instance_id}
+    found = read(
+        "read the instance",
+        f"SELECT {_INSTANCE}, {_OWNER} FROM instances AS i "
+        "LEFT JOIN owners AS o ON o.id = i.owner "
+        "WHERE i.workflow = :workflow AND i.instance_id = :instance_id",
+        where,
+    )
+    if not found:
+        return None
+    steps = read(
+        "read the steps",
+        "SELECT seq, key, kind, state, attempts, started_at, completed_at, status, error, "
+        "result, traceback FROM steps WHERE workflow = :workflow "
+        "AND instance_id = :instance_id ORDER BY seq, key",
+        where,
+    )
+    timers = read(
+        "read the timers",
+        "SELECT key, deadline FROM timers "
+        "WHERE workflow = :workflow AND instance_id = :instance_id ORDER BY deadline",
+        where,
+    )
+    children = read(
+        "read the children",
+        "SELECT workflow, instance_id, status FROM instances WHERE parent_workflow = :workflow "
+        "AND parent_id = :instance_id ORDER BY created_at, instance_id",
+        where,
+    )
+    instance = _instance(found[0])
+    return InstanceView(
+        instance=instance,
+        owner=_owner(found[0]),
+        steps=steps,
+        timers=[(t["key"], float(t["deadline"])) for t in timers],
+        awaiting=awaited_signals(read, workflow, instance_id),
+        children=[(c["workflow"], c["instance_id"], c["status"]) for c in children],
+        queue=queue_look(read, instance) if instance.status == "queued" else None,
+    )
+
+
+def queue_look(read: ReadRows, row: InstanceRow) -> QueueLook | None:
+    """Where the queued instance ``row`` stands in its queue, and who could run it."""
+    if row.queue is None:
+        return None
+    where = {"queue": row.queue, "priority": row.priority or 0,
+             "queued_at": row.queued_at or "", "instance_id": row.instance_id}
+    ahead = read(
+        "count the instances ahead in the queue",
+        "SELECT count(*) AS n FROM instances WHERE queue = :queue AND status = 'queued' "
+        "AND (priority < :priority OR (priority = :priority AND (queued_at < :queued_at "
+        "OR (queued_at = :queued_at AND instance_id < :instance_id))))",
+        where,
+    )
+    now = time.time()
+    running = read(
+        "count the queue's running instances",
+        f"SELECT owner, count(*) AS n FROM instances WHERE queue = :queue AND {HOLDS_SLOT} "
+        "GROUP BY owner",
+        {**where, "now": now},
+    )
+    starts = read("read the queue's starts", STARTS, where)
+    live = read(
+        "read the live owners",
+        f"SELECT {_OWNER} FROM owners AS o WHERE o.heartbeat + o.lease >= :now ORDER BY o.id",
+        {"now": now},
+    )
+    return QueueLook(
+        position=int(ahead[0]["n"]) + 1,
+        running={str(r["owner"]): int(r["n"]) for r in running},
+        starts=[float(r["at"]) for r in starts],
+        live=[owner for owner in map(_owner, live) if owner is not None],
+        now=now,
+    )
+
+
+def awaited_signals(read: ReadRows, workflow: str, instance_id: str) -> list[str]:
+    """The keys of the suspend points the instance waits on now.
+
+    A finished instance awaits nothing, whatever rows its last run left waiting.
+    """
+    rows = read(
+        "read the awaited signals",
+        "SELECT s.key FROM steps AS s JOIN instances AS i "
+        "ON i.workflow = s.workflow AND i.instance_id = s.instance_id "
+        "WHERE s.workflow = :workflow AND s.instance_id = :instance_id AND s.kind = 'signal' "
+        "AND s.state = 'waiting' AND i.status IN ('running', 'suspended') ORDER BY s.seq",
+        {"workflow": workflow, "instance_id": instance_id},
+    )
+    return [row["key"] for row in rows]
+
+
+def workflows(read: ReadRows) -> list[str]:
+    """The workflow names the store has instances of."""
+    rows = read(
+        "list the workflows", "SELECT DISTINCT workflow FROM instances ORDER BY workflow", {}
+    )
+    return [row["workflow"] for row in rows]
+
+
+class OperatorReads:
+    """The operator reads of a store, for a store class that has ``read_rows``."""
+
+    read_rows: ReadRows
+
+    def list_view(
+        self, workflow: str | None, status: str | None
+    ) -> list[tuple[InstanceRow, OwnerRow | None]]:
+        return list_view(self.read_rows, workflow, status)
+
+    def inspect(self, workflow: str, instance_id: str) -> InstanceView | None:
+        return inspect(self.read_rows, workflow, instance_id)
+
+    def workflows(self) -> list[str]:
+        return workflows(self.read_rows)
+
+    def awaited_signals(self, workflow: str, instance_id: str) -> list[str]:
+        return awaited_signals(self.read_rows, workflow, instance_id)
