@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,6 +23,26 @@ pytest_plugins = ["pytester"]
 POSTGRES_URL = os.environ.get(
     "MEMABLE_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test"
 )
+
+
+#: Held (exclusively) by each test marked ``heavy`` while it runs, across every pytest
+#: process on the machine: the workers of one run (pytest -n) and parallel tox envs.
+HEAVY_LOCK = os.path.join(tempfile.gettempdir(), "memable-tests-heavy.lock")
+
+
+@pytest.fixture(autouse=True)
+def _one_heavy_test_at_a_time(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test marked ``heavy`` waits for any other heavy test to end: two at once could
+    take more connections than the server allows (max_connections, 100 by default)."""
+    if request.node.get_closest_marker("heavy") is None:
+        yield
+        return
+    with open(HEAVY_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def postgres_or_skip() -> None:

@@ -190,6 +190,7 @@ print("opened")
 @pytest.mark.parametrize(
     "fault_round", range(int(os.environ.get("MEMABLE_FAULT_ROUNDS", "1")))
 )
+@pytest.mark.heavy
 def test_twenty_processes_opening_a_new_schema_at_once_migrate_it_once(
     pg_schema: str, fault_round: int
 ) -> None:

@@ -130,6 +130,7 @@ def _terminate(application_name: str) -> int:
             time.sleep(0.01)
 
 
+@pytest.mark.heavy
 @ROUNDS
 def test_connections_killed_by_the_server_mid_workload_lose_nothing(
     pg_schema: str, fault_round: int
@@ -177,6 +178,7 @@ def test_connections_killed_by_the_server_mid_workload_lose_nothing(
 PG_CHILD = str(Path(__file__).with_name("_pg_procs.py"))
 
 
+@pytest.mark.heavy
 @ROUNDS
 def test_four_processes_on_one_database_and_a_kill_lose_nothing(
     pg_schema: str, tmp_path: Path, fault_round: int

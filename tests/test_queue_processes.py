@@ -30,6 +30,7 @@ def queue_store(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str
             "MEMABLE_QUEUE_SCHEMA": request.getfixturevalue("pg_schema")}
 
 
+@pytest.mark.heavy
 def test_four_processes_never_pass_the_queues_limits_and_run_everything_once(
     queue_store: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
