@@ -76,8 +76,11 @@ def worker(name: str, params: dict[str, Any]) -> int:
     if system == "dbos":  # a Python with DBOS installed, and maybe no memable
         from ._dbos import WORKLOADS
         from ._dbos import Wrong as BenchFailure
+        from ._dbos_queues import QUEUE_WORKLOADS
     else:
         from ._workloads import WORKLOADS, BenchFailure  # type: ignore[assignment]
+        from ._workloads_queues import QUEUE_WORKLOADS  # type: ignore[assignment]
+    workloads = {**WORKLOADS, **QUEUE_WORKLOADS}
     from . import _floor
 
     if params.get("store"):  # PostgreSQL: a schema of its own, dropped afterwards
@@ -99,7 +102,7 @@ def worker(name: str, params: dict[str, Any]) -> int:
                     "pk_read_us": _floor.pk_read_us(Path(tmp), rows),
                 }
             else:
-                result = WORKLOADS[name](Path(tmp), params)
+                result = workloads[name](Path(tmp), params)
         except BenchFailure as exc:
             print(json.dumps({"workload": name, "params": params, "ok": False, "error": str(exc)}))
             return 1

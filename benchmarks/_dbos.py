@@ -247,6 +247,3 @@ WORKLOADS = {
     "timer_latency": timer_latency,
     "signal_roundtrip": signal_roundtrip,
 }
-
-# W7 and W8 (DBOS queues) add themselves to WORKLOADS; the module imports this one.
-from . import _dbos_queues  # noqa: E402, F401

@@ -310,8 +310,3 @@ WORKLOADS = {
     "signal_remote": signal_remote,
     "suspended": suspended,
 }
-
-# W7 and W8 use the helpers above; they join the table here.
-from ._workloads_queues import children_queue, queue_throughput  # noqa: E402
-
-WORKLOADS.update(children_queue=children_queue, queue_throughput=queue_throughput)

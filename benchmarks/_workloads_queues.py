@@ -68,3 +68,7 @@ def queue_throughput(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
         check(set(bodies.calls.values()) == {1} and len(bodies.calls) == m, "W8 step count")
     return {"per_op_us": seconds / m * 1e6, "seconds": seconds, "n": m,
             "throughput_per_s": m / seconds}
+
+
+#: W7 and W8, by the name the worker runs them under.
+QUEUE_WORKLOADS = {"children_queue": children_queue, "queue_throughput": queue_throughput}
