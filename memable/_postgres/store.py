@@ -34,6 +34,7 @@ from .._store.rows import (
     Ended,
     InstanceRow,
     Look,
+    RunEnd,
     RunSnapshot,
     StepWrite,
     StoredStep,
@@ -258,22 +259,8 @@ class PostgresStore(OperatorReads):
         return self._run("record the suspension", record, workflow, instance_id, key,
                          transaction=False, read_back=read_back)
 
-    def finish(
-        self,
-        workflow: str,
-        instance_id: str,
-        *,
-        status: StatusName,
-        message: str | None,
-        output: tuple[str, str | None] | None = None,
-        waiting_for: str | None = None,
-        traceback: str | None = None,
-        now: str,
-    ) -> Ended:
-        params = shared.finish_params(
-            workflow, instance_id, self.owner, status=status, message=message, output=output,
-            waiting_for=waiting_for, traceback=traceback, now=now,
-        )
+    def finish(self, workflow: str, instance_id: str, end: RunEnd) -> Ended:
+        params = shared.finish_params(workflow, instance_id, self.owner, end)
 
         def record(conn: psycopg.Connection[Any]) -> Ended:
             # A child's end then locks its parent's row: a cancel that cascades
@@ -289,8 +276,8 @@ class PostgresStore(OperatorReads):
             if queue is not None:  # a slot is free: tell the queue's consumers
                 self._notify(conn, payload("queued", self.owner, workflow, instance_id))
             wake = children_sql.settle_parent(
-                self._pg_execute(conn), tuple(parent), status=status, message=message,
-                output=output, at=now, lock=children_sql.LOCK_PARENT,
+                self._pg_execute(conn), tuple(parent), status=end.status, message=end.message,
+                output=end.output, at=end.at, lock=children_sql.LOCK_PARENT,
             )
             if wake is not None:
                 self._notify(conn, payload("signal", self.owner, *wake))
@@ -301,12 +288,12 @@ class PostgresStore(OperatorReads):
             found = None if row is None else InstanceRow(*row)
             if found is None or found.owner == self.owner:
                 return NOT_DONE
-            if found.status != status or found.updated_at != now:
+            if found.status != end.status or found.updated_at != end.at:
                 return Ended(recorded=False)
             # Recorded; whether it made its parent ready is not known: the poll finds that.
             return Ended()
 
-        return self._run(f"record the run as {status}", record, workflow, instance_id,
+        return self._run(f"record the run as {end.status}", record, workflow, instance_id,
                          read_back=read_back)
 
     # ------------------------------------------------------------------ from outside a run

@@ -12,7 +12,7 @@ import attrs
 from .._log import log, where
 from .._states import Failed, Suspended, WorkflowState
 from .._store.protocol import Store
-from .._store.rows import Claim, RunSnapshot, utcnow
+from .._store.rows import Claim, RunEnd, RunSnapshot, utcnow
 from .context import Context
 from .control import Suspension
 from .invocation import Watch, state_of
@@ -74,10 +74,9 @@ def release(store: Store, run: Run) -> WorkflowState | None:
     waited = run.waited
     assert waited is not None
     try:
-        store.finish(
-            run.workflow.name, run.instance_id, status="suspended",
-            message=waited.message, waiting_for=waited.key, now=utcnow().isoformat(),
-        )
+        store.finish(run.workflow.name, run.instance_id, RunEnd(
+            "suspended", utcnow().isoformat(), waited.message, waiting_for=waited.key,
+        ))
     except BaseException:
         log.exception("could not release the instance",
                       extra=where(run.workflow.name, run.instance_id))

@@ -34,7 +34,7 @@ from .._records import StatusName
 from .._states import Cancelled, Completed, Failed, Suspended, WorkflowState
 from .._store.control import LostInstance, RunCancelled
 from .._store.protocol import Store
-from .._store.rows import Claim, InstanceRow, RunSnapshot, StepWrite, utcnow
+from .._store.rows import Claim, InstanceRow, RunEnd, RunSnapshot, StepWrite, utcnow
 from .._store.serde import decode_for, store_form
 from .attempts import traceback_of
 from .children import Children
@@ -382,8 +382,7 @@ class Runner:
                 self._executor.submit(self._execute, run)
                 return
         # Stopping: back in the queue, in its place, for the next engine.
-        self.store.finish(name, instance_id, status="queued", message=None,
-                          now=utcnow().isoformat())
+        self.store.finish(name, instance_id, RunEnd("queued", utcnow().isoformat()))
 
     def submit(
         self, workflow: Workflow, instance_id: str, fresh_input: tuple[Any] | None
@@ -601,10 +600,9 @@ class Runner:
         traceback: str | None = None,
     ) -> WorkflowState | None:
         """Record how the run ended; if the instance is no longer ours, report what is stored."""
-        ended = self.store.finish(
-            run.workflow.name, run.instance_id, status=status, message=message,
-            output=output, traceback=traceback, now=utcnow().isoformat(),
-        )
+        ended = self.store.finish(run.workflow.name, run.instance_id, RunEnd(
+            status, utcnow().isoformat(), message, output, traceback=traceback,
+        ))
         if not ended.recorded:
             return stored_state(self.store, run)
         if ended.wake is not None:  # a child's end: its parent goes on

@@ -50,6 +50,7 @@ from .._store.rows import (
     Ended,
     InstanceRow,
     Look,
+    RunEnd,
     RunSnapshot,
     StepWrite,
     StoredStep,
@@ -354,22 +355,8 @@ class SQLiteStore(OperatorReads):
                 {"at": at, "workflow": workflow, "instance_id": instance_id, "key": key},
             )
 
-    def finish(
-        self,
-        workflow: str,
-        instance_id: str,
-        *,
-        status: StatusName,
-        message: str | None,
-        output: tuple[str, str | None] | None = None,
-        waiting_for: str | None = None,
-        traceback: str | None = None,
-        now: str,
-    ) -> Ended:
-        params = shared.finish_params(
-            workflow, instance_id, self.owner, status=status, message=message, output=output,
-            waiting_for=waiting_for, traceback=traceback, now=now,
-        )
+    def finish(self, workflow: str, instance_id: str, end: RunEnd) -> Ended:
+        params = shared.finish_params(workflow, instance_id, self.owner, end)
 
         def record(conn: sqlite3.Connection) -> Ended:
             found = conn.execute(shared.FINISH, params).fetchone()
@@ -378,13 +365,13 @@ class SQLiteStore(OperatorReads):
                 return Ended(recorded=False)
             *parent, _ = found  # its queue: this engine's queue thread looks when the run ends
             wake = children_sql.settle_parent(
-                conn.execute, tuple(parent), status=status, message=message, output=output,
-                at=now,
+                conn.execute, tuple(parent), status=end.status, message=end.message,
+                output=end.output, at=end.at,
             )
             return Ended(wake=wake)
 
         return self._grouped(
-            f"record the run as {status}", workflow, instance_id, None, record,
+            f"record the run as {end.status}", workflow, instance_id, None, record,
             changes="instance",
         )
 

@@ -26,6 +26,7 @@ from .rows import (
     InstanceView,
     Look,
     OwnerRow,
+    RunEnd,
     RunSnapshot,
     StepWrite,
     StoredStep,
@@ -148,23 +149,12 @@ class Store(Protocol):
     def next_deadline(self) -> float | None:
         """The earliest armed timer deadline, or None."""
 
-    def finish(
-        self,
-        workflow: str,
-        instance_id: str,
-        *,
-        status: StatusName,
-        message: str | None,
-        output: tuple[str, str | None] | None = None,
-        waiting_for: str | None = None,
-        traceback: str | None = None,
-        now: str,
-    ) -> Ended:
+    def finish(self, workflow: str, instance_id: str, end: RunEnd) -> Ended:
         """Record how this engine's run ended, and release the instance, atomically.
 
         Only while owned and running; not recorded (only the release written)
         if the instance is no longer running under this engine: cancelled
-        meanwhile, or taken over. The end of a child (a terminal ``status``)
+        meanwhile, or taken over. The end of a child (a terminal ``end.status``)
         settles its parent's step in the same transaction (the output, or the
         failure) and, if that was what the parent waited for (the key, or the
         last pending child of its group), names the parent to ``wake``.

@@ -184,6 +184,22 @@ class Suspend:
 
 
 @attrs.frozen
+class RunEnd:
+    """How a run ended, as ``Store.finish`` records it."""
+
+    status: StatusName
+    #: When (ISO 8601): the instance's ``updated_at``, and ``completed_at`` if terminal.
+    at: str
+    message: str | None = None
+    #: A completed run's output: its stored text and type tag.
+    output: tuple[str, str | None] | None = None
+    #: The key a run released at a wait waits on.
+    waiting_for: str | None = None
+    #: The traceback of a failed run's error.
+    traceback: str | None = None
+
+
+@attrs.frozen
 class Ended:
     """How recording the end of a run (``Store.finish``) or a cancel went."""
 

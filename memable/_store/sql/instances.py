@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..rows import TERMINAL
+from ..rows import TERMINAL, RunEnd
 
 #: The columns of an instance row, in ``InstanceRow``'s order, with their types.
 INSTANCE_COLUMNS: dict[str, type] = {
@@ -149,23 +149,19 @@ RETURNING queue
 """
 
 
-def finish_params(
-    workflow: str, instance_id: str, owner: str, *, status: str, message: str | None,
-    output: tuple[str, str | None] | None, waiting_for: str | None, traceback: str | None,
-    now: str,
-) -> dict[str, Any]:
+def finish_params(workflow: str, instance_id: str, owner: str, end: RunEnd) -> dict[str, Any]:
     """The parameters of ``FINISH`` (and ``RELEASE``) for a run of ``owner`` ending so.
 
-    >>> finish_params("wf", "i", "me", status="completed", message=None, output=("1", None),
-    ...               waiting_for=None, traceback=None, now="T")["completed_at"]
-    'T'
+    >>> params = finish_params("wf", "i", "me", RunEnd("completed", "T", output=("1", None)))
+    >>> params["output"], params["completed_at"]
+    ('1', 'T')
     """
-    text, tag = output if output is not None else (None, None)
+    text, tag = end.output if end.output is not None else (None, None)
     return {
-        "workflow": workflow, "instance_id": instance_id, "me": owner, "status": status,
-        "message": message, "output": text, "output_type": tag, "waiting_for": waiting_for,
-        "at": now, "traceback": traceback,
-        "completed_at": now if status in TERMINAL else None,
+        "workflow": workflow, "instance_id": instance_id, "me": owner, "status": end.status,
+        "message": end.message, "output": text, "output_type": tag,
+        "waiting_for": end.waiting_for, "at": end.at, "traceback": end.traceback,
+        "completed_at": end.at if end.status in TERMINAL else None,
     }
 
 
