@@ -407,16 +407,20 @@ def test_a_deadline_that_fires_between_the_runs_look_and_its_suspension_is_not_l
 def test_the_poll_finds_an_instance_whose_deadline_another_engine_fired(
     make_engine: Callable[..., Engine],
 ) -> None:
-    """The safety net: an engine that fires a deadline for a workflow it does not run
-    wakes nothing; the engine that runs it finds the instance ready at its next look."""
+    """The safety net: a deadline fired where nothing runs the workflow (nor hears of it)
+    leaves the instance ready for the next look of an engine that runs it.
+
+    The engine is stopped before the firing: running (and, on PostgreSQL, listening),
+    it would take the firing's notice and run the instance before the second look."""
     engine = make_engine(poll_interval=60, lease=600)
     engine.register("wf", lambda ctx: ctx.suspend("answer", timeout=timedelta(hours=1)))
-    with engine:
-        assert engine.invoke("wf", instance_id="w").wait(TIMEOUT) == Suspended("answer")
-        now = time.time() + 7200
-        assert engine._store.look_around(["wf"], now).ready == []
-        assert engine._store.fire_due_timers(now, "2026-01-01T00:00:00+00:00")
-        assert engine._store.look_around(["wf"], now).ready == [("wf", "w")]
+    engine.start()
+    assert engine.invoke("wf", instance_id="w").wait(TIMEOUT) == Suspended("answer")
+    engine.stop()
+    now = time.time() + 7200
+    assert engine._store.look_around(["wf"], now).ready == []
+    assert engine._store.fire_due_timers(now, "2026-01-01T00:00:00+00:00")
+    assert engine._store.look_around(["wf"], now).ready == [("wf", "w")]
 
 
 def test_advance_counts_a_deadline_the_timer_thread_fired_first(
