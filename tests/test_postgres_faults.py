@@ -197,31 +197,42 @@ def test_four_processes_on_one_database_and_a_kill_lose_nothing(
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )
 
-    def go(proc: subprocess.Popen[str]) -> None:
+    def invoked(proc: subprocess.Popen[str]) -> None:
         assert proc.stdout is not None
-        assert proc.stdin is not None
         assert proc.stdout.readline() == "invoked\n"
+
+    def go(proc: subprocess.Popen[str]) -> None:
+        assert proc.stdin is not None
         proc.stdin.write("go\n")
         proc.stdin.flush()
 
+    def end(proc: subprocess.Popen[str]) -> None:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(60)
+        for pipe in (proc.stdin, proc.stdout):
+            if pipe is not None and not pipe.closed:
+                pipe.close()
+
     procs = [spawn(k) for k in range(4)]
+    started = list(procs)
     try:
+        # A process signals its neighbour's instances once told to go: only once
+        # every process has stored its own (a go sent as each reported in let p1
+        # signal p2-70 before p2 had stored it).
+        for proc in procs:
+            invoked(proc)
         for proc in procs:
             go(proc)
-        killed = procs[0]
-        killed.kill()  # under way: signalling, running its instances and others'
-        killed.wait(60)
-        for pipe in (killed.stdin, killed.stdout):
-            if pipe is not None:
-                pipe.close()
+        end(procs[0])  # under way: signalling, running its instances and others'
         procs[0] = spawn(0)
+        started.append(procs[0])
+        invoked(procs[0])
         go(procs[0])
         outputs = [json.loads(proc.communicate(timeout=300)[0]) for proc in procs]
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate(timeout=60)
+        for proc in started:
+            end(proc)
     assert outputs == [
         [f"{i}:from {names[(k - 1) % 4]}" for i in range(100)] for k in range(4)
     ]
