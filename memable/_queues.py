@@ -140,7 +140,8 @@ class Declarations:
     """What one engine runs, stored with its owner row (as JSON) for tools to read.
 
     ``workflows``: the names it registered; ``queues``: the queues it consumes,
-    with their limits as it declared them.
+    with their limits as it declared them; ``schedules``: the schedules it
+    declared, each as ``[cron, zone]``.
 
     >>> import json
     >>> declared = Declarations(["charge"], [QueueSpec("payments", concurrency=2)])
@@ -153,6 +154,7 @@ class Declarations:
 
     workflows: list[str]
     queues: list[QueueSpec]
+    schedules: dict[str, list[str]] = attrs.Factory(dict)
 
     def to_json(self) -> str:
         return json.dumps(_CONVERTER.unstructure(self))

@@ -27,9 +27,10 @@ LAYERS = {
     "_store": 1,
     "_sqlite": 2, "_postgres": 2, "_background": 2,
     "_run": 3,
-    "_engine": 4,
-    "_cli": 5,
-    "__init__": 6, "__main__": 6, "testing": 6,
+    "_schedules": 4,
+    "_engine": 5,
+    "_cli": 6,
+    "__init__": 7, "__main__": 7, "testing": 7,
 }
 #: The database drivers, and the one package that may import each.
 DRIVERS = {"sqlite3": "_sqlite", "sqlite_utils": "_sqlite", "psycopg": "_postgres",

@@ -4,24 +4,28 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
-from datetime import timedelta
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
 from types import TracebackType
 from typing import Any, TypeVar
 
-from .._errors import InstanceFinished, InstanceNotFound, WorkflowNotFound
+from .._errors import InstanceFinished, InstanceNotFound, SerializationError, WorkflowNotFound
 from .._log import log, where
 from .._queues import QueueSpec, check_consumed
 from .._records import StepRecord, WorkflowMetadata
 from .._retry import Retry
 from .._run.invocation import Invocation
+from .._run.invoking import NO_INPUT, new_instance
 from .._run.options import Options
 from .._run.runner import Runner
 from .._run.workflow import Workflow
+from .._schedules.cron import tick_id
+from .._schedules.scheduler import Scheduler
+from .._schedules.spec import TICK, CatchUp, Overlap, ScheduleSpec
 from .._store.admin import cancel_instance, purge_finished, store_signal
 from .._store.protocol import Store, Synchronous
 from .._store.rows import InstanceRow, metadata_of
 from .builder import EngineBuilder
-from .invoking import NO_INPUT, new_instance
 from .stored import decode_output, stored_row
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -52,6 +56,9 @@ class Engine:
         self._store = store
         # The runner owns the lock, the registry, the runs and the threads.
         self._runner = Runner(store, options)
+        # Its declared schedules, fired at the timer thread's looks.
+        self._schedules = Scheduler(self._runner)
+        self._runner.add_ticker(self._schedules)
 
     def __repr__(self) -> str:
         return f"<Engine {self._runner.phase} workflows={sorted(self._runner.workflows)}>"
@@ -179,6 +186,65 @@ class Engine:
         self._runner.declare_queue(QueueSpec.declare(
             name, concurrency=concurrency, per_process=per_process, rate=rate
         ))
+
+    def schedule(
+        self,
+        name: str,
+        cron: str,
+        workflow: str,
+        *,
+        input: Any = TICK,
+        timezone: str = "UTC",
+        queue: str | None = None,
+        catch_up: CatchUp = "latest",
+        overlap: Overlap = "allow",
+    ) -> None:
+        """Invoke ``workflow`` at each tick of ``cron`` in ``timezone`` (before ``start``).
+
+        ``cron`` has five fields (minute hour day month weekday) or is one of
+        ``@hourly``, ``@daily``, ``@weekly``, ``@monthly``, ``@yearly``;
+        ``timezone`` is an IANA name (daylight saving as Debian's cron has
+        it). Each tick is the instance ``"{name}@{tick}"`` (the tick in UTC,
+        ``YYYY-MM-DDTHH:MM:SSZ``), so each tick runs once however many
+        engines declare the schedule. Its input is ``input`` if given, else
+        the tick (an aware UTC datetime) if the workflow takes one. On
+        ``queue`` (else the workflow's default queue) a tick waits for a
+        slot like any invocation.
+
+        Ticks that fell due while no engine fired them are missed:
+        ``catch_up="latest"`` runs the newest of them, ``"all"`` runs each
+        (the newest 100, oldest first), ``"none"`` runs none. ``overlap="skip"``
+        skips (and counts) a tick while an earlier tick's instance has not
+        ended; ``"allow"`` runs it. A bad argument raises ``ValueError``
+        naming it; a declaration after ``start()``, ``AlreadyStarted``.
+
+        >>> from datetime import datetime
+        >>> from freezegun import freeze_time
+        >>> from memable import Engine
+        >>> def report(ctx, tick: datetime) -> str:
+        ...     return f"report for {tick:%Y-%m-%d %H:%M}"
+        >>> engine = Engine.in_memory(poll_interval=60)
+        >>> engine.register("report", report)
+        >>> engine.schedule("nightly", "0 2 * * *", "report", timezone="Europe/Paris")
+        >>> with freeze_time("2026-06-01 23:59:59") as clock, engine:
+        ...     _ = clock.tick(1)                    # 02:00 in Paris is 00:00 UTC
+        ...     _ = engine.fire_due_timers()         # (or the timer thread) fires the tick
+        ...     print(engine.invocation("report", "nightly@2026-06-02T00:00:00Z").result(10))
+        report for 2026-06-02 00:00
+        """
+        self._runner.check_fork()
+        spec = ScheduleSpec.declare(name, cron, workflow, input=input, timezone=timezone,
+                                    queue=queue, catch_up=catch_up, overlap=overlap)
+        registered = self._runner.workflows.get(spec.workflow)
+        if registered is None:
+            raise ValueError(f"workflow {workflow!r} of schedule {name!r} is not registered "
+                             "(register it before declaring its schedule)")
+        if spec.queue is not None and spec.queue not in self._runner.queues:
+            raise ValueError(f"queue {queue!r} of schedule {name!r} is not declared "
+                             "(engine.queue(name, ...))")
+        _check_tick_input(spec, registered, self._runner.queues)
+        with self._runner.declaring():
+            self._schedules.add(spec)
 
     def register(self, name: str, fn: Callable[..., Any], queue: str | None = None) -> None:
         """Register ``fn`` as the workflow ``name``; ``fn`` is ``fn(ctx)`` or ``fn(ctx, input)``.
@@ -599,3 +665,18 @@ class Engine:
     def _poll_interval(self) -> float:
         return self._runner.poll_interval
 
+
+def _check_tick_input(
+    spec: ScheduleSpec, workflow: Workflow, queues: dict[str, QueueSpec]
+) -> None:
+    """A tick's instance could be stored: the input given, or the tick, fits the workflow."""
+    sample = datetime(2000, 1, 1, tzinfo=dt_timezone.utc)
+    value = spec.input
+    if value is TICK:
+        value = sample if workflow.takes_input else NO_INPUT
+    try:
+        new_instance(workflow, value, f"{spec.name}@{tick_id(sample)}", spec.queue, 0, queues)
+    except (TypeError, SerializationError) as exc:
+        given = "the input given" if spec.input is not TICK else "its tick (a datetime)"
+        raise ValueError(f"input of schedule {spec.name!r}: {given} does not fit workflow "
+                         f"{spec.workflow!r} ({exc}); give input=") from None

@@ -21,7 +21,7 @@ from .._store.protocol import Synchronous
 from .functions import FUNCTIONS
 
 #: The schema version this code writes (the SQLite store's columns, in PostgreSQL).
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 #: Seconds to wait for the server unless the URL's ``connect_timeout`` says.
 CONNECT_TIMEOUT = 10
 SCHEMES = ("postgresql://", "postgres://")
@@ -54,6 +54,17 @@ ALTER TABLE instances ADD COLUMN IF NOT EXISTS recoveries integer,
     ADD COLUMN IF NOT EXISTS lost_owner text, ADD COLUMN IF NOT EXISTS lost_step text;
 ALTER TABLE owners ADD COLUMN IF NOT EXISTS declares text;
 """
+#: Version 5: schedules, and the schedule whose tick an instance is (as on SQLite,
+#: schema version 10).
+_V5 = """
+ALTER TABLE instances ADD COLUMN IF NOT EXISTS schedule text;
+CREATE INDEX IF NOT EXISTS instances_by_schedule ON instances (schedule, status)
+    WHERE schedule IS NOT NULL;
+CREATE TABLE IF NOT EXISTS schedules (
+    name text PRIMARY KEY, cron text NOT NULL, timezone text NOT NULL, workflow text NOT NULL,
+    last_tick text, since text, skipped integer NOT NULL DEFAULT 0,
+    missed integer NOT NULL DEFAULT 0);
+"""
 _TABLES = f"""
 CREATE TABLE IF NOT EXISTS instances (
     workflow text NOT NULL, instance_id text NOT NULL, status text NOT NULL, message text,
@@ -84,6 +95,7 @@ CREATE TABLE IF NOT EXISTS owners (
     started_at text, boot_id text, pid_ns text, proc_start text);
 CREATE TABLE IF NOT EXISTS schema_version (version integer NOT NULL);
 {_V4}
+{_V5}
 """
 
 
@@ -250,5 +262,6 @@ def prepare(conn: Any, schema: str, where: str, *, create: bool) -> None:
             conn.execute(_V2)
             conn.execute(_V3)
             conn.execute(_V4)
+            conn.execute(_V5)
             conn.execute(FUNCTIONS)
             conn.execute("UPDATE schema_version SET version = %s", (SCHEMA_VERSION,))

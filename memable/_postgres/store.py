@@ -36,9 +36,12 @@ from .._store.rows import (
     Look,
     RunEnd,
     RunSnapshot,
+    ScheduleRow,
     StepWrite,
     StoredStep,
     Suspend,
+    TickFiring,
+    TicksFired,
     step_params,
     step_record,
 )
@@ -46,6 +49,7 @@ from .._store.sql import children as children_sql
 from .._store.sql import instances as shared
 from .._store.sql import owners as owners_sql
 from .._store.sql import queues as queue_sql
+from .._store.sql import schedules as schedules_sql
 from .._store.sql.execute import Execute, pg
 from .._store.sql.reads import OperatorReads
 from . import schema as schema_
@@ -551,6 +555,41 @@ class PostgresStore(OperatorReads):
             "start the children", start, workflow, instance_id, waits[0].key,
             read_back=read_back,
         )
+
+    # ------------------------------------------------------------------ schedules
+
+    def declare_schedules(self, schedules: list[ScheduleRow], at: str) -> list[ScheduleRow]:
+        return self._run(
+            "declare the schedules",
+            lambda conn: schedules_sql.declare(self._pg_execute(conn), schedules, at),
+        )
+
+    def fire_ticks(self, name: str, last: str | None, firing: TickFiring) -> TicksFired:
+        def fire(conn: psycopg.Connection[Any]) -> TicksFired:
+            def insert(row: InstanceRow) -> bool:
+                queued = row.status != "running"  # it waits for a slot: nobody's yet
+                values = attrs.astuple(attrs.evolve(row, owner=None if queued else self.owner))
+                created = conn.execute(sql.INSERT_INSTANCE, values).rowcount == 1
+                if created and queued:
+                    self._notify(conn, payload("queued", self.owner, row.workflow,
+                                               row.instance_id))
+                return created
+
+            return schedules_sql.fire(self._pg_execute(conn), name, last, firing, insert)
+
+        def read_back(conn: psycopg.Connection[Any]) -> object:
+            stored = conn.execute(pg(schedules_sql.SELECT), {"name": name}).fetchone()
+            if stored is None or ScheduleRow(*stored).last_tick != firing.last_tick:
+                return NOT_DONE
+            created = []
+            for row in firing.rows:
+                found = conn.execute(sql.SELECT_INSTANCE, (row.workflow, row.instance_id))
+                instance = found.fetchone()
+                if instance is not None and InstanceRow(*instance).created_at == row.created_at:
+                    created.append(row.instance_id)
+            return TicksFired(won=True, created=created)
+
+        return self._run(f"fire the schedule {name!r}", fire, read_back=read_back)
 
     # ------------------------------------------------------------------ reads
 

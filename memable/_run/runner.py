@@ -13,7 +13,7 @@ import weakref
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import attrs
 
@@ -48,6 +48,21 @@ from .run import release as release_instance
 from .workflow import Workflow
 
 Phase = Literal["new", "started", "stopped", "closed"]
+
+
+class Ticker(Protocol):
+    """A part the timer thread looks with too (an engine's schedules): at each look it fires
+    what fell due and says when it next needs one. The runner knows nothing else of it."""
+
+    def declares(self) -> dict[str, list[str]]:
+        """What the engine's owner row says of it (``Declarations.schedules``)."""
+
+    def start(self, now: float) -> None:
+        """The engine starts (its owner row is stored; no thread looks yet)."""
+
+    def look(self, now: float) -> tuple[int, float | None]:
+        """Fire what is due at ``now``: how many runs that made, and seconds until the
+        next look it needs (None: none)."""
 
 class Runner:
     """Starts runs on the worker pool, records how they end, and keeps watch.
@@ -88,6 +103,8 @@ class Runner:
         self.queues: dict[str, QueueSpec] = {}
         self._dispatcher: Dispatcher | None = None  # consumes queues; started by start()
         self._consumer: QueueConsumer | None = None
+        #: Parts the timer thread looks with too (fixed once started; under _lock until then).
+        self._tickers: list[Ticker] = []
         #: What runs need to start and follow children.
         self.children = Children(self.workflows, store, self.submit, self.queues, self.kick)
 
@@ -127,6 +144,26 @@ class Runner:
                 raise ValueError(f"queue {spec.name!r} is already declared")
             self.queues[spec.name] = spec
 
+    @contextmanager
+    def declaring(self) -> Iterator[None]:
+        """Hold the lock while a declaration is recorded: only before start."""
+        with self._lock:
+            if self.phase != "new":
+                raise AlreadyStarted(phase=self.phase)
+            yield
+
+    def add_ticker(self, ticker: Ticker) -> None:
+        with self._lock:
+            if self.phase != "new":
+                raise AlreadyStarted(phase=self.phase)
+            self._tickers.append(ticker)
+
+    @property
+    def accepting(self) -> bool:
+        """Whether new runs are taken (started, and not draining or stopping)."""
+        with self._lock:
+            return self._accepting
+
     def set_options(self, **changes: Any) -> None:
         """Change options before start (``memable worker --threads``, ``--queues``)."""
         with self._lock:
@@ -159,9 +196,12 @@ class Runner:
             self._accepting = True
         now = self.clock.wall()
         # What it runs, for a tool to say why a queued instance waits.
-        declared = Declarations(sorted(self.workflows), queues)
+        schedules = {k: v for ticker in self._tickers for k, v in ticker.declares().items()}
+        declared = Declarations(sorted(self.workflows), queues, schedules)
         self.store.register_owner(self.options.lease, now, declared.to_json())
         self._next_heartbeat = now + self.options.lease / 3
+        for ticker in self._tickers:
+            ticker.start(now)
         # Its first tick fires what fell due while no engine ran, resumes
         # instances whose awaited signal or timer arrived meanwhile, and (with
         # recover) those whose owner died.
@@ -625,16 +665,18 @@ class Runner:
     # ------------------------------------------------------------------ the timer thread's look
 
     def fire_due(self) -> int:
-        """Fire the timers due now and start the runs they resume; return how many."""
+        """Fire the timers (and schedule ticks) due now and start the runs they resume or
+        make; return how many."""
         self.check_fork()
         with self._lock:
             if self.phase != "started":
                 raise NotStarted(phase=self.phase)
-        fired, _ = self._fire_due()
+        fired, _, _ = self._fire_due()
         return fired
 
-    def _fire_due(self) -> tuple[int, float]:
-        """Fire the timers due now; return how many, and the wall-clock time used."""
+    def _fire_due(self) -> tuple[int, float, float | None]:
+        """Fire the timers due now, and what the tickers find due; return how many, the
+        wall-clock time used, and the seconds until a ticker needs its next look."""
         with self._lock:
             self._firing += 1
         try:
@@ -644,7 +686,13 @@ class Runner:
             for name, instance_id, key in fired:
                 log.info("timer fired: %s", key, extra=where(name, instance_id, key))
                 self.wake(name, instance_id)
-            return len(fired), now
+            count, until = len(fired), None
+            for ticker in self._tickers:
+                made, wait = ticker.look(now)
+                count += made
+                if wait is not None and (until is None or wait < until):
+                    until = wait
+            return count, now, until
         finally:
             with self._lock:
                 self._firing -= 1
@@ -652,8 +700,9 @@ class Runner:
                     self._idle.notify_all()
 
     def _tick(self, poll: bool) -> float | None:
-        """Fire due timers, and look at the store; return seconds to the next deadline."""
-        _, now = self._fire_due()
+        """Fire due timers (and ticks), and look at the store; return seconds to the next
+        deadline."""
+        _, now, until = self._fire_due()
         if now >= self._next_heartbeat:
             self.store.heartbeat(now)
             self._next_heartbeat = now + self.options.lease / 3
@@ -662,7 +711,8 @@ class Runner:
         if poll:
             self._look_around(now)
         deadline = self.store.next_deadline()
-        return None if deadline is None else deadline - now
+        waits = [w for w in (until, None if deadline is None else deadline - now) if w is not None]
+        return min(waits) if waits else None
 
     def in_flight(self) -> list[tuple[str, str, str | None, str | None]]:
         """(workflow, id, key, since) of each active run: the step it executes (None between)."""

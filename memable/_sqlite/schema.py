@@ -20,7 +20,7 @@ from .._store.protocol import Synchronous
 from .._store.sql.instances import INSTANCE_COLUMNS
 
 #: The schema this code writes; ``PRAGMA user_version`` of every store.
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 #: Seconds a statement waits for another process's lock before failing.
 BUSY_TIMEOUT = 10.0
 
@@ -28,7 +28,7 @@ BUSY_TIMEOUT = 10.0
 _LATER_INSTANCE_COLUMNS = (
     "waiting_for", "owner", "status_message", "step_key", "step_started", "traceback",
     "parent_workflow", "parent_id", "parent_key", "parent_group", "children_pending",
-    "queue", "priority", "queued_at", "recoveries", "lost_owner", "lost_step",
+    "queue", "priority", "queued_at", "recoveries", "lost_owner", "lost_step", "schedule",
 )
 #: Columns every store has had since version 1: what a file must show before
 #: we migrate it.
@@ -173,6 +173,20 @@ def migrate_to_9(db: sqlite_utils.Database) -> None:
     db["owners"].add_column("declares", str)  # type: ignore[union-attr]
 
 
+def migrate_to_10(db: sqlite_utils.Database) -> None:
+    """Schedules, and the schedule whose tick an instance is."""
+    db["instances"].add_column("schedule", str)  # type: ignore[union-attr]
+    db["instances"].create_index(  # type: ignore[union-attr]
+        ["schedule", "status"], index_name="instances_by_schedule"
+    )
+    db["schedules"].create(  # type: ignore[union-attr]
+        {"name": str, "cron": str, "timezone": str, "workflow": str, "last_tick": str,
+         "since": str, "skipped": int, "missed": int},
+        pk="name", not_null={"cron", "timezone", "workflow", "skipped", "missed"},
+        defaults={"skipped": 0, "missed": 0},
+    )
+
+
 #: Migration to version N is MIGRATIONS[N - 1]; all run in the opening transaction.
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     migrate_to_1,
@@ -184,6 +198,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     migrate_to_7,
     migrate_to_8,
     migrate_to_9,
+    migrate_to_10,
 ]
 
 

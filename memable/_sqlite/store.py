@@ -52,9 +52,12 @@ from .._store.rows import (
     Look,
     RunEnd,
     RunSnapshot,
+    ScheduleRow,
     StepWrite,
     StoredStep,
     Suspend,
+    TickFiring,
+    TicksFired,
     fired_now,
     settled,
     step_params,
@@ -64,6 +67,7 @@ from .._store.sql import children as children_sql
 from .._store.sql import instances as shared
 from .._store.sql import owners as owners_sql
 from .._store.sql import queues as queue_sql
+from .._store.sql import schedules as schedules_sql
 from .._store.sql.reads import OperatorReads
 from . import sql
 from .group_commit import GroupCommit
@@ -617,6 +621,29 @@ class SQLiteStore(OperatorReads):
         return self._commits.write(
             "start the children", workflow, instance_id, waits[0].key, start, changes="none"
         )
+
+    # ------------------------------------------------------------------ schedules
+
+    def declare_schedules(self, schedules: list[ScheduleRow], at: str) -> list[ScheduleRow]:
+        return self._grouped(
+            "declare the schedules", None, None, None,
+            lambda conn: schedules_sql.declare(conn.execute, schedules, at), changes="none",
+        )
+
+    def fire_ticks(self, name: str, last: str | None, firing: TickFiring) -> TicksFired:
+        def fire(conn: sqlite3.Connection) -> TicksFired:
+            def insert(row: InstanceRow) -> bool:
+                running = row.status == "running"
+                values = attrs.astuple(attrs.evolve(row, owner=self.owner if running else None))
+                created = conn.execute(sql.INSERT_INSTANCE, values).rowcount == 1
+                if created and running and self._checks is not None:
+                    self._checks.claimed(row.workflow, row.instance_id)
+                return created
+
+            return schedules_sql.fire(conn.execute, name, last, firing, insert)
+
+        return self._grouped(f"fire the schedule {name!r}", None, None, None, fire,
+                             changes="none")
 
     # ------------------------------------------------------------------ reads
 

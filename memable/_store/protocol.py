@@ -28,9 +28,12 @@ from .rows import (
     OwnerRow,
     RunEnd,
     RunSnapshot,
+    ScheduleRow,
     StepWrite,
     StoredStep,
     Suspend,
+    TickFiring,
+    TicksFired,
 )
 
 #: How durable a commit is when the call that made it returns: "full" survives
@@ -51,6 +54,9 @@ class Store(Protocol):
     nothing: that is the fence that keeps a stalled engine from writing after
     another took over.
     """
+
+    #: This engine's id as an owner of instances (its row in ``owners``).
+    owner: str
 
     def create_instance(self, row: InstanceRow) -> bool:
         """Insert ``row``, owned by this store's engine; False (nothing written) if it exists."""
@@ -235,10 +241,10 @@ class Store(Protocol):
     # Reads an operator makes (``memable list``, ``show``, ``signal``); see ``sql.reads``.
 
     def list_view(
-        self, workflow: str | None, status: str | None
+        self, workflow: str | None, status: str | None, schedule: str | None = None
     ) -> list[tuple[InstanceRow, OwnerRow | None]]:
-        """Instances oldest first, optionally of one workflow and in one status, each with
-        its owner's row while it runs."""
+        """Instances oldest first, optionally of one workflow, in one status, the ticks of
+        one schedule, each with its owner's row while it runs."""
 
     def inspect(self, workflow: str, instance_id: str) -> InstanceView | None:
         """One instance with its owner, steps, timers and awaited signals; None if unknown."""
@@ -248,6 +254,35 @@ class Store(Protocol):
 
     def awaited_signals(self, workflow: str, instance_id: str) -> list[str]:
         """The suspend points the instance waits on now (none once it finished)."""
+
+    def schedules(self) -> list[ScheduleRow]:
+        """Every schedule the store knows (declared by some engine, ever), by name."""
+
+    def live_owners(self, now: float) -> list[OwnerRow]:
+        """The engines whose lease has not run out at ``now``, with what each declares."""
+
+    # Schedules.
+
+    def declare_schedules(self, schedules: list[ScheduleRow], at: str) -> list[ScheduleRow]:
+        """Store this engine's schedule declarations, atomically; return the stored rows.
+
+        A schedule new to the store counts its ticks from ``at`` (``since``);
+        one whose stored cron or zone differs takes the declaration's and
+        counts from ``at`` too (no catch-up across a change); its workflow
+        is the declaration's.
+        """
+
+    def fire_ticks(self, name: str, last: str | None, firing: TickFiring) -> TicksFired:
+        """Record a firing of schedule ``name`` planned from its last tick ``last``, atomically.
+
+        Only while the stored last tick is still ``last``: else another engine
+        fired these ticks, and nothing is written (``won`` False). Else the
+        last tick becomes ``firing.last_tick``, its missed ticks are counted,
+        and each of ``firing.rows`` is created (running here, or queued),
+        unless ``firing.skip_overlap`` and an earlier tick's instance of the
+        schedule has not ended (then it is counted skipped), or its id is
+        there already. A created queued instance tells the queue's consumers.
+        """
 
     def listen(self, changed: Callable[[str, str | None, str | None], None] | None) -> None:
         """Tell ``changed(kind, workflow, instance_id)`` what other engines write, as they do.

@@ -61,6 +61,8 @@ class InstanceRow:
     recoveries: int | None = None
     lost_owner: str | None = None
     lost_step: str | None = None
+    #: The schedule whose tick this instance is ("{schedule}@{tick}").
+    schedule: str | None = None
 
 
 @attrs.frozen
@@ -181,6 +183,51 @@ class Suspend:
     outcome: Literal["waiting", "ready", "stopped"]
     deadline: float | None = None  # the timer's armed deadline, when waiting on one
     snapshot: RunSnapshot | None = None
+
+
+@attrs.frozen
+class ScheduleRow:
+    """One row of ``schedules``: what a schedule was declared as, and how far it fired."""
+
+    name: str
+    cron: str
+    timezone: str
+    workflow: str
+    #: The newest tick accounted for (run, skipped or missed), as ``YYYY-MM-DDTHH:MM:SSZ``.
+    last_tick: str | None = None
+    #: When the schedule (or its cron and zone as they are now) was first declared: no
+    #: tick before it is due.
+    since: str | None = None
+    #: Ticks not run because an earlier tick's instance had not ended (``overlap="skip"``).
+    skipped: int = 0
+    #: Ticks that fell due while no engine fired them, and that were not run.
+    missed: int = 0
+
+
+@attrs.frozen
+class TickFiring:
+    """What one firing of a schedule records (``Store.fire_ticks``)."""
+
+    #: The newest tick this firing accounts for: the schedule's new ``last_tick``.
+    last_tick: str
+    #: The instances of the ticks to run, oldest first.
+    rows: list[InstanceRow] = attrs.Factory(list)
+    #: Ticks passed over as missed.
+    missed: int = 0
+    #: Skip a tick while an earlier tick's instance has not ended (``overlap="skip"``).
+    skip_overlap: bool = False
+
+
+@attrs.frozen
+class TicksFired:
+    """How a firing went."""
+
+    #: False: the stored last tick had moved (another engine fired): nothing written.
+    won: bool
+    #: The instances created (their ids; an id already there is not created again).
+    created: list[str] = attrs.Factory(list)
+    #: Ticks skipped because an earlier tick's instance had not ended.
+    skipped: int = 0
 
 
 @attrs.frozen

@@ -52,6 +52,8 @@ INSTANCE_COLUMNS: dict[str, type] = {
     "recoveries": int,
     "lost_owner": str,
     "lost_step": str,
+    # v10: the schedule whose tick the instance is
+    "schedule": str,
 }
 
 # An instance is free to claim when nobody runs it, or its owner's lease ran out.

@@ -14,7 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..rows import InstanceRow, InstanceView, OwnerRow, QueueLook
+from ..rows import InstanceRow, InstanceView, OwnerRow, QueueLook, ScheduleRow
+from . import schedules as schedules_sql
 from .instances import INSTANCE_COLUMNS
 from .queues import HOLDS_SLOT, STARTS
 
@@ -39,17 +40,15 @@ def _instance(row: dict[str, Any]) -> InstanceRow:
 
 
 def list_view(
-    read: ReadRows, workflow: str | None, status: str | None
+    read: ReadRows, workflow: str | None, status: str | None, schedule: str | None = None
 ) -> list[tuple[InstanceRow, OwnerRow | None]]:
-    """Instances, oldest first (of one workflow, in one status, if given), with the owner
-    row of each running one."""
+    """Instances, oldest first (of one workflow, in one status, the ticks of one schedule,
+    if given), with the owner row of each running one."""
     where, params = [], {}
-    if workflow is not None:
-        where.append("i.workflow = :workflow")
-        params["workflow"] = workflow
-    if status is not None:
-        where.append("i.status = :status")
-        params["status"] = status
+    for column, value in (("workflow", workflow), ("status", status), ("schedule", schedule)):
+        if value is not None:
+            where.append(f"i.{column} = :{column}")
+            params[column] = value
     rows = read(
         "list instances",
         f"SELECT {_INSTANCE}, {_OWNER} FROM instances AS i "
@@ -126,16 +125,11 @@ def queue_look(read: ReadRows, row: InstanceRow) -> QueueLook | None:
         {**where, "now": now},
     )
     starts = read("read the queue's starts", STARTS, where)
-    live = read(
-        "read the live owners",
-        f"SELECT {_OWNER} FROM owners AS o WHERE o.heartbeat + o.lease >= :now ORDER BY o.id",
-        {"now": now},
-    )
     return QueueLook(
         position=int(ahead[0]["n"]) + 1,
         running={str(r["owner"]): int(r["n"]) for r in running},
         starts=[float(r["at"]) for r in starts],
-        live=[owner for owner in map(_owner, live) if owner is not None],
+        live=live_owners(read, now),
         now=now,
     )
 
@@ -164,15 +158,30 @@ def workflows(read: ReadRows) -> list[str]:
     return [row["workflow"] for row in rows]
 
 
+def schedules(read: ReadRows) -> list[ScheduleRow]:
+    """Every schedule the store knows, by name."""
+    return [ScheduleRow(**row) for row in read("list the schedules", schedules_sql.SELECT_ALL, {})]
+
+
+def live_owners(read: ReadRows, now: float) -> list[OwnerRow]:
+    """The owners whose lease has not run out at ``now``: the engines running."""
+    live = read(
+        "read the live owners",
+        f"SELECT {_OWNER} FROM owners AS o WHERE o.heartbeat + o.lease >= :now ORDER BY o.id",
+        {"now": now},
+    )
+    return [owner for owner in map(_owner, live) if owner is not None]
+
+
 class OperatorReads:
     """The operator reads of a store, for a store class that has ``read_rows``."""
 
     read_rows: ReadRows
 
     def list_view(
-        self, workflow: str | None, status: str | None
+        self, workflow: str | None, status: str | None, schedule: str | None = None
     ) -> list[tuple[InstanceRow, OwnerRow | None]]:
-        return list_view(self.read_rows, workflow, status)
+        return list_view(self.read_rows, workflow, status, schedule)
 
     def inspect(self, workflow: str, instance_id: str) -> InstanceView | None:
         return inspect(self.read_rows, workflow, instance_id)
@@ -182,3 +191,9 @@ class OperatorReads:
 
     def awaited_signals(self, workflow: str, instance_id: str) -> list[str]:
         return awaited_signals(self.read_rows, workflow, instance_id)
+
+    def schedules(self) -> list[ScheduleRow]:
+        return schedules(self.read_rows)
+
+    def live_owners(self, now: float) -> list[OwnerRow]:
+        return live_owners(self.read_rows, now)

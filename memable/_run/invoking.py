@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from .._queues import QueueSpec, check_priority
-from .._run.run import new_instance_id
-from .._run.workflow import Workflow
 from .._store.rows import InstanceRow, utcnow
 from .._store.serde import store_form
 from .._validate import check_key
+from .run import new_instance_id
+from .workflow import Workflow
 
 
 class _NoInput:

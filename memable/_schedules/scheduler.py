@@ -1,0 +1,242 @@
+"""Firing one engine's schedules: what the timer thread does for them each time it looks.
+
+The runner knows a ``Scheduler`` only as a ticker (``memable._run.runner.Ticker``):
+at start it stores the declarations; at each look of the timer thread it is
+told the time, fires the ticks that fell due, and answers when it next needs a
+look, so a tick is a deadline like any timer's (no thread, no polling loop).
+
+Each tick is the instance ``"{name}@{YYYY-MM-DDTHH:MM:SSZ}"``. Firing plans
+from the schedule's stored last tick and compares and sets it in the
+transaction that creates the ticks' instances (``Store.fire_ticks``), so of
+the engines that declare a schedule, one fires each tick and the others
+write nothing. A tick found on time (within ``GRACE`` of its due time, with
+no later tick due) runs; ticks that fell due while no engine looked (the
+engines were down, the process was suspended, the clock jumped) are missed,
+and ``catch_up`` says which of them run.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+import attrs
+
+from .._log import log, where
+from .._queues import Declarations
+from .._run.invoking import NO_INPUT, new_instance
+from .._run.runner import Runner
+from .._store.rows import InstanceRow, ScheduleRow, TickFiring
+from .cron import Cron, parse_tick, tick_id
+from .spec import TICK, CatchUp, ScheduleSpec
+
+#: Seconds after its due time a tick still counts as on time (when no later one is due).
+GRACE = 30.0
+#: At most this many missed ticks run on ``catch_up="all"``: the newest, oldest first.
+CATCH_UP_ALL = 100
+#: Missed ticks are counted up to this many (a longer count says "at least").
+COUNT_AT_MOST = 100_000
+#: A store error while firing: the next try after this many seconds, doubling to the
+#: most.
+RETRY_FIRST, RETRY_MOST = 1.0, 60.0
+
+
+@attrs.frozen
+class Plan:
+    """Which due ticks of a schedule run, and how many were missed."""
+
+    #: Ticks to run, oldest first.
+    run: list[datetime]
+    #: Ticks passed over (not run).
+    missed: int
+    #: The newest due tick: the schedule's last tick once fired.
+    last: datetime
+    #: Whether the newest tick was found on time (a live tick, not a missed one).
+    live: bool
+    #: Whether ``missed`` stopped counting at ``COUNT_AT_MOST``.
+    at_least: bool = False
+
+
+def plan(cron: Cron, catch_up: CatchUp, after: datetime | None, now: datetime) -> Plan | None:
+    """The ticks in (``after``, ``now``] and what ``catch_up`` makes of them; None if none.
+
+    >>> cron = Cron.parse("0 * * * *")
+    >>> def at(hour, minute=0):
+    ...     return datetime(2026, 1, 1, hour, minute, tzinfo=timezone.utc)
+    >>> plan(cron, "none", at(9), at(10, 0)).live          # on time
+    True
+    >>> missed = plan(cron, "latest", at(9), at(13, 5))  # down from 09:00 to 13:05
+    >>> [f"{t:%H}" for t in missed.run], missed.missed, missed.live
+    (['13'], 3, False)
+    >>> [f"{t:%H}" for t in plan(cron, "all", at(9), at(13, 5)).run]
+    ['10', '11', '12', '13']
+    >>> plan(cron, "none", at(9), at(13, 5)).missed
+    4
+    """
+    newest: list[datetime] = []  # the newest due ticks, newest first (as many as may run)
+    count, at_least = 0, False
+    keep = CATCH_UP_ALL if catch_up == "all" else 1
+    for tick in cron.before(now):
+        if after is not None and tick <= after:
+            break
+        count += 1
+        if len(newest) < keep:
+            newest.append(tick)
+        if count >= COUNT_AT_MOST:
+            at_least = True
+            break
+    if not newest:
+        return None
+    last = newest[0]
+    if count == 1 and (now - last).total_seconds() <= GRACE:
+        return Plan([last], 0, last, live=True)
+    run = {"latest": newest[:1], "all": newest[::-1], "none": []}[catch_up]
+    return Plan(run, count - len(run), last, live=False, at_least=at_least)
+
+
+class Scheduler:
+    """An engine's declared schedules; a ticker of its runner (see the module docstring).
+
+    Its state (the last tick seen, the next due, the retry time of each
+    schedule) is the timer thread's alone, but for ``start``, which runs
+    before that thread starts.
+    """
+
+    def __init__(self, runner: Runner) -> None:
+        self._runner = runner
+        self._specs: dict[str, ScheduleSpec] = {}  # fixed once the engine started
+        self._stored: dict[str, ScheduleRow] = {}
+        self._next: dict[str, datetime | None] = {}  # the next tick due (UTC), by name
+        self._retry: dict[str, tuple[float, float]] = {}  # (at, delay) after a failed firing
+
+    def add(self, spec: ScheduleSpec) -> None:
+        """Declare ``spec`` (before the engine starts; its caller holds the runner's lock)."""
+        if spec.name in self._specs:
+            raise ValueError(f"schedule {spec.name!r} is already declared")
+        self._specs[spec.name] = spec
+
+    def declares(self) -> dict[str, list[str]]:
+        return {s.name: [s.cron.expr, s.cron.zone] for s in self._specs.values()}
+
+    def start(self, now: float) -> None:
+        """Store the declarations (a new or changed schedule counts from now); warn of a
+        live engine that declares one of them differently."""
+        if not self._specs:
+            return
+        store = self._runner.store
+        for owner in store.live_owners(now):
+            if owner.id == store.owner:
+                continue
+            theirs = _declared_schedules(owner.declares)
+            for name, spec in self._specs.items():
+                other = theirs.get(name)
+                if other is not None and other != [spec.cron.expr, spec.cron.zone]:
+                    log.warning(
+                        "schedule %r is declared %r in %s here and %r in %s by engine %s; "
+                        "each engine fires its own ticks", name, spec.cron.expr,
+                        spec.cron.zone, other[0], other[1], owner.id,
+                    )
+        rows = [ScheduleRow(s.name, s.cron.expr, s.cron.zone, s.workflow)
+                for s in self._specs.values()]
+        at = _utc(now)
+        for row in store.declare_schedules(rows, at.isoformat()):
+            self._seen(row, at)
+
+    def look(self, now: float) -> tuple[int, float | None]:
+        """Fire the ticks due at ``now``; how many instances that created, and the seconds
+        until a schedule is next due (or its failed firing is tried again)."""
+        if not self._specs or not self._runner.accepting:
+            return 0, None
+        at = _utc(now)
+        fired = 0
+        for name, spec in self._specs.items():
+            retry_at, delay = self._retry.get(name, (0.0, 0.0))
+            due = self._next.get(name)
+            if now < retry_at or due is None or due > at:
+                continue
+            try:
+                fired += self._fire(spec, at)
+            except Exception:  # e.g. the store stayed locked past its busy timeout
+                delay = min(RETRY_MOST, max(RETRY_FIRST, delay * 2))
+                log.exception("schedule %r: firing failed; trying again in %g s", name, delay)
+                self._retry[name] = (now + delay, delay)
+            else:
+                self._retry.pop(name, None)
+        waits = [(due - at).total_seconds() for due in self._next.values() if due is not None]
+        waits += [retry_at - now for retry_at, _ in self._retry.values()]
+        return fired, max(0.0, min(waits)) if waits else None
+
+    # ------------------------------------------------------------------ one schedule
+
+    def _fire(self, spec: ScheduleSpec, at: datetime) -> int:
+        """Fire what is due of ``spec`` at ``at``; how many instances that created."""
+        stored = self._stored[spec.name]
+        ticks = plan(spec.cron, spec.catch_up, _start(stored), at)
+        if ticks is None:
+            self._next[spec.name] = spec.cron.after(at)
+            return 0
+        rows = [self._row(spec, tick) for tick in ticks.run]
+        firing = TickFiring(tick_id(ticks.last), [row for row, _ in rows], ticks.missed,
+                            skip_overlap=spec.overlap == "skip")
+        fired = self._runner.store.fire_ticks(spec.name, stored.last_tick, firing)
+        if not fired.won:  # another engine fired these ticks: plan from what it stored
+            for now_stored in self._runner.store.schedules():
+                if now_stored.name == spec.name:
+                    self._seen(now_stored, at)
+            return 0
+        self._seen(attrs.evolve(stored, last_tick=firing.last_tick), at)
+        if ticks.missed:
+            log.warning(
+                "schedule %r: %s%d tick%s missed while no engine fired %s (catch_up=%r); "
+                "ran %d", spec.name, "at least " if ticks.at_least else "", ticks.missed,
+                "" if ticks.missed == 1 else "s", "it" if ticks.missed == 1 else "them",
+                spec.catch_up, len(ticks.run),
+            )
+        if fired.skipped:
+            log.info("schedule %r: %d tick%s skipped: an earlier tick's instance has not "
+                     "ended", spec.name, fired.skipped, "" if fired.skipped == 1 else "s")
+        created = set(fired.created)
+        workflow = self._runner.workflow(spec.workflow)
+        for row, value in rows:
+            if row.instance_id not in created:
+                continue
+            log.info("schedule %r fired", spec.name,
+                     extra=where(spec.workflow, row.instance_id))
+            if row.queue is None:
+                self._runner.submit(workflow, row.instance_id, (value,))
+        if any(row.queue is not None for row, _ in rows):
+            self._runner.kick()
+        return len(created)
+
+    def _row(self, spec: ScheduleSpec, tick: datetime) -> tuple[InstanceRow, Any]:
+        """The instance of ``tick`` (running here, or queued) and its input as runs see it."""
+        workflow = self._runner.workflow(spec.workflow)
+        value = spec.input
+        if value is TICK:
+            value = tick if workflow.takes_input else NO_INPUT
+        row, value = new_instance(workflow, value, f"{spec.name}@{tick_id(tick)}", spec.queue,
+                                  0, self._runner.queues)
+        return attrs.evolve(row, schedule=spec.name), value
+
+    def _seen(self, row: ScheduleRow, at: datetime) -> None:
+        """What the store holds of a schedule (as of ``at``): plan from it; its next tick
+        is the first after its start."""
+        self._stored[row.name] = row
+        self._next[row.name] = self._specs[row.name].cron.after(_start(row) or at)
+
+
+def _start(row: ScheduleRow) -> datetime | None:
+    """Ticks after this are due: the last tick accounted for, or when it began counting."""
+    starts = [parse_tick(row.last_tick)] if row.last_tick else []
+    if row.since:
+        starts.append(datetime.fromisoformat(row.since))
+    return max(starts) if starts else None
+
+
+def _utc(seconds: float) -> datetime:
+    return datetime.fromtimestamp(seconds, timezone.utc)
+
+
+def _declared_schedules(declares: str | None) -> dict[str, list[str]]:
+    declared = Declarations.from_json(declares)
+    return {} if declared is None else declared.schedules
