@@ -17,6 +17,7 @@ and ``catch_up`` says which of them run.
 
 from __future__ import annotations
 
+import threading
 from datetime import datetime, timezone
 from typing import Any
 
@@ -97,14 +98,16 @@ def plan(cron: Cron, catch_up: CatchUp, after: datetime | None, now: datetime) -
 class Scheduler:
     """An engine's declared schedules; a ticker of its runner (see the module docstring).
 
-    Its state (the last tick seen, the next due, the retry time of each
-    schedule) is the timer thread's alone, but for ``start``, which runs
-    before that thread starts.
+    Looks come from the timer thread and from ``fire_due_timers()`` on a
+    caller's thread: one at a time, under ``_lock``.
     """
 
     def __init__(self, runner: Runner) -> None:
         self._runner = runner
         self._specs: dict[str, ScheduleSpec] = {}  # fixed once the engine started
+        # _lock guards the fields below: a look (and start) holds it throughout. Lock
+        # order: _lock, then the runner's lock, then the store's.
+        self._lock = threading.Lock()
         self._stored: dict[str, ScheduleRow] = {}
         self._next: dict[str, datetime | None] = {}  # the next tick due (UTC), by name
         self._retry: dict[str, tuple[float, float]] = {}  # (at, delay) after a failed firing
@@ -139,14 +142,20 @@ class Scheduler:
         rows = [ScheduleRow(s.name, s.cron.expr, s.cron.zone, s.workflow)
                 for s in self._specs.values()]
         at = _utc(now)
-        for row in store.declare_schedules(rows, at.isoformat()):
-            self._seen(row, at)
+        with self._lock:
+            for row in store.declare_schedules(rows, at.isoformat()):
+                self._seen(row, at)
 
     def look(self, now: float) -> tuple[int, float | None]:
         """Fire the ticks due at ``now``; how many instances that created, and the seconds
         until a schedule is next due (or its failed firing is tried again)."""
         if not self._specs or not self._runner.accepting:
             return 0, None
+        with self._lock:
+            return self._look(now)
+
+    def _look(self, now: float) -> tuple[int, float | None]:
+        # Caller holds _lock.
         at = _utc(now)
         fired = 0
         for name, spec in self._specs.items():
