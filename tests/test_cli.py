@@ -309,10 +309,11 @@ def test_list_json_gives_one_record_per_instance(store: Store) -> None:
     assert {frozenset(r) for r in records} == {
         frozenset(
             {"workflow", "instance_id", "status", "message", "status_message", "created_at",
-             "updated_at", "completed_at", "owner", "age_seconds"}
+             "updated_at", "completed_at", "schedule", "owner", "age_seconds"}
         )
     }
     assert {r["owner"] for r in records} == {None}  # none is running
+    assert {r["schedule"] for r in records} == {None}  # none is a schedule's tick
     assert all(3590 < r["age_seconds"] < 36000 for r in records)  # made an hour ago
     first = records[0]
     assert datetime.fromisoformat(first["created_at"]) == store.t0
@@ -601,6 +602,7 @@ def command(name: str, path: Path) -> list[str | os.PathLike[str]]:
     """A well-formed command acting on ship/order-7 or approve/doc-1 in the store at path."""
     return {
         "list": ["list", path],
+        "schedules": ["schedules", path],
         "show": ["show", path, "ship", "order-7"],
         "signal": ["signal", path, "approve", "doc-1", "approval:v1", '"alice"'],
         "cancel": ["cancel", path, "approve", "doc-1"],
@@ -608,7 +610,7 @@ def command(name: str, path: Path) -> list[str | os.PathLike[str]]:
     }[name]
 
 
-COMMANDS = ["list", "show", "signal", "cancel", "purge"]
+COMMANDS = ["list", "schedules", "show", "signal", "cancel", "purge"]
 
 
 @pytest.mark.parametrize("name", COMMANDS)
@@ -881,7 +883,7 @@ def test_python_m_memable_lists_signals_and_refuses(store: Store, tmp_path: Path
 
 def test_help_names_every_command_and_version_is_the_package_version() -> None:
     help_text = ok("--help")
-    for name in ("demo", "list", "show", "signal", "cancel", "purge", "worker"):
+    for name in ("demo", "list", "schedules", "show", "signal", "cancel", "purge", "worker"):
         assert re.search(rf"^\s+{name}\s", help_text, re.MULTILINE), name
     assert memable.__version__ in ok("--version")
 

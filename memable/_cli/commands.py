@@ -28,6 +28,7 @@ from .inspect import (
     STATUSES,
     did_you_mean,
     list_instances,
+    list_schedules,
     open_existing,
     raise_unknown,
     show_instance,
@@ -124,18 +125,24 @@ def demo(path: str) -> None:
 @click.argument("db")
 @click.option("--workflow", help="Only instances of this workflow.")
 @click.option("--status", type=click.Choice(STATUSES), help="Only instances in this status.")
+@click.option("--schedule", metavar="NAME", help="Only the ticks of this schedule.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON records instead of a table.")
 @_SCHEMA
 def list_command(
-    db: str, workflow: str | None, status: str | None, as_json: bool, schema: str | None
+    db: str, workflow: str | None, status: str | None, schedule: str | None, as_json: bool,
+    schema: str | None,
 ) -> None:
     """List the instances in the store DB, oldest first."""
     with _store(db, schema) as store:
-        found = list_instances(store, workflow, status)
+        found = list_instances(store, workflow, status, schedule)
         names = store.workflows() if workflow is not None and not found else []
+        known = [s.name for s in store.schedules()] if schedule is not None and not found else []
     if workflow is not None and not found and workflow not in names:
         hint = did_you_mean(workflow, names)
         _note(f"the store has no instance of workflow {workflow!r}{'; ' + hint if hint else ''}")
+    if schedule is not None and not found and schedule not in known:
+        hint = did_you_mean(schedule, known)
+        _note(f"the store has no schedule {schedule!r}{'; ' + hint if hint else ''}")
     if as_json:
         click.echo(_json(found))
         return
@@ -151,6 +158,43 @@ def list_command(
             ],
         )
     )
+
+
+@main.command()
+@click.argument("db")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON records instead of a table.")
+@_SCHEMA
+def schedules(db: str, as_json: bool, schema: str | None) -> None:
+    """List the schedules in the store DB: cron, zone, workflow, last and next tick, ticks
+    skipped and missed, and whether a running engine declares each."""
+    with _store(db, schema) as store:
+        found, notes = list_schedules(store)
+    for note in notes:
+        _note(note)
+    if as_json:
+        click.echo(_json(found))
+        return
+    if not found:
+        click.echo("no schedules: no engine has declared one on this store")
+        return
+    click.echo(
+        _table(
+            ["SCHEDULE", "CRON", "ZONE", "WORKFLOW", "LAST", "NEXT", "SKIPPED", "MISSED",
+             "DECLARED"],
+            [
+                [s["name"], s["cron"], s["timezone"], s["workflow"], s["last_tick"],
+                 s["next_tick"], s["skipped"], s["missed"], _declared_cell(s["engines"])]
+                for s in found
+            ],
+        )
+    )
+
+
+def _declared_cell(engines: int) -> str:
+    """How many running engines declare a schedule; none fires its ticks when none does."""
+    if not engines:
+        return "not declared"
+    return f"by {engines} engine{'' if engines == 1 else 's'}"
 
 
 def _owner_cell(owner: dict[str, Any] | None) -> str | None:

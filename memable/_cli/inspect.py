@@ -1,7 +1,9 @@
-"""What the command line shows of a store: instance listings and one instance in full.
+"""What the command line shows of a store: instance listings, one instance in full, and
+the schedules.
 
 Plain reads, through the store's operator reads (``Store.list_view``,
-``Store.inspect``; see ``memable._store.sql.reads``), on a store opened by
+``Store.inspect``, ``Store.schedules``, ``Store.live_owners``; see
+``memable._store.sql.reads``), on a store opened by
 ``open_existing``, file or PostgreSQL; nothing here writes. The views are
 JSON-ready dicts (stored JSON values decoded, times as stored ISO text) so
 ``--json`` prints them as they are and the tables format them.
@@ -20,9 +22,10 @@ from .._engine.targets import open_store
 from .._errors import InstanceNotFound, StorageError, WorkflowNotFound
 from .._postgres.schema import is_url
 from .._queues import Declarations, QueueSpec
+from .._schedules.cron import Cron, parse_tick, tick_id
 from .._store import liveness as _liveness
 from .._store.protocol import Store
-from .._store.rows import InstanceRow, OwnerRow, QueueLook
+from .._store.rows import InstanceRow, OwnerRow, QueueLook, ScheduleRow
 
 #: What ``memable list --status`` accepts: every status an instance can have.
 STATUSES = ("queued", "running", "suspended", "completed", "failed", "cancelled")
@@ -53,12 +56,14 @@ def _decoded(text: str | None) -> Any:
 
 
 def list_instances(
-    store: Store, workflow: str | None = None, status: str | None = None
+    store: Store, workflow: str | None = None, status: str | None = None,
+    schedule: str | None = None,
 ) -> list[dict[str, Any]]:
-    """Instances, oldest first, optionally of one workflow and in one status."""
+    """Instances, oldest first, optionally of one workflow, in one status, and the ticks of
+    one schedule."""
     now = datetime.now(timezone.utc)
     listed = []
-    for row, owner in store.list_view(workflow, status):
+    for row, owner in store.list_view(workflow, status, schedule):
         age = now - datetime.fromisoformat(row.created_at)
         judged = (
             _owner(row.owner, owner) if row.status == "running" and row.owner else None
@@ -68,12 +73,60 @@ def list_instances(
             "message": row.message, "status_message": row.status_message,
             "created_at": row.created_at,
             "updated_at": row.updated_at, "completed_at": row.completed_at,
+            "schedule": row.schedule,
             "owner": None if judged is None else {
                 "host": judged["host"], "pid": judged["pid"], "alive": judged["alive"],
             },
             "age_seconds": round(age.total_seconds(), 3),
         })
     return listed
+
+
+def list_schedules(store: Store) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every schedule the store knows, by name, and a note for each whose next tick cannot
+    be told here.
+
+    Each: its stored declaration (cron, zone, workflow), its last tick (the
+    newest accounted for: run, skipped or missed) and its next one (the first
+    after now, its last tick and when it began counting, whichever is latest;
+    ticks as their instances name them), the ticks skipped and missed, and
+    how many running engines declare it (judged by the declarations each
+    stores with its owner row): none is ``declared`` False, and no tick fires
+    until one does.
+    """
+    rows = store.schedules()  # before the owners: an engine stores its owner row first
+    now = time.time()
+    engines: dict[str, int] = {}
+    for owner in store.live_owners(now):
+        declared = Declarations.from_json(owner.declares)
+        for name in declared.schedules if declared is not None else {}:
+            engines[name] = engines.get(name, 0) + 1
+    listed, notes = [], []
+    for row in rows:
+        try:
+            upcoming = _next_tick(row, datetime.fromtimestamp(now, timezone.utc))
+        except ValueError as exc:  # a zone this machine does not know, say
+            upcoming = None
+            notes.append(f"schedule {row.name!r}: no next tick: {exc}")
+        listed.append({
+            "name": row.name, "cron": row.cron, "timezone": row.timezone,
+            "workflow": row.workflow, "last_tick": row.last_tick, "next_tick": upcoming,
+            "since": row.since, "skipped": row.skipped, "missed": row.missed,
+            "declared": row.name in engines, "engines": engines.get(row.name, 0),
+        })
+    return listed, notes
+
+
+def _next_tick(row: ScheduleRow, now: datetime) -> str | None:
+    """The schedule's next tick as its instance names it; ValueError if the stored cron,
+    zone or last tick cannot be read here."""
+    start = now
+    if row.last_tick is not None:
+        start = max(start, parse_tick(row.last_tick))
+    if row.since is not None:
+        start = max(start, datetime.fromisoformat(row.since))
+    tick = Cron.parse(row.cron, row.timezone).after(start)
+    return None if tick is None else tick_id(tick)
 
 
 def _seconds_between(start: str | None, end: str | None) -> float | None:
