@@ -67,10 +67,14 @@ class BackgroundThread(LoopThread):
         return self._poll_now
 
     def _look(self) -> float:
-        poll = self._poll or self._clock.monotonic() >= self._next_poll
+        started = self._clock.monotonic()
+        poll = self._poll or started >= self._next_poll
         if poll:
-            self._next_poll = self._clock.monotonic() + self._poll_interval
-        return self._until_next(self._tick(poll))
+            self._next_poll = started + self._poll_interval
+        until_deadline = self._tick(poll)
+        if until_deadline is not None:  # counted from the look's start, not its end
+            until_deadline -= self._clock.monotonic() - started
+        return self._until_next(until_deadline)
 
     def _after_failure(self) -> float:
         return self._until_next(None)
