@@ -185,7 +185,8 @@ def engine(memable_engine: Engine) -> Engine:
 def advance(engine: Engine, clock: FrozenClock, by: timedelta | float) -> int:
     """Move the frozen ``clock`` forward by ``by`` and fire the timers that fell due.
 
-    Suspend points' deadlines (``ctx.suspend(key, timeout=...)``) count as timers.
+    Suspend points' deadlines (``ctx.suspend(key, timeout=...)``) count as timers,
+    and so does each tick of a schedule that runs (``engine.schedule``).
 
     ``clock`` is what ``freezegun.freeze_time(...)`` yields (with
     ``tick=True``, it moves from the time the clock shows now); ``by`` is a
@@ -233,17 +234,19 @@ def advance(engine: Engine, clock: FrozenClock, by: timedelta | float) -> int:
         timer for timer, (_, state) in _timers(engine, _live_instances(engine)).items()
         if state == "waiting"
     }
+    ticks = _ticks(engine)
     _move(clock, delta)
     fired = engine.fire_due_timers()
     _until_fired(engine)
     # Every timer due now is fired by now: by this call, or by the timer thread.
-    # Count those that were waiting before.
+    # Count those that were waiting before. A tick the timer thread was firing has
+    # been too: this call's look at the schedules waited for it.
     states = _timers(engine, {(name, instance_id) for name, instance_id, _ in waiting})
     fired_meanwhile = sum(
         1 for timer in waiting
         if timer in states and states[timer][1] == _FIRED[states[timer][0]]
     )
-    return max(fired, fired_meanwhile)
+    return max(fired, fired_meanwhile + len(_ticks(engine) - ticks))
 
 
 @contextmanager
@@ -346,6 +349,15 @@ def _move(clock: FrozenClock, delta: timedelta) -> None:
         clock.move_to(clock() + delta)
     else:
         clock.tick(delta)
+
+
+def _ticks(engine: Engine) -> set[str]:
+    """The ids of the instances of the engine's schedules' ticks."""
+    return {
+        row.instance_id
+        for name in engine._schedules.declares()
+        for row, _ in engine._store.list_view(None, None, schedule=name)
+    }
 
 
 def _live_instances(engine: Engine) -> set[tuple[str, str]]:

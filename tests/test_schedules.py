@@ -22,6 +22,7 @@ from memable import AlreadyStarted, Completed, Context, Engine, Queued, StorageE
 from memable._clock import Clock
 from memable._run.options import Options
 from memable._sqlite.store import SQLiteStore
+from memable.testing import advance
 
 TIMEOUT = 10
 
@@ -121,9 +122,13 @@ def test_an_input_the_workflow_cannot_take_is_refused_at_declaration() -> None:
     engine = Engine.in_memory()
     engine.register("count", count)
     engine.register("none", lambda ctx: None)
-    assert "its tick (a datetime) does not fit workflow 'count'" in _bad(engine, workflow="count")
-    assert "the input given does not fit workflow 'none'" in _bad(engine, workflow="none",
-                                                                    input=3)
+    assert _bad(engine, workflow="count") == (
+        "input of schedule 'every': its tick (an aware UTC datetime) does not fit the input "
+        "of workflow 'count' (annotated <class 'int'>); give input= a value of that type"
+    )
+    assert _bad(engine, workflow="none", input=3) == (
+        "input of schedule 'every': workflow 'none' takes no input, got int"
+    )
     engine.schedule("fine", "@daily", "count", input=3)
     engine.schedule("fine too", "@daily", "none")
     engine.close()
@@ -364,19 +369,50 @@ def test_two_running_engines_fire_each_tick_once(two_engines: Callable[..., Engi
     assert sorted(runs) == [tick(1, hour) for hour in range(10, 16)]
 
 
+def test_two_engines_that_planned_one_catch_up_count_each_missed_tick_once(
+    two_engines: Callable[..., Engine],
+) -> None:
+    """Both engines read the schedule at 09:59 and neither fires until 13:05 (their timer
+    threads sleep for the poll interval): both plan the same catch-up; the one whose firing
+    comes second finds the last tick moved and writes nothing: 3 ticks missed, not 6."""
+    with freeze_time(at(1, 9, 59)) as clock:
+        engines = [two_engines(catch_up="latest") for _ in range(2)]
+        for engine in engines:
+            engine.start()
+        clock.move_to(at(1, 13, 5))
+        for engine in engines:
+            engine.fire_due_timers()
+        for engine in engines:
+            engine.wait_all()
+        reader = two_engines()
+        assert ticks_of(reader) == [tick(1, 13)]
+        assert schedule_row(reader).missed == 3
+
+
 def test_two_engines_declaring_one_name_differently_each_warn_naming_both(
     two_engines: Callable[..., Engine], caplog: pytest.LogCaptureFixture,
 ) -> None:
-    with freeze_time(at(1, 9, 59)), caplog.at_level(logging.WARNING, logger="memable"):
+    """The engine that starts second sees the first's declaration; the first sees the
+    second's in the store at its next firing. Each warns once, naming both; each fires its
+    own ticks."""
+    with freeze_time(at(1, 9, 59)) as clock, caplog.at_level(logging.WARNING, "memable"):
         first = two_engines("0 * * * *")
         first.start()
         second = two_engines("30 * * * *")
         second.start()
+        for moment in (at(1, 10), at(1, 10, 30), at(1, 11), at(1, 11, 30)):
+            clock.move_to(moment)
+            first.fire_due_timers()
+            second.fire_due_timers()
+        runs = ticks_of(first)
         second.close()
         first.close()
-    [warning] = [r.getMessage() for r in caplog.records if "declared" in r.getMessage()]
-    assert "'30 * * * *'" in warning
-    assert "'0 * * * *'" in warning
+    warnings = [r.getMessage() for r in caplog.records if "declared" in r.getMessage()]
+    assert len(warnings) == 2
+    for warning in warnings:
+        assert "'30 * * * *'" in warning
+        assert "'0 * * * *'" in warning
+    assert runs == [tick(1, 10), tick(1, 10, 30), tick(1, 11), tick(1, 11, 30)]
 
 
 # ---------------------------------------------------------------------- overlap and queues
@@ -534,3 +570,21 @@ def test_a_look_from_fire_due_timers_waits_for_the_timer_threads_look() -> None:
         for look in looks:
             look.join(TIMEOUT)
         assert ticks_of(engine) == [tick(1, 10)]
+
+
+def test_advance_counts_a_tick_whichever_thread_fired_it(scheduled: Callable[..., Engine]) -> None:
+    """The engine's own firing stands in for the timer thread winning: it fires the tick
+    and reports nothing; ``advance`` still counts the tick that ran."""
+    engine = scheduled()
+    real = engine.fire_due_timers
+
+    def timer_thread_won() -> int:
+        real()
+        return 0
+
+    engine.fire_due_timers = timer_thread_won  # type: ignore[method-assign]
+    with freeze_time(at(1, 9, 30)) as clock, engine:
+        assert advance(engine, clock, timedelta(minutes=30)) == 1  # 10:00
+        assert advance(engine, clock, timedelta(minutes=30)) == 0  # 10:30
+        assert advance(engine, clock, timedelta(minutes=30)) == 1  # 11:00
+        assert ticks_of(engine) == [tick(1, 10), tick(1, 11)]

@@ -21,7 +21,7 @@ from .._run.runner import Runner
 from .._run.workflow import Workflow
 from .._schedules.cron import tick_id
 from .._schedules.scheduler import Scheduler
-from .._schedules.spec import TICK, CatchUp, Overlap, ScheduleSpec
+from .._schedules.spec import CatchUp, Overlap, ScheduleSpec
 from .._store.admin import cancel_instance, purge_finished, store_signal
 from .._store.protocol import Store, Synchronous
 from .._store.rows import InstanceRow, metadata_of
@@ -193,7 +193,7 @@ class Engine:
         cron: str,
         workflow: str,
         *,
-        input: Any = TICK,
+        input: Any = None,
         timezone: str = "UTC",
         queue: str | None = None,
         catch_up: CatchUp = "latest",
@@ -206,8 +206,8 @@ class Engine:
         ``timezone`` is an IANA name (daylight saving as Debian's cron has
         it). Each tick is the instance ``"{name}@{tick}"`` (the tick in UTC,
         ``YYYY-MM-DDTHH:MM:SSZ``), so each tick runs once however many
-        engines declare the schedule. Its input is ``input`` if given, else
-        the tick (an aware UTC datetime) if the workflow takes one. On
+        engines declare the schedule. Its input is ``input`` if given (not
+        None), else the tick (an aware UTC datetime) if the workflow takes one. On
         ``queue`` (else the workflow's default queue) a tick waits for a
         slot like any invocation.
 
@@ -672,11 +672,17 @@ def _check_tick_input(
     """A tick's instance could be stored: the input given, or the tick, fits the workflow."""
     sample = datetime(2000, 1, 1, tzinfo=dt_timezone.utc)
     value = spec.input
-    if value is TICK:
+    if value is None:
         value = sample if workflow.takes_input else NO_INPUT
     try:
         new_instance(workflow, value, f"{spec.name}@{tick_id(sample)}", spec.queue, 0, queues)
-    except (TypeError, SerializationError) as exc:
-        given = "the input given" if spec.input is not TICK else "its tick (a datetime)"
-        raise ValueError(f"input of schedule {spec.name!r}: {given} does not fit workflow "
-                         f"{spec.workflow!r} ({exc}); give input=") from None
+    except TypeError as exc:  # an input it does not take, or none where it needs one
+        raise ValueError(f"input of schedule {spec.name!r}: {exc}") from None
+    except SerializationError:
+        given = ("the input given" if spec.input is not None
+                 else "its tick (an aware UTC datetime)")
+        raise ValueError(
+            f"input of schedule {spec.name!r}: {given} does not fit the input of workflow "
+            f"{spec.workflow!r} (annotated {workflow.input_hint!r}); give input= a value "
+            "of that type"
+        ) from None

@@ -2,10 +2,13 @@
 
 A schedule's expression has five fields (minute, hour, day of month, month,
 day of week) or is one of the ``@`` aliases, and is evaluated in an IANA
-zone (``zoneinfo``). cronsim copies Debian cron's daylight-saving rules: a
-job at a fixed time that falls in the hour skipped in spring runs once, at
-the end of the gap; one in the hour repeated in autumn runs once, the first
-time; jobs that run every hour (or more often) follow the clock through both.
+zone (``zoneinfo``). cronsim copies Debian cron's daylight-saving rules. When
+neither the minute nor the hour field starts with ``*`` (a fixed time of
+day, such as ``30 2 * * *`` or ``0 0-23 * * *``), a time in the hour skipped
+in spring runs once, at the end of the gap, and a time in the hour repeated
+in autumn runs once, the first time. When either starts with ``*`` (such as
+``0 * * * *`` or ``*/30 2 * * *``), ticks follow the wall clock through both
+changes: none in the skipped hour, both passes through the repeated one.
 Ticks leave here as aware UTC datetimes.
 """
 
@@ -101,17 +104,33 @@ class Cron:
         ['00:00', '01:00', '02:00']
         """
         zone = ZoneInfo(self.zone)
-        for tick in CronSim(self.fields, after.astimezone(zone)):
+        for tick in CronSim(self.fields, _plain(after).astimezone(zone)):
             yield tick.astimezone(timezone.utc)
 
     def before(self, moment: datetime) -> Iterator[datetime]:
         """The ticks at or before ``moment`` (aware), newest first, in UTC."""
-        zone = ZoneInfo(self.zone)
-        local = moment.astimezone(zone)
-        # cronsim's reverse walk starts strictly before its start: start a second later.
-        start = local.replace(microsecond=0) + timedelta(seconds=1)
-        for tick in CronSim(self.fields, start, reverse=True):
+        # cronsim's reverse walk starts strictly before its start: start a second later,
+        # counted in UTC (local arithmetic would drop the fold of a repeated hour).
+        start = _plain(moment).replace(microsecond=0) + timedelta(seconds=1)
+        for tick in CronSim(self.fields, start.astimezone(ZoneInfo(self.zone)), reverse=True):
             yield tick.astimezone(timezone.utc)
+
+
+def _plain(moment: datetime) -> datetime:
+    """``moment`` (aware) in UTC, as an instance of the standard ``datetime`` class.
+
+    A frozen clock (freezegun) hands out a subclass whose arithmetic and
+    ``astimezone`` drop ``fold``, and with it one of the two ticks of an hour
+    that autumn repeats: cronsim is given the standard class, which keeps it.
+
+    >>> type(_plain(datetime(2026, 10, 25, 1, 0, tzinfo=timezone.utc))) is datetime
+    True
+    """
+    plain = next(c for c in type(moment).__mro__
+                 if c.__module__ == "datetime" and c.__qualname__ == "datetime")
+    utc = moment.astimezone(timezone.utc)
+    return plain(utc.year, utc.month, utc.day, utc.hour, utc.minute, utc.second,  # type: ignore[no-any-return]
+                 utc.microsecond, tzinfo=timezone.utc)
 
 
 def tick_id(tick: datetime) -> str:

@@ -29,7 +29,7 @@ from .._run.invoking import NO_INPUT, new_instance
 from .._run.runner import Runner
 from .._store.rows import InstanceRow, ScheduleRow, TickFiring
 from .cron import Cron, parse_tick, tick_id
-from .spec import TICK, CatchUp, ScheduleSpec
+from .spec import CatchUp, ScheduleSpec
 
 #: Seconds after its due time a tick still counts as on time (when no later one is due).
 GRACE = 30.0
@@ -111,6 +111,7 @@ class Scheduler:
         self._stored: dict[str, ScheduleRow] = {}
         self._next: dict[str, datetime | None] = {}  # the next tick due (UTC), by name
         self._retry: dict[str, tuple[float, float]] = {}  # (at, delay) after a failed firing
+        self._warned: set[tuple[str, str, str]] = set()  # (name, cron, zone) warned of
 
     def add(self, spec: ScheduleSpec) -> None:
         """Declare ``spec`` (before the engine starts; its caller holds the runner's lock)."""
@@ -127,22 +128,16 @@ class Scheduler:
         if not self._specs:
             return
         store = self._runner.store
-        for owner in store.live_owners(now):
-            if owner.id == store.owner:
-                continue
-            theirs = _declared_schedules(owner.declares)
-            for name, spec in self._specs.items():
-                other = theirs.get(name)
-                if other is not None and other != [spec.cron.expr, spec.cron.zone]:
-                    log.warning(
-                        "schedule %r is declared %r in %s here and %r in %s by engine %s; "
-                        "each engine fires its own ticks", name, spec.cron.expr,
-                        spec.cron.zone, other[0], other[1], owner.id,
-                    )
         rows = [ScheduleRow(s.name, s.cron.expr, s.cron.zone, s.workflow)
                 for s in self._specs.values()]
         at = _utc(now)
         with self._lock:
+            for owner in store.live_owners(now):
+                theirs = {} if owner.id == store.owner else _declared_schedules(owner.declares)
+                for name, spec in self._specs.items():
+                    other = theirs.get(name)
+                    if other is not None and len(other) == 2:
+                        self._differs(spec, other[0], other[1], f"engine {owner.id}")
             for row in store.declare_schedules(rows, at.isoformat()):
                 self._seen(row, at)
 
@@ -179,21 +174,30 @@ class Scheduler:
 
     def _fire(self, spec: ScheduleSpec, at: datetime) -> int:
         """Fire what is due of ``spec`` at ``at``; how many instances that created."""
-        stored = self._stored[spec.name]
-        ticks = plan(spec.cron, spec.catch_up, _start(stored), at)
-        if ticks is None:
-            self._next[spec.name] = spec.cron.after(at)
-            return 0
-        rows = [self._row(spec, tick) for tick in ticks.run]
-        firing = TickFiring(tick_id(ticks.last), [row for row, _ in rows], ticks.missed,
-                            skip_overlap=spec.overlap == "skip")
-        fired = self._runner.store.fire_ticks(spec.name, stored.last_tick, firing)
-        if not fired.won:  # another engine fired these ticks: plan from what it stored
+        # Another engine may fire between this one's last read and its firing: then plan
+        # again from what that engine stored (twice at most; the next look tries again).
+        for _ in range(2):
+            stored = self._stored[spec.name]
+            ticks = plan(spec.cron, spec.catch_up, _start(stored), at)
+            if ticks is None:
+                self._next[spec.name] = spec.cron.after(at)
+                return 0
+            rows = [self._row(spec, tick) for tick in ticks.run]
+            firing = TickFiring(tick_id(ticks.last), [row for row, _ in rows], ticks.missed,
+                                skip_overlap=spec.overlap == "skip")
+            fired = self._runner.store.fire_ticks(spec.name, stored.last_tick, firing)
+            if fired.won:
+                break
             for now_stored in self._runner.store.schedules():
                 if now_stored.name == spec.name:
                     self._seen(now_stored, at)
+                    self._differs(spec, now_stored.cron, now_stored.timezone,
+                                  "the store (another engine)")
+        else:
             return 0
         self._seen(attrs.evolve(stored, last_tick=firing.last_tick), at)
+        if fired.declared is not None:
+            self._differs(spec, *fired.declared, "the store (another engine)")
         if ticks.missed:
             log.warning(
                 "schedule %r: %s%d tick%s missed while no engine fired %s (catch_up=%r); "
@@ -217,11 +221,21 @@ class Scheduler:
             self._runner.kick()
         return len(created)
 
+    def _differs(self, spec: ScheduleSpec, cron: str, zone: str, where: str) -> None:
+        """One WARNING per other declaration of the schedule seen, naming both."""
+        if (cron, zone) == (spec.cron.expr, spec.cron.zone):
+            return
+        if (spec.name, cron, zone) not in self._warned:
+            self._warned.add((spec.name, cron, zone))
+            log.warning("schedule %r is declared %r in %s here and %r in %s by %s; each "
+                        "engine fires its own ticks", spec.name, spec.cron.expr,
+                        spec.cron.zone, cron, zone, where)
+
     def _row(self, spec: ScheduleSpec, tick: datetime) -> tuple[InstanceRow, Any]:
         """The instance of ``tick`` (running here, or queued) and its input as runs see it."""
         workflow = self._runner.workflow(spec.workflow)
         value = spec.input
-        if value is TICK:
+        if value is None:  # the tick, if the workflow takes an input
             value = tick if workflow.takes_input else NO_INPUT
         row, value = new_instance(workflow, value, f"{spec.name}@{tick_id(tick)}", spec.queue,
                                   0, self._runner.queues)

@@ -20,18 +20,6 @@ OVERLAPS: tuple[Overlap, ...] = ("allow", "skip")
 MAX_NAME = 200
 
 
-class _TickInput:
-    """The default input of a scheduled workflow: its tick (None is a value)."""
-
-    def __repr__(self) -> str:
-        return "<the tick>"
-
-
-#: ``input`` not given: a workflow that takes an input gets the tick, as an aware UTC
-#: datetime.
-TICK: Any = _TickInput()
-
-
 def check_name(name: object) -> str:
     """A schedule name: a non-empty str, at most 200 characters, without "@" (the
     separator of its ticks' ids) and not starting with "_".
@@ -71,15 +59,15 @@ class ScheduleSpec:
     name: str
     cron: Cron
     workflow: str
-    #: The input of each tick's instance (``TICK``: the tick itself, if it takes one).
-    input: Any = attrs.field(default=TICK, eq=False)
+    #: The input of each tick's instance (None: the tick itself, if the workflow takes one).
+    input: Any = attrs.field(default=None, eq=False)
     queue: str | None = None
     catch_up: CatchUp = "latest"
     overlap: Overlap = "allow"
 
     @classmethod
     def declare(
-        cls, name: object, cron: object, workflow: object, *, input: Any = TICK,
+        cls, name: object, cron: object, workflow: object, *, input: Any = None,
         timezone: object = "UTC", queue: object = None, catch_up: object = "latest",
         overlap: object = "allow",
     ) -> ScheduleSpec:

@@ -228,6 +228,9 @@ class TicksFired:
     created: list[str] = attrs.Factory(list)
     #: Ticks skipped because an earlier tick's instance had not ended.
     skipped: int = 0
+    #: The stored (cron, zone) of the schedule: another engine's declaration, if it
+    #: differs from the firing engine's.
+    declared: tuple[str, str] | None = None
 
 
 @attrs.frozen

@@ -35,6 +35,7 @@ ADVANCE = """
 UPDATE schedules SET last_tick = :tick, missed = missed + :missed, skipped = skipped + :skipped
 WHERE name = :name AND COALESCE(last_tick, '') = COALESCE(:last, '')
 """
+DECLARED = "SELECT cron, timezone FROM schedules WHERE name = :name"
 #: An earlier tick's instance of the schedule that has not ended.
 RUNNING = """
 SELECT 1 FROM instances WHERE schedule = :name
@@ -75,4 +76,5 @@ def fire(
     if skipped:
         execute(ADVANCE, {"name": name, "tick": firing.last_tick, "missed": 0,
                           "skipped": skipped, "last": firing.last_tick})
-    return TicksFired(won=True, created=created, skipped=skipped)
+    cron, zone = execute(DECLARED, {"name": name}).fetchone()
+    return TicksFired(won=True, created=created, skipped=skipped, declared=(cron, zone))
