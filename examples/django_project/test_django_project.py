@@ -20,7 +20,7 @@ from memable.testing import advance, running
 
 from orders.engine import get_engine, open_engine, use_engine
 from orders.views import WORKFLOW
-from orders.workflows import Order
+from orders.workflows import SUMMARY, Order
 
 HERE = Path(__file__).resolve().parent
 
@@ -160,6 +160,32 @@ def test_the_web_process_opens_its_engine_on_first_use_and_only_enqueues(
             engine.close()  # what atexit does at the end of a real process
             use_engine(None)
     assert path.exists()
+
+
+def test_the_daily_summary_runs_once_a_day_whichever_process_fires_it(tmp_path: Path) -> None:
+    """A web process's engine and the worker's both declare the schedule (``configure``):
+    at 07:00 in Paris either may fire the tick, one instance is made, and the worker runs
+    it.
+
+    Both engines start under the frozen clock: a schedule counts its ticks from
+    the start of the engines that declare it.
+    """
+    with override_settings(MEMABLE_DB=str(tmp_path / "shop.db")):
+        web_engine, worker_engine = open_engine(web=True), open_engine()
+    with (
+        freeze_time("2026-06-02 04:59:59") as clock,
+        running(web_engine) as web,
+        running(worker_engine) as worker,
+    ):
+        clock.tick(1)  # 07:00 in Paris is 05:00 UTC in summer
+        # What the engines' timer threads do by themselves; one of them may have
+        # fired the tick already, so the counts these return vary.
+        web.fire_due_timers()
+        worker.fire_due_timers()
+        tick = f"{SUMMARY}@2026-06-02T05:00:00Z"
+        summary = worker.invocation("daily_summary", tick)
+        assert summary.result(timeout=10) == "summary of 2026-06-01 sent"
+        assert [tick_id for tick_id, _ in web.list_instances("daily_summary")] == [tick]
 
 
 def wait_until(check: Callable[[], bool], worker: subprocess.Popen[str], what: str) -> None:

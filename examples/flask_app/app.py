@@ -30,8 +30,9 @@ def create_app(engine: Engine | None = None, **config: Any) -> Flask:
     """Build the app. Without ``engine``, open ``MEMABLE_DB`` to enqueue orders on it.
 
     The web process's engine consumes no queue (``queues=()``): it stores
-    orders, signals and reads, and ``memable worker worker:engine`` processes
-    run them. Tests pass an engine of their own, configured and started.
+    orders, signals and reads (and may fire a tick of the daily summary onto
+    the queue), and ``memable worker worker:engine`` processes run them. Tests
+    pass an engine of their own, configured and started.
     """
     app = Flask(__name__)
     app.config["MEMABLE_DB"] = "memable.db"

@@ -10,10 +10,11 @@ import pytest
 from flask.testing import FlaskClient
 from freezegun import freeze_time
 from memable import Engine
-from memable.testing import advance
+from memable.testing import advance, running
 
 from app import WORKFLOW, create_app
 from worker import engine as worker_engine
+from workflows import SUMMARY
 
 
 def settle(engine: Engine, order_id: str) -> None:
@@ -146,3 +147,31 @@ def test_the_web_process_only_enqueues_and_the_worker_runs_the_orders(
         worker.close()
         web.close()  # what atexit does at the end of a real process
     assert path.exists()
+
+
+def test_the_daily_summary_runs_once_a_day_whichever_process_fires_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The web process and the worker both declare the schedule (``configure``): at 07:00
+    in Paris either may fire the tick, one instance is made, and the worker runs it.
+
+    Both engines start under the frozen clock: a schedule counts its ticks from
+    the start of the engines that declare it.
+    """
+    path = tmp_path / "orders.db"
+    monkeypatch.setenv("MEMABLE_DB", str(path))
+    with freeze_time("2026-06-02 04:59:59") as clock:
+        web: Engine = create_app(MEMABLE_DB=str(path)).extensions["memable"]
+        try:
+            with running(worker_engine()) as worker:
+                clock.tick(1)  # 07:00 in Paris is 05:00 UTC in summer
+                # What the engines' timer threads do by themselves; one of them may
+                # have fired the tick already, so the counts these return vary.
+                web.fire_due_timers()
+                worker.fire_due_timers()
+                tick = f"{SUMMARY}@2026-06-02T05:00:00Z"
+                summary = worker.invocation("daily_summary", tick)
+                assert summary.result(timeout=10) == "summary of 2026-06-01 sent"
+                assert [tick_id for tick_id, _ in web.list_instances("daily_summary")] == [tick]
+        finally:
+            web.close()  # what atexit does at the end of a real process

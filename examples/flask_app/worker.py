@@ -1,8 +1,9 @@
 """The worker process of the Flask example: ``memable worker worker:engine``.
 
 It opens the same store as the app (``MEMABLE_DB``, default ``memable.db``),
-declares the same queue and consumes it: the orders the web process queued
-run here.
+declares the same queue and schedule and consumes the queue: the orders the
+web process queued run here, and so do the daily summary's ticks, whichever
+process fired them.
 """
 
 from __future__ import annotations

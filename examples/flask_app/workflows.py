@@ -1,4 +1,5 @@
-"""The workflow the Flask example runs: an order that waits for a manager's approval.
+"""The workflows the Flask example runs: an order that waits for a manager's approval, and
+a daily summary on a schedule.
 
 The step functions stand in for calls to other services (stock, shipping,
 mail); a real application would make those calls there.
@@ -7,8 +8,9 @@ mail); a real application would make those calls there.
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import date, datetime, timedelta
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import attrs
 from memable import Context, Engine
@@ -48,17 +50,40 @@ def place_order(ctx: Context, order: Order) -> str:
     return tracking
 
 
+#: The zone the shop's days are counted in.
+SHOP_TIMEZONE = "Europe/Paris"
+
+
+def send_summary(day: date) -> str:
+    return f"summary of {day:%Y-%m-%d} sent"
+
+
+def daily_summary(ctx: Context, tick: datetime) -> str:
+    """Send the summary of the shop's day before ``tick`` (its schedule's tick, in UTC)."""
+    day = tick.astimezone(ZoneInfo(SHOP_TIMEZONE)).date() - timedelta(days=1)
+    return ctx.step("send-summary:v1").run(send_summary, day)
+
+
 #: Every workflow of the app by name: the app registers these on its engine.
-WORKFLOWS: dict[str, Callable[..., Any]] = {"place_order": place_order}
+WORKFLOWS: dict[str, Callable[..., Any]] = {
+    "place_order": place_order,
+    "daily_summary": daily_summary,
+}
 
 
-#: The queue orders go through: web processes only enqueue; workers run them, at most
-#: 5 at once and 100 a minute (say, what the payment provider allows).
+#: The queue the workflows go through: web processes only enqueue; workers run them, at
+#: most 5 at once and 100 a minute (say, what the payment provider allows).
 QUEUE = "orders"
+#: The schedule of the daily summary: each morning at 07:00, shop time.
+SUMMARY = "daily-summary"
 
 
 def configure(engine: Engine) -> None:
-    """Declare the queue and register every workflow on it: the same in every process."""
+    """Declare the queue, register every workflow on it and declare the daily summary's
+    schedule: the same in every process."""
     engine.queue(QUEUE, concurrency=5, rate=(100, 60))
     for name, fn in WORKFLOWS.items():
         engine.register(name, fn, queue=QUEUE)
+    # Whichever engine fires a tick (a web process's too), its instance goes on the
+    # queue, and a worker runs it: once a day, however many processes declare it.
+    engine.schedule(SUMMARY, "0 7 * * *", "daily_summary", timezone=SHOP_TIMEZONE)

@@ -15,11 +15,13 @@ _engine: Engine | None = None
 
 
 def open_engine(*, web: bool = False) -> Engine:
-    """An engine on ``settings.MEMABLE_DB`` with the queue and workflows; not started.
+    """An engine on ``settings.MEMABLE_DB`` with the queue, workflows and schedule; not
+    started.
 
     ``web``: a web process's engine, which consumes no queue (``queues=()``):
-    it enqueues orders, signals them and reads them; ``manage.py
-    memable_worker`` processes run them.
+    it enqueues orders, signals them and reads them (and may fire a tick of
+    the daily summary onto the queue); ``manage.py memable_worker`` processes
+    run them.
     """
     engine = Engine.open(settings.MEMABLE_DB, queues=() if web else None)
     configure(engine)
