@@ -588,3 +588,17 @@ def test_advance_counts_a_tick_whichever_thread_fired_it(scheduled: Callable[...
         assert advance(engine, clock, timedelta(minutes=30)) == 0  # 10:30
         assert advance(engine, clock, timedelta(minutes=30)) == 1  # 11:00
         assert ticks_of(engine) == [tick(1, 10), tick(1, 11)]
+
+
+def test_schedules_hold_no_thread_of_their_own() -> None:
+    """Twenty schedules: the same threads as none (ticks are the timer thread's deadlines)."""
+    names: dict[int, list[str]] = {}
+    for count in (0, 20):
+        engine = Engine.in_memory(poll_interval=60)
+        engine.register("job", job)
+        for n in range(count):
+            engine.schedule(f"s{n}", "* * * * *", "job")
+        before = set(threading.enumerate())
+        with engine:
+            names[count] = sorted(t.name for t in set(threading.enumerate()) - before)
+    assert names[20] == names[0] == ["memable-timers"]
