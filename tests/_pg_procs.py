@@ -13,19 +13,12 @@ killed one left: recovery, and the signals not yet sent.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from contextlib import suppress
 
+from _procs import log_line  # the one O_APPEND writer of the helpers
+
 from memable import Context, Engine, InstanceFinished, SignalRejected
-
-
-def log_line(path: str, line: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, (line + "\n").encode())
-    finally:
-        os.close(fd)
 
 
 def job(log: str) -> object:

@@ -18,20 +18,14 @@ import sys
 import time
 from datetime import datetime
 
+from _procs import log_line  # the one O_APPEND writer of the helpers
+
 from memable import Context, Engine
 from memable._clock import Clock
 from memable._postgres.store import PostgresStore
 from memable._run.options import Options
 from memable._sqlite.store import SQLiteStore
 from memable._store.protocol import Store
-
-
-def log_line(path: str, line: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, (line + "\n").encode())
-    finally:
-        os.close(fd)
 
 
 def main(target: str, schema: str, log: str, t0: str, speed: str, catch_up: str) -> None:

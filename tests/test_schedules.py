@@ -308,36 +308,29 @@ def test_a_missed_tick_is_never_fired_as_a_live_one(
         assert ticks_of(engine) == [tick(1, 11)]
 
 
-def test_a_changed_cron_starts_from_now_without_catching_up(
-    two_engines: Callable[..., Engine],
+@pytest.mark.parametrize(
+    "changed",
+    [{"cron": "30 * * * *"}, {"cron": "0 * * * *", "timezone": "Asia/Kolkata"}],
+    ids=["cron", "zone"],
+)
+def test_a_changed_cron_or_zone_starts_from_now_without_catching_up(
+    two_engines: Callable[..., Engine], changed: dict[str, str],
 ) -> None:
+    """Down from 10:00 to 13:05, then declared with another cron (or zone, where 13:30 UTC
+    is 19:00): no tick before 13:05 is caught up, though catch_up is "all"."""
     with freeze_time(at(1, 9, 59)) as clock:
         first = two_engines("0 * * * *")
         with first:
             move(clock, first, at(1, 10))
         clock.move_to(at(1, 13, 5))
-        second = two_engines("30 * * * *", catch_up="all")
+        cron = changed.pop("cron")
+        second = two_engines(cron, catch_up="all", **changed)
         with second:
             move(clock, second, at(1, 13, 5))
             assert ticks_of(second) == [tick(1, 10)]
-            assert schedule_row(second).cron == "30 * * * *"
+            assert (schedule_row(second).cron, schedule_row(second).timezone) == (
+                cron, changed.get("timezone", "UTC"))
             move(clock, second, at(1, 13, 30))
-            assert ticks_of(second) == [tick(1, 10), tick(1, 13, 30)]
-
-
-def test_a_changed_zone_starts_from_now_without_catching_up(
-    two_engines: Callable[..., Engine],
-) -> None:
-    with freeze_time(at(1, 9, 59)) as clock:
-        first = two_engines("0 * * * *")
-        with first:
-            move(clock, first, at(1, 10))
-        clock.move_to(at(1, 13, 5))
-        second = two_engines("0 * * * *", catch_up="all", timezone="Asia/Kolkata")
-        with second:
-            move(clock, second, at(1, 13, 5))
-            assert ticks_of(second) == [tick(1, 10)]
-            move(clock, second, at(1, 13, 30))  # 19:00 in Kolkata
             assert ticks_of(second) == [tick(1, 10), tick(1, 13, 30)]
 
 
