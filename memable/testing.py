@@ -52,7 +52,7 @@ import pytest
 
 from . import _clock
 from ._engine.engine import Engine
-from ._errors import InstanceNotFound, NotStarted
+from ._errors import NotStarted
 
 __all__ = [
     "FrozenClock",
@@ -198,7 +198,7 @@ def advance(engine: Engine, clock: FrozenClock, by: timedelta | float) -> int:
     The engine's timer thread may fire a due timer itself the moment the
     clock moves (it looks at the store every ``poll_interval``, and when a
     timer is armed). Those count too, if they belong to this engine's
-    workflows and were waiting when ``advance`` was called: the number does
+    workflows and were armed when ``advance`` was called: the number does
     not depend on which thread won. Call ``advance`` once the runs that arm
     timers have ended (``inv.wait()``): a run still going may arm one from
     the clock before or after the move.
@@ -230,22 +230,19 @@ def advance(engine: Engine, clock: FrozenClock, by: timedelta | float) -> int:
     delta = _delta(by)
     if engine._runner.phase != "started":
         raise NotStarted()
-    waiting = {
-        timer for timer, (_, state) in _timers(engine, _live_instances(engine)).items()
-        if state == "waiting"
-    }
+    armed = _timers(engine, _live_instances(engine))
     ticks = _ticks(engine)
     _move(clock, delta)
+    now = _clock.wall()
+    due = {timer for timer, deadline in armed.items() if deadline <= now}
     fired = engine.fire_due_timers()
     _until_fired(engine)
-    # Every timer due now is fired by now: by this call, or by the timer thread.
-    # Count those that were waiting before. A tick the timer thread was firing has
-    # been too: this call's look at the schedules waited for it.
-    states = _timers(engine, {(name, instance_id) for name, instance_id, _ in waiting})
-    fired_meanwhile = sum(
-        1 for timer in waiting
-        if timer in states and states[timer][1] == _FIRED[states[timer][0]]
-    )
+    # Every timer due now is fired by now: by this call, or by the timer thread
+    # (firing deletes its row). Count those that were armed before. A tick the
+    # timer thread was firing has been too: this call's look at the schedules
+    # waited for it.
+    left = _timers(engine, {(name, instance_id) for name, instance_id, _ in due})
+    fired_meanwhile = len(due - set(left))
     return max(fired, fired_meanwhile + len(_ticks(engine) - ticks))
 
 
@@ -371,26 +368,15 @@ def _live_instances(engine: Engine) -> set[tuple[str, str]]:
     }
 
 
-def _timers(
-    engine: Engine, instances: set[tuple[str, str]]
-) -> dict[_TimerId, tuple[str, str]]:
-    """The (kind, state) of every timer and suspend point of ``instances``, by (workflow,
-    id, key)."""
-    states: dict[_TimerId, tuple[str, str]] = {}
+def _timers(engine: Engine, instances: set[tuple[str, str]]) -> dict[_TimerId, float]:
+    """The deadline of every armed timer of ``instances`` (a timer, a suspend point's
+    deadline, a retry backoff), by (workflow, id, key)."""
+    armed: dict[_TimerId, float] = {}
     for name, instance_id in sorted(instances):
-        try:
-            records = engine.steps(name, instance_id)
-        except InstanceNotFound:  # purged meanwhile
-            continue
-        for record in records:
-            if record.kind in _FIRED:
-                states[(name, instance_id, record.key)] = (record.kind, record.state)
-    return states
-
-
-#: The state a fired key has, by kind: a timer completes, a suspend point's deadline
-#: times it out.
-_FIRED = {"timer": "completed", "signal": "timed_out"}
+        view = engine._store.inspect(name, instance_id)
+        if view is not None:  # else purged meanwhile
+            armed.update({(name, instance_id, key): deadline for key, deadline in view.timers})
+    return armed
 
 
 def _memable_threads() -> set[threading.Thread]:

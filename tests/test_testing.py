@@ -25,7 +25,7 @@ from freezegun.config import DEFAULT_IGNORE_LIST
 from helpers import T0
 
 import memable.testing
-from memable import Context, Engine, Invocation, NotStarted, Suspended
+from memable import Context, Engine, Invocation, NotStarted, Retry, Suspended
 from memable.testing import FrozenClock, advance, running
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -178,6 +178,37 @@ def test_advance_counts_a_timer_the_timer_thread_fired_first() -> None:
         assert inv.wait(timeout=10) == Suspended("timer cool-off:v1")
         assert advance(engine, TimerThreadFiresFirst(frozen, inv), timedelta(days=3)) == 1
         assert engine.fire_due_timers() == 0
+
+
+def test_advance_counts_a_retry_backoff_the_timer_thread_fired_first(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """A step's durable retry backoff leaves no trace on its key when fired (the run makes
+    the next attempt): advance counts it by its timer row, gone, whoever fired it. The
+    engine's own firing stands in for the timer thread winning (it fires, reports 0)."""
+    engine = make_engine(poll_interval=60)
+    attempts: list[int] = []
+
+    def flaky() -> str:
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise ConnectionError("try again later")
+        return "ok"
+
+    policy = Retry(max_attempts=2, initial_delay=5, jitter=False)
+    engine.register("wf", lambda ctx: ctx.step("call").retry(policy).run(flaky))
+    real = engine.fire_due_timers
+
+    def timer_thread_won() -> int:
+        real()
+        return 0
+
+    engine.fire_due_timers = timer_thread_won  # type: ignore[method-assign]
+    with freeze_time(T0) as frozen, engine:
+        inv = engine.invoke("wf", instance_id="w")
+        assert inv.wait(timeout=10) == Suspended("retry call")
+        assert advance(engine, frozen, timedelta(seconds=5)) == 1
+        assert inv.result(timeout=10) == "ok"
 
 
 @pytest.mark.parametrize(
