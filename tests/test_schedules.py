@@ -323,13 +323,14 @@ def test_a_changed_cron_or_zone_starts_from_now_without_catching_up(
         with first:
             move(clock, first, at(1, 10))
         clock.move_to(at(1, 13, 5))
-        cron = changed.pop("cron")
-        second = two_engines(cron, catch_up="all", **changed)
+        options = dict(changed)  # the parameter is shared by the stores' runs: copy it
+        cron = options.pop("cron")
+        second = two_engines(cron, catch_up="all", **options)
         with second:
             move(clock, second, at(1, 13, 5))
             assert ticks_of(second) == [tick(1, 10)]
             assert (schedule_row(second).cron, schedule_row(second).timezone) == (
-                cron, changed.get("timezone", "UTC"))
+                cron, options.get("timezone", "UTC"))
             move(clock, second, at(1, 13, 30))
             assert ticks_of(second) == [tick(1, 10), tick(1, 13, 30)]
 
