@@ -24,17 +24,18 @@ PACKAGE = Path(memable.__file__).parent
 LAYERS = {
     "_errors": 0, "_states": 0, "_records": 0, "_retry": 0, "_step_error": 0,
     "_clock": 0, "_log": 0, "_validate": 0, "_queues": 0,
-    "_store": 1,
-    "_sqlite": 2, "_postgres": 2, "_background": 2,
-    "_run": 3,
-    "_schedules": 4,
-    "_engine": 5,
-    "_cli": 6,
-    "__init__": 7, "__main__": 7, "testing": 7,
+    "_observe": 1,
+    "_store": 2,
+    "_sqlite": 3, "_postgres": 3, "_background": 3,
+    "_run": 4,
+    "_schedules": 5,
+    "_engine": 6,
+    "_cli": 7,
+    "__init__": 8, "__main__": 8, "testing": 8,
 }
 #: The database drivers, and the one package that may import each.
 DRIVERS = {"sqlite3": "_sqlite", "sqlite_utils": "_sqlite", "psycopg": "_postgres",
-           "psycopg_pool": "_postgres"}
+           "psycopg_pool": "_postgres", "opentelemetry": "_observe"}
 
 
 def _modules() -> dict[str, Path]:
@@ -137,9 +138,9 @@ def test_no_import_cycle_even_for_type_checking() -> None:
     ("imports", "fault"),
     [
         ({"memable._store.protocol": {"memable._run.runner"}},
-         "memable._store.protocol imports memable._run.runner (layer 1 -> 3)"),
+         "memable._store.protocol imports memable._run.runner (layer 2 -> 4)"),
         ({"memable._sqlite.store": {"memable._postgres.sql"}},
-         "memable._sqlite.store imports memable._postgres.sql (layer 2 -> 2)"),
+         "memable._sqlite.store imports memable._postgres.sql (layer 3 -> 3)"),
         ({"memable._run.context": {"sqlite3"}}, "memable._run.context imports the driver sqlite3"),
         ({"memable._cli.inspect": {"psycopg"}}, "memable._cli.inspect imports the driver psycopg"),
         ({"memable._postgres.store": {"sqlite_utils"}},

@@ -11,8 +11,10 @@ whenever it may find something, and knows nothing of the engine.
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime
 
 from .._clock import Clock
+from .._observe.base import Telemetry
 from .._queues import QueueSpec
 from .._store.protocol import Store
 from .._store.rows import RunSnapshot, utcnow
@@ -77,7 +79,9 @@ class QueueConsumer:
         *,
         capacity: Callable[[], int],
         run: Callable[[RunSnapshot], None],
+        telemetry: Telemetry | None = None,
     ) -> None:
+        self._telemetry = telemetry or Telemetry()  # how long each waited on its queue
         self._store = store
         self._queues = queues
         self._workflows = workflows
@@ -97,7 +101,12 @@ class QueueConsumer:
                 per_process=queue.per_process, rate=queue.rate, clock=self._clock.wall,
                 at=utcnow().isoformat(), batch=min(free, BATCH),
             )
+            now = self._clock.wall()
             for snapshot in claimed.snapshots:
+                queued_at = snapshot.instance.queued_at
+                if queued_at is not None:
+                    waited = now - datetime.fromisoformat(queued_at).timestamp()
+                    self._telemetry.queue_waited(queue.name, waited)
                 self._run(snapshot)
             later = claimed.retry_in
             if later is not None:

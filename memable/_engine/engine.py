@@ -9,8 +9,11 @@ from datetime import timezone as dt_timezone
 from types import TracebackType
 from typing import Any, TypeVar
 
+import attrs
+
 from .._errors import InstanceFinished, InstanceNotFound, SerializationError, WorkflowNotFound
 from .._log import log, where
+from .._observe import telemetry
 from .._queues import QueueSpec, check_consumed
 from .._records import StepRecord, WorkflowMetadata
 from .._retry import Retry
@@ -54,8 +57,10 @@ class Engine:
     def __init__(self, store: Store, options: Options) -> None:
         """Use ``Engine.in_memory``, ``Engine.open`` or ``Engine.builder`` instead."""
         self._store = store
+        # Spans and metrics, through OpenTelemetry if it is installed.
+        self._telemetry = telemetry()
         # The runner owns the lock, the registry, the runs and the threads.
-        self._runner = Runner(store, options)
+        self._runner = Runner(store, options, self._telemetry)
         # Its declared schedules, fired at the timer thread's looks.
         self._schedules = Scheduler(self._runner)
         self._runner.add_ticker(self._schedules)
@@ -420,13 +425,16 @@ class Engine:
         row, value = new_instance(workflow, input, instance_id, queue, priority,
                                   self._runner.queues)
         instance_id = row.instance_id
-        if not self._store.create_instance(row):
-            return self.invocation(name, instance_id)
+        with self._telemetry.producing(name, instance_id=instance_id) as traceparent:
+            row = attrs.evolve(row, traceparent=traceparent)
+            if not self._store.create_instance(row):
+                return self.invocation(name, instance_id)
         log.debug("invoked", extra=where(name, instance_id))
         if row.queue is not None:  # an engine that consumes the queue runs it
             self._runner.kick()
             return Invocation(self, self._runner.watch(name, instance_id))
-        return Invocation(self, self._runner.start_run(workflow, instance_id, (value,)))
+        return Invocation(self, self._runner.start_run(workflow, instance_id, (value,),
+                                                       traceparent=traceparent))
 
     def resume(self, name: str, instance_id: str) -> Invocation:
         """Run an instance again: stored steps return their results, the rest execute.
@@ -458,6 +466,7 @@ class Engine:
         row = self._stored_row(name, instance_id)
         if row.status == "cancelled":
             raise InstanceFinished(name, instance_id, "it is cancelled")
+        self._continue_trace(name, instance_id, row.traceparent)
         watch = self._runner.start_run(workflow, instance_id, None, claim="resume")
         return Invocation(self, watch)
 
@@ -490,6 +499,10 @@ class Engine:
         InstanceFinished
         """
         self._runner.require_accepting(name)
+        if self._telemetry.tracing:
+            row = self._store.get_instance(name, instance_id)
+            if row is not None:
+                self._continue_trace(name, instance_id, row.traceparent)
         try:
             with self._runner.signalling(name, instance_id, key):
                 store_signal(self._store, name, instance_id, key, payload)
@@ -649,6 +662,15 @@ class Engine:
         return self._store.list_steps(name, instance_id)
 
     # ------------------------------------------------------------------ Invocation host
+    def _continue_trace(self, name: str, instance_id: str, stored: str | None) -> None:
+        """A span ``invoke <name>`` for a signal or resume (a child of the active span, else
+        of the instance's stored context), stored as its next run's parent."""
+        if not self._telemetry.tracing:
+            return
+        with self._telemetry.producing(name, stored, instance_id) as traceparent:
+            if traceparent is not None:
+                self._store.set_traceparent(name, instance_id, traceparent)
+
     def _stored_row(self, workflow: str, instance_id: str) -> InstanceRow:
         """The instance's row; raise InstanceNotFound if there is none."""
         self._runner.check_fork()

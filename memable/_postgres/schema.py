@@ -21,7 +21,7 @@ from .._store.protocol import Synchronous
 from .functions import FUNCTIONS
 
 #: The schema version this code writes (the SQLite store's columns, in PostgreSQL).
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 #: Seconds to wait for the server unless the URL's ``connect_timeout`` says.
 CONNECT_TIMEOUT = 10
 SCHEMES = ("postgresql://", "postgres://")
@@ -65,6 +65,11 @@ CREATE TABLE IF NOT EXISTS schedules (
     last_tick text, since text, skipped integer NOT NULL DEFAULT 0,
     missed integer NOT NULL DEFAULT 0);
 """
+#: Version 6: the trace context an instance's next run continues (as on SQLite, schema
+#: version 11).
+_V6 = """
+ALTER TABLE instances ADD COLUMN IF NOT EXISTS traceparent text;
+"""
 _TABLES = f"""
 CREATE TABLE IF NOT EXISTS instances (
     workflow text NOT NULL, instance_id text NOT NULL, status text NOT NULL, message text,
@@ -96,6 +101,7 @@ CREATE TABLE IF NOT EXISTS owners (
 CREATE TABLE IF NOT EXISTS schema_version (version integer NOT NULL);
 {_V4}
 {_V5}
+{_V6}
 """
 
 
@@ -263,5 +269,6 @@ def prepare(conn: Any, schema: str, where: str, *, create: bool) -> None:
             conn.execute(_V3)
             conn.execute(_V4)
             conn.execute(_V5)
+            conn.execute(_V6)
             conn.execute(FUNCTIONS)
             conn.execute("UPDATE schema_version SET version = %s", (SCHEMA_VERSION,))

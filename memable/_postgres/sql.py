@@ -133,3 +133,4 @@ HEARTBEAT = f"UPDATE owners SET heartbeat = {NOW_EPOCH} WHERE id = %s"
 WORKFLOWS = "SELECT unnest(:workflows::text[])"
 # ``memable resume``: ready for the next look of an engine that runs it (as on SQLite).
 MARK_RESUMABLE = pg(shared.MARK_RESUMABLE)
+SET_TRACEPARENT = pg(shared.SET_TRACEPARENT)

@@ -556,6 +556,12 @@ class PostgresStore(OperatorReads):
             read_back=read_back,
         )
 
+    def set_traceparent(self, workflow: str, instance_id: str, traceparent: str) -> None:
+        params = {"workflow": workflow, "instance_id": instance_id, "traceparent": traceparent}
+        self._run("store the trace context",
+                  lambda conn: conn.execute(sql.SET_TRACEPARENT, params), workflow, instance_id,
+                  transaction=False)
+
     # ------------------------------------------------------------------ schedules
 
     def declare_schedules(self, schedules: list[ScheduleRow], at: str) -> list[ScheduleRow]:

@@ -18,6 +18,7 @@ import attrs
 
 from .._clock import Clock
 from .._errors import InvalidKey, StepTimeout, key_taken
+from .._observe.base import RunTrace, Telemetry
 from .._retry import Retry
 from .._store.control import RunCancelled
 from .._store.protocol import Store
@@ -78,7 +79,12 @@ class Attempts:
         clock: Clock,
         sleep: Callable[[float], None] | None,
         flight_lock: threading.Lock | None = None,
+        trace: RunTrace | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
+        #: The run's span (each executed attempt is a child span), and where metrics go.
+        self.trace = trace or RunTrace()
+        self.telemetry = telemetry or Telemetry()
         self.workflow = workflow
         self.instance_id = instance_id
         self.store = store
@@ -143,20 +149,33 @@ class Attempts:
             except BaseException:
                 self._landed(key)
                 raise
+            span, began = self.trace.step(key, attempt), self._clock.monotonic()
             try:
                 result = call() if timeout is None else self._with_timeout(key, timeout, call)
                 text, tag, value = store_form(self.workflow, self.instance_id, key, result, hint)
             except Exception as exc:
                 self._landed(key)
+                span.failed(exc)
+                span.end()
+                self.telemetry.step_ended(
+                    self.workflow, "timed_out" if isinstance(exc, StepTimeout) else "failed",
+                    self._clock.monotonic() - began,
+                )
                 self.store.save_step(self.write(key, seq, "failed", status, error=exc,
                                                 started=started))
                 if policy is not None and policy.should_retry(attempt, exc):
+                    self.telemetry.step_retried(self.workflow)
                     self._back_off(key, seq, attempt, policy.delay(attempt), status)
                     continue
                 note(key, exc, None if policy is None else attempt)
                 raise
+            except BaseException:  # the run is unwound (cancelled, say): the span ends
+                span.end()
+                raise
             finally:
                 self._landed(key)
+            span.end()
+            self.telemetry.step_ended(self.workflow, "completed", self._clock.monotonic() - began)
             try:
                 done = self.write(key, seq, "completed", status, result=(text, tag),
                                   started=started)

@@ -14,13 +14,20 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from .._errors import WorkflowNotFound
+from .._observe.base import Telemetry
 from .._queues import QueueSpec
 from .._store.protocol import Store
 from .._store.rows import InstanceRow, StepWrite, utcnow
 from .workflow import Workflow
 
-#: Submits a run of an instance here: (workflow, id, fresh input or None).
-Submit = Callable[[Workflow, str, "tuple[Any] | None"], None]
+
+class Submit(Protocol):
+    """Submits a run of an instance here: (workflow, id, fresh input or None)."""
+
+    def __call__(
+        self, workflow: Workflow, instance_id: str, fresh_input: tuple[Any] | None, *,
+        traceparent: str | None = None,
+    ) -> None: ...
 
 
 class ChildHost(Protocol):
@@ -70,7 +77,9 @@ class Children:
         submit: Submit,
         queues: dict[str, QueueSpec] | None = None,
         kick: Callable[[], None] | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
+        self._telemetry = telemetry or Telemetry()  # a span for each child started
         # The runner's registry and declared queues: fixed once the engine started.
         self._workflows = workflows
         self._queues = queues if queues is not None else {}
@@ -98,26 +107,27 @@ class Children:
     ) -> None:
         parent = waits[0]
         now = utcnow().isoformat()
-        rows = [
-            InstanceRow(
-                workflow=workflow.name, instance_id=child_id,
-                status="running" if queue is None else "queued",
-                message=None, input=text, input_type=tag, output=None, output_type=None,
-                created_at=now, updated_at=now, completed_at=None,
-                parent_workflow=parent.workflow, parent_id=parent.instance_id,
-                parent_key=key, parent_group=group, queue=queue,
-                priority=None if queue is None else 0, queued_at=None if queue is None else now,
-            )
-            for child_id, key, (text, tag), _ in children
-        ]
+        rows = []
+        for child_id, key, (text, tag), _ in children:
+            with self._telemetry.producing(workflow.name, instance_id=child_id) as traceparent:
+                rows.append(InstanceRow(
+                    workflow=workflow.name, instance_id=child_id,
+                    status="running" if queue is None else "queued",
+                    message=None, input=text, input_type=tag, output=None, output_type=None,
+                    created_at=now, updated_at=now, completed_at=None,
+                    parent_workflow=parent.workflow, parent_id=parent.instance_id,
+                    parent_key=key, parent_group=group, queue=queue,
+                    priority=None if queue is None else 0,
+                    queued_at=None if queue is None else now, traceparent=traceparent,
+                ))
         created = set(self._store.start_children(waits, rows))
         if queue is not None:  # they wait for slots; whichever engine consumes it runs them
             if created and self._kick is not None:
                 self._kick()
             return
-        for child_id, _, _, value in children:
+        for row, (child_id, _, _, value) in zip(rows, children, strict=True):
             if child_id in created:
-                self._submit(workflow, child_id, (value,))
+                self._submit(workflow, child_id, (value,), traceparent=row.traceparent)
 
     def resume(self, workflow: Workflow, child_id: str) -> None:
         self._submit(workflow, child_id, None)

@@ -11,6 +11,7 @@ from typing import Any, ParamSpec, TypeVar
 import attrs
 
 from .._errors import ChildFailed, ChildIdTaken, DuplicateStepKey, EngineError, SignalTimeout
+from .._observe.base import RunTrace, Telemetry
 from .._records import StepKind
 from .._retry import Retry
 from .._states import Failed, InProgress, WorkflowState
@@ -70,8 +71,13 @@ class Context:
         flight_lock: threading.Lock | None = None,
         children: ChildHost | None = None,
         stored_status: str | None = None,
+        trace: RunTrace | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         options = options or Options()
+        #: Stored steps this run returned without executing them (for its span; a
+        #: signal's, timer's or child's stored value is not a step).
+        self.replayed = 0
         self._children = children
         self._workflow = workflow
         self._instance_id = instance_id
@@ -85,6 +91,7 @@ class Context:
         self.attempts = Attempts(
             workflow=workflow, instance_id=instance_id, store=store, run=run or NoRun(),
             clock=options.clock, sleep=options.sleep, flight_lock=flight_lock,
+            trace=trace, telemetry=telemetry,
         )
         self._seen: set[str] = set()
         self._next_seq = max((s.seq for s in memo.values()), default=-1) + 1
@@ -623,6 +630,8 @@ class Context:
         return stored
 
     def _replayed(self, key: str, stored: StoredStep, hint: Any) -> Any:
+        if stored.kind == "step":  # a stored step's result, not a signal's or timer's
+            self.replayed += 1
         if stored.status is not None:
             self._status = stored.status  # restored silently, like the replayed set_status
         try:

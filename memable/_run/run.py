@@ -10,6 +10,7 @@ from typing import Any
 import attrs
 
 from .._log import log, where
+from .._observe.base import RunReason
 from .._states import Failed, Suspended, WorkflowState
 from .._store.protocol import Store
 from .._store.rows import Claim, RunEnd, RunSnapshot, utcnow
@@ -58,6 +59,11 @@ class Run:
     ctx: Context | None = None
     # The output this run stored when it recorded a Completed end (text, type tag).
     output: tuple[str, str | None] | None = None
+    # For a run of an instance created here: the trace context it stored (its span's
+    # parent). Other runs read it with the instance.
+    traceparent: str | None = None
+    # Why the run began, when its starter knows (else judged from what it read).
+    reason: RunReason | None = None
 
 
 def new_instance_id() -> str:

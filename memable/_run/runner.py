@@ -29,6 +29,7 @@ from .._errors import (
     WorkflowNotFound,
 )
 from .._log import log, where
+from .._observe.base import RunReason, Telemetry
 from .._queues import Declarations, QueueSpec, consumed
 from .._records import StatusName
 from .._states import Cancelled, Completed, Failed, Suspended, WorkflowState
@@ -75,9 +76,13 @@ class Runner:
     >>> runner.store.close()
     """
 
-    def __init__(self, store: Store, options: Options) -> None:
+    def __init__(
+        self, store: Store, options: Options, telemetry: Telemetry | None = None
+    ) -> None:
         self.store = store
         self.options = options
+        #: Where runs and steps report spans and metrics (does nothing unless told).
+        self.telemetry = telemetry or Telemetry()
         self.clock = options.clock
         self.poll_interval = options.poll_interval
         # _lock guards every field below it: the phase, the registry, the
@@ -106,7 +111,8 @@ class Runner:
         #: Parts the timer thread looks with too (fixed once started; under _lock until then).
         self._tickers: list[Ticker] = []
         #: What runs need to start and follow children.
-        self.children = Children(self.workflows, store, self.submit, self.queues, self.kick)
+        self.children = Children(self.workflows, store, self.submit, self.queues, self.kick,
+                                 self.telemetry)
 
     # ------------------------------------------------------------------ guards
 
@@ -180,7 +186,7 @@ class Runner:
             if queues:
                 self._consumer = QueueConsumer(
                     self.store, queues, sorted(self.workflows), self.clock,
-                    capacity=self._capacity, run=self._run_claimed,
+                    capacity=self._capacity, run=self._run_claimed, telemetry=self.telemetry,
                 )
                 self._dispatcher = Dispatcher(
                     self._claim_queued, self.options.poll_interval, self.clock
@@ -311,6 +317,7 @@ class Runner:
         fresh_input: tuple[Any] | None,
         *,
         claim: Claim = "resume",
+        traceparent: str | None = None,
     ) -> Watch:
         """Submit a run the user asked for, unless one is active; return its Watch.
 
@@ -322,7 +329,7 @@ class Runner:
         with self._lock:
             if not self._accepting:
                 raise NotStarted(workflow.name, self.phase)
-            return self._submit(workflow, instance_id, fresh_input, claim)
+            return self._submit(workflow, instance_id, fresh_input, claim, traceparent)
 
     def _resume(self, workflow: Workflow, instance_id: str) -> Watch:
         """Claim the instance on the caller's thread, then run it: ``resume()`` returns
@@ -333,7 +340,7 @@ class Runner:
             active = self._active.get((workflow.name, instance_id))
             if active is not None:  # at most one run per instance
                 return active.watch
-            run = self._register(workflow, instance_id, None, "resume", None)
+            run = self._register(workflow, instance_id, None, "resume", None, reason="resume")
         try:
             run.snapshot = self.store.begin_run(
                 workflow.name, instance_id, now=utcnow().isoformat(), claim="resume"
@@ -362,13 +369,16 @@ class Runner:
         instance_id: str,
         fresh_input: tuple[Any] | None,
         claim: Claim,
+        traceparent: str | None = None,
+        reason: RunReason | None = None,
     ) -> Watch:
         # Caller holds _lock and has checked that the engine is started.
         assert self._executor is not None
         active = self._active.get((workflow.name, instance_id))
         if active is not None:  # at most one run per instance
             return active.watch
-        run = self._register(workflow, instance_id, fresh_input, claim, None)
+        run = self._register(workflow, instance_id, fresh_input, claim, None,
+                             traceparent=traceparent, reason=reason)
         self._executor.submit(self._execute, run)
         return run.watch
 
@@ -379,10 +389,16 @@ class Runner:
         fresh_input: tuple[Any] | None,
         claim: Claim,
         snapshot: RunSnapshot | None,
+        *,
+        traceparent: str | None = None,
+        reason: RunReason | None = None,
     ) -> Run:
         # Caller holds _lock and knows no run of the instance is active.
         watch = self._watch(workflow.name, instance_id)
-        run = Run(workflow, instance_id, watch, fresh_input, snapshot, claim=claim)
+        if reason is None and claim == "recover":
+            reason = "recovery"
+        run = Run(workflow, instance_id, watch, fresh_input, snapshot, claim=claim,
+                  traceparent=traceparent, reason=reason)
         self._active[(workflow.name, instance_id)] = run
         self._turnover += 1
         watch.begin()
@@ -425,12 +441,14 @@ class Runner:
         self.store.finish(name, instance_id, RunEnd("queued", utcnow().isoformat()))
 
     def submit(
-        self, workflow: Workflow, instance_id: str, fresh_input: tuple[Any] | None
+        self, workflow: Workflow, instance_id: str, fresh_input: tuple[Any] | None,
+        *, traceparent: str | None = None, reason: RunReason | None = None,
     ) -> None:
-        """Run an instance here (a child a run starts or resumes) while the engine is started."""
+        """Run an instance here (a child a run starts or resumes, a schedule's tick) while
+        the engine is started."""
         with self._lock:
             if self.phase == "started":
-                self._submit(workflow, instance_id, fresh_input, "resume")
+                self._submit(workflow, instance_id, fresh_input, "resume", traceparent, reason)
 
     def wake(self, name: str, instance_id: str, claim: Claim = "wake") -> None:
         """A key the instance may wait on completed (or its owner died): run it.
@@ -559,16 +577,40 @@ class Runner:
                 )
             except SerializationError as exc:
                 return self._fail(run, f"input failed: {type(exc).__name__}: {exc}")
+        if run.fresh_input is None:
+            assert snapshot is not None
+            traceparent = snapshot.instance.traceparent
+            reason = run.reason or _woken_by(snapshot)
+        else:
+            traceparent, reason = run.traceparent, run.reason or "invoke"
+        trace = self.telemetry.run(name, instance_id, traceparent, reason)
         ctx = Context(
             workflow=name, instance_id=instance_id, input=input_value, store=self.store,
             memo=memo, publish=run.watch.publish, run=run, options=self.options,
             flight_lock=self._lock, children=self.children,
-            stored_status=stored_status,
+            stored_status=stored_status, trace=trace, telemetry=self.telemetry,
         )
+        began = self.clock.monotonic()
+        state: WorkflowState | None = None
+        try:
+            state = self._call(run, ctx, input_value)
+        finally:
+            outcome = None if state is None else _OUTCOMES[type(state)]
+            trace.end(outcome, ctx.replayed)
+            if outcome is not None:
+                self.telemetry.run_ended(name, outcome, self.clock.monotonic() - began)
+        return state
+
+    def _call(self, run: Run, ctx: Context, input_value: Any) -> WorkflowState | None:
+        """Call the workflow function with ``ctx``; record how it ended."""
+        workflow, instance_id = run.workflow, run.instance_id
+        name = workflow.name
         run.ctx = ctx
         log.info("running", extra=where(name, instance_id))
         try:
-            value = workflow.fn(ctx, input_value) if workflow.takes_input else workflow.fn(ctx)
+            with ctx.attempts.trace.current():
+                value = (workflow.fn(ctx, input_value) if workflow.takes_input
+                         else workflow.fn(ctx))
         except Suspension as suspension:
             return self._suspend(run, suspension.waiting, suspension.message,
                                  suspension.deadline, suspension)
@@ -754,6 +796,28 @@ class Runner:
                             extra=where(name, instance_id))
                 self.wake(name, instance_id, "recover")
 
+
+
+#: The outcome a run's span and metrics name, by the state it ended in.
+_OUTCOMES: dict[type[WorkflowState], str] = {
+    Completed: "completed", Failed: "failed", Cancelled: "cancelled", Suspended: "suspended",
+}
+
+
+def _woken_by(snapshot: RunSnapshot) -> RunReason:
+    """Why a run that continues an instance began, judged by the key it stopped at last
+    (the one of the highest seq): a signal, a timer or deadline, a retry backoff, a child's
+    end; an instance with no key stored yet starts ("invoke", or its schedule's tick)."""
+    if not snapshot.steps:
+        return "schedule" if snapshot.instance.schedule is not None else "invoke"
+    last = max(snapshot.steps.values(), key=lambda step: step.seq)
+    if last.kind == "signal":
+        return "timer" if last.state == "timed_out" else "signal"
+    if last.kind in ("child", "children"):
+        return "child"
+    if last.kind == "step" and last.state in ("waiting", "failed"):
+        return "retry"
+    return "timer" if last.kind == "timer" else "resume"
 
 
 def _log_recovery(row: InstanceRow) -> None:

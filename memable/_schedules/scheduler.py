@@ -205,6 +205,10 @@ class Scheduler:
                 "" if ticks.missed == 1 else "s", "it" if ticks.missed == 1 else "them",
                 spec.catch_up, len(ticks.run),
             )
+        telemetry = self._runner.telemetry
+        telemetry.ticks(spec.name, "fired", len(fired.created))
+        telemetry.ticks(spec.name, "skipped", fired.skipped)
+        telemetry.ticks(spec.name, "missed", ticks.missed)
         if fired.skipped:
             log.info("schedule %r: %d tick%s skipped: an earlier tick's instance has not "
                      "ended", spec.name, fired.skipped, "" if fired.skipped == 1 else "s")
@@ -216,7 +220,8 @@ class Scheduler:
             log.info("schedule %r fired", spec.name,
                      extra=where(spec.workflow, row.instance_id))
             if row.queue is None:
-                self._runner.submit(workflow, row.instance_id, (value,))
+                self._runner.submit(workflow, row.instance_id, (value,),
+                                    traceparent=row.traceparent, reason="schedule")
         if any(row.queue is not None for row, _ in rows):
             self._runner.kick()
         return len(created)
@@ -237,9 +242,11 @@ class Scheduler:
         value = spec.input
         if value is None:  # the tick, if the workflow takes an input
             value = tick if workflow.takes_input else NO_INPUT
-        row, value = new_instance(workflow, value, f"{spec.name}@{tick_id(tick)}", spec.queue,
-                                  0, self._runner.queues)
-        return attrs.evolve(row, schedule=spec.name), value
+        instance_id = f"{spec.name}@{tick_id(tick)}"
+        row, value = new_instance(workflow, value, instance_id, spec.queue, 0,
+                                  self._runner.queues)
+        with self._runner.telemetry.producing(spec.workflow, instance_id=instance_id) as parent:
+            return attrs.evolve(row, schedule=spec.name, traceparent=parent), value
 
     def _seen(self, row: ScheduleRow, at: datetime) -> None:
         """What the store holds of a schedule (as of ``at``): plan from it; its next tick

@@ -20,7 +20,7 @@ from .._store.protocol import Synchronous
 from .._store.sql.instances import INSTANCE_COLUMNS
 
 #: The schema this code writes; ``PRAGMA user_version`` of every store.
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 #: Seconds a statement waits for another process's lock before failing.
 BUSY_TIMEOUT = 10.0
 
@@ -29,6 +29,7 @@ _LATER_INSTANCE_COLUMNS = (
     "waiting_for", "owner", "status_message", "step_key", "step_started", "traceback",
     "parent_workflow", "parent_id", "parent_key", "parent_group", "children_pending",
     "queue", "priority", "queued_at", "recoveries", "lost_owner", "lost_step", "schedule",
+    "traceparent",
 )
 #: Columns every store has had since version 1: what a file must show before
 #: we migrate it.
@@ -187,6 +188,11 @@ def migrate_to_10(db: sqlite_utils.Database) -> None:
     )
 
 
+def migrate_to_11(db: sqlite_utils.Database) -> None:
+    """The trace context an instance's next run continues."""
+    db["instances"].add_column("traceparent", str)  # type: ignore[union-attr]
+
+
 #: Migration to version N is MIGRATIONS[N - 1]; all run in the opening transaction.
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     migrate_to_1,
@@ -199,6 +205,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     migrate_to_8,
     migrate_to_9,
     migrate_to_10,
+    migrate_to_11,
 ]
 
 

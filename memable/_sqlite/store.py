@@ -622,6 +622,12 @@ class SQLiteStore(OperatorReads):
             "start the children", workflow, instance_id, waits[0].key, start, changes="none"
         )
 
+    def set_traceparent(self, workflow: str, instance_id: str, traceparent: str) -> None:
+        params = {"workflow": workflow, "instance_id": instance_id, "traceparent": traceparent}
+        self._grouped("store the trace context", workflow, instance_id, None,
+                      lambda conn: conn.execute(shared.SET_TRACEPARENT, params), single=True,
+                      changes="none")
+
     # ------------------------------------------------------------------ schedules
 
     def declare_schedules(self, schedules: list[ScheduleRow], at: str) -> list[ScheduleRow]:

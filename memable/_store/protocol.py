@@ -261,6 +261,10 @@ class Store(Protocol):
     def live_owners(self, now: float) -> list[OwnerRow]:
         """The engines whose lease has not run out at ``now``, with what each declares."""
 
+    def set_traceparent(self, workflow: str, instance_id: str, traceparent: str) -> None:
+        """Store the trace context the instance's next run continues (a signal's or a
+        resume's span); nothing if there is no such instance."""
+
     # Schedules.
 
     def declare_schedules(self, schedules: list[ScheduleRow], at: str) -> list[ScheduleRow]:

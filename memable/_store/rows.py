@@ -63,6 +63,9 @@ class InstanceRow:
     lost_step: str | None = None
     #: The schedule whose tick this instance is ("{schedule}@{tick}").
     schedule: str | None = None
+    #: The W3C trace context of the span that last invoked, signalled or resumed it: its
+    #: next run's span is a child of it (None: no tracing).
+    traceparent: str | None = None
 
 
 @attrs.frozen

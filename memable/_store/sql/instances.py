@@ -54,6 +54,8 @@ INSTANCE_COLUMNS: dict[str, type] = {
     "lost_step": str,
     # v10: the schedule whose tick the instance is
     "schedule": str,
+    # v11: the trace context its next run continues (W3C traceparent)
+    "traceparent": str,
 }
 
 # An instance is free to claim when nobody runs it, or its owner's lease ran out.
@@ -167,6 +169,11 @@ def finish_params(workflow: str, instance_id: str, owner: str, end: RunEnd) -> d
     }
 
 
+#: The trace context a signal or a resume leaves for the instance's next run.
+SET_TRACEPARENT = """
+UPDATE instances SET traceparent = :traceparent
+WHERE workflow = :workflow AND instance_id = :instance_id
+"""
 # ``memable resume``: ready for the next poll of an engine that runs it (see
 # Store.mark_resumable); a running or queued instance is left as it is.
 MARK_RESUMABLE = """

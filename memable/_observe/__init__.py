@@ -1,0 +1,26 @@
+"""Observability: the spans and metrics an engine reports, through OpenTelemetry.
+
+Its one job: one small interface (``base.Telemetry``) that the runner, the
+timer thread's looks, the queue consumer and the scheduler call, with a
+version that does nothing (no OpenTelemetry installed) and one that speaks
+the OpenTelemetry API (``otel``, imported only when the API is installed).
+The only package that imports ``opentelemetry``.
+
+May import: the value modules; never a store, the runner or the engine.
+"""
+
+from __future__ import annotations
+
+from .base import Telemetry
+
+
+def telemetry() -> Telemetry:
+    """OpenTelemetry's, if its API is installed; else the one that does nothing."""
+    try:
+        import opentelemetry.metrics
+        import opentelemetry.trace  # noqa: F401
+    except ImportError:
+        return Telemetry()
+    from .otel import OpenTelemetry
+
+    return OpenTelemetry.instance()
