@@ -96,12 +96,12 @@ WITH due AS (
     DELETE FROM timers WHERE (workflow, instance_id, key) IN (
         SELECT workflow, instance_id, key FROM timers WHERE deadline <= %(now)s
         ORDER BY deadline LIMIT 500 FOR UPDATE SKIP LOCKED)
-    RETURNING workflow, instance_id, key),
+    RETURNING workflow, instance_id, key, deadline),
 fired AS (
     UPDATE steps SET {shared.FIRE_KEY.format(at="%(at)s")}
     FROM due WHERE steps.workflow = due.workflow AND steps.instance_id = due.instance_id
     AND steps.key = due.key AND {shared.FIRE_KEY_WHERE})
-SELECT workflow, instance_id, key FROM due
+SELECT workflow, instance_id, key, deadline FROM due
 """
 CANCEL = (
     "UPDATE instances SET status = 'cancelled', message = NULL, waiting_for = NULL, "

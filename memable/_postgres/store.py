@@ -356,14 +356,14 @@ class PostgresStore(OperatorReads):
         self._run("deliver the signal", deliver, workflow, instance_id, key,
                   transaction=False, read_back=read_back)
 
-    def fire_due_timers(self, now: float, at: str) -> list[tuple[str, str, str]]:
+    def fire_due_timers(self, now: float, at: str) -> list[tuple[str, str, str, float]]:
         # Deleting the rows claims them: of several engines, one fires each timer.
-        def fire(conn: psycopg.Connection[Any]) -> list[tuple[str, str, str]]:
+        def fire(conn: psycopg.Connection[Any]) -> list[tuple[str, str, str, float]]:
             # Most looks find nothing due: a read answers those, without a write.
             if conn.execute(sql.ANY_DUE, (now,)).fetchone() is None:
                 return []
             rows = conn.execute(sql.FIRE_DUE, {"now": now, "at": at}).fetchall()
-            return [(w, i, k) for w, i, k in rows]
+            return [(w, i, k, float(d)) for w, i, k, d in rows]
 
         return self._run("fire due timers", fire, transaction=False)
 

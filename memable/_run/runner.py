@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any, Literal, Protocol
 
 import attrs
@@ -29,7 +30,7 @@ from .._errors import (
     WorkflowNotFound,
 )
 from .._log import log, where
-from .._observe.base import RunReason, Telemetry
+from .._observe.base import QueueStats, RunReason, Telemetry
 from .._queues import Declarations, QueueSpec, consumed
 from .._records import StatusName
 from .._states import Cancelled, Completed, Failed, Suspended, WorkflowState
@@ -108,6 +109,8 @@ class Runner:
         self.queues: dict[str, QueueSpec] = {}
         self._dispatcher: Dispatcher | None = None  # consumes queues; started by start()
         self._consumer: QueueConsumer | None = None
+        # Stops the queue gauges reading this engine's queues (set by start).
+        self._unobserve: Callable[[], None] = lambda: None
         #: Parts the timer thread looks with too (fixed once started; under _lock until then).
         self._tickers: list[Ticker] = []
         #: What runs need to start and follow children.
@@ -215,7 +218,21 @@ class Runner:
         if self._dispatcher is not None:
             self._dispatcher.start()
         self.store.listen(self._changed)
+        if queues:
+            names = [queue.name for queue in queues]
+            self._unobserve = self.telemetry.observe_queues(lambda: self._queue_stats(names))
         log.info("engine started", extra={"workflows": sorted(self.workflows)})
+
+    def _queue_stats(self, names: list[str]) -> list[QueueStats]:
+        """What the queue gauges show of the queues this engine consumes (the meter's
+        thread reads them)."""
+        now = self.clock.wall()
+        stats = []
+        for name in names:
+            queued, running, oldest = self.store.queue_stats(name, now)
+            age = 0.0 if oldest is None else now - datetime.fromisoformat(oldest).timestamp()
+            stats.append(QueueStats(name, queued, running, max(0.0, age)))
+        return stats
 
     def wait_all(self) -> None:
         with self._lock:
@@ -252,6 +269,7 @@ class Runner:
             for run in self._active.values():
                 run.interrupt.set()
         self.store.listen(None)
+        self._unobserve()
         if dispatcher is not None:
             dispatcher.stop()
         if background is not None:
@@ -725,8 +743,9 @@ class Runner:
             # Read here, not higher up: see BackgroundThread on freezegun.
             now = self.clock.wall()
             fired = self.store.fire_due_timers(now, utcnow().isoformat())
-            for name, instance_id, key in fired:
+            for name, instance_id, key, deadline in fired:
                 log.info("timer fired: %s", key, extra=where(name, instance_id, key))
+                self.telemetry.timer_fired(now - deadline)
                 self.wake(name, instance_id)
             count, until = len(fired), None
             for ticker in self._tickers:

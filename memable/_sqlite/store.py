@@ -441,7 +441,7 @@ class SQLiteStore(OperatorReads):
             "deliver the signal", workflow, instance_id, key, deliver, changes="instance"
         )
 
-    def fire_due_timers(self, now: float, at: str) -> list[tuple[str, str, str]]:
+    def fire_due_timers(self, now: float, at: str) -> list[tuple[str, str, str, float]]:
         with self._using("look for due timers") as conn:
             # Most looks find nothing due: answer those without taking the write lock.
             any_due = conn.execute("SELECT 1 FROM timers WHERE deadline <= ? LIMIT 1", (now,))
@@ -449,14 +449,15 @@ class SQLiteStore(OperatorReads):
                 return []
         # Deleting the rows claims them: of several processes, one fires each timer.
 
-        def fire(conn: sqlite3.Connection) -> list[tuple[str, str, str]]:
+        def fire(conn: sqlite3.Connection) -> list[tuple[str, str, str, float]]:
             due = [
-                (w, i, k)
-                for w, i, k in conn.execute(
-                    "SELECT workflow, instance_id, key FROM timers WHERE deadline <= ?", (now,)
+                (w, i, k, float(d))
+                for w, i, k, d in conn.execute(
+                    "SELECT workflow, instance_id, key, deadline FROM timers "
+                    "WHERE deadline <= ?", (now,)
                 )
             ]
-            self._fire(conn, due, at)
+            self._fire(conn, [(w, i, k) for w, i, k, _ in due], at)
             return due
 
         return self._grouped("fire due timers", None, None, None, fire)

@@ -143,8 +143,9 @@ class Store(Protocol):
         Cancelled one (writing nothing).
         """
 
-    def fire_due_timers(self, now: float, at: str) -> list[tuple[str, str, str]]:
-        """Claim every timer due at ``now`` and complete its key; return (workflow, id, key)s.
+    def fire_due_timers(self, now: float, at: str) -> list[tuple[str, str, str, float]]:
+        """Claim every timer due at ``now`` and complete its key; return (workflow, id, key,
+        deadline)s.
 
         Atomically per call: a timer is fired (its row deleted, a timer key
         completed, a suspend point that holds no signal yet timed out) by
@@ -260,6 +261,10 @@ class Store(Protocol):
 
     def live_owners(self, now: float) -> list[OwnerRow]:
         """The engines whose lease has not run out at ``now``, with what each declares."""
+
+    def queue_stats(self, queue: str, now: float) -> tuple[int, int, str | None]:
+        """(runnable instances, instances holding a slot at ``now``, when the oldest
+        runnable one became runnable) of ``queue``: what its gauges show."""
 
     def set_traceparent(self, workflow: str, instance_id: str, traceparent: str) -> None:
         """Store the trace context the instance's next run continues (a signal's or a

@@ -123,3 +123,13 @@ def claim(
         # Room again once the oldest of the last ``count`` starts leaves the window.
         retry_in = max(0.0, sorted(starts)[len(starts) - rate[0]] + rate[1] - now)
     return Claimed(taken, retry_in)
+
+
+#: What the queue gauges show of ``:queue``: its runnable instances, the ones holding a
+#: slot (judged at ``:now``), and when the oldest runnable one became runnable.
+STATS = f"""
+SELECT (SELECT count(*) FROM instances WHERE queue = :queue AND status = 'queued') AS queued,
+    (SELECT count(*) FROM instances WHERE queue = :queue AND {HOLDS_SLOT}) AS running,
+    (SELECT min(queued_at) FROM instances WHERE queue = :queue AND status = 'queued')
+    AS oldest
+"""

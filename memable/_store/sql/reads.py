@@ -18,6 +18,7 @@ from ..rows import InstanceRow, InstanceView, OwnerRow, QueueLook, ScheduleRow
 from . import schedules as schedules_sql
 from .instances import INSTANCE_COLUMNS
 from .queues import HOLDS_SLOT, STARTS
+from .queues import STATS as QUEUE_STATS
 
 #: ``read_rows(what, sql, params)``: the rows of one read, as dicts of their columns.
 ReadRows = Callable[[str, str, dict[str, Any]], list[dict[str, Any]]]
@@ -163,6 +164,13 @@ def schedules(read: ReadRows) -> list[ScheduleRow]:
     return [ScheduleRow(**row) for row in read("list the schedules", schedules_sql.SELECT_ALL, {})]
 
 
+def queue_stats(read: ReadRows, queue: str, now: float) -> tuple[int, int, str | None]:
+    """(runnable, holding a slot, when the oldest runnable one became runnable) of
+    ``queue``, judged at ``now``."""
+    [row] = read("read the queue's numbers", QUEUE_STATS, {"queue": queue, "now": now})
+    return int(row["queued"]), int(row["running"]), row["oldest"]
+
+
 def live_owners(read: ReadRows, now: float) -> list[OwnerRow]:
     """The owners whose lease has not run out at ``now``: the engines running."""
     live = read(
@@ -197,3 +205,6 @@ class OperatorReads:
 
     def live_owners(self, now: float) -> list[OwnerRow]:
         return live_owners(self.read_rows, now)
+
+    def queue_stats(self, queue: str, now: float) -> tuple[int, int, str | None]:
+        return queue_stats(self.read_rows, queue, now)
