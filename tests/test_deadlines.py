@@ -323,7 +323,7 @@ def test_a_signal_waits_for_a_firing_that_holds_its_deadline_and_is_then_rejecte
             fired = firing.execute(
                 FIRE_DUE, {"now": T0.timestamp() + 86400, "at": "2026-01-02T00:00:00+00:00"}
             ).fetchall()
-            assert [tuple(row) for row in fired] == [("approval", "a", "approval:v1")]
+            assert [tuple(row)[:3] for row in fired] == [("approval", "a", "approval:v1")]
             sender = threading.Thread(target=send, name="test-signal")
             sender.start()
             until(lambda: _waiting_on_a_lock(pg_schema))
