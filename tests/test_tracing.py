@@ -9,12 +9,13 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from freezegun import freeze_time
-from helpers import T0
+from helpers import T0, write
 from opentelemetry import baggage, trace
 from opentelemetry import context as otel_context
 from opentelemetry.sdk.metrics import MeterProvider
@@ -275,3 +276,32 @@ def test_import_memable_imports_no_opentelemetry_module() -> None:
         capture_output=True, text=True, check=True,
     )
     assert found.stdout == "[]\n"
+
+
+def test_a_run_that_takes_over_a_dead_engines_instance_says_recovery(
+    open_shared: Callable[..., Engine], spans: InMemorySpanExporter,
+) -> None:
+    """Engine a runs step s and is taken for dead (its owner row gone); engine b's poll
+    recovers the instance: its run's span says so."""
+    gate = threading.Event()
+    entered = threading.Semaphore(0)
+
+    def wf(ctx: Context) -> str:
+        ctx.step("s").run(lambda: entered.release() or gate.wait(TIMEOUT))
+        return "done"
+
+    first = open_shared(poll_interval=60, lease=600)
+    first.register("wf", wf)
+    second = open_shared(poll_interval=0.05, lease=600)
+    second.register("wf", wf)
+    with first:
+        first.invoke("wf", instance_id="w")
+        assert entered.acquire(timeout=TIMEOUT)
+        write(first, "DELETE FROM owners WHERE id = ?", (first._store.owner,))
+        with second:
+            assert entered.acquire(timeout=TIMEOUT)  # b runs step s again
+            gate.set()
+            assert second.invocation("wf", "w").result(TIMEOUT) == "done"
+    reasons = sorted(s.attributes["memable.run.reason"] for s in named(spans, "workflow wf")
+                     if s.attributes is not None)
+    assert reasons == ["invoke", "recovery"]
