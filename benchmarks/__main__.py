@@ -15,6 +15,7 @@ import json
 import os
 import platform
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,6 +36,7 @@ FULL_SIZES = {
     "w7": 1000,
     "w8": 2000,
     "w9": 1,
+    "otel_rounds": 7,
 }
 QUICK_SIZES = {
     "floor_rows": 300,
@@ -47,6 +49,7 @@ QUICK_SIZES = {
     "w7": 100,
     "w8": 200,
     "w9": 0,  # W9 waits for a real minute boundary: up to a minute, so not in a smoke run
+    "otel_rounds": 1,
 }
 
 
@@ -83,10 +86,12 @@ def worker(name: str, params: dict[str, Any]) -> int:
         from ._workloads import WORKLOADS, BenchFailure  # type: ignore[assignment]
         from ._workloads_queues import QUEUE_WORKLOADS  # type: ignore[assignment]
     workloads = {**WORKLOADS, **QUEUE_WORKLOADS}
-    if system != "dbos":  # W9 has no DBOS side
+    if system != "dbos":  # W9 and the OpenTelemetry rows have no DBOS side
+        from ._workloads_otel import OTEL_WORKLOADS
         from ._workloads_schedules import SCHEDULE_WORKLOADS
 
         workloads.update(SCHEDULE_WORKLOADS)
+        workloads.update(OTEL_WORKLOADS)
     from . import _floor
 
     if params.get("store"):  # PostgreSQL: a schema of its own, dropped afterwards
@@ -126,6 +131,13 @@ def _drop_schema(url: str, schema: str) -> None:
         conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
+#: W1 with the no-op telemetry (as without OpenTelemetry), with the API and no SDK
+#: configured (the default), and with the SDK recording every span.
+OTEL_VARIANTS = ("none", "api", "sdk")
+#: The API's cost per step, as a ratio of the no-op's (issue 24).
+OTEL_API_GOAL = 1.03
+
+
 def plan(
     sizes: dict[str, Any], threads: int, store: str | None = None
 ) -> list[tuple[str, str, dict[str, Any]]]:
@@ -146,6 +158,12 @@ def plan(
         *([("W5x full", "signal_remote", {**full, "reps": sizes["reps"]})] if store else []),
         ("suspended", "suspended", {**full, "count": sizes["suspended"]}),
     ]
+    # W1 full with no telemetry, the OpenTelemetry API alone and the SDK recording, in
+    # rounds that take turns, each run a fresh process. SQLite only: the issue's figure.
+    for round_ in range(1, 1 + (0 if store else sizes["otel_rounds"])):
+        for otel in OTEL_VARIANTS:
+            runs.append((f"otel {otel} #{round_}", "step_throughput_otel",
+                         {**full, "n": sizes["w1"], "warm": warm, "otel": otel}))
     for n in sizes["w6"]:
         runs.append((f"W6 W1 n={n}", "step_throughput", {**full, "n": n, "warm": warm}))
     # Every size in one process, taking turns: see _workloads._replays.
@@ -214,6 +232,7 @@ def report(
     ratio_row(
         "W1 normal", "per step, one workflow", "insert_commit_us", "normal", goals["W1 normal"]
     )
+    rows.extend(_otel_rows(records, sizes, store))
     ratio_row(
         "W2 full", f"per step, {sizes['w2']} workflows at once", "insert_commit_us", "full",
         goals["W2 full"],
@@ -336,6 +355,65 @@ def report(
     met = {True: "yes", False: "NO", None: "n/a"}
     lines += [f"| {a} | {b} | {c} | {d} | {e} | {met[ok]} |" for a, b, c, d, e, ok in rows]
     return "\n".join(lines), all(row[-1] is not False for row in rows)
+
+
+def _otel_rows(
+    records: dict[str, dict[str, Any]], sizes: dict[str, Any], store: str
+) -> list[tuple[str, str, str, str, str, bool | None]]:
+    """W1 with the OpenTelemetry API (goal: within 3 % of the no-op) and with the SDK (the
+    cost of a recorded span and its metrics, no goal), from the medians of the rounds."""
+    if store != "sqlite":
+        return [(f"W1 otel {otel}", "W1 full, OpenTelemetry", "not run on PostgreSQL",
+                 "SQLite only", "", None) for otel in ("api", "sdk")]
+    runs = {otel: [rec for label, rec in records.items()
+                   if label.startswith(f"otel {otel} #")] for otel in OTEL_VARIANTS}
+    rounds = sizes["otel_rounds"]
+    of = f"median of {rounds} rounds" if rounds > 1 else "1 round"
+    what = {"api": f"per step, API without SDK, {of}",
+            "sdk": f"per step, SDK recording spans, {of}"}
+    if len(runs["none"]) != rounds or not all(rec.get("ok") for rec in runs["none"]):
+        return [(f"W1 otel {otel}", what[otel], "FAILED", "otel none failed", "", False)
+                for otel in ("api", "sdk")]
+    none = statistics.median(rec["per_op_us"] for rec in runs["none"])
+    rows: list[tuple[str, str, str, str, str, bool | None]] = []
+    for otel in ("api", "sdk"):
+        label, recs = f"W1 otel {otel}", runs[otel]
+        if len(recs) != rounds or not all(rec.get("ok") for rec in recs):
+            rows.append((label, what[otel], "FAILED", "", "", False))
+            continue
+        missing = next((rec["unavailable"] for rec in recs if "unavailable" in rec), None)
+        if missing:
+            rows.append((label, what[otel], missing, "", "", None))
+            continue
+        median = statistics.median(rec["per_op_us"] for rec in recs)
+        figure = _fmt_us(median) + _spread(recs)
+        # Each round against its own otel none, run just before it: the machine's drift
+        # between rounds cancels out there.
+        pairs = [(rec["per_op_us"], base["per_op_us"])
+                 for rec, base in zip(recs, runs["none"], strict=True)]
+        if otel == "api":
+            ratio = median / none
+            by_round = sorted(ours / base for ours, base in pairs)
+            rounds_note = (f"; by round {by_round[0]:.3f}x-{by_round[-1]:.3f}x, median "
+                           f"{statistics.median(by_round):.3f}x" if rounds > 1 else "")
+            rows.append((label, what[otel], figure,
+                         f"{_fmt_us(none)} otel none{_spread(runs['none'])}",
+                         f"{ratio:.3f}x (goal ≤ {OTEL_API_GOAL}x of otel none){rounds_note}",
+                         ratio <= OTEL_API_GOAL))
+        else:
+            by_diff = sorted(ours - base for ours, base in pairs)
+            rounds_note = (f" (by round {by_diff[0]:+.1f} to {by_diff[-1]:+.1f})"
+                           if rounds > 1 else "")
+            rows.append((label, what[otel], figure,
+                         f"{_fmt_us(none)} otel none; {median - none:+.1f} µs per step"
+                         f"{rounds_note}: a recorded span and its metrics", "no goal", None))
+    return rows
+
+
+def _spread(records: list[dict[str, Any]]) -> str:
+    """`` (lowest-highest)`` per-step figure of the rounds, if more than one."""
+    figures = [rec["per_op_us"] for rec in records]
+    return f" ({min(figures):.1f}-{max(figures):.1f})" if len(figures) > 1 else ""
 
 
 DBOS_LABELS = ("W1 full", "W2 full", "W3 full", "W4 full", "W5 full", "W7 full", "W8 full")

@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from memable import Context, Engine
-from memable import _sqlite_sql as sql
-from memable._run.options import Options, Synchronous
+from memable._run.options import Options
+from memable._sqlite import sql
 from memable._sqlite.schema import open_store
 from memable._sqlite.store import SQLiteStore
-from memable._store.protocol import StepWrite
+from memable._store.protocol import Synchronous
+from memable._store.rows import StepWrite, step_params
 
 from ._floor import insert_commit_us
 
@@ -45,7 +46,7 @@ class _ProbeStore(SQLiteStore):
     def save_step(self, write: StepWrite) -> None:
         if not self.write:
             return
-        params = sql.step_params(write, self.owner)
+        params = step_params(write, self.owner)
         start = time.perf_counter()
         with self._lock:
             self._conn.execute(sql.UPSERT_STEP, params)
