@@ -25,7 +25,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from memable import Context, Engine, Retry, Suspended
+from memable import Context, Engine, InstanceFinished, Retry, Suspended
 from memable._observe.otel import OpenTelemetry
 from memable.testing import advance
 
@@ -305,3 +305,69 @@ def test_a_run_that_takes_over_a_dead_engines_instance_says_recovery(
     reasons = sorted(s.attributes["memable.run.reason"] for s in named(spans, "workflow wf")
                      if s.attributes is not None)
     assert reasons == ["invoke", "recovery"]
+
+
+def test_a_run_a_resume_queued_says_resume(
+    make_engine: Callable[..., Engine], spans: InMemorySpanExporter,
+) -> None:
+    """The resume's claim queues the instance; the queue's consumer runs it later: the run
+    still says why it began (not the failed step it stopped at)."""
+    engine = make_engine()
+    engine.queue("q")
+    calls: list[int] = []
+
+    def flaky() -> int:
+        calls.append(1)
+        if len(calls) == 1:
+            raise ConnectionError("no")
+        return 1
+
+    engine.register("wf", lambda ctx: ctx.step("s").run(flaky), queue="q")
+    with engine:
+        engine.invoke("wf", instance_id="w").wait(TIMEOUT)
+        assert engine.resume("wf", "w").result(TIMEOUT) == 1
+    reasons = [s.attributes["memable.run.reason"] for s in named(spans, "workflow wf")
+               if s.attributes is not None]
+    assert reasons == ["invoke", "resume"]
+
+
+def test_a_rejected_signal_leaves_the_stored_context_and_its_span_says_error(
+    make_engine: Callable[..., Engine], spans: InMemorySpanExporter,
+) -> None:
+    engine = make_engine()
+    engine.register("wf", lambda ctx: str(ctx.suspend("go")))
+    with engine:
+        engine.invoke("wf", instance_id="w").wait(TIMEOUT)
+        engine.signal("wf", "w", "go", "first").wait(TIMEOUT)
+        [before] = [row.traceparent for row, _ in engine._store.list_view("wf", None)]
+        with pytest.raises(InstanceFinished):
+            engine.signal("wf", "w", "go", "again")
+        [after] = [row.traceparent for row, _ in engine._store.list_view("wf", None)]
+    assert after == before
+    rejected = named(spans, "invoke wf")[-1]
+    assert rejected.status.status_code == StatusCode.ERROR
+
+
+def test_a_tick_another_engine_fired_or_a_skipped_tick_leaves_no_span(
+    open_shared: Callable[..., Engine], spans: InMemorySpanExporter,
+) -> None:
+    """Two engines fire the 10:00 tick (one makes it); the 11:00 tick is skipped (10:00
+    waits on a signal): one producer span in all, the one whose instance was made."""
+    engines = []
+    for _ in range(2):
+        engine = open_shared(poll_interval=60)
+        engine.register("job", lambda ctx, tick: ctx.suspend("done"))
+        engine.schedule("hourly", "0 * * * *", "job", overlap="skip")
+        engines.append(engine)
+    with freeze_time("2026-06-01 09:59:00") as clock:
+        for engine in engines:
+            engine.start()
+        for moment in ("2026-06-01 10:00:00", "2026-06-01 11:00:00"):
+            clock.move_to(moment)
+            for engine in engines:
+                engine.fire_due_timers()
+        for engine in engines:
+            engine.close()
+    [tick] = named(spans, "invoke job")
+    assert tick.attributes is not None
+    assert tick.attributes["memable.instance_id"] == "hourly@2026-06-01T10:00:00Z"

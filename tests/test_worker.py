@@ -206,6 +206,30 @@ def test_sigterm_lets_the_run_in_flight_finish_before_exiting(
     assert (status, steps["gate:v1"], steps["finish:v1"]) == ("completed", "through", "approved 1")
 
 
+#: What an OpenTelemetry SDK does when the app configures it: a thread started at import.
+A_THREAD_AT_IMPORT = """
+import threading
+threading.Thread(target=threading.Event().wait, name="exporter", daemon=True).start()
+"""
+
+
+def test_a_second_sigterm_during_the_drain_does_not_kill_a_worker_whose_app_starts_threads(
+    app_dir: Path, workers: list[Worker]
+) -> None:
+    """The app's import starts a thread; the signals were blocked before it, so the second
+    SIGTERM waits like the first instead of ending the process from that thread."""
+    (app_dir / "app.py").write_text(textwrap.dedent(APP) + A_THREAD_AT_IMPORT)
+    worker, gate = _held_in_a_step(app_dir, workers, "job-3")
+    worker.proc.send_signal(signal.SIGTERM)
+    worker.wait_for(r"taking no new work")
+    worker.proc.send_signal(signal.SIGTERM)
+    with open(gate, "w") as opened:  # lets the held step return
+        opened.write("through")
+    assert worker.proc.wait(timeout=WAIT) == 0
+    worker.wait_for(r"approve/job-3: completed")
+    worker.wait_for(r"worker \d+ stopped")
+
+
 def test_a_run_still_in_flight_after_the_grace_period_is_left_for_recovery(
     app_dir: Path, workers: list[Worker]
 ) -> None:

@@ -434,8 +434,8 @@ def worker(spec: str, threads: int | None, grace: float, queues: str | None) -> 
     """Run the engine MODULE:ENGINE until SIGINT or SIGTERM, logging each state change."""
     names = None if queues is None else [q for q in queues.split(",") if q]
     try:
-        engine = load_engine(spec)
-        status = run_worker(engine, threads=threads, grace=grace, queues=names)
+        status = run_worker(lambda: load_engine(spec), threads=threads, grace=grace,
+                            queues=names)
     except (EngineError, ValueError) as err:  # ValueError: a queue it does not declare
         _fail(str(err))
     raise SystemExit(status)

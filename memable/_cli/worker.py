@@ -99,15 +99,22 @@ def _stop_signals() -> Iterator[Callable[[], int]]:
 
 
 def run_worker(
-    engine: Engine, *, threads: int | None, grace: float, queues: list[str] | None = None
+    load: Callable[[], Engine], *, threads: int | None, grace: float,
+    queues: list[str] | None = None,
 ) -> int:
-    """Run ``engine`` until SIGINT or SIGTERM, then drain it; return the exit status.
+    """Run the engine ``load()`` makes until SIGINT or SIGTERM, then drain it; return the
+    exit status.
 
-    ``queues``: the declared queues it consumes (None: the engine's ``queues`` option).
+    The engine is loaded with the signals already blocked, so every thread its
+    module starts (an OpenTelemetry exporter's, say) inherits the mask and a
+    second signal during the drain is not delivered to one of them, which would
+    end the process at once. ``queues``: the declared queues it consumes (None:
+    the engine's ``queues`` option).
     """
     handler = _log_to_stderr()
     try:
         with _stop_signals() as wait_for_signal:
+            engine = load()
             engine._configure(threads, queues)
             engine.start()
             log.info("worker %d started: %r", os.getpid(), engine)

@@ -466,7 +466,8 @@ class Engine:
         row = self._stored_row(name, instance_id)
         if row.status == "cancelled":
             raise InstanceFinished(name, instance_id, "it is cancelled")
-        self._continue_trace(name, instance_id, row.traceparent)
+        if row.status not in ("running", "queued"):  # else nothing is resumed here
+            self._continue_trace(name, instance_id, row.traceparent)
         watch = self._runner.start_run(workflow, instance_id, None, claim="resume")
         return Invocation(self, watch)
 
@@ -499,13 +500,14 @@ class Engine:
         InstanceFinished
         """
         self._runner.require_accepting(name)
-        if self._telemetry.tracing:
+        stored = None
+        if self._telemetry.tracing:  # continue the instance's trace if no span is active
             row = self._store.get_instance(name, instance_id)
-            if row is not None:
-                self._continue_trace(name, instance_id, row.traceparent)
+            stored = None if row is None else row.traceparent
         try:
-            with self._runner.signalling(name, instance_id, key):
-                store_signal(self._store, name, instance_id, key, payload)
+            with (self._telemetry.producing(name, stored, instance_id) as traceparent,
+                  self._runner.signalling(name, instance_id, key)):
+                store_signal(self._store, name, instance_id, key, payload, traceparent)
         except InstanceNotFound:
             if name not in self._runner.workflows and not self._store.list_instances(name):
                 raise WorkflowNotFound(name) from None
@@ -663,8 +665,8 @@ class Engine:
 
     # ------------------------------------------------------------------ Invocation host
     def _continue_trace(self, name: str, instance_id: str, stored: str | None) -> None:
-        """A span ``invoke <name>`` for a signal or resume (a child of the active span, else
-        of the instance's stored context), stored as its next run's parent."""
+        """A span ``invoke <name>`` for a resume (a child of the active span, else of the
+        instance's stored context), stored as its next run's parent."""
         if not self._telemetry.tracing:
             return
         with self._telemetry.producing(name, stored, instance_id) as traceparent:

@@ -72,8 +72,21 @@ class RunTrace:
         replaying ``replayed_steps`` stored steps."""
 
 
+class Produced:
+    """A PRODUCER span started but not yet ended (this one records nothing)."""
+
+    #: Its W3C trace context, to store with the instance (None: nothing to store).
+    traceparent: str | None = None
+
+    def end(self) -> None:
+        """End it: only for an instance that was made (one never ended is never exported)."""
+
+
 def _nothing() -> None:
     return None
+
+
+_NO_PRODUCED = Produced()
 
 
 _NO_STEP = StepTrace()
@@ -106,6 +119,11 @@ class Telemetry:
         store with the instance (None: nothing to store). Its parent is the active span,
         else ``parent`` (the instance's stored context), else none."""
         yield None
+
+    def produce(self, workflow: str, instance_id: str | None = None) -> Produced:
+        """A PRODUCER span ``invoke <workflow>`` started with no parent (a schedule's tick),
+        ended by the caller if the instance was made."""
+        return _NO_PRODUCED
 
     def run(
         self, workflow: str, instance_id: str, traceparent: str | None, reason: RunReason

@@ -20,7 +20,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from .base import QueueStats, RunReason, RunTrace, StepTrace, Telemetry
+from .base import Produced, QueueStats, RunReason, RunTrace, StepTrace, Telemetry
 
 #: The instrumentation scope of every span and instrument.
 SCOPE = "memable"
@@ -75,6 +75,18 @@ class _Run(RunTrace):
         self._span.set_attribute("memable.replayed_steps", replayed_steps)
         if outcome == "failed":
             self._span.set_status(Status(StatusCode.ERROR))
+        self._span.end()
+
+
+class _Produced(Produced):
+    def __init__(self, span: trace.Span) -> None:
+        self._span = span
+        if span.get_span_context().is_valid:
+            carrier: dict[str, str] = {}
+            _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
+            self.traceparent = carrier.get("traceparent")
+
+    def end(self) -> None:
         self._span.end()
 
 
@@ -200,6 +212,14 @@ class OpenTelemetry(Telemetry):
             carrier: dict[str, str] = {}
             _PROPAGATOR.inject(carrier)
             yield carrier.get("traceparent")
+
+    def produce(self, workflow: str, instance_id: str | None = None) -> Produced:
+        attributes: dict[str, Any] = {"memable.workflow": workflow}
+        if instance_id is not None:
+            attributes["memable.instance_id"] = instance_id
+        span = self._tracer.start_span(f"invoke {workflow}", context=otel_context.Context(),
+                                       kind=SpanKind.PRODUCER, attributes=attributes)
+        return _Produced(span)
 
     def run(
         self, workflow: str, instance_id: str, traceparent: str | None, reason: RunReason

@@ -23,7 +23,8 @@ from .._store.sql.instances import CLAIM_SET, FIRE_KEY, FIRE_KEY_WHERE
 from .sql import OWNER_FREE
 
 #: What a claim writes (as on SQLite).
-_CLAIM_SET = CLAIM_SET.replace(":me", "p_me").replace(":at", "p_at")
+_CLAIM_SET = CLAIM_SET.replace(":me", "p_me").replace(":at", "p_at").replace(
+    ":claim", "p_claim")
 
 #: What firing a due timer row does to its key (as on SQLite).
 _FIRE_KEY = FIRE_KEY.format(at="p_at")

@@ -65,10 +65,11 @@ CREATE TABLE IF NOT EXISTS schedules (
     last_tick text, since text, skipped integer NOT NULL DEFAULT 0,
     missed integer NOT NULL DEFAULT 0);
 """
-#: Version 6: the trace context an instance's next run continues (as on SQLite, schema
-#: version 11).
+#: Version 6: the trace context an instance's next run continues, and why it was
+#: claimed (as on SQLite, schema version 11).
 _V6 = """
-ALTER TABLE instances ADD COLUMN IF NOT EXISTS traceparent text;
+ALTER TABLE instances ADD COLUMN IF NOT EXISTS traceparent text,
+    ADD COLUMN IF NOT EXISTS run_reason text;
 """
 _TABLES = f"""
 CREATE TABLE IF NOT EXISTS instances (

@@ -319,7 +319,7 @@ class PostgresStore(OperatorReads):
 
         return self._run("mark the instance to resume", mark, workflow, instance_id)
 
-    def deliver_signal(self, write: StepWrite) -> None:
+    def deliver_signal(self, write: StepWrite, traceparent: str | None = None) -> None:
         workflow, instance_id, key = write.workflow, write.instance_id, write.key
 
         args = (workflow, instance_id, key, write.result, write.result_type, write.at,
@@ -344,6 +344,10 @@ class PostgresStore(OperatorReads):
             if answer == "timed out":
                 why = "the suspend point timed out before it"
                 raise SignalRejected(workflow, instance_id, key, why)
+            if traceparent is not None:  # in the signal's transaction: before its NOTIFY
+                conn.execute(sql.SET_TRACEPARENT, {"workflow": workflow,
+                                                   "instance_id": instance_id,
+                                                   "traceparent": traceparent})
 
         def read_back(conn: psycopg.Connection[Any]) -> object:
             row = conn.execute(
@@ -354,7 +358,7 @@ class PostgresStore(OperatorReads):
             return None if row is not None and tuple(row) == mine else NOT_DONE
 
         self._run("deliver the signal", deliver, workflow, instance_id, key,
-                  transaction=False, read_back=read_back)
+                  transaction=traceparent is not None, read_back=read_back)
 
     def fire_due_timers(self, now: float, at: str) -> list[tuple[str, str, str, float]]:
         # Deleting the rows claims them: of several engines, one fires each timer.

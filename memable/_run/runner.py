@@ -824,9 +824,13 @@ _OUTCOMES: dict[type[WorkflowState], str] = {
 
 
 def _woken_by(snapshot: RunSnapshot) -> RunReason:
-    """Why a run that continues an instance began, judged by the key it stopped at last
-    (the one of the highest seq): a signal, a timer or deadline, a retry backoff, a child's
-    end; an instance with no key stored yet starts ("invoke", or its schedule's tick)."""
+    """Why a run that continues an instance began: what the claim that queued it said
+    (a resume, a recovery), else judged by the key it stopped at last (the one of the
+    highest seq): a signal, a timer or deadline, a retry backoff, a child's end; an
+    instance with no key stored yet starts ("invoke", or its schedule's tick)."""
+    said = snapshot.instance.run_reason  # the claim that queued it was a resume or recovery
+    if said in ("resume", "recovery"):
+        return said  # type: ignore[return-value]
     if not snapshot.steps:
         return "schedule" if snapshot.instance.schedule is not None else "invoke"
     last = max(snapshot.steps.values(), key=lambda step: step.seq)

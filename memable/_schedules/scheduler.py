@@ -182,7 +182,13 @@ class Scheduler:
             if ticks is None:
                 self._next[spec.name] = spec.cron.after(at)
                 return 0
-            rows = [self._row(spec, tick) for tick in ticks.run]
+            # Each tick's span is ended only if its instance is made here: a tick another
+            # engine fired, or one skipped, leaves no lone span.
+            spans = [self._runner.telemetry.produce(spec.workflow, f"{spec.name}@{tick_id(t)}")
+                     for t in ticks.run]
+            rows = [(attrs.evolve(row, traceparent=span.traceparent), value)
+                    for (row, value), span
+                    in zip((self._row(spec, tick) for tick in ticks.run), spans, strict=True)]
             firing = TickFiring(tick_id(ticks.last), [row for row, _ in rows], ticks.missed,
                                 skip_overlap=spec.overlap == "skip")
             fired = self._runner.store.fire_ticks(spec.name, stored.last_tick, firing)
@@ -214,9 +220,10 @@ class Scheduler:
                      "ended", spec.name, fired.skipped, "" if fired.skipped == 1 else "s")
         created = set(fired.created)
         workflow = self._runner.workflow(spec.workflow)
-        for row, value in rows:
+        for (row, value), span in zip(rows, spans, strict=True):
             if row.instance_id not in created:
                 continue
+            span.end()
             log.info("schedule %r fired", spec.name,
                      extra=where(spec.workflow, row.instance_id))
             if row.queue is None:
@@ -245,8 +252,7 @@ class Scheduler:
         instance_id = f"{spec.name}@{tick_id(tick)}"
         row, value = new_instance(workflow, value, instance_id, spec.queue, 0,
                                   self._runner.queues)
-        with self._runner.telemetry.producing(spec.workflow, instance_id=instance_id) as parent:
-            return attrs.evolve(row, schedule=spec.name, traceparent=parent), value
+        return attrs.evolve(row, schedule=spec.name), value
 
     def _seen(self, row: ScheduleRow, at: datetime) -> None:
         """What the store holds of a schedule (as of ``at``): plan from it; its next tick

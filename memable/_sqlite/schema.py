@@ -29,7 +29,7 @@ _LATER_INSTANCE_COLUMNS = (
     "waiting_for", "owner", "status_message", "step_key", "step_started", "traceback",
     "parent_workflow", "parent_id", "parent_key", "parent_group", "children_pending",
     "queue", "priority", "queued_at", "recoveries", "lost_owner", "lost_step", "schedule",
-    "traceparent",
+    "traceparent", "run_reason",
 )
 #: Columns every store has had since version 1: what a file must show before
 #: we migrate it.
@@ -189,8 +189,9 @@ def migrate_to_10(db: sqlite_utils.Database) -> None:
 
 
 def migrate_to_11(db: sqlite_utils.Database) -> None:
-    """The trace context an instance's next run continues."""
+    """The trace context an instance's next run continues, and why it was claimed."""
     db["instances"].add_column("traceparent", str)  # type: ignore[union-attr]
+    db["instances"].add_column("run_reason", str)  # type: ignore[union-attr]
 
 
 #: Migration to version N is MIGRATIONS[N - 1]; all run in the opening transaction.

@@ -168,7 +168,7 @@ class SQLiteStore(OperatorReads):
                 "WHERE workflow = :workflow AND instance_id = :instance_id "
                 f"AND {sql.CLAIMS[claim]} RETURNING {sql.INSTANCE_RETURNING}",
                 {"me": self.owner, "at": now, "now": sql.wall_of(now), "workflow": workflow,
-                 "instance_id": instance_id},
+                 "instance_id": instance_id, "claim": claim},
             ).fetchone()
             if found is None:
                 return None
@@ -393,7 +393,7 @@ class SQLiteStore(OperatorReads):
         return self._grouped("mark the instance to resume", workflow, instance_id, None, mark,
                              changes="instance")
 
-    def deliver_signal(self, write: StepWrite) -> None:
+    def deliver_signal(self, write: StepWrite, traceparent: str | None = None) -> None:
         workflow, instance_id, key = write.workflow, write.instance_id, write.key
 
         def deliver(conn: sqlite3.Connection) -> None:
@@ -436,6 +436,10 @@ class SQLiteStore(OperatorReads):
                 "DELETE FROM timers WHERE workflow = ? AND instance_id = ? AND key = ?",
                 (workflow, instance_id, key),
             )
+            if traceparent is not None:
+                conn.execute(shared.SET_TRACEPARENT, {
+                    "workflow": workflow, "instance_id": instance_id, "traceparent": traceparent,
+                })
 
         self._grouped(
             "deliver the signal", workflow, instance_id, key, deliver, changes="instance"

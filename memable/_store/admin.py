@@ -16,8 +16,12 @@ from .rows import Ended, StepWrite, utcnow
 from .serde import store_form
 
 
-def store_signal(store: Store, workflow: str, instance_id: str, key: str, payload: Any) -> None:
-    """Store ``payload`` as the value of the suspend point ``key``.
+def store_signal(
+    store: Store, workflow: str, instance_id: str, key: str, payload: Any,
+    traceparent: str | None = None,
+) -> None:
+    """Store ``payload`` as the value of the suspend point ``key`` (with the trace context
+    its next run continues, if given).
 
     Raise ``InvalidKey``, ``SerializationError``, ``InstanceNotFound``,
     ``InstanceFinished`` or ``SignalRejected``; each writes nothing.
@@ -29,7 +33,8 @@ def store_signal(store: Store, workflow: str, instance_id: str, key: str, payloa
             workflow=workflow, instance_id=instance_id, key=key, seq=0, kind="signal",
             state="completed", result=text, result_type=tag, status=None, error=None,
             at=utcnow().isoformat(),
-        )
+        ),
+        traceparent,
     )
 
 

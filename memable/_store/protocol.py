@@ -123,8 +123,9 @@ class Store(Protocol):
         instead, and the steps to go on with are returned.
         """
 
-    def deliver_signal(self, write: StepWrite) -> None:
-        """Store a signal payload as its key's completed value, atomically.
+    def deliver_signal(self, write: StepWrite, traceparent: str | None = None) -> None:
+        """Store a signal payload as its key's completed value, atomically (and, if given,
+        the trace context the instance's next run continues).
 
         Raise InstanceNotFound, InstanceFinished (a terminal instance) or
         SignalRejected (the key holds a value, timed out, or was reached as a

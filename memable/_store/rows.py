@@ -66,6 +66,9 @@ class InstanceRow:
     #: The W3C trace context of the span that last invoked, signalled or resumed it: its
     #: next run's span is a child of it (None: no tracing).
     traceparent: str | None = None
+    #: Why the claim that last took it was made, when that says why its next run
+    #: begins ("resume", "recovery"): kept for a queue's consumer, which runs it later.
+    run_reason: str | None = None
 
 
 @attrs.frozen

@@ -54,8 +54,10 @@ INSTANCE_COLUMNS: dict[str, type] = {
     "lost_step": str,
     # v10: the schedule whose tick the instance is
     "schedule": str,
-    # v11: the trace context its next run continues (W3C traceparent)
+    # v11: the trace context its next run continues (W3C traceparent), and why the
+    # claim that queued it was made (its run's reason, once a queue's consumer runs it)
     "traceparent": str,
+    "run_reason": str,
 }
 
 # An instance is free to claim when nobody runs it, or its owner's lease ran out.
@@ -83,7 +85,8 @@ CLAIM_SET = f"""status = CASE WHEN queue IS NULL THEN 'running' ELSE 'queued' EN
         AND done.instance_id = instances.instance_id AND done.key = instances.step_key
         AND done.state = 'completed')) ELSE lost_step END,
     message = NULL, waiting_for = NULL, updated_at = :at, completed_at = NULL,
-    traceback = NULL, step_key = NULL, step_started = NULL, children_pending = NULL"""
+    traceback = NULL, step_key = NULL, step_started = NULL, children_pending = NULL,
+    run_reason = CASE :claim WHEN 'resume' THEN 'resume' WHEN 'recover' THEN 'recovery' END"""
 OWNED = (
     "EXISTS (SELECT 1 FROM instances WHERE workflow = :workflow "
     "AND instance_id = :instance_id AND owner = :me)"
