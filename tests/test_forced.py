@@ -508,3 +508,66 @@ def test_a_durable_backoff_of_exactly_one_second_keeps_counting_attempts() -> No
         assert state == Failed("step 's' failed after 3 attempts: ConnectionError: down")
         assert len(calls) == 3
     engine.close()
+
+
+def _poll_inside(engine: Engine, operation: str) -> list[int]:
+    """Wrap the store's ``operation`` (which makes instances this engine owns) so the
+    engine's poll looks at the store right after it, before their runs are registered;
+    return the list the number of runs the poll took for lost is added to."""
+    real = getattr(engine._store, operation)
+    taken: list[int] = []
+    runner = engine._runner
+
+    def then_poll(*args: Any, **kwargs: Any) -> Any:
+        made = real(*args, **kwargs)
+        before = runner._turnover
+        runner._look_around(runner.clock.wall())
+        taken.append(runner._turnover - before)
+        return made
+
+    setattr(engine._store, operation, then_poll)
+    return taken
+
+
+def test_an_invoked_instance_is_not_taken_for_lost_before_its_run_is_registered(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The poll reads the new instance as this engine's and running, with no run here yet:
+    it must wait, not run it again as one whose end was lost."""
+    engine = Engine.in_memory(poll_interval=60)
+    engine.register("wf", lambda ctx: "done")
+    taken = _poll_inside(engine, "create_instance")
+    with engine:
+        assert engine.invoke("wf", instance_id="w").result(10) == "done"
+    assert taken == [0]
+    assert "did not record its end" not in caplog.text
+
+
+def test_a_schedule_tick_is_not_taken_for_lost_before_its_run_is_registered(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from freezegun import freeze_time
+
+    engine = Engine.in_memory(poll_interval=60)
+    engine.register("job", lambda ctx: "done")
+    engine.schedule("hourly", "0 * * * *", "job")
+    taken = _poll_inside(engine, "fire_ticks")
+    with freeze_time("2026-06-01 09:59:00") as clock, engine:
+        clock.move_to("2026-06-01 10:00:00")
+        engine.fire_due_timers()
+        assert engine.invocation("job", "hourly@2026-06-01T10:00:00Z").result(10) == "done"
+    assert taken == [0]
+    assert "did not record its end" not in caplog.text
+
+
+def test_a_child_is_not_taken_for_lost_before_its_run_is_registered(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    engine = Engine.in_memory(poll_interval=60)
+    engine.register("child", lambda ctx: "done")
+    engine.register("parent", lambda ctx: ctx.child("c", "child"))
+    taken = _poll_inside(engine, "start_children")
+    with engine:
+        assert engine.invoke("parent").result(10) == "done"
+    assert taken == [0]
+    assert "did not record its end" not in caplog.text

@@ -425,16 +425,17 @@ class Engine:
         row, value = new_instance(workflow, input, instance_id, queue, priority,
                                   self._runner.queues)
         instance_id = row.instance_id
-        with self._telemetry.producing(name, instance_id=instance_id) as traceparent:
-            row = attrs.evolve(row, traceparent=traceparent)
-            if not self._store.create_instance(row):
-                return self.invocation(name, instance_id)
-        log.debug("invoked", extra=where(name, instance_id))
-        if row.queue is not None:  # an engine that consumes the queue runs it
-            self._runner.kick()
-            return Invocation(self, self._runner.watch(name, instance_id))
-        return Invocation(self, self._runner.start_run(workflow, instance_id, (value,),
-                                                       traceparent=traceparent))
+        with self._runner.taking():  # made ours, then registered: the poll waits for both
+            with self._telemetry.producing(name, instance_id=instance_id) as traceparent:
+                row = attrs.evolve(row, traceparent=traceparent)
+                if not self._store.create_instance(row):
+                    return self.invocation(name, instance_id)
+            log.debug("invoked", extra=where(name, instance_id))
+            if row.queue is not None:  # an engine that consumes the queue runs it
+                self._runner.kick()
+                return Invocation(self, self._runner.watch(name, instance_id))
+            return Invocation(self, self._runner.start_run(workflow, instance_id, (value,),
+                                                           traceparent=traceparent))
 
     def resume(self, name: str, instance_id: str) -> Invocation:
         """Run an instance again: stored steps return their results, the rest execute.

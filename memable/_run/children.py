@@ -11,6 +11,7 @@ child ends (see ``memable._store.sql.children``).
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Protocol
 
 from .._errors import WorkflowNotFound
@@ -78,8 +79,11 @@ class Children:
         queues: dict[str, QueueSpec] | None = None,
         kick: Callable[[], None] | None = None,
         telemetry: Telemetry | None = None,
+        taking: Callable[[], AbstractContextManager[None]] | None = None,
     ) -> None:
         self._telemetry = telemetry or Telemetry()  # a span for each child started
+        # Around making children owned here and submitting them (Runner.taking).
+        self._taking = taking or nullcontext
         # The runner's registry and declared queues: fixed once the engine started.
         self._workflows = workflows
         self._queues = queues if queues is not None else {}
@@ -120,14 +124,15 @@ class Children:
                     priority=None if queue is None else 0,
                     queued_at=None if queue is None else now, traceparent=traceparent,
                 ))
-        created = set(self._store.start_children(waits, rows))
-        if queue is not None:  # they wait for slots; whichever engine consumes it runs them
-            if created and self._kick is not None:
-                self._kick()
-            return
-        for row, (child_id, _, _, value) in zip(rows, children, strict=True):
-            if child_id in created:
-                self._submit(workflow, child_id, (value,), traceparent=row.traceparent)
+        with self._taking():
+            created = set(self._store.start_children(waits, rows))
+            if queue is not None:  # they wait for slots; whichever engine consumes it runs them
+                if created and self._kick is not None:
+                    self._kick()
+                return
+            for row, (child_id, _, _, value) in zip(rows, children, strict=True):
+                if child_id in created:
+                    self._submit(workflow, child_id, (value,), traceparent=row.traceparent)
 
     def resume(self, workflow: Workflow, child_id: str) -> None:
         self._submit(workflow, child_id, None)

@@ -100,7 +100,9 @@ class Runner:
         )
         self._firing = 0  # timer firings, wakes and queue claims under way outside _lock
         self._turnover = 0  # runs registered or ended so far (see _look_around)
-        self._claiming = 0  # queue claims under way (see _look_around)
+        # Instances this engine took or made, owned here and not yet registered as runs:
+        # queue claims, invokes, children started, schedule ticks (see _look_around).
+        self._claiming = 0
         self._executor: ThreadPoolExecutor | None = None
         self._background: BackgroundThread | None = None
         self._next_heartbeat = 0.0  # wall clock; the background thread's alone
@@ -115,7 +117,7 @@ class Runner:
         self._tickers: list[Ticker] = []
         #: What runs need to start and follow children.
         self.children = Children(self.workflows, store, self.submit, self.queues, self.kick,
-                                 self.telemetry)
+                                 self.telemetry, self.taking)
 
     # ------------------------------------------------------------------ guards
 
@@ -421,6 +423,19 @@ class Runner:
         self._turnover += 1
         watch.begin()
         return run
+
+    @contextmanager
+    def taking(self) -> Iterator[None]:
+        """Around making instances this engine owns and submitting their runs (an invoke,
+        children started, a schedule's ticks): the poll does not take one of them, stored
+        as ours and not yet registered, for a run whose end was lost."""
+        with self._lock:
+            self._claiming += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._claiming -= 1
 
     def kick(self) -> None:
         """An instance was queued, or a slot freed: the queue thread looks now."""

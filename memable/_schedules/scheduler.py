@@ -174,6 +174,11 @@ class Scheduler:
 
     def _fire(self, spec: ScheduleSpec, at: datetime) -> int:
         """Fire what is due of ``spec`` at ``at``; how many instances that created."""
+        # Made ours, then registered as runs: the poll waits for both (Runner.taking).
+        with self._runner.taking():
+            return self._fire_taking(spec, at)
+
+    def _fire_taking(self, spec: ScheduleSpec, at: datetime) -> int:
         # Another engine may fire between this one's last read and its firing: then plan
         # again from what that engine stored (twice at most; the next look tries again).
         for _ in range(2):
