@@ -139,6 +139,29 @@ class InstanceNotFound(EngineError):
         super().__init__("no stored instance", workflow=workflow, instance_id=instance_id)
 
 
+class StepNotFound(EngineError, ValueError):
+    """The instance never reached that key (``fork`` from a step it has not got).
+
+    Also a ``ValueError``: the key given is wrong. The message names the keys
+    the instance has, in the order first reached.
+
+    >>> from memable import StepNotFound
+    >>> print(StepNotFound("ship", "order-1", "lable", ["charge", "label"]))
+    ... # doctest: +NORMALIZE_WHITESPACE
+    no stored step (its keys: 'charge', 'label'): workflow 'ship', instance 'order-1',
+    step 'lable'
+    """
+
+    def __init__(self, workflow: str, instance_id: str, key: str, keys: list[str]) -> None:
+        have = ", ".join(repr(k) for k in keys[:50]) + (", ..." if len(keys) > 50 else "")
+        super().__init__(
+            f"no stored step (its keys: {have or 'none'})", workflow=workflow,
+            instance_id=instance_id, key=key,
+        )
+        #: The keys the instance has, in the order first reached.
+        self.keys = keys
+
+
 class InstanceFinished(EngineError):
     """The instance has ended and cannot take what was asked of it.
 

@@ -20,10 +20,7 @@ from typing import Any, NoReturn, TypeVar
 import click
 
 from .._errors import EngineError, InstanceNotFound
-from .._store.admin import cancel_instance, purge_finished, resume_instance, store_signal
-from .._store.protocol import Store
-from .demo import run_demo
-from .inspect import (
+from .._inspect import (
     CUT,
     STATUSES,
     did_you_mean,
@@ -33,6 +30,9 @@ from .inspect import (
     raise_unknown,
     show_instance,
 )
+from .._store.admin import cancel_instance, purge_finished, resume_instance, store_signal
+from .._store.protocol import Store
+from .demo import run_demo
 from .worker import load_engine, run_worker
 
 T = TypeVar("T")
@@ -440,3 +440,35 @@ def worker(spec: str, threads: int | None, grace: float, queues: str | None) -> 
         _fail(str(err))
     raise SystemExit(status)
 
+
+
+@main.command()
+@click.argument("db")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="The address to serve on; any but loopback needs a token.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8321, show_default=True)
+@click.option("--allow-actions", is_flag=True,
+              help="Offer signal, cancel, resume, fork and bulk resume (default: read-only).")
+@click.option("--token", envvar="MEMABLE_UI_TOKEN", metavar="T",
+              help="Every page asks for it (also $MEMABLE_UI_TOKEN); needed off loopback.")
+@_SCHEMA
+def ui(db: str, host: str, port: int, allow_actions: bool, token: str | None,
+       schema: str | None) -> None:
+    """Serve the dashboard of the store DB until Ctrl-C (needs the extra 'web')."""
+    try:
+        from ..web import app
+        from ..web.guard import is_loopback
+        from ..web.serve import serve
+    except ImportError as exc:
+        _fail(str(exc))
+    if not token and not is_loopback(host):
+        _fail(f"--host {host} serves other machines: give a --token (or set "
+              "MEMABLE_UI_TOKEN), or serve on 127.0.0.1")
+    try:
+        dashboard = app(db, allow_actions=allow_actions, token=token or None, schema=schema)
+    except EngineError as err:
+        _fail(str(err))
+    try:
+        serve(dashboard, host, port, announce=click.echo)
+    finally:
+        dashboard.close()

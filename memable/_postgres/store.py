@@ -46,6 +46,7 @@ from .._store.rows import (
     step_record,
 )
 from .._store.sql import children as children_sql
+from .._store.sql import forks as forks_sql
 from .._store.sql import instances as shared
 from .._store.sql import owners as owners_sql
 from .._store.sql import queues as queue_sql
@@ -318,6 +319,25 @@ class PostgresStore(OperatorReads):
             return status
 
         return self._run("mark the instance to resume", mark, workflow, instance_id)
+
+    def fork_instance(
+        self, workflow: str, instance_id: str, new_id: str, from_key: str | None, now: str
+    ) -> bool:
+        def fork_it(conn: psycopg.Connection[Any]) -> bool:
+            made = forks_sql.fork(self._pg_execute(conn), workflow, instance_id, new_id,
+                                  from_key, now)
+            if made:  # an engine that runs it takes it now, not at its next poll
+                self._notify(conn, payload("signal", self.owner, workflow, new_id))
+            return made
+
+        def read_back(conn: psycopg.Connection[Any]) -> object:
+            found = conn.execute(sql.SELECT_INSTANCE, (workflow, new_id)).fetchone()
+            if found is None or InstanceRow(*found).created_at != now:
+                return NOT_DONE  # not made by this call: try again, and learn which
+            return True
+
+        return self._run("fork the instance", fork_it, workflow, instance_id,
+                         read_back=read_back)
 
     def deliver_signal(self, write: StepWrite, traceparent: str | None = None) -> None:
         workflow, instance_id, key = write.workflow, write.instance_id, write.key

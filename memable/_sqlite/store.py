@@ -64,6 +64,7 @@ from .._store.rows import (
     step_record,
 )
 from .._store.sql import children as children_sql
+from .._store.sql import forks as forks_sql
 from .._store.sql import instances as shared
 from .._store.sql import owners as owners_sql
 from .._store.sql import queues as queue_sql
@@ -465,6 +466,16 @@ class SQLiteStore(OperatorReads):
             return due
 
         return self._grouped("fire due timers", None, None, None, fire)
+
+    def fork_instance(
+        self, workflow: str, instance_id: str, new_id: str, from_key: str | None, now: str
+    ) -> bool:
+        def fork_it(conn: sqlite3.Connection) -> bool:
+            return forks_sql.fork(conn.execute, workflow, instance_id, new_id, from_key, now)
+
+        # A new instance, nobody's: no status or owner a check may have read changes.
+        return self._grouped("fork the instance", workflow, instance_id, from_key, fork_it,
+                             changes="none")
 
     def purge(self, completed_before: str) -> int:
         # Not one still owned: a run cancelled in flight stores its last step first.

@@ -1,4 +1,5 @@
-"""Signal, resume, cancel and purge as store operations, shared by the engine and the CLI.
+"""Signal, resume (one, or the failed in bulk), cancel, fork and purge as store operations,
+shared by the engine, the CLI and the dashboard.
 
 Each is one transaction on the store and needs no running engine: the
 engine calls them and then wakes its own runs; the command line calls them
@@ -7,9 +8,11 @@ on a store that an engine elsewhere acts on within its poll interval.
 
 from __future__ import annotations
 
+import uuid
 from datetime import timedelta
 from typing import Any
 
+from .._errors import InstanceFinished, InstanceNotFound, InvalidKey
 from .._validate import check_key, seconds_of
 from .protocol import Store
 from .rows import Ended, StepWrite, utcnow
@@ -43,6 +46,47 @@ def resume_instance(store: Store, workflow: str, instance_id: str) -> str:
     store that runs its workflow; return the status it had (a running or queued one is
     left as it is). ``InstanceNotFound``; ``InstanceFinished`` for a Cancelled one."""
     return store.mark_resumable(workflow, instance_id, utcnow().isoformat())
+
+
+def resume_failed(
+    store: Store, workflow: str | None, *, id_prefix: str | None = None,
+    since: str | None = None, until: str | None = None, limit: int = 1000,
+) -> list[tuple[str, str]]:
+    """Resume the failed instances of a filter (see ``Store.failed_instances``), oldest
+    failure first, each as ``resume_instance`` does (one transaction each); return
+    (workflow, id) of those resumed. One that is no longer failed when its turn comes
+    (resumed, or purged meanwhile) is passed over."""
+    resumed = []
+    for name, instance_id in store.failed_instances(
+        workflow, id_prefix=id_prefix, since=since, until=until, limit=limit
+    ):
+        try:
+            if resume_instance(store, name, instance_id) == "failed":
+                resumed.append((name, instance_id))
+        except (InstanceNotFound, InstanceFinished):  # purged or cancelled meanwhile
+            continue
+    return resumed
+
+
+def fork_instance(
+    store: Store, workflow: str, instance_id: str, from_key: str | None = None,
+    new_instance_id: str | None = None,
+) -> tuple[str, bool]:
+    """Fork the instance from ``from_key`` (see ``Store.fork_instance``) as
+    ``new_instance_id`` (None: ``"{id}.fork-{8 hex digits}"``, so a search by the
+    source's id finds its forks); return the new id, and whether this call made it
+    (False: that id existed, and nothing was written).
+
+    ``InvalidKey`` for a bad new id, ``InstanceNotFound``, ``StepNotFound``.
+    """
+    if from_key is not None and (not isinstance(from_key, str) or not from_key):
+        raise InvalidKey(from_key, "keys are non-empty str", workflow=workflow,
+                         instance_id=instance_id)
+    new_id = (f"{instance_id}.fork-{uuid.uuid4().hex[:8]}" if new_instance_id is None
+              else new_instance_id)
+    check_key(new_id, workflow, instance_id)
+    made = store.fork_instance(workflow, instance_id, new_id, from_key, utcnow().isoformat())
+    return new_id, made
 
 
 def cancel_instance(store: Store, workflow: str, instance_id: str) -> Ended:

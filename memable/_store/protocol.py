@@ -211,6 +211,16 @@ class Store(Protocol):
         of the children created.
         """
 
+    def fork_instance(
+        self, workflow: str, instance_id: str, new_id: str, from_key: str | None, now: str
+    ) -> bool:
+        """Create ``new_id``, a fork of the instance from ``from_key``, atomically (see
+        ``sql.forks``): its completed steps reached before that key (every completed
+        one when None) copied, ready for an engine that runs the workflow. False, and
+        nothing written, if ``new_id`` exists; ``InstanceNotFound``, or ``StepNotFound``
+        for a key the source never reached, each writing nothing. The source is only
+        read."""
+
     def purge(self, completed_before: str) -> int:
         """Delete terminal, unowned instances completed before then, with steps and timers."""
 
@@ -266,6 +276,27 @@ class Store(Protocol):
     def queue_stats(self, queue: str, now: float) -> tuple[int, int, str | None]:
         """(runnable instances, instances holding a slot at ``now``, when the oldest
         runnable one became runnable) of ``queue``: what its gauges show."""
+
+    def status_counts(self) -> list[tuple[str, str, int]]:
+        """(workflow, status, how many instances) of every pair the store holds."""
+
+    def instance_page(
+        self, workflow: str | None, status: str | None, id_prefix: str | None,
+        offset: int, limit: int,
+    ) -> list[InstanceRow]:
+        """Instances newest first, optionally of one workflow, in one status, with an id
+        starting with ``id_prefix``: ``limit`` of them after the first ``offset``, read
+        through an index (no scan past the page)."""
+
+    def failed_instances(
+        self, workflow: str | None, *, id_prefix: str | None = None,
+        since: str | None = None, until: str | None = None, limit: int,
+    ) -> list[tuple[str, str]]:
+        """(workflow, id) of failed instances, oldest failure first, optionally of one
+        workflow, by id prefix, failed between ``since`` and ``until``; at most ``limit``."""
+
+    def queue_names(self) -> list[str]:
+        """The queues the store has instances of."""
 
     def set_traceparent(self, workflow: str, instance_id: str, traceparent: str) -> None:
         """Store the trace context the instance's next run continues (a signal's or a

@@ -181,6 +181,89 @@ def live_owners(read: ReadRows, now: float) -> list[OwnerRow]:
     return [owner for owner in map(_owner, live) if owner is not None]
 
 
+def status_counts(read: ReadRows) -> list[tuple[str, str, int]]:
+    """(workflow, status, instances) for every pair the store holds, by workflow and
+    status: one pass over the index on (workflow, status, created_at)."""
+    rows = read(
+        "count the instances by workflow and status",
+        "SELECT workflow, status, count(*) AS n FROM instances "
+        "GROUP BY workflow, status ORDER BY workflow, status",
+        {},
+    )
+    return [(row["workflow"], row["status"], int(row["n"])) for row in rows]
+
+
+def _filter(
+    workflow: str | None, status: str | None, id_prefix: str | None
+) -> tuple[list[str], dict[str, Any]]:
+    """The WHERE terms and parameters of an operator's filter (any part None: not
+    filtered by it). The id prefix is compared as text, case and all, alike on both
+    stores (``substr``, not ``LIKE``, whose case rules differ)."""
+    where: list[str] = []
+    params: dict[str, Any] = {}
+    for column, value in (("workflow", workflow), ("status", status)):
+        if value is not None:
+            where.append(f"{column} = :{column}")
+            params[column] = value
+    if id_prefix:
+        where.append("substr(instance_id, 1, :prefix_length) = :prefix")
+        params.update(prefix=id_prefix, prefix_length=len(id_prefix))
+    return where, params
+
+
+def instance_page(
+    read: ReadRows, workflow: str | None, status: str | None, id_prefix: str | None,
+    offset: int, limit: int,
+) -> list[InstanceRow]:
+    """One page of instances, newest first (of one workflow, in one status, whose id
+    starts with ``id_prefix``, where given): ``limit`` rows after the first ``offset``.
+
+    Walks an index on ``created_at`` (alone, or after workflow, status or both)
+    backwards and stops after ``offset + limit`` rows: no scan of the rest.
+    """
+    where, params = _filter(workflow, status, id_prefix)
+    rows = read(
+        "list a page of instances",
+        f"SELECT {', '.join(INSTANCE_COLUMNS)} FROM instances "
+        + (f"WHERE {' AND '.join(where)} " if where else "")
+        + "ORDER BY created_at DESC, workflow DESC, instance_id DESC "
+        "LIMIT :limit OFFSET :offset",
+        {**params, "limit": limit, "offset": offset},
+    )
+    return [_instance(row) for row in rows]
+
+
+def failed_instances(
+    read: ReadRows, workflow: str | None, *, id_prefix: str | None = None,
+    since: str | None = None, until: str | None = None, limit: int,
+) -> list[tuple[str, str]]:
+    """(workflow, id) of failed instances, oldest failure first: of one workflow, whose
+    id starts with ``id_prefix``, failed at or after ``since`` and at or before
+    ``until`` (ISO times), where given; at most ``limit``."""
+    where, params = _filter(workflow, "failed", id_prefix)
+    for bound, op in ((since, ">="), (until, "<=")):
+        if bound is not None:
+            name = "since" if op == ">=" else "until"
+            where.append(f"completed_at {op} :{name}")
+            params[name] = bound
+    rows = read(
+        "list failed instances",
+        f"SELECT workflow, instance_id FROM instances WHERE {' AND '.join(where)} "
+        "ORDER BY completed_at, workflow, instance_id LIMIT :limit",
+        {**params, "limit": limit},
+    )
+    return [(row["workflow"], row["instance_id"]) for row in rows]
+
+
+def queue_names(read: ReadRows) -> list[str]:
+    """The queues the store has instances of, by name."""
+    rows = read(
+        "list the queues",
+        "SELECT DISTINCT queue FROM instances WHERE queue IS NOT NULL ORDER BY queue", {},
+    )
+    return [row["queue"] for row in rows]
+
+
 class OperatorReads:
     """The operator reads of a store, for a store class that has ``read_rows``."""
 
@@ -208,3 +291,22 @@ class OperatorReads:
 
     def queue_stats(self, queue: str, now: float) -> tuple[int, int, str | None]:
         return queue_stats(self.read_rows, queue, now)
+
+    def status_counts(self) -> list[tuple[str, str, int]]:
+        return status_counts(self.read_rows)
+
+    def instance_page(
+        self, workflow: str | None, status: str | None, id_prefix: str | None,
+        offset: int, limit: int,
+    ) -> list[InstanceRow]:
+        return instance_page(self.read_rows, workflow, status, id_prefix, offset, limit)
+
+    def failed_instances(
+        self, workflow: str | None, *, id_prefix: str | None = None,
+        since: str | None = None, until: str | None = None, limit: int,
+    ) -> list[tuple[str, str]]:
+        return failed_instances(self.read_rows, workflow, id_prefix=id_prefix, since=since,
+                                until=until, limit=limit)
+
+    def queue_names(self) -> list[str]:
+        return queue_names(self.read_rows)

@@ -18,14 +18,14 @@ import time
 from datetime import datetime, timezone
 from typing import Any, NoReturn
 
-from .._engine.targets import open_store
-from .._errors import InstanceNotFound, StorageError, WorkflowNotFound
-from .._postgres.schema import is_url
-from .._queues import Declarations, QueueSpec
-from .._schedules.cron import Cron, parse_tick, tick_id
-from .._store import liveness as _liveness
-from .._store.protocol import Store
-from .._store.rows import InstanceRow, OwnerRow, QueueLook, ScheduleRow
+from ._engine.targets import open_store
+from ._errors import InstanceNotFound, StorageError, WorkflowNotFound
+from ._postgres.schema import is_url
+from ._queues import Declarations, QueueSpec
+from ._schedules.cron import Cron, parse_tick, tick_id
+from ._store import liveness as _liveness
+from ._store.protocol import Store
+from ._store.rows import InstanceRow, OwnerRow, QueueLook, ScheduleRow
 
 #: What ``memable list --status`` accepts: every status an instance can have.
 STATUSES = ("queued", "running", "suspended", "completed", "failed", "cancelled")

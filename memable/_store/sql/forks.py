@@ -1,0 +1,72 @@
+"""Forking an instance from a step, shared by both stores (``:name`` parameters; the
+PostgreSQL store rewrites them with ``execute.pg``).
+
+A fork is a new instance of the same workflow with the same input, whose
+completed steps reached before the key it re-runs from (by ``seq``, the order
+first reached) are copied as memos: its first run replays them and executes
+that key and everything after it. It is stored suspended, nobody's and ready
+(as ``memable resume`` leaves one), so the next look of an engine that runs
+the workflow takes it (onto its queue, if it has one). The source is only read.
+"""
+
+from __future__ import annotations
+
+from ..._errors import InstanceNotFound, StepNotFound
+from .execute import Execute
+
+#: The source's steps, in the order first reached: where a fork may start.
+KEYS = (
+    "SELECT key, seq FROM steps WHERE workflow = :workflow AND instance_id = :instance_id "
+    "ORDER BY seq, key"
+)
+#: The new instance: the source's input, queue and priority; ready for an engine's look.
+INSERT_FORK = """
+INSERT INTO instances (workflow, instance_id, status, message, input, input_type,
+    created_at, updated_at, children_pending, queue, priority)
+SELECT workflow, :new_id, 'suspended', :message, input, input_type, :at, :at, 0,
+    queue, priority
+FROM instances WHERE workflow = :workflow AND instance_id = :instance_id
+ON CONFLICT DO NOTHING
+"""
+_COPY_STEPS = """
+INSERT INTO steps (workflow, instance_id, key, seq, kind, state, result, result_type,
+    status, error, attempts, completed_at, started_at, traceback)
+SELECT workflow, :new_id, key, seq, kind, state, result, result_type, status, error,
+    attempts, completed_at, started_at, traceback
+FROM steps WHERE workflow = :workflow AND instance_id = :instance_id
+AND state = 'completed'
+"""
+#: The completed steps reached before ``:seq``, copied to the new instance.
+COPY_STEPS_BEFORE = _COPY_STEPS + "AND seq < :seq"
+#: Every completed step, copied to the new instance (a fork with no key).
+COPY_ALL_STEPS = _COPY_STEPS
+
+
+def fork(
+    execute: Execute, workflow: str, instance_id: str, new_id: str, from_key: str | None,
+    at: str,
+) -> bool:
+    """Create ``new_id`` as a fork of the instance from ``from_key`` (None: after every
+    completed step), in the caller's transaction; False, and nothing written, if
+    ``new_id`` exists.
+
+    Raise ``InstanceNotFound`` for an unknown source and ``StepNotFound`` (naming
+    the keys it has) for a key it never reached; each writes nothing.
+    """
+    where = {"workflow": workflow, "instance_id": instance_id}
+    if execute("SELECT 1 FROM instances WHERE workflow = :workflow "
+               "AND instance_id = :instance_id", where).fetchone() is None:
+        raise InstanceNotFound(workflow, instance_id)
+    keys = {str(key): int(seq) for key, seq in execute(KEYS, where).fetchall()}
+    if from_key is not None and from_key not in keys:
+        raise StepNotFound(workflow, instance_id, from_key, list(keys))
+    message = f"forked from {instance_id!r}" + (
+        f" at {from_key!r}" if from_key is not None else "")
+    params = {**where, "new_id": new_id, "message": message, "at": at}
+    if execute(INSERT_FORK, params).rowcount != 1:
+        return False
+    if from_key is None:
+        execute(COPY_ALL_STEPS, params)
+    else:
+        execute(COPY_STEPS_BEFORE, {**params, "seq": keys[from_key]})
+    return True

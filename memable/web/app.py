@@ -1,0 +1,319 @@
+"""The dashboard's WSGI application: routes, access, CSRF, actions, and their answers.
+
+``app(target, *, allow_actions=False, token=None)`` makes one. GET pages read
+(``pages``); actions are POSTs, only with ``allow_actions``, each carrying the
+browser's CSRF token, each one store operation of ``memable._store.admin``
+(what ``memable signal``, ``cancel``, ``resume`` and ``fork`` do), answered
+with a redirect to what it changed. Bad input gets a page that says what was
+wrong, with 400 (a parameter), 404 (an unknown instance) or 409 (the instance
+cannot take it now), and changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from collections.abc import Callable, Iterable
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode
+
+from .._engine.engine import Engine
+from .._errors import (
+    EngineError,
+    InstanceFinished,
+    InstanceNotFound,
+    InvalidKey,
+    SerializationError,
+    SignalRejected,
+    StepNotFound,
+    WorkflowNotFound,
+)
+from .._inspect import open_existing
+from .._store import admin
+from .._store.protocol import Store
+from . import guard, metrics, pages
+
+try:
+    import jinja2
+    from werkzeug.exceptions import HTTPException
+    from werkzeug.routing import Map, Rule
+    from werkzeug.wrappers import Request, Response
+except ImportError as exc:  # pragma: no cover - the extra is missing
+    raise ImportError(
+        "the dashboard needs Werkzeug and Jinja2, in the extra 'web': pip install "
+        f"'memable-engine[web]' ({exc})"
+    ) from None
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import StartResponse, WSGIEnvironment
+
+#: The answers a finished action redirects with (``?done=``), as the page says them.
+DONE = {
+    "signal": "Signal delivered.",
+    "cancel": "Cancelled.",
+    "resume": "Marked to resume: an engine that runs the workflow takes it at its next look.",
+    "fork": "Forked: this is the new instance; an engine that runs the workflow starts it.",
+}
+_STATIC = {"live.js": "text/javascript; charset=utf-8", "style.css": "text/css; charset=utf-8"}
+
+
+def app(
+    target: str | os.PathLike[str] | Engine, *, allow_actions: bool = False,
+    token: str | None = None, schema: str | None = None,
+) -> Dashboard:
+    """The dashboard over the store ``target`` names, as a WSGI application.
+
+    ``target``: a SQLite file or a PostgreSQL URL (which must hold a store;
+    ``schema`` names a PostgreSQL schema other than ``memable``), or an
+    ``Engine``, whose store it shares. Read-only unless ``allow_actions``;
+    with a ``token``, every page answers 401 without it.
+
+    >>> from memable import Engine
+    >>> from werkzeug.test import Client
+    >>> engine = Engine.in_memory()
+    >>> engine.register("greet", lambda ctx, name: f"hello {name}")
+    >>> with engine:
+    ...     _ = engine.invoke("greet", "ada", instance_id="g-1").result(10)
+    ...     page = Client(app(engine)).get("/instances?workflow=greet")
+    >>> page.status_code, "g-1" in page.text
+    (200, True)
+    """
+    if isinstance(target, Engine):
+        if schema is not None:
+            raise ValueError("schema is for a PostgreSQL URL, not an Engine")
+        return Dashboard(target._store, allow_actions=allow_actions, token=token, owned=False)
+    if not isinstance(target, (str, os.PathLike)):
+        raise TypeError(f"app() takes a path, a postgresql:// URL or an Engine, not {target!r}")
+    return Dashboard(open_existing(os.fspath(target), schema), allow_actions=allow_actions,
+                     token=token, owned=True)
+
+
+class Dashboard:
+    """A WSGI application showing one store (see ``app``); ``close()`` closes the store
+    it opened."""
+
+    def __init__(
+        self, store: Store, *, allow_actions: bool, token: str | None, owned: bool
+    ) -> None:
+        if token is not None and (not isinstance(token, str) or not token):
+            raise ValueError("token must be a non-empty str, or None")
+        self.store = store
+        self.allow_actions = allow_actions
+        self._token = token
+        self._owned = owned
+        self._templates = jinja2.Environment(
+            loader=jinja2.PackageLoader("memable.web", "templates"),
+            autoescape=True, undefined=jinja2.StrictUndefined,
+        )
+        self._routes = Map([
+            Rule("/", endpoint="overview", methods=["GET"]),
+            Rule("/instances", endpoint="instances", methods=["GET"]),
+            Rule("/instance", endpoint="instance", methods=["GET"]),
+            Rule("/instance/live", endpoint="live", methods=["GET"]),
+            Rule("/instance/signal", endpoint="signal", methods=["POST"]),
+            Rule("/instance/cancel", endpoint="cancel", methods=["POST"]),
+            Rule("/instance/resume", endpoint="resume", methods=["POST"]),
+            Rule("/instance/fork", endpoint="fork", methods=["POST"]),
+            Rule("/resume-failed", endpoint="resume_failed", methods=["GET", "POST"]),
+            Rule("/metrics", endpoint="metrics", methods=["GET"]),
+            Rule("/static/<name>", endpoint="static", methods=["GET"]),
+        ], strict_slashes=False)
+
+    def close(self) -> None:
+        """Close the store this dashboard opened (not an Engine's)."""
+        if self._owned:
+            self.store.close()
+
+    def __call__(
+        self, environ: WSGIEnvironment, start_response: StartResponse
+    ) -> Iterable[bytes]:
+        request = Request(environ)
+        response = self._answer(request)
+        return response(environ, start_response)
+
+    # ------------------------------------------------------------------ answering
+
+    def _answer(self, request: Request) -> Response:
+        urls = self._routes.bind_to_environ(request.environ)
+        csrf = request.cookies.get(guard.CSRF_COOKIE) or guard.new_csrf()
+        page = _Page(self, request, urls, csrf)
+        try:
+            if self._token is not None:
+                given = request.args.get("token")
+                if given is not None and request.method == "GET":
+                    return page.take_token(given, self._token)
+                if not (guard.same(guard.bearer(request.headers.get("Authorization")),
+                                   self._token)
+                        or guard.same(request.cookies.get(guard.TOKEN_COOKIE), self._token)):
+                    return page.error(401, "This dashboard needs its token: open it with "
+                                      "?token=... once, or send Authorization: Bearer ...")
+            endpoint, route_args = urls.match()
+            if request.method == "POST":
+                if not self.allow_actions:
+                    return page.error(403, "This dashboard is read-only: it was started "
+                                      "without allow_actions (memable ui --allow-actions).")
+                if not guard.same(request.form.get(guard.CSRF_FIELD),
+                                  request.cookies.get(guard.CSRF_COOKIE)):
+                    return page.error(403, "The form's CSRF token is missing or does not "
+                                      "match this browser's: reload the page and try again.")
+            handler: Callable[..., Response] = getattr(page, f"do_{endpoint}")
+            response = handler(**route_args)
+        except HTTPException as exc:  # no such page, or a method it does not take
+            response = page.error(exc.code or 500, exc.description or exc.name)
+        except pages.BadRequest as exc:
+            response = page.error(400, str(exc))
+        except (InstanceNotFound, WorkflowNotFound) as exc:
+            response = page.error(404, str(exc))
+        except (StepNotFound, InvalidKey, SerializationError) as exc:
+            response = page.error(400, str(exc))
+        except (InstanceFinished, SignalRejected) as exc:
+            response = page.error(409, str(exc))
+        except EngineError as exc:  # the store failed: say so, change nothing
+            response = page.error(503, str(exc))
+        if guard.CSRF_COOKIE not in request.cookies:
+            response.set_cookie(guard.CSRF_COOKIE, csrf, httponly=True, samesite="Strict",
+                                path=request.script_root or "/")
+        # Everything is the dashboard's own: no inline script, no other origin.
+        response.headers.setdefault(
+            "Content-Security-Policy",
+            "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; "
+            "frame-ancestors 'self'; form-action 'self'; base-uri 'none'",
+        )
+        response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        response.headers.setdefault("Referrer-Policy", "same-origin")
+        response.headers.setdefault("Cache-Control", "no-store")
+        return response
+
+
+class _Page:
+    """One request being answered: its reads and actions, and rendering."""
+
+    def __init__(self, dashboard: Dashboard, request: Request, urls: Any, csrf: str) -> None:
+        self.dashboard = dashboard
+        self.store = dashboard.store
+        self.request = request
+        self.urls = urls
+        self.csrf = csrf
+
+    def url(self, endpoint: str, **values: Any) -> str:
+        """The path of a page, its query from ``values`` (None and "" left out)."""
+        path: str = self.urls.build(endpoint, {k: v for k, v in values.items()
+                                               if k == "name"})
+        query = {k: v for k, v in values.items() if k != "name" and v not in (None, "")}
+        return path + ("?" + urlencode(query) if query else "")
+
+    def render(self, template: str, status: int = 200, **context: Any) -> Response:
+        html = self.dashboard._templates.get_template(template).render(
+            url=self.url, csrf=self.csrf, csrf_field=guard.CSRF_FIELD,
+            actions=self.dashboard.allow_actions, **context,
+        )
+        return Response(html, status=status, content_type="text/html; charset=utf-8")
+
+    def error(self, status: int, message: str) -> Response:
+        return self.render("error.html", status=status, code=status, message=message)
+
+    def redirect(self, location: str) -> Response:
+        return Response("", status=303, headers={"Location": location})
+
+    def take_token(self, given: str, token: str) -> Response:
+        """``?token=``: right, keep it in a cookie and show the page without it in the URL;
+        wrong, 401."""
+        if not guard.same(given, token):
+            return self.error(401, "That token is not this dashboard's.")
+        args = {k: v for k, v in self.request.args.items() if k != "token"}
+        response = self.redirect(self.request.base_url
+                                 + ("?" + urlencode(args) if args else ""))
+        response.set_cookie(guard.TOKEN_COOKIE, token, httponly=True, samesite="Strict",
+                            path=self.request.script_root or "/")
+        return response
+
+    def _instance_args(self, source: Any) -> tuple[str, str]:
+        workflow, instance_id = source.get("workflow"), source.get("id")
+        if not workflow or not instance_id:
+            raise pages.BadRequest("a workflow and an instance id are needed")
+        return str(workflow), str(instance_id)
+
+    def _detail_url(self, workflow: str, instance_id: str, done: str | None = None) -> str:
+        return self.url("instance", workflow=workflow, id=instance_id, done=done)
+
+    # ------------------------------------------------------------------ pages
+
+    def do_overview(self) -> Response:
+        return self.render("overview.html", view=pages.overview(self.store))
+
+    def do_instances(self) -> Response:
+        args = self.request.args
+        chosen = pages.instance_filter(dict(args.items()))
+        page = pages.page_number(args.get("page"))
+        return self.render("instances.html", view=pages.instances(self.store, chosen, page))
+
+    def do_instance(self) -> Response:
+        workflow, instance_id = self._instance_args(self.request.args)
+        done = DONE.get(self.request.args.get("done", ""))
+        view = pages.detail(self.store, workflow, instance_id)
+        return self.render("instance.html", view=view, done=done,
+                           fork_id=f"{instance_id}.fork-{secrets.token_hex(4)}")
+
+    def do_live(self) -> Response:
+        workflow, instance_id = self._instance_args(self.request.args)
+        return self.render("live.html", view=pages.detail(self.store, workflow, instance_id))
+
+    def do_metrics(self) -> Response:
+        return Response(metrics.scrape(self.store), content_type=metrics.CONTENT_TYPE)
+
+    def do_static(self, name: str) -> Response:
+        if name not in _STATIC:
+            return self.error(404, "no such file")
+        body = resources.files("memable.web").joinpath("static", name).read_bytes()
+        return Response(body, content_type=_STATIC[name])
+
+    # ------------------------------------------------------------------ actions
+
+    def do_signal(self) -> Response:
+        form = self.request.form
+        workflow, instance_id = self._instance_args(form)
+        key = form.get("key", "")
+        try:
+            payload = json.loads(form.get("payload") or "null")
+        except ValueError as exc:
+            raise pages.BadRequest(f"the payload is not JSON ({exc}); nothing was sent: "
+                                   f"workflow {workflow!r}, instance {instance_id!r}, "
+                                   f"step {key!r}") from None
+        admin.store_signal(self.store, workflow, instance_id, key, payload)
+        return self.redirect(self._detail_url(workflow, instance_id, "signal"))
+
+    def do_cancel(self) -> Response:
+        workflow, instance_id = self._instance_args(self.request.form)
+        admin.cancel_instance(self.store, workflow, instance_id)
+        return self.redirect(self._detail_url(workflow, instance_id, "cancel"))
+
+    def do_resume(self) -> Response:
+        workflow, instance_id = self._instance_args(self.request.form)
+        admin.resume_instance(self.store, workflow, instance_id)
+        return self.redirect(self._detail_url(workflow, instance_id, "resume"))
+
+    def do_fork(self) -> Response:
+        form = self.request.form
+        workflow, instance_id = self._instance_args(form)
+        new_id, _made = admin.fork_instance(
+            self.store, workflow, instance_id, form.get("from_key") or None,
+            form.get("new_id") or None,
+        )
+        return self.redirect(self._detail_url(workflow, new_id, "fork"))
+
+    def do_resume_failed(self) -> Response:
+        if not self.dashboard.allow_actions:
+            return self.error(403, "This dashboard is read-only: it was started without "
+                              "allow_actions (memable ui --allow-actions).")
+        source = self.request.form if self.request.method == "POST" else self.request.args
+        workflow, id_prefix = source.get("workflow") or None, source.get("id") or None
+        if self.request.method == "GET":
+            view = pages.bulk_resume(self.store, workflow, id_prefix)
+            return self.render("resume_failed.html", view=view)
+        until = pages.confirmed_time(source.get("until"))
+        resumed = admin.resume_failed(self.store, workflow, id_prefix=id_prefix,
+                                      until=until, limit=pages.BULK_LIMIT)
+        return self.render("resumed.html", resumed=resumed, workflow=workflow,
+                           id_prefix=id_prefix, until=until)

@@ -1,0 +1,73 @@
+"""``/metrics``: the store's counts in the Prometheus text format (version 0.0.4).
+
+What the store holds now, read at each scrape: instances per workflow and
+status, and per queue the instances waiting, holding a slot, and the age of
+the oldest waiting one. (Rates and durations are the engines' own metrics,
+through OpenTelemetry: see "Trace and measure workflows".)
+
+>>> print(exposition([("ship", "failed", 2)], [("mail", 3, 1, 4.5)]), end="")
+# HELP memable_instances Instances in the store, by workflow and status.
+# TYPE memable_instances gauge
+memable_instances{workflow="ship",status="failed"} 2
+# HELP memable_queue_queued Instances waiting in a queue for a slot.
+# TYPE memable_queue_queued gauge
+memable_queue_queued{queue="mail"} 3
+# HELP memable_queue_running Instances of a queue holding a slot.
+# TYPE memable_queue_running gauge
+memable_queue_running{queue="mail"} 1
+# HELP memable_queue_oldest_age_seconds Seconds the oldest waiting instance of a queue has waited.
+# TYPE memable_queue_oldest_age_seconds gauge
+memable_queue_oldest_age_seconds{queue="mail"} 4.5
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+
+from .._store.protocol import Store
+
+#: The media type Prometheus scrapes.
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def label(value: str) -> str:
+    """A label value escaped as the text format wants it.
+
+    >>> print(label('a "b"\\\\c\\nd'))
+    a \\"b\\"\\\\c\\nd
+    """
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def exposition(
+    counts: list[tuple[str, str, int]], queues: list[tuple[str, int, int, float]]
+) -> str:
+    """The text of a scrape: ``counts`` as (workflow, status, n), ``queues`` as (name,
+    queued, running, oldest age in seconds)."""
+    lines = [
+        "# HELP memable_instances Instances in the store, by workflow and status.",
+        "# TYPE memable_instances gauge",
+    ]
+    lines += [f'memable_instances{{workflow="{label(w)}",status="{label(s)}"}} {n}'
+              for w, s, n in counts]
+    for index, (name, help_text) in enumerate((
+        ("memable_queue_queued", "Instances waiting in a queue for a slot."),
+        ("memable_queue_running", "Instances of a queue holding a slot."),
+        ("memable_queue_oldest_age_seconds",
+         "Seconds the oldest waiting instance of a queue has waited."),
+    ), start=1):
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
+        lines += [f'{name}{{queue="{label(q[0])}"}} {q[index]:g}' for q in queues]
+    return "\n".join(lines) + "\n"
+
+
+def scrape(store: Store) -> str:
+    """The store's counts now, as ``exposition`` writes them."""
+    now = time.time()
+    queues = []
+    for name in store.queue_names():
+        queued, running, oldest = store.queue_stats(name, now)
+        age = 0.0 if oldest is None else max(0.0, now - datetime.fromisoformat(oldest).timestamp())
+        queues.append((name, queued, running, round(age, 3)))
+    return exposition(store.status_counts(), queues)

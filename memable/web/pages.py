@@ -1,0 +1,194 @@
+"""What each page of the dashboard shows, read from a store: plain dicts for the templates.
+
+Reads only, through the store protocol and the operator views the command
+line shows (``memable._inspect``); nothing here writes or renders. Every
+read a page makes is a page's worth: the overview counts through an index
+and asks each queue for its numbers, the list reads one page newest first
+(and one row more, to know whether there is a next page).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+from .._inspect import STATUSES, list_schedules, show_instance
+from .._queues import Declarations, QueueSpec
+from .._store.protocol import Store
+from .._store.rows import TERMINAL
+
+#: Instances on one page of the list.
+PAGE_SIZE = 50
+#: The most failed instances one bulk resume acts on (the oldest failures first).
+BULK_LIMIT = 1000
+#: Characters of a stored value a preview shows.
+PREVIEW = 200
+
+
+def overview(store: Store) -> dict[str, Any]:
+    """Counts per workflow and status, the queues with their numbers and limits, and the
+    schedules with their last and next tick."""
+    counts: dict[str, dict[str, int]] = {}
+    for workflow, status, n in store.status_counts():
+        counts.setdefault(workflow, {})[status] = n
+    totals = {s: sum(c.get(s, 0) for c in counts.values()) for s in STATUSES}
+    now = time.time()
+    declared = _declared_queues(store, now)
+    queues = []
+    for name in sorted(set(store.queue_names()) | set(declared)):
+        queued, running, oldest = store.queue_stats(name, now)
+        spec, consumers = declared.get(name, (None, 0))
+        queues.append({
+            "name": name, "queued": queued, "running": running,
+            "oldest_age": None if oldest is None else max(0.0, now - _epoch(oldest)),
+            "consumers": consumers, "limits": _limits(spec),
+        })
+    schedules, notes = list_schedules(store)
+    return {
+        "statuses": STATUSES,
+        "workflows": [{"name": w, "counts": c, "total": sum(c.values())}
+                      for w, c in sorted(counts.items())],
+        "totals": totals, "total": sum(totals.values()),
+        "queues": queues, "schedules": schedules, "notes": notes,
+    }
+
+
+def _epoch(iso: str) -> float:
+    return datetime.fromisoformat(iso).timestamp()
+
+
+def _declared_queues(store: Store, now: float) -> dict[str, tuple[QueueSpec, int]]:
+    """Each queue a running engine consumes: its limits as declared, and how many
+    running engines consume it."""
+    found: dict[str, tuple[QueueSpec, int]] = {}
+    for owner in store.live_owners(now):
+        declared = Declarations.from_json(owner.declares)
+        for spec in declared.queues if declared is not None else []:
+            _, consumers = found.get(spec.name, (spec, 0))
+            found[spec.name] = (spec, consumers + 1)
+    return found
+
+
+def _limits(spec: QueueSpec | None) -> str:
+    """A queue's limits as text.
+
+    >>> _limits(QueueSpec("q", concurrency=2, rate=(10, 60.0)))
+    'concurrency 2, rate 10 per 60 s'
+    >>> _limits(None)
+    'no running engine consumes it'
+    """
+    if spec is None:
+        return "no running engine consumes it"
+    parts = []
+    if spec.concurrency is not None:
+        parts.append(f"concurrency {spec.concurrency}")
+    if spec.per_process is not None:
+        parts.append(f"{spec.per_process} per process")
+    if spec.rate is not None:
+        parts.append(f"rate {spec.rate[0]} per {spec.rate[1]:g} s")
+    return ", ".join(parts) or "no limits"
+
+
+class BadRequest(ValueError):
+    """A page's parameters cannot be read (400): the message says which and why."""
+
+
+def page_number(text: str | None) -> int:
+    """The 1-based page number of the list; BadRequest for anything else.
+
+    >>> page_number(None), page_number("3")
+    (1, 3)
+    >>> page_number("x")
+    Traceback (most recent call last):
+    ...
+    memable.web.pages.BadRequest: page must be a whole number from 1, not 'x'
+    """
+    if text is None or text == "":
+        return 1
+    if not text.isascii() or not text.isdigit() or int(text) < 1 or len(text) > 9:
+        raise BadRequest(f"page must be a whole number from 1, not {text!r}")
+    return int(text)
+
+
+def confirmed_time(text: str | None) -> str:
+    """The time a bulk action's confirmation judged its filter at (ISO text, with its
+    offset); BadRequest if missing or not such a time.
+
+    >>> confirmed_time("2026-12-05T10:00:00+00:00")
+    '2026-12-05T10:00:00+00:00'
+    >>> confirmed_time("yesterday")
+    Traceback (most recent call last):
+    ...
+    memable.web.pages.BadRequest: the confirmed time must be an ISO time with its offset, ...
+    """
+    try:
+        parsed = datetime.fromisoformat(text or "")
+    except ValueError:
+        parsed = None
+    if parsed is None or parsed.tzinfo is None:
+        raise BadRequest(
+            f"the confirmed time must be an ISO time with its offset, not {text!r}")
+    return parsed.astimezone(timezone.utc).isoformat()
+
+
+def instance_filter(args: dict[str, str]) -> dict[str, str | None]:
+    """The list's filter from its query (workflow, status, id prefix; empty is unset);
+    BadRequest for a status there is not."""
+    status = args.get("status") or None
+    if status is not None and status not in STATUSES:
+        raise BadRequest(f"status must be one of {', '.join(STATUSES)}, not {status!r}")
+    return {"workflow": args.get("workflow") or None, "status": status,
+            "id": args.get("id") or None}
+
+
+def instances(store: Store, chosen: dict[str, str | None], page: int) -> dict[str, Any]:
+    """One page of the list, newest first, and whether a next page exists."""
+    rows = store.instance_page(chosen["workflow"], chosen["status"], chosen["id"],
+                               (page - 1) * PAGE_SIZE, PAGE_SIZE + 1)
+    return {
+        "filter": chosen, "page": page, "has_next": len(rows) > PAGE_SIZE,
+        "statuses": STATUSES, "workflows": store.workflows(),
+        "rows": [{
+            "workflow": r.workflow, "instance_id": r.instance_id, "status": r.status,
+            "message": r.message, "status_message": r.status_message,
+            "created_at": r.created_at, "updated_at": r.updated_at,
+        } for r in rows[:PAGE_SIZE]],
+    }
+
+
+def detail(store: Store, workflow: str, instance_id: str) -> dict[str, Any]:
+    """One instance as ``memable show`` reads it, values as JSON text cut to a preview
+    where long, and whether it has ended; ``InstanceNotFound``/``WorkflowNotFound``."""
+    view = show_instance(store, workflow, instance_id)
+    view["terminal"] = view["status"] in TERMINAL
+    for name in ("input", "output"):
+        view[name] = _json_text(view[name])
+    for step in view["steps"]:
+        step["result"] = _preview(_json_text(step["result"]))
+    view["forkable"] = [s["key"] for s in view["steps"]]
+    return view
+
+
+def _json_text(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, ensure_ascii=False, indent=1)
+
+
+def _preview(text: str | None) -> str | None:
+    if text is None or len(text) <= PREVIEW:
+        return text
+    return text[:PREVIEW] + f"... ({len(text)} characters)"
+
+
+def bulk_resume(
+    store: Store, workflow: str | None, id_prefix: str | None, until: str | None = None
+) -> dict[str, Any]:
+    """What a bulk resume of the failed instances of a filter would act on: the filter,
+    the time it is judged at (failures after it are not included), and how many."""
+    until = until or datetime.now(timezone.utc).isoformat()
+    found = store.failed_instances(workflow, id_prefix=id_prefix, until=until,
+                                   limit=BULK_LIMIT + 1)
+    return {"workflow": workflow, "id": id_prefix, "until": until,
+            "count": min(len(found), BULK_LIMIT), "more": len(found) > BULK_LIMIT,
+            "limit": BULK_LIMIT}
