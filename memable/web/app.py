@@ -161,7 +161,7 @@ class Dashboard:
             handler: Callable[..., Response] = getattr(page, f"do_{endpoint}")
             response = handler(**route_args)
         except HTTPException as exc:  # no such page, or a method it does not take
-            response = page.error(exc.code or 500, exc.description or exc.name)
+            response = page.error(exc.code or 500, f"{exc.name}. {exc.description or ''}")
         except pages.BadRequest as exc:
             response = page.error(400, str(exc))
         except (InstanceNotFound, WorkflowNotFound) as exc:

@@ -1,0 +1,593 @@
+"""The dashboard (memable.web) through its WSGI interface, on every store: what each page
+shows, each action and what it changes, access (read-only, token, CSRF), bad input,
+and escaping of every stored field. The real-browser tests are test_web_browser.py."""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
+from typing import Any
+from urllib.parse import parse_qs, urlencode, urlparse
+
+import pytest
+from click.testing import CliRunner
+from werkzeug.test import Client, TestResponse
+
+from memable import Context, Engine, StepNotFound
+from memable._cli.commands import main
+from memable.web import Dashboard, app
+
+TIMEOUT = 10
+SCRIPT = '<script>alert("memable")</script>'
+
+
+def _csrf(page: TestResponse) -> str:
+    found = re.search(r'name="csrf" value="([^"]+)"', page.text)
+    assert found is not None, "the page has no form with a CSRF token"
+    return found.group(1)
+
+
+def _post(client: Client, path: str, page: TestResponse, **form: str) -> TestResponse:
+    """POST ``form`` to ``path`` with the CSRF token ``page`` carries."""
+    return client.post(path, data={"csrf": _csrf(page), **form})
+
+
+def _detail(workflow: str, instance_id: str) -> str:
+    return "/instance?" + urlencode({"workflow": workflow, "id": instance_id})
+
+
+def _status(engine: Engine, workflow: str, instance_id: str) -> str:
+    meta = engine.get_metadata(workflow, instance_id)
+    assert meta is not None
+    return type(meta.status).__name__
+
+
+#: The steps each instance executed (not replayed), by instance id; cleared per test.
+CALLS: dict[str, list[str]] = {}
+
+
+def _order(ctx: Context, order: dict[str, Any]) -> str:
+    """Charge, wait for approval, ship: three steps, the middle a signal (the steps that
+    execute are noted in CALLS)."""
+    ran = CALLS.setdefault(ctx.instance_id, [])
+    ctx.step("charge").run(lambda: ran.append("charge") or order["amount"])
+    ctx.set_status("waiting for approval")
+    approved = ctx.suspend("approve")
+    ctx.step("ship").run(lambda: ran.append("ship") or f"shipped {order['item']}")
+    return f"{order['item']}: {approved}"
+
+
+def _flaky(ctx: Context, n: int) -> int:
+    ctx.step("one").run(lambda: n)
+    return ctx.step("two").run(lambda: 1 // 0 if n >= 0 else n)
+
+
+def _broken(ctx: Context) -> str:
+    calls = CALLS.setdefault(ctx.instance_id, [])
+    ctx.step("first").run(lambda: calls.append("first"))
+    calls.append("second")
+    return ctx.step("second").run(lambda: "ok" if len(calls) > 2 else str(1 // 0))
+
+
+def _parent(ctx: Context) -> list[int]:
+    return ctx.children("kids", "plain", [1, 2])
+
+
+def _fail_with_script(ctx: Context) -> None:
+    def fail() -> None:
+        raise RuntimeError(SCRIPT)
+
+    ctx.step("k").run(fail)
+
+
+@pytest.fixture
+def running(make_engine: Callable[..., Engine]) -> Iterator[Engine]:
+    """A started engine on the parametrised store with every workflow of these tests."""
+    CALLS.clear()
+    engine = make_engine(poll_interval=0.05)
+    engine.register("order", _order)
+    engine.register("flaky", _flaky)
+    engine.register("plain", lambda ctx, x: x)
+    engine.register("broken", _broken)
+    engine.register("parent", _parent)
+    engine.register("out", lambda ctx: SCRIPT)
+    engine.register("status", lambda ctx: ctx.set_status(SCRIPT))
+    engine.register("keyed", lambda ctx: ctx.step(SCRIPT).run(lambda: 1))
+    engine.register("result", lambda ctx: ctx.step("k").run(lambda: SCRIPT))
+    engine.register("error", _fail_with_script)
+    engine.register(SCRIPT, lambda ctx: None)
+    with engine:
+        yield engine
+
+
+def _client(engine: Engine, **options: Any) -> Client:
+    return Client(app(engine, **options))
+
+
+def _suspended(engine: Engine, instance_id: str) -> None:
+    """An order waiting for its approval signal."""
+    state = engine.invoke("order", {"amount": 5, "item": "book"},
+                          instance_id=instance_id).wait(TIMEOUT)
+    assert type(state).__name__ == "Suspended"
+
+
+def _rows(page: TestResponse, table: str) -> list[list[str]]:
+    """The text of each cell of each body row of the table with id ``table``."""
+    body = page.text.split(f'id="{table}"')[1].split("</table>")[0]
+    return [[re.sub(r"<[^>]+>", "", cell).strip()
+             for cell in re.findall(r"<t[dh][^>]*>(.*?)</t[dh]>", row, re.S)]
+            for row in re.findall(r"<tr>(.*?)</tr>", body, re.S)]
+
+
+def _failed(engine: Engine, *ids: str) -> None:
+    for instance_id in ids:
+        assert engine.invoke("flaky", 1, instance_id=instance_id).wait(TIMEOUT) is not None
+        assert _status(engine, "flaky", instance_id) == "Failed"
+
+
+# ---------------------------------------------------------------------- pages
+
+
+def test_the_overview_counts_each_workflow_by_status(running: Engine) -> None:
+    _failed(running, "f-1", "f-2")
+    running.invoke("plain", 1, instance_id="p-1").result(TIMEOUT)
+    page = _client(running).get("/")
+    assert page.status_code == 200
+    rows = _rows(page, "counts")
+    assert rows[0][1:] == ["queued", "running", "suspended", "completed", "failed",
+                           "cancelled", "all"]
+    assert ["flaky", "0", "0", "0", "0", "2", "0", "2"] in rows
+    assert ["plain", "0", "0", "0", "1", "0", "0", "1"] in rows
+    assert rows[-1] == ["all", "0", "0", "0", "1", "2", "0", "3"]
+    assert "instances?workflow=flaky&amp;status=failed" in page.text
+
+
+def test_the_list_is_newest_first_paged_by_50_with_the_page_in_the_url(
+    running: Engine,
+) -> None:
+    for i in range(60):
+        running.invoke("plain", i, instance_id=f"p-{i:02d}").result(TIMEOUT)
+    client = _client(running)
+    first = client.get("/instances?workflow=plain")
+    ids = re.findall(r'class="instance-link"[^>]*>([^<]+)<', first.text)
+    assert ids == [f"p-{i:02d}" for i in range(59, 9, -1)]
+    nxt = re.search(r'id="page-next" href="([^"]+)"', first.text)
+    assert nxt is not None
+    assert parse_qs(urlparse(nxt.group(1).replace("&amp;", "&")).query) == {
+        "workflow": ["plain"], "page": ["2"]}
+    second = client.get(nxt.group(1).replace("&amp;", "&"))
+    assert re.findall(r'class="instance-link"[^>]*>([^<]+)<', second.text) == [
+        f"p-{i:02d}" for i in range(9, -1, -1)]
+    assert 'id="page-next"' not in second.text
+    assert 'id="page-prev"' in second.text
+
+
+def test_the_list_filters_by_workflow_status_and_id_prefix(running: Engine) -> None:
+    _failed(running, "a-1", "b-1")
+    running.invoke("plain", 1, instance_id="a-2").result(TIMEOUT)
+    client = _client(running)
+
+    def listed(query: str) -> set[str]:
+        return set(re.findall(r'class="instance-link"[^>]*>([^<]+)<',
+                              client.get(f"/instances?{query}").text))
+
+    assert listed("status=failed") == {"a-1", "b-1"}
+    assert listed("id=a-") == {"a-1", "a-2"}
+    assert listed("workflow=flaky&id=a") == {"a-1"}
+    assert listed("workflow=plain&status=failed") == set()
+    assert listed("id=A-") == set()  # the prefix is case-sensitive on every store
+
+
+def test_the_detail_page_shows_steps_in_order_the_error_and_its_traceback(
+    running: Engine,
+) -> None:
+    _failed(running, "f-1")
+    page = _client(running).get(_detail("flaky", "f-1"))
+    assert page.status_code == 200
+    steps = page.text.split('id="steps"')[1].split("</table>")[0]
+    assert re.findall(r'class="key">([^<]+)<', steps) == ["one", "two"]
+    assert "ZeroDivisionError" in steps
+    assert 'id="traceback"' in page.text
+    assert "Traceback (most recent call last)" in page.text
+    assert 'data-terminal="true"' in page.text
+    assert "live.js" not in page.text  # an instance that ended is not polled
+
+
+def test_a_suspended_instance_is_live_and_names_what_it_awaits(running: Engine) -> None:
+    _suspended(running, "o-1")
+    client = _client(running)
+    page = client.get(_detail("order", "o-1"))
+    assert 'data-terminal="false"' in page.text
+    assert "live.js" in page.text
+    assert '<meta http-equiv="refresh"' in page.text
+    assert '<ul id="awaiting"><li>approve</li></ul>' in page.text
+    assert "waiting for approval" in page.text
+    fragment = client.get("/instance/live?workflow=order&id=o-1")
+    assert fragment.status_code == 200
+    assert "<html" not in fragment.text
+    assert 'data-terminal="false"' in fragment.text
+    running.signal("order", "o-1", "approve", "yes").result(TIMEOUT)
+    assert 'data-terminal="true"' in client.get("/instance/live?workflow=order&id=o-1").text
+
+
+def test_parent_and_children_link_to_each_other(running: Engine) -> None:
+    running.invoke("parent", instance_id="p").result(TIMEOUT)
+    client = _client(running)
+    page = client.get(_detail("parent", "p"))
+    children = page.text.split('id="children"')[1].split("</ul>")[0]
+    links = re.findall(r'href="([^"]+)"', children)
+    assert len(links) == 2
+    child = client.get(links[0].replace("&amp;", "&"))
+    assert child.status_code == 200
+    assert 'id="parent" href="/instance?workflow=parent&amp;id=p"' in child.text
+
+
+def test_metrics_are_the_prometheus_text_format(running: Engine) -> None:
+    _failed(running, "f-1")
+    page = _client(running).get("/metrics")
+    assert page.status_code == 200
+    assert page.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    assert 'memable_instances{workflow="flaky",status="failed"} 1' in page.text.splitlines()
+
+
+# ---------------------------------------------------------------------- actions
+
+
+def test_signal_delivers_a_json_payload_and_the_run_goes_on(running: Engine) -> None:
+    _suspended(running, "o-1")
+    client = _client(running, allow_actions=True)
+    page = client.get(_detail("order", "o-1"))
+    done = _post(client, "/instance/signal", page, workflow="order", id="o-1",
+                 key="approve", payload='{"by": "ada"}')
+    assert done.status_code == 303
+    assert done.headers["Location"] == _detail("order", "o-1") + "&done=signal"
+    assert running.invocation("order", "o-1").result(TIMEOUT) == "book: {'by': 'ada'}"
+
+
+def test_cancel_ends_the_instance(running: Engine) -> None:
+    _suspended(running, "o-1")
+    client = _client(running, allow_actions=True)
+    page = client.get(_detail("order", "o-1"))
+    assert _post(client, "/instance/cancel", page, workflow="order", id="o-1"
+                 ).status_code == 303
+    assert _status(running, "order", "o-1") == "Cancelled"
+    again = _post(client, "/instance/cancel", page, workflow="order", id="o-1")
+    assert again.status_code == 409
+    assert "cancelled" in again.text
+
+
+def test_resume_runs_a_failed_instance_again(running: Engine) -> None:
+    running.invoke("broken", instance_id="b-1").wait(TIMEOUT)
+    client = _client(running, allow_actions=True)
+    page = client.get(_detail("broken", "b-1"))
+    assert 'id="resume"' in page.text
+    assert _post(client, "/instance/resume", page, workflow="broken", id="b-1"
+                 ).status_code == 303
+    assert running.invocation("broken", "b-1").result(TIMEOUT) == "ok"
+    assert CALLS["b-1"] == ["first", "second", "second"]  # the first step ran once
+
+
+def test_fork_copies_the_steps_before_the_key_and_reruns_from_it(running: Engine) -> None:
+    _suspended(running, "o-1")
+    running.signal("order", "o-1", "approve", "yes").result(TIMEOUT)
+    client = _client(running, allow_actions=True)
+    page = client.get(_detail("order", "o-1"))
+    done = _post(client, "/instance/fork", page, workflow="order", id="o-1",
+                 from_key="ship", new_id="o-1.again")
+    assert done.status_code == 303
+    assert done.headers["Location"] == _detail("order", "o-1.again") + "&done=fork"
+    assert running.invocation("order", "o-1.again").result(TIMEOUT) == "book: yes"
+    steps = {s.key: s for s in running.steps("order", "o-1.again")}
+    source = {s.key: s for s in running.steps("order", "o-1")}
+    assert steps["charge"] == source["charge"]  # copied, not run again
+    assert CALLS["o-1"] == ["charge", "ship"]
+    assert CALLS["o-1.again"] == ["ship"]
+    assert steps["approve"].result == "yes"
+    # The source is untouched; a second POST of the same form makes nothing new.
+    assert _post(client, "/instance/fork", page, workflow="order", id="o-1",
+                 from_key="ship", new_id="o-1.again").status_code == 303
+    assert len(running.list_instances("order")) == 2
+
+
+def test_fork_from_a_key_it_never_reached_names_the_keys_it_has(running: Engine) -> None:
+    running.invoke("plain", 1, instance_id="p-1").result(TIMEOUT)
+    _failed(running, "f-1")
+    client = _client(running, allow_actions=True)
+    page = client.get(_detail("flaky", "f-1"))
+    refused = _post(client, "/instance/fork", page, workflow="flaky", id="f-1",
+                    from_key="three", new_id="f-2")
+    assert refused.status_code == 400
+    assert "its keys: &#39;one&#39;, &#39;two&#39;" in refused.text
+    assert running.get_metadata("flaky", "f-2") is None
+
+
+def test_bulk_resume_states_the_filter_and_count_and_acts_on_exactly_that(
+    running: Engine,
+) -> None:
+    _failed(running, "x-1", "x-2", "y-1")
+    client = _client(running, allow_actions=True)
+    listing = client.get("/instances?workflow=flaky&status=failed&id=x")
+    link = re.search(r'id="resume-failed" href="([^"]+)"', listing.text)
+    assert link is not None
+    confirm = client.get(link.group(1).replace("&amp;", "&"))
+    assert re.search(r"<strong>2</strong> failed instances", confirm.text)
+    assert '<td id="confirm-workflow">flaky</td>' in confirm.text
+    assert '<td id="confirm-id">x</td>' in confirm.text
+    until = re.search(r'name="until" value="([^"]+)"', confirm.text)
+    assert until is not None
+    _failed(running, "x-3")  # fails after the confirmation: not part of it
+    done = _post(client, "/resume-failed", confirm, workflow="flaky", id="x",
+                 until=until.group(1))
+    assert done.status_code == 200
+    assert re.findall(r"flaky / (x-\d)</a>", done.text) == ["x-1", "x-2"]
+    assert _status(running, "flaky", "y-1") == "Failed"
+    assert _status(running, "flaky", "x-3") == "Failed"
+
+
+# ---------------------------------------------------------------------- access
+
+
+def _forms(text: str) -> list[str]:
+    return re.findall(r'<form method="post"', text)
+
+
+def test_read_only_shows_no_form_and_refuses_every_post_changing_nothing(
+    running: Engine,
+) -> None:
+    _suspended(running, "o-1")
+    _failed(running, "f-1")
+    client = _client(running)
+    pages = [client.get(p) for p in ("/", "/instances?status=failed",
+                                     _detail("order", "o-1"), _detail("flaky", "f-1"))]
+    assert [_forms(p.text) for p in pages] == [[], [], [], []]
+    assert 'id="resume-failed"' not in pages[1].text
+    csrf = client.get_cookie("memable_csrf")
+    assert csrf is not None
+    for path, form in (
+        ("/instance/signal", {"workflow": "order", "id": "o-1", "key": "approve"}),
+        ("/instance/cancel", {"workflow": "order", "id": "o-1"}),
+        ("/instance/resume", {"workflow": "flaky", "id": "f-1"}),
+        ("/instance/fork", {"workflow": "flaky", "id": "f-1"}),
+        ("/resume-failed", {"until": datetime.now(timezone.utc).isoformat()}),
+    ):
+        refused = client.post(path, data={"csrf": csrf.value, **form})
+        assert refused.status_code == 403, path
+        assert "read-only" in refused.text
+    assert client.get("/resume-failed").status_code == 403
+    assert _status(running, "order", "o-1") == "Suspended"
+    assert _status(running, "flaky", "f-1") == "Failed"
+    assert len(running.list_instances("flaky")) == 1
+
+
+@pytest.mark.parametrize("csrf", [None, "", "forged"])
+def test_a_post_without_this_browsers_csrf_token_is_refused(
+    running: Engine, csrf: str | None
+) -> None:
+    _suspended(running, "o-1")
+    client = _client(running, allow_actions=True)
+    client.get("/")  # the browser has its cookie
+    form = {"workflow": "order", "id": "o-1"}
+    if csrf is not None:
+        form["csrf"] = csrf
+    refused = client.post("/instance/cancel", data=form)
+    assert refused.status_code == 403
+    assert "CSRF" in refused.text
+    # Another browser's token (a page of another site cannot read ours) is refused too.
+    other = _client(running, allow_actions=True)
+    stolen = _csrf(other.get(_detail("order", "o-1")))
+    assert client.post("/instance/cancel", data={**form, "csrf": stolen}).status_code == 403
+    assert _status(running, "order", "o-1") == "Suspended"
+
+
+def test_with_a_token_every_page_is_401_without_it(running: Engine) -> None:
+    running.invoke("plain", 1, instance_id="p-1").result(TIMEOUT)
+    token = "s3cret-token-value"
+    client = _client(running, token=token, allow_actions=True)
+    for path in ("/", "/instances", _detail("plain", "p-1"), "/metrics",
+                 "/static/live.js", "/no-such-page"):
+        refused = client.get(path)
+        assert refused.status_code == 401, path
+        assert "p-1" not in refused.text
+        assert token not in refused.text
+    assert client.post("/instance/cancel", data={"workflow": "plain", "id": "p-1"}
+                       ).status_code == 401
+    assert client.get("/?token=wrong").status_code == 401
+    assert client.get("/", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert client.get("/metrics", headers={"Authorization": f"Bearer {token}"}
+                      ).status_code == 200
+    # ?token= once: kept in an HttpOnly cookie, and the URL loses it.
+    taken = client.get(f"/instances?workflow=plain&token={token}")
+    assert taken.status_code == 303
+    assert taken.headers["Location"].endswith("/instances?workflow=plain")
+    assert "HttpOnly" in taken.headers["Set-Cookie"]
+    page = client.get("/instances?workflow=plain")
+    assert page.status_code == 200
+    assert "p-1" in page.text
+    assert token not in page.text
+
+
+def test_ui_refuses_to_serve_other_machines_without_a_token(tmp_path: Any) -> None:
+    path = tmp_path / "app.db"
+    Engine.open(path).close()
+    result = CliRunner().invoke(main, ["ui", str(path), "--host", "0.0.0.0"], env={
+        "MEMABLE_UI_TOKEN": ""})
+    assert result.exit_code == 2
+    assert "give a --token" in result.output
+
+
+def test_ui_serves_the_dashboard_until_interrupted(tmp_path: Any) -> None:
+    """memable ui's server, on a free port, answers over a real socket."""
+    import urllib.request
+
+    from memable.web.serve import serve
+
+    path = tmp_path / "app.db"
+    engine = Engine.open(path)
+    engine.register("plain", lambda ctx, x: x)
+    with engine:
+        engine.invoke("plain", 1, instance_id="p-1").result(TIMEOUT)
+    dashboard = app(path)
+    told: list[str] = []
+    ready = threading.Event()
+
+    def announce(line: str) -> None:
+        told.append(line)
+        ready.set()
+
+    from werkzeug.serving import BaseWSGIServer
+
+    servers: list[BaseWSGIServer] = []
+    original = BaseWSGIServer.serve_forever
+
+    def serve_forever(self: BaseWSGIServer, poll_interval: float = 0.5) -> None:
+        servers.append(self)
+        original(self, poll_interval)
+
+    BaseWSGIServer.serve_forever = serve_forever  # type: ignore[method-assign]
+    thread = threading.Thread(target=serve, args=(dashboard, "127.0.0.1", 0),
+                              kwargs={"announce": announce}, name="test-ui", daemon=True)
+    try:
+        thread.start()
+        assert ready.wait(TIMEOUT)
+        url = re.search(r"http://\S+/", told[0])
+        assert url is not None
+        assert "read-only" in told[0]
+        with urllib.request.urlopen(url.group(0) + "instances", timeout=TIMEOUT) as answer:
+            assert "p-1" in answer.read().decode()
+    finally:
+        BaseWSGIServer.serve_forever = original  # type: ignore[method-assign]
+        for server in servers:
+            server.shutdown()
+        thread.join(TIMEOUT)
+        dashboard.close()
+    assert not thread.is_alive()
+
+
+# ---------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(("path", "status", "says"), [
+    ("/instances?page=x", 400, "page must be a whole number"),
+    ("/instances?page=0", 400, "page must be a whole number"),
+    ("/instances?page=-1", 400, "page must be a whole number"),
+    ("/instances?status=lost", 400, "status must be one of"),
+    ("/instance?workflow=plain&id=nope", 404, "no stored instance"),
+    ("/instance?workflow=nope&id=p-1", 404, "the store has no instance of this workflow"),
+    ("/instance?workflow=plain", 400, "a workflow and an instance id are needed"),
+    ("/no-such-page", 404, "Not Found"),
+    ("/instance/cancel", 405, "not allowed"),
+    ("/static/../app.py", 404, ""),
+])
+def test_bad_requests_get_a_page_that_says_so(
+    running: Engine, path: str, status: int, says: str
+) -> None:
+    running.invoke("plain", 1, instance_id="p-1").result(TIMEOUT)
+    page = _client(running).get(path)
+    assert page.status_code == status
+    assert says in page.text
+
+
+def test_a_malformed_payload_is_400_and_changes_nothing(running: Engine) -> None:
+    _suspended(running, "o-1")
+    before = running.steps("order", "o-1")
+    client = _client(running, allow_actions=True)
+    page = client.get(_detail("order", "o-1"))
+    refused = _post(client, "/instance/signal", page, workflow="order", id="o-1",
+                    key="approve", payload="{not json")
+    assert refused.status_code == 400
+    assert "the payload is not JSON" in refused.text
+    assert "approve" in refused.text
+    assert running.steps("order", "o-1") == before
+    assert _status(running, "order", "o-1") == "Suspended"
+    unknown = _post(client, "/instance/signal", page, workflow="order", id="o-2",
+                    key="approve", payload="1")
+    assert unknown.status_code == 404
+
+
+def test_a_bulk_resume_without_a_confirmed_time_is_400(running: Engine) -> None:
+    _failed(running, "f-1")
+    client = _client(running, allow_actions=True)
+    page = client.get("/resume-failed")
+    for until in ("", "yesterday", "2026-12-05T10:00:00"):
+        refused = _post(client, "/resume-failed", page, until=until)
+        assert refused.status_code == 400
+    assert _status(running, "flaky", "f-1") == "Failed"
+
+
+# ---------------------------------------------------------------------- escaping
+
+
+def _escaping_case(engine: Engine, field: str) -> tuple[str, str]:
+    """Store ``SCRIPT`` in ``field`` of an instance; return its (workflow, id)."""
+    if field == "instance id":
+        engine.invoke("plain", 1, instance_id=SCRIPT).result(TIMEOUT)
+        return "plain", SCRIPT
+    if field == "input":
+        engine.invoke("plain", {"note": SCRIPT}, instance_id="i").result(TIMEOUT)
+    elif field == "output":
+        engine.invoke("out", instance_id="i").result(TIMEOUT)
+        return "out", "i"
+    elif field == "status message":
+        engine.invoke("status", instance_id="i").result(TIMEOUT)
+        return "status", "i"
+    elif field == "step key":
+        engine.invoke("keyed", instance_id="i").result(TIMEOUT)
+        return "keyed", "i"
+    elif field == "step result":
+        engine.invoke("result", instance_id="i").result(TIMEOUT)
+        return "result", "i"
+    elif field == "error":
+        engine.invoke("error", instance_id="i").wait(TIMEOUT)
+        return "error", "i"
+    elif field == "workflow name":
+        engine.invoke(SCRIPT, instance_id="i").result(TIMEOUT)
+        return SCRIPT, "i"
+    return "plain", "i"
+
+
+@pytest.mark.parametrize("field", [
+    "instance id", "input", "output", "status message", "step key", "step result",
+    "error", "workflow name",
+])
+def test_everything_stored_is_shown_as_text(running: Engine, field: str) -> None:
+    workflow, instance_id = _escaping_case(running, field)
+    client = _client(running, allow_actions=True)
+    detail = client.get(_detail(workflow, instance_id))
+    listing = client.get("/instances")
+    overview = client.get("/")
+    live = client.get("/instance/live?" + urlencode({"workflow": workflow,
+                                                     "id": instance_id}))
+    for page in (detail, listing, overview, live):
+        assert page.status_code == 200
+        assert SCRIPT not in page.text
+        assert "<script>alert" not in page.text
+    assert "&lt;script&gt;alert(" in detail.text  # shown, as text
+    assert "script-src 'self'" in detail.headers["Content-Security-Policy"]
+
+
+def test_app_opens_a_store_by_path_and_refuses_a_missing_one(tmp_path: Any) -> None:
+    path = tmp_path / "app.db"
+    engine = Engine.open(path)
+    engine.register("plain", lambda ctx, x: x)
+    with engine:
+        engine.invoke("plain", 1, instance_id="p-1").result(TIMEOUT)
+    dashboard = app(path)
+    try:
+        assert isinstance(dashboard, Dashboard)
+        assert "p-1" in Client(dashboard).get("/instances").text
+    finally:
+        dashboard.close()
+    with pytest.raises(Exception, match="no such file"):
+        app(tmp_path / "missing.db")
+    with pytest.raises(TypeError, match="a path, a postgresql:// URL or an Engine"):
+        app(42)  # type: ignore[arg-type]
+
+
+def test_step_not_found_is_a_value_error_naming_the_keys() -> None:
+    err = StepNotFound("wf", "i-1", "x", ["a", "b"])
+    assert isinstance(err, ValueError)
+    assert err.keys == ["a", "b"]
+    assert "'a', 'b'" in str(err)
+    assert "step 'x'" in str(err)
