@@ -249,3 +249,27 @@ def test_the_worker_command_runs_the_workflows_until_sigterm(tmp_path: Path) -> 
         "SIGTERM: letting the runs in flight end",
         "memable worker stopped",
     ]
+
+
+def test_the_dashboard_is_for_operators_only_and_acts_under_ops(
+    client: Client, engine: Engine
+) -> None:
+    started = client.post("/orders", {"item": "tea", "quantity": 1}, "application/json")
+    order_id = started.json()["id"]
+    settle(engine, order_id)
+    assert client.get("/ops/").status_code == 403  # no operator signed in
+    operator = Client(REMOTE_USER="ops")
+    listing = operator.get(f"/ops/instances?workflow={WORKFLOW}")
+    assert listing.status_code == 200
+    assert listing.cookies["memable_csrf"]["path"] == "/ops"
+    assert f'href="/ops/instance?workflow={WORKFLOW}&amp;id={order_id}"' in listing.text
+    page = operator.get(f"/ops/instance?workflow={WORKFLOW}&id={order_id}")
+    csrf = page.text.split('name="csrf" value="')[1].split('"')[0]
+    signalled = operator.post("/ops/instance/signal", {
+        "csrf": csrf, "workflow": WORKFLOW, "id": order_id, "key": "approval:v1",
+        "payload": '"ada"'})
+    assert signalled.status_code == 303
+    assert signalled["Location"].startswith("/ops/instance?")
+    settle(engine, order_id)
+    steps = [s.key for s in engine.steps(WORKFLOW, order_id) if s.state == "completed"]
+    assert "approval:v1" in steps

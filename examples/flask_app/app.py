@@ -13,9 +13,11 @@ import atexit
 import re
 from typing import Any
 
-from flask import Blueprint, Flask, current_app, request, url_for
+import memable.web
+from flask import Blueprint, Flask, abort, current_app, request, session, url_for
 from flask.typing import ResponseReturnValue
 from memable import Engine, InstanceFinished, InstanceNotFound, MetadataStatus, SignalRejected
+from werkzeug.wrappers import Response
 
 from workflows import Order, configure
 
@@ -24,6 +26,8 @@ WORKFLOW = "place_order"
 IDEMPOTENCY_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 
 orders = Blueprint("orders", __name__)
+#: The memable dashboard, for the shop's staff only, under /ops.
+ops = Blueprint("ops", __name__, url_prefix="/ops")
 
 
 def create_app(engine: Engine | None = None, **config: Any) -> Flask:
@@ -36,6 +40,7 @@ def create_app(engine: Engine | None = None, **config: Any) -> Flask:
     """
     app = Flask(__name__)
     app.config["MEMABLE_DB"] = "memable.db"
+    app.config["SECRET_KEY"] = None  # FLASK_SECRET_KEY=...: the session /ops relies on
     app.config.from_prefixed_env()  # FLASK_MEMABLE_DB=... in the environment
     app.config.update(config)
     if engine is None:
@@ -45,7 +50,10 @@ def create_app(engine: Engine | None = None, **config: Any) -> Flask:
         # At exit: take no new work, let the runs in flight end, close the file.
         atexit.register(engine.close)
     app.extensions["memable"] = engine
+    # The dashboard reads and acts through the engine's store; staff may act.
+    app.extensions["memable.web"] = memable.web.app(engine, allow_actions=True)
     app.register_blueprint(orders)
+    app.register_blueprint(ops)
     return app
 
 
@@ -112,3 +120,21 @@ def approve_order(order_id: str) -> ResponseReturnValue:
     except (SignalRejected, InstanceFinished) as err:  # approved already, or finished
         return error(str(err), 409)
     return {"id": order_id}, 202
+
+
+@ops.before_request
+def staff_only() -> None:
+    """The app's own login guards the dashboard: here, a session the login view marked
+    as staff (with Flask-Login: ``current_user.is_authenticated and
+    current_user.is_staff``)."""
+    if not session.get("staff"):
+        abort(403)
+
+
+@ops.route("/", defaults={"path": ""}, methods=["GET", "POST"])
+@ops.route("/<path:path>", methods=["GET", "POST"])
+def dashboard(path: str) -> Response:
+    """Hand the request to the dashboard, mounted at /ops (its links and cookies say so)."""
+    environ = dict(request.environ, SCRIPT_NAME=request.script_root + "/ops",
+                   PATH_INFO="/" + path)
+    return Response.from_app(current_app.extensions["memable.web"], environ)

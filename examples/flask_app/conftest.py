@@ -32,4 +32,4 @@ def engine(memable_engine: Engine) -> Engine:
 @pytest.fixture
 def client(engine: Engine) -> FlaskClient:
     """A test client of the app, on the in-memory engine of the plugin."""
-    return create_app(engine, TESTING=True).test_client()
+    return create_app(engine, TESTING=True, SECRET_KEY="tests only").test_client()

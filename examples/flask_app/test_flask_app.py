@@ -175,3 +175,27 @@ def test_the_daily_summary_runs_once_a_day_whichever_process_fires_it(
                 assert [tick_id for tick_id, _ in web.list_instances("daily_summary")] == [tick]
         finally:
             web.close()  # what atexit does at the end of a real process
+
+
+def test_the_dashboard_is_for_staff_only_and_acts_under_ops(
+    client: FlaskClient, engine: Engine
+) -> None:
+    started = client.post("/orders", json={"item": "tea", "quantity": 1})
+    order_id = started.json["id"]
+    settle(engine, order_id)
+    assert client.get("/ops/").status_code == 403  # not logged in as staff
+    with client.session_transaction() as session:
+        session["staff"] = True
+    listing = client.get(f"/ops/instances?workflow={WORKFLOW}")
+    assert listing.status_code == 200
+    assert f'href="/ops/instance?workflow={WORKFLOW}&amp;id={order_id}"' in listing.text
+    page = client.get(f"/ops/instance?workflow={WORKFLOW}&id={order_id}")
+    csrf = page.text.split('name="csrf" value="')[1].split('"')[0]
+    signalled = client.post("/ops/instance/signal", data={
+        "csrf": csrf, "workflow": WORKFLOW, "id": order_id, "key": "approval:v1",
+        "payload": '"ada"'})
+    assert signalled.status_code == 303
+    assert signalled.headers["Location"].startswith("/ops/instance?")
+    settle(engine, order_id)
+    steps = [s.key for s in engine.steps(WORKFLOW, order_id) if s.state == "completed"]
+    assert "approval:v1" in steps

@@ -27,3 +27,6 @@ DATABASES: dict[str, dict[str, Any]] = {}
 
 # The memable store: one SQLite file, shared by every web process and the worker.
 MEMABLE_DB = os.environ.get("MEMABLE_DB", str(BASE_DIR / "memable.db"))
+
+# Who may open the memable dashboard at /ops/ (REMOTE_USER, as the sign-on proxy sets it).
+MEMABLE_OPERATORS = {"ops"}
