@@ -140,12 +140,13 @@ class InstanceNotFound(EngineError):
 
 
 class StepNotFound(EngineError, ValueError):
-    """The instance never reached that key (``fork`` from a step it has not got).
+    """The instance never reached that key (a fork from a step it has not got).
 
-    Also a ``ValueError``: the key given is wrong. The message names the keys
+    A ``ValueError``, as the SPEC says a fork's unknown key is (the class is
+    not a public name): the key given is wrong. The message names the keys
     the instance has, in the order first reached.
 
-    >>> from memable import StepNotFound
+    >>> from memable._errors import StepNotFound
     >>> print(StepNotFound("ship", "order-1", "lable", ["charge", "label"]))
     ... # doctest: +NORMALIZE_WHITESPACE
     no stored step (its keys: 'charge', 'label'): workflow 'ship', instance 'order-1',

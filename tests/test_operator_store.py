@@ -13,9 +13,9 @@ from memable import (
     Engine,
     InstanceNotFound,
     InvalidKey,
-    StepNotFound,
     WorkflowFailed,
 )
+from memable._errors import StepNotFound
 from memable._store import admin
 from memable._store.protocol import Store
 

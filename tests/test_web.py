@@ -15,8 +15,9 @@ import pytest
 from click.testing import CliRunner
 from werkzeug.test import Client, TestResponse
 
-from memable import Context, Engine, StepNotFound
+from memable import Context, Engine
 from memable._cli.commands import main
+from memable._errors import StepNotFound
 from memable.web import Dashboard, app
 
 TIMEOUT = 10
