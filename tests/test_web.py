@@ -592,3 +592,40 @@ def test_step_not_found_is_a_value_error_naming_the_keys() -> None:
     assert err.keys == ["a", "b"]
     assert "'a', 'b'" in str(err)
     assert "step 'x'" in str(err)
+
+
+def test_the_overview_shows_queues_with_limits_and_schedules_with_ticks(
+    open_shared: Callable[..., Engine],
+) -> None:
+    """A web engine enqueues (it consumes nothing); the consuming engine's declaration,
+    stored with its owner row, gives the queue's limits; the schedule shows its next
+    tick. (Two engines on one store: a file, or PostgreSQL.)"""
+    web = open_shared(queues=())
+    web.queue("mail", concurrency=2, rate=(10, 60.0))
+    web.register("send", lambda ctx: None, queue="mail")
+    web.schedule("nightly", "0 3 * * *", "send")
+    consumer = open_shared(poll_interval=0.05)
+    consumer.queue("mail", concurrency=2, rate=(10, 60.0))
+    consumer.register("send", lambda ctx: None, queue="mail")
+    with web:
+        web.invoke("send", instance_id="waiting")
+        page = _client(web).get("/")
+        assert ["mail", "1", "0", page_age(page), "no running engine consumes it", "0"] \
+            in _rows(page, "queues")
+        with consumer:
+            web.invocation("send", "waiting").result(TIMEOUT)
+            page = _client(web).get("/")
+            assert ["mail", "0", "0", "-", "concurrency 2, rate 10 per 60 s", "1"] in \
+                _rows(page, "queues")
+    [_, schedule] = _rows(page, "schedules")
+    assert schedule[:4] == ["nightly", "0 3 * * *", "UTC", "send"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT03:00(:00)?(\+00:00|Z)?", schedule[5]), schedule[5]
+
+
+def page_age(page: TestResponse) -> str:
+    """The oldest-queued cell of the queue ``mail`` as shown (seconds, one decimal)."""
+    for row in _rows(page, "queues"):
+        if row[0] == "mail":
+            assert re.fullmatch(r"\d+\.\d s", row[3]), row[3]
+            return row[3]
+    raise AssertionError("no queue mail")
