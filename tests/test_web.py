@@ -287,8 +287,10 @@ def test_fork_copies_the_steps_before_the_key_and_reruns_from_it(running: Engine
     assert CALLS["o-1.again"] == ["ship"]
     assert steps["approve"].result == "yes"
     # The source is untouched; a second POST of the same form makes nothing new.
-    assert _post(client, "/instance/fork", page, workflow="order", id="o-1",
-                 from_key="ship", new_id="o-1.again").status_code == 303
+    again = _post(client, "/instance/fork", page, workflow="order", id="o-1",
+                  from_key="ship", new_id="o-1.again")
+    assert again.status_code == 409
+    assert "nothing was forked" in again.text
     assert len(running.list_instances("order")) == 2
 
 

@@ -297,10 +297,13 @@ class _Page:
     def do_fork(self) -> Response:
         form = self.request.form
         workflow, instance_id = self._instance_args(form)
-        new_id, _made = admin.fork_instance(
+        new_id, made = admin.fork_instance(
             self.store, workflow, instance_id, form.get("from_key") or None,
             form.get("new_id") or None,
         )
+        if not made:  # the form sent twice, or an id someone took: say so, fork nothing
+            return self.error(409, f"an instance {new_id!r} of workflow {workflow!r} exists "
+                              "already; nothing was forked (open it from the list)")
         return self.redirect(self._detail_url(workflow, new_id, "fork"))
 
     def do_resume_failed(self) -> Response:
