@@ -37,6 +37,8 @@ FULL_SIZES = {
     "w8": 2000,
     "w9": 1,
     "otel_rounds": 7,
+    "w10": 100_000,
+    "w10_reps": 15,
 }
 QUICK_SIZES = {
     "floor_rows": 300,
@@ -50,6 +52,8 @@ QUICK_SIZES = {
     "w8": 200,
     "w9": 0,  # W9 waits for a real minute boundary: up to a minute, so not in a smoke run
     "otel_rounds": 1,
+    "w10": 10_000,
+    "w10_reps": 5,
 }
 
 
@@ -86,12 +90,14 @@ def worker(name: str, params: dict[str, Any]) -> int:
         from ._workloads import WORKLOADS, BenchFailure  # type: ignore[assignment]
         from ._workloads_queues import QUEUE_WORKLOADS  # type: ignore[assignment]
     workloads = {**WORKLOADS, **QUEUE_WORKLOADS}
-    if system != "dbos":  # W9 and the OpenTelemetry rows have no DBOS side
+    if system != "dbos":  # W9, W10 and the OpenTelemetry rows have no DBOS side
         from ._workloads_otel import OTEL_WORKLOADS
         from ._workloads_schedules import SCHEDULE_WORKLOADS
+        from ._workloads_web import WEB_WORKLOADS
 
         workloads.update(SCHEDULE_WORKLOADS)
         workloads.update(OTEL_WORKLOADS)
+        workloads.update(WEB_WORKLOADS)
     from . import _floor
 
     if params.get("store"):  # PostgreSQL: a schema of its own, dropped afterwards
@@ -170,6 +176,7 @@ def plan(
     runs.append(("W6 W3", "replay_growth", {**full, "sizes": sizes["w6"]}))
     runs.append(("W7 full", "children_queue", {**full, "n": sizes["w7"], "concurrency": 8}))
     runs.append(("W8 full", "queue_throughput", {**full, "m": sizes["w8"], "concurrency": 8}))
+    runs.append(("W10 full", "dashboard", {**full, "n": sizes["w10"], "reps": sizes["w10_reps"]}))
     if sizes["w9"]:  # last: it waits for the next minute boundary
         runs.append(("W9 full", "tick_lag", {**full, "ticks": sizes["w9"]}))
     return runs
@@ -348,6 +355,7 @@ def report(
                      "goal ≤ 1 s", lag <= 1000))
     else:
         rows.append(("W9 full", what, "FAILED", "", "", False))
+    rows.extend(_dashboard_rows(records.get("W10 full", {})))
     lines = [
         "| workload | what | memable | floor / detail | ratio / goal | met |",
         "|---|---|---|---|---|---|",
@@ -355,6 +363,20 @@ def report(
     met = {True: "yes", False: "NO", None: "n/a"}
     lines += [f"| {a} | {b} | {c} | {d} | {e} | {met[ok]} |" for a, b, c, d, e, ok in rows]
     return "\n".join(lines), all(row[-1] is not False for row in rows)
+
+
+#: W10: the median answer of each dashboard page, in milliseconds (issue 25).
+DASHBOARD_GOAL_MS = 200.0
+
+
+def _dashboard_rows(rec: dict[str, Any]) -> list[tuple[str, str, str, str, str, bool | None]]:
+    """One row per dashboard page W10 timed: its median answer against the goal."""
+    if not rec.get("ok"):
+        return [("W10 full", "dashboard pages", "FAILED", "", "", False)]
+    return [(label, page["what"], f"median {page['median_ms']:.2f} ms",
+             f"p95 {page['p95_ms']:.2f} ms, {rec['reps']} requests",
+             f"goal median ≤ {DASHBOARD_GOAL_MS:g} ms", page["median_ms"] <= DASHBOARD_GOAL_MS)
+            for label, page in rec["pages"].items()]
 
 
 def _otel_rows(

@@ -71,14 +71,19 @@ _V6 = """
 ALTER TABLE instances ADD COLUMN IF NOT EXISTS traceparent text,
     ADD COLUMN IF NOT EXISTS run_reason text;
 """
-#: Version 7: indexes a page of instances newest first reads, and the counts by workflow
-#: and status; the one on the status alone gives way (as on SQLite, schema version 12).
+#: Version 7: indexes a page of instances newest first reads, each in the page's whole
+#: order (time, workflow, id), and the counts by workflow and status; the ones on the
+#: status alone and on (workflow, time) give way (as on SQLite, schema version 12).
 _V7 = """
-CREATE INDEX IF NOT EXISTS instances_by_time ON instances (created_at);
-CREATE INDEX IF NOT EXISTS instances_by_status_time ON instances (status, created_at);
+CREATE INDEX IF NOT EXISTS instances_by_time ON instances (created_at, workflow, instance_id);
+CREATE INDEX IF NOT EXISTS instances_by_status_time
+    ON instances (status, created_at, workflow, instance_id);
+CREATE INDEX IF NOT EXISTS instances_by_workflow_time
+    ON instances (workflow, created_at, instance_id);
 CREATE INDEX IF NOT EXISTS instances_by_workflow_status
-    ON instances (workflow, status, created_at);
+    ON instances (workflow, status, created_at, instance_id);
 DROP INDEX IF EXISTS instances_by_status;
+DROP INDEX IF EXISTS instances_by_workflow;
 """
 _TABLES = f"""
 CREATE TABLE IF NOT EXISTS instances (
@@ -90,7 +95,6 @@ CREATE TABLE IF NOT EXISTS instances (
     PRIMARY KEY (workflow, instance_id));
 {_V2}
 {_V3}
-CREATE INDEX IF NOT EXISTS instances_by_workflow ON instances (workflow, created_at);
 CREATE INDEX IF NOT EXISTS instances_by_owner ON instances (owner) WHERE owner IS NOT NULL;
 CREATE TABLE IF NOT EXISTS steps (
     workflow text NOT NULL, instance_id text NOT NULL, key text NOT NULL,

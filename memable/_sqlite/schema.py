@@ -196,14 +196,20 @@ def migrate_to_11(db: sqlite_utils.Database) -> None:
 
 def migrate_to_12(db: sqlite_utils.Database) -> None:
     """Indexes a page of instances newest first reads (the dashboard's list, ``memable
-    list``): on the time alone, and after the status and after workflow and status (the
-    last also counts instances by workflow and status without reading the table); the
-    one on the status alone gives way to the one on (status, time)."""
-    for columns, name in ((["created_at"], "instances_by_time"),
-                          (["status", "created_at"], "instances_by_status_time"),
-                          (["workflow", "status", "created_at"], "instances_by_workflow_status")):
+    list``), each in the page's whole order (time, workflow, id), so a page is a walk of
+    one index with no sort, however deep: on the time alone, and after the status, the
+    workflow, and workflow and status (the last also counts instances by workflow and
+    status without reading the table). The ones on the status alone and on (workflow,
+    time) give way to those on (status, time, ...) and (workflow, time, id)."""
+    for columns, name in (
+        (["created_at", "workflow", "instance_id"], "instances_by_time"),
+        (["status", "created_at", "workflow", "instance_id"], "instances_by_status_time"),
+        (["workflow", "created_at", "instance_id"], "instances_by_workflow_time"),
+        (["workflow", "status", "created_at", "instance_id"], "instances_by_workflow_status"),
+    ):
         db["instances"].create_index(columns, index_name=name)  # type: ignore[union-attr]
     db.execute("DROP INDEX IF EXISTS instances_by_status")
+    db.execute("DROP INDEX IF EXISTS instances_by_workflow")
 
 
 #: Migration to version N is MIGRATIONS[N - 1]; all run in the opening transaction.

@@ -126,10 +126,12 @@ def claim(
 
 
 #: What the queue gauges show of ``:queue``: its runnable instances, the ones holding a
-#: slot (judged at ``:now``), and when the oldest runnable one became runnable.
+#: slot (judged at ``:now``, counted as a claim counts them: ``RUNNING``, two index range
+#: reads, not a read of every instance the queue ever had), and when the oldest runnable
+#: one became runnable.
 STATS = f"""
 SELECT (SELECT count(*) FROM instances WHERE queue = :queue AND status = 'queued') AS queued,
-    (SELECT count(*) FROM instances WHERE queue = :queue AND {HOLDS_SLOT}) AS running,
+    ({RUNNING}) AS running,
     (SELECT min(queued_at) FROM instances WHERE queue = :queue AND status = 'queued')
     AS oldest
 """

@@ -151,11 +151,21 @@ def awaited_signals(read: ReadRows, workflow: str, instance_id: str) -> list[str
     return [row["key"] for row in rows]
 
 
+def _distinct(column: str) -> str:
+    """The distinct non-null values of ``column`` of instances, in order, as a walk that
+    jumps from each value to the next through an index on the column (one short read per
+    value), where ``SELECT DISTINCT`` reads every entry of the index or the table."""
+    return (
+        f"WITH RECURSIVE found(v) AS (SELECT min({column}) FROM instances "
+        f"WHERE {column} IS NOT NULL UNION ALL SELECT (SELECT min({column}) FROM instances "
+        f"WHERE {column} > found.v) FROM found WHERE found.v IS NOT NULL) "
+        f"SELECT v AS {column} FROM found WHERE v IS NOT NULL ORDER BY v"
+    )
+
+
 def workflows(read: ReadRows) -> list[str]:
     """The workflow names the store has instances of."""
-    rows = read(
-        "list the workflows", "SELECT DISTINCT workflow FROM instances ORDER BY workflow", {}
-    )
+    rows = read("list the workflows", _distinct("workflow"), {})
     return [row["workflow"] for row in rows]
 
 
@@ -183,7 +193,9 @@ def live_owners(read: ReadRows, now: float) -> list[OwnerRow]:
 
 def status_counts(read: ReadRows) -> list[tuple[str, str, int]]:
     """(workflow, status, instances) for every pair the store holds, by workflow and
-    status: one pass over the index on (workflow, status, created_at)."""
+    status: one pass over the index on (workflow, status, created_at, instance_id), or
+    over the table where PostgreSQL's planner prefers it (the one read here that grows
+    with the store)."""
     rows = read(
         "count the instances by workflow and status",
         "SELECT workflow, status, count(*) AS n FROM instances "
@@ -218,8 +230,9 @@ def instance_page(
     """One page of instances, newest first (of one workflow, in one status, whose id
     starts with ``id_prefix``, where given): ``limit`` rows after the first ``offset``.
 
-    Walks an index on ``created_at`` (alone, or after workflow, status or both)
-    backwards and stops after ``offset + limit`` rows: no scan of the rest.
+    Walks an index in the page's order, (``created_at``, workflow, id) alone or after
+    the workflow, the status or both, backwards, and stops after ``offset + limit``
+    entries: no sort, no scan of the rest (an id prefix is checked on the way).
     """
     where, params = _filter(workflow, status, id_prefix)
     rows = read(
@@ -257,10 +270,7 @@ def failed_instances(
 
 def queue_names(read: ReadRows) -> list[str]:
     """The queues the store has instances of, by name."""
-    rows = read(
-        "list the queues",
-        "SELECT DISTINCT queue FROM instances WHERE queue IS NOT NULL ORDER BY queue", {},
-    )
+    rows = read("list the queues", _distinct("queue"), {})
     return [row["queue"] for row in rows]
 
 
