@@ -107,6 +107,7 @@ class Dashboard:
             loader=jinja2.PackageLoader("memable.web", "templates"),
             autoescape=True, undefined=jinja2.StrictUndefined,
         )
+        self._templates.filters["when"] = pages.when
         self._routes = Map([
             Rule("/", endpoint="overview", methods=["GET"]),
             Rule("/instances", endpoint="instances", methods=["GET"]),
@@ -173,7 +174,10 @@ class Dashboard:
         except EngineError as exc:  # the store failed: say so, change nothing
             response = page.error(503, str(exc))
         if guard.CSRF_COOKIE not in request.cookies:
-            response.set_cookie(guard.CSRF_COOKIE, csrf, httponly=True, samesite="Strict",
+            # Lax, not Strict: a link from another site (a chat, a mail) then brings the
+            # cookie along, so its page does not replace it and break the forms open in
+            # other tabs; a POST from another site still comes without it.
+            response.set_cookie(guard.CSRF_COOKIE, csrf, httponly=True, samesite="Lax",
                                 path=request.script_root or "/")
         # Everything is the dashboard's own: no inline script, no other origin.
         response.headers.setdefault(
@@ -225,7 +229,8 @@ class _Page:
         args = {k: v for k, v in self.request.args.items() if k != "token"}
         response = self.redirect(self.request.base_url
                                  + ("?" + urlencode(args) if args else ""))
-        response.set_cookie(guard.TOKEN_COOKIE, token, httponly=True, samesite="Strict",
+        # Lax: a link to the dashboard from another site opens it, not the 401 page.
+        response.set_cookie(guard.TOKEN_COOKIE, token, httponly=True, samesite="Lax",
                             path=self.request.script_root or "/")
         return response
 

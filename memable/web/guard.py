@@ -4,7 +4,7 @@ A dashboard with a token answers every request 401 unless it carries the
 token: as ``Authorization: Bearer <token>``, or in the HttpOnly cookie a
 browser gets by opening any page once with ``?token=<token>``. Every action
 is a POST that carries the CSRF token of the browser's own HttpOnly,
-``SameSite=Strict`` cookie in a hidden form field (a page of another site can
+``SameSite=Lax`` cookie in a hidden form field (a page of another site can
 neither read it nor send the cookie with its POST). Tokens are compared in
 constant time, and never shown in a page, a message or a log.
 

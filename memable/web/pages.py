@@ -55,6 +55,26 @@ def overview(store: Store) -> dict[str, Any]:
     }
 
 
+def when(iso: str | None) -> str:
+    """A stored time as a page shows it: UTC, to the second (the page keeps the whole
+    ISO text in the element's ``datetime`` and ``title``).
+
+    >>> when("2026-12-06T00:34:24.734808+00:00"), when("2026-12-06T01:00:00+01:00")
+    ('2026-12-06 00:34:24 UTC', '2026-12-06 00:00:00 UTC')
+    >>> when(None), when("not a time")
+    ('-', 'not a time')
+    """
+    if iso is None:
+        return "-"
+    try:
+        moment = datetime.fromisoformat(iso)
+    except ValueError:
+        return iso
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(timezone.utc)
+    return moment.strftime("%Y-%m-%d %H:%M:%S") + " UTC"
+
+
 def _epoch(iso: str) -> float:
     return datetime.fromisoformat(iso).timestamp()
 
