@@ -423,49 +423,49 @@ def test_ui_refuses_to_serve_other_machines_without_a_token(tmp_path: Any) -> No
     assert "give a --token" in result.output
 
 
-def test_ui_serves_the_dashboard_until_interrupted(tmp_path: Any) -> None:
-    """memable ui's server, on a free port, answers over a real socket."""
-    import urllib.request
-
-    from memable.web.serve import serve
-
+def _file_with_one_instance(tmp_path: Any) -> Any:
+    """A store file holding one completed instance, plain/p-1; its path."""
     path = tmp_path / "app.db"
     engine = Engine.open(path)
     engine.register("plain", lambda ctx, x: x)
     with engine:
         engine.invoke("plain", 1, instance_id="p-1").result(TIMEOUT)
-    dashboard = app(path)
+    return path
+
+
+def test_ui_on_a_taken_port_says_so_with_exit_2(tmp_path: Any) -> None:
+    import socket
+
+    path = _file_with_one_instance(tmp_path)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(main, ["ui", str(path), "--port", str(port)])
+    assert result.exit_code == 2
+    assert f"cannot serve on 127.0.0.1:{port}" in result.output
+
+
+def test_ui_serves_the_dashboard_until_shut_down(tmp_path: Any) -> None:
+    """memable ui's server, on a free port, answers over a real socket and stops."""
+    import urllib.request
+
+    from memable.web.serve import bind, serve
+
+    dashboard = app(_file_with_one_instance(tmp_path))
+    server = bind(dashboard, "127.0.0.1", 0)
     told: list[str] = []
-    ready = threading.Event()
-
-    def announce(line: str) -> None:
-        told.append(line)
-        ready.set()
-
-    from werkzeug.serving import BaseWSGIServer
-
-    servers: list[BaseWSGIServer] = []
-    original = BaseWSGIServer.serve_forever
-
-    def serve_forever(self: BaseWSGIServer, poll_interval: float = 0.5) -> None:
-        servers.append(self)
-        original(self, poll_interval)
-
-    BaseWSGIServer.serve_forever = serve_forever  # type: ignore[method-assign]
-    thread = threading.Thread(target=serve, args=(dashboard, "127.0.0.1", 0),
-                              kwargs={"announce": announce}, name="test-ui", daemon=True)
+    thread = threading.Thread(target=serve, args=(server,),
+                              kwargs={"read_only": True, "announce": told.append},
+                              name="test-ui", daemon=True)
+    thread.start()
     try:
-        thread.start()
-        assert ready.wait(TIMEOUT)
-        url = re.search(r"http://\S+/", told[0])
-        assert url is not None
-        assert "read-only" in told[0]
-        with urllib.request.urlopen(url.group(0) + "instances", timeout=TIMEOUT) as answer:
+        url = f"http://127.0.0.1:{server.server_port}/"
+        with urllib.request.urlopen(url + "instances", timeout=TIMEOUT) as answer:
             assert "p-1" in answer.read().decode()
+        assert told == [f"memable ui: serving {url} (read-only); Ctrl-C stops it"]
     finally:
-        BaseWSGIServer.serve_forever = original  # type: ignore[method-assign]
-        for server in servers:
-            server.shutdown()
+        server.shutdown()
         thread.join(TIMEOUT)
         dashboard.close()
     assert not thread.is_alive()
@@ -574,12 +574,7 @@ def test_everything_stored_is_shown_as_text(running: Engine, field: str) -> None
 
 
 def test_app_opens_a_store_by_path_and_refuses_a_missing_one(tmp_path: Any) -> None:
-    path = tmp_path / "app.db"
-    engine = Engine.open(path)
-    engine.register("plain", lambda ctx, x: x)
-    with engine:
-        engine.invoke("plain", 1, instance_id="p-1").result(TIMEOUT)
-    dashboard = app(path)
+    dashboard = app(_file_with_one_instance(tmp_path))
     try:
         assert isinstance(dashboard, Dashboard)
         assert "p-1" in Client(dashboard).get("/instances").text

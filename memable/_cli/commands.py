@@ -458,7 +458,7 @@ def ui(db: str, host: str, port: int, allow_actions: bool, token: str | None,
     try:
         from ..web import app
         from ..web.guard import is_loopback
-        from ..web.serve import serve
+        from ..web.serve import bind, serve
     except ImportError as exc:
         _fail(str(exc))
     if not token and not is_loopback(host):
@@ -469,6 +469,10 @@ def ui(db: str, host: str, port: int, allow_actions: bool, token: str | None,
     except EngineError as err:
         _fail(str(err))
     try:
-        serve(dashboard, host, port, announce=click.echo)
+        try:
+            server = bind(dashboard, host, port)
+        except OSError as exc:  # the port is taken, or the address is not this machine's
+            _fail(f"cannot serve on {host}:{port} ({exc})")
+        serve(server, read_only=not allow_actions, announce=click.echo)
     finally:
         dashboard.close()

@@ -9,19 +9,28 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from werkzeug.serving import make_server
+from werkzeug.serving import BaseWSGIServer, make_server
 
 from .app import Dashboard
 
 
+def bind(dashboard: Dashboard, host: str, port: int) -> BaseWSGIServer:
+    """A threaded server of ``dashboard`` bound to ``host:port`` (port 0: any free one),
+    not serving yet; OSError if it cannot bind there."""
+    try:
+        return make_server(host, port, dashboard, threaded=True)
+    except SystemExit:  # Werkzeug's way of saying the address is in use
+        raise OSError("the address is in use") from None
+
+
 def serve(
-    dashboard: Dashboard, host: str, port: int, *, announce: Callable[[str], None] = print
+    server: BaseWSGIServer, *, read_only: bool, announce: Callable[[str], None] = print
 ) -> None:
-    """Serve ``dashboard`` on ``host:port`` (port 0: any free one) until KeyboardInterrupt
-    (or SIGINT); ``announce`` is told the address first."""
-    server = make_server(host, port, dashboard, threaded=True)
+    """Serve until ``server.shutdown()`` or KeyboardInterrupt (SIGINT), then close the
+    socket; ``announce`` is told the address first."""
+    host = server.host
     shown = f"[{host}]" if ":" in host else host
-    mode = "actions allowed" if dashboard.allow_actions else "read-only"
+    mode = "read-only" if read_only else "actions allowed"
     announce(f"memable ui: serving http://{shown}:{server.server_port}/ ({mode}); "
              "Ctrl-C stops it")
     try:
