@@ -15,6 +15,7 @@ import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from datetime import datetime, timedelta, timezone
 from typing import Any, NoReturn, TypeVar
 
 import click
@@ -30,7 +31,14 @@ from .._inspect import (
     raise_unknown,
     show_instance,
 )
-from .._store.admin import cancel_instance, purge_finished, resume_instance, store_signal
+from .._store.admin import (
+    cancel_instance,
+    fork_instance,
+    purge_finished,
+    resume_failed,
+    resume_instance,
+    store_signal,
+)
 from .._store.protocol import Store
 from .demo import run_demo
 from .worker import load_engine, run_worker
@@ -373,11 +381,32 @@ def cancel(db: str, workflow: str, instance_id: str, schema: str | None) -> None
 @main.command()
 @click.argument("db")
 @click.argument("workflow")
-@click.argument("instance_id", metavar="ID")
+@click.argument("instance_id", metavar="[ID]", required=False)
+@click.option("--failed", is_flag=True,
+              help="Resume the failed instances of WORKFLOW instead of one (oldest first).")
+@click.option("--since", metavar="T",
+              help="With --failed: those that failed since T, an ISO time with its offset "
+              "or an age like 12h or 7d.")
+@click.option("--limit", type=click.IntRange(min=1), default=1000, show_default=True,
+              help="With --failed: at most this many.")
+@click.option("--yes", is_flag=True, help="With --failed: do not ask to confirm the count.")
 @_SCHEMA
-def resume(db: str, workflow: str, instance_id: str, schema: str | None) -> None:
+def resume(
+    db: str, workflow: str, instance_id: str | None, failed: bool, since: str | None,
+    limit: int, yes: bool, schema: str | None,
+) -> None:
     """Run a failed, suspended or completed instance again, as engine.resume does: stored
-    steps return their results, the rest execute (in an engine that runs WORKFLOW)."""
+    steps return their results, the rest execute (in an engine that runs WORKFLOW).
+    With --failed, every failed instance of WORKFLOW (after a confirmation of the
+    count, unless --yes)."""
+    if failed:
+        if instance_id is not None:
+            _fail("give an ID or --failed, not both")
+        _resume_failed(db, schema, workflow, _since(since), limit, yes)
+        return
+    if instance_id is None or since is not None or yes:
+        _fail("give the ID of the instance to resume, or --failed (--since and --yes are "
+              "for --failed)")
     was = _act_on(db, schema, workflow, instance_id,
                   lambda store: resume_instance(store, workflow, instance_id))
     if was == "running":
@@ -387,6 +416,74 @@ def resume(db: str, workflow: str, instance_id: str, schema: str | None) -> None
     else:
         click.echo(f"resume of {workflow}/{instance_id} ({was}) stored: an engine that runs "
                    f"{workflow!r} takes it within its poll interval")
+
+
+def _since(text: str | None) -> str | None:
+    """--since as stored ISO text (UTC): an aware ISO time, or an age like 12h back from
+    now; exit 2 for anything else."""
+    if text is None:
+        return None
+    try:
+        return (datetime.now(timezone.utc) - timedelta(seconds=_duration(text))).isoformat()
+    except click.BadParameter:
+        pass
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        moment = None
+    if moment is None or moment.tzinfo is None:
+        _fail(f"--since: {text!r} is neither an ISO time with its offset "
+              "(2026-12-01T00:00:00+00:00) nor an age like 12h or 7d")
+    return moment.astimezone(timezone.utc).isoformat()
+
+
+def _resume_failed(
+    db: str, schema: str | None, workflow: str, since: str | None, limit: int, yes: bool
+) -> None:
+    """Count the failed instances, confirm (unless ``yes``), resume exactly those: the
+    ones that had failed when they were counted."""
+    with _store(db, schema) as store:
+        if workflow not in store.workflows():
+            raise_unknown(store, workflow, "")
+        until = datetime.now(timezone.utc).isoformat()
+        found = store.failed_instances(workflow, since=since, until=until, limit=limit)
+        if not found:
+            click.echo(f"no failed instance of {workflow!r}" + (
+                f" since {since}" if since else "") + ": nothing to resume")
+            return
+        what = (f"{len(found)} failed instance{'' if len(found) == 1 else 's'} of "
+                f"{workflow!r}" + (f" (failed since {since})" if since else ""))
+        if not yes and not click.confirm(f"resume {what}?", err=True):
+            click.echo("nothing resumed", err=True)
+            sys.exit(1)
+        resumed = resume_failed(store, workflow, since=since, until=until, limit=limit)
+    click.echo(f"resumed {len(resumed)} of {what}: an engine that runs {workflow!r} "
+               "takes them within its poll interval")
+
+
+@main.command()
+@click.argument("db")
+@click.argument("workflow")
+@click.argument("instance_id", metavar="ID")
+@click.option("--from", "from_key", metavar="KEY",
+              help="Re-run from this step (default: after every completed step).")
+@click.option("--id", "new_id", metavar="NEW_ID",
+              help="The new instance's id (default: ID.fork-<8 hex digits>).")
+@_SCHEMA
+def fork(
+    db: str, workflow: str, instance_id: str, from_key: str | None, new_id: str | None,
+    schema: str | None,
+) -> None:
+    """Start a new instance of WORKFLOW with the input of ID and its completed steps before
+    KEY copied: it re-runs KEY and what follows (in an engine that runs WORKFLOW)."""
+    made_id, made = _act_on(db, schema, workflow, instance_id,
+                            lambda store: fork_instance(store, workflow, instance_id,
+                                                        from_key, new_id))
+    if not made:
+        _fail(f"{workflow}/{made_id} exists: nothing was forked")
+    click.echo(f"forked {workflow}/{instance_id} as {made_id}" + (
+        f" from {from_key}" if from_key else "") + f": an engine that runs {workflow!r} "
+        "runs it within its poll interval")
 
 
 @main.command()

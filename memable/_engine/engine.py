@@ -25,6 +25,7 @@ from .._run.workflow import Workflow
 from .._schedules.cron import tick_id
 from .._schedules.scheduler import Scheduler
 from .._schedules.spec import CatchUp, Overlap, ScheduleSpec
+from .._store import admin
 from .._store.admin import cancel_instance, purge_finished, store_signal
 from .._store.protocol import Store, Synchronous
 from .._store.rows import InstanceRow, metadata_of
@@ -471,6 +472,88 @@ class Engine:
             self._continue_trace(name, instance_id, row.traceparent)
         watch = self._runner.start_run(workflow, instance_id, None, claim="resume")
         return Invocation(self, watch)
+
+    def fork(
+        self, name: str, instance_id: str, *, from_key: str | None = None,
+        new_instance_id: str | None = None,
+    ) -> Invocation:
+        """Start a new instance of workflow ``name`` with the input of ``instance_id``, whose
+        completed steps reached before ``from_key`` are copied as results: the new run
+        executes ``from_key`` and what follows (``from_key`` None: every completed step
+        is copied, and the run executes what none of them covers).
+
+        The source instance is only read. ``new_instance_id`` defaults to
+        ``"{instance_id}.fork-{8 hex digits}"``; one that exists raises
+        ``ValueError`` and forks nothing. A key the source never reached raises
+        ``ValueError`` naming the keys it has; an unknown source
+        ``InstanceNotFound``. The new instance runs here, or through the
+        source's queue if it has one.
+
+        >>> from memable import Engine
+        >>> charged = []
+        >>> def order(ctx, amount: int) -> str:
+        ...     ctx.step("charge:v1").run(lambda: charged.append(amount))
+        ...     return ctx.step("ship:v1").run(lambda: f"shipped {amount}")
+        >>> engine = Engine.in_memory()
+        >>> engine.register("order", order)
+        >>> with engine:
+        ...     _ = engine.invoke("order", 5, instance_id="o-1").result()
+        ...     again = engine.fork("order", "o-1", from_key="ship:v1",
+        ...                         new_instance_id="o-1-reship")
+        ...     print(again.instance_id, again.result(), charged)
+        o-1-reship shipped 5 [5]
+        """
+        workflow = self._runner.workflow(name)
+        self._runner.require_accepting(name)
+        self._runner.check_fork()
+        with self._runner.taking():  # made, then registered: the poll waits for both
+            new_id, made = admin.fork_instance(self._store, name, instance_id, from_key,
+                                               new_instance_id)
+            if not made:
+                raise ValueError(
+                    f"new_instance_id {new_id!r} is taken: workflow {name!r} has an instance "
+                    "with that id (nothing was forked)")
+            log.info("forked %s from %r", new_id, from_key, extra=where(name, instance_id))
+            self._continue_trace(name, new_id, None)
+            watch = self._runner.start_run(workflow, new_id, None, claim="resume")
+        return Invocation(self, watch)
+
+    def resume_failed(
+        self, name: str | None = None, *, since: datetime | None = None, limit: int = 1000
+    ) -> int:
+        """Resume the failed instances of workflow ``name`` (None: of every workflow) that
+        failed at or after ``since`` (an aware datetime; None: any time), oldest failure
+        first, at most ``limit`` of them, each as ``memable resume`` does (an engine that
+        runs its workflow takes it, this one first); return how many.
+
+        >>> from memable import Engine
+        >>> tries = {}
+        >>> def flaky(ctx, n: int) -> int:
+        ...     tries[n] = tries.get(n, 0) + 1
+        ...     return ctx.step("call:v1").run(lambda: n if tries[n] > 1 else 1 // 0)
+        >>> engine = Engine.in_memory()
+        >>> engine.register("flaky", flaky)
+        >>> with engine:
+        ...     for n in (1, 2):
+        ...         _ = engine.invoke("flaky", n, instance_id=f"f-{n}").wait()
+        ...     print(engine.resume_failed("flaky"))
+        ...     print(engine.invocation("flaky", "f-2").result(10))
+        2
+        2
+        """
+        self._runner.check_fork()
+        if name is not None:
+            self._runner.workflow(name)  # WorkflowNotFound for a name not registered
+        if type(limit) is not int or limit < 1:
+            raise ValueError(f"limit must be a whole number from 1, not {limit!r}")
+        if since is not None and (not isinstance(since, datetime) or since.tzinfo is None):
+            raise ValueError(f"since must be an aware datetime, not {since!r}")
+        at = None if since is None else since.astimezone(dt_timezone.utc).isoformat()
+        resumed = admin.resume_failed(self._store, name, since=at, limit=limit)
+        for workflow, instance_id in resumed:
+            log.info("resumed (failed)", extra=where(workflow, instance_id))
+        self._runner.kick()  # this engine's look takes those it runs, now
+        return len(resumed)
 
     def signal(self, name: str, instance_id: str, key: str, payload: Any) -> Invocation:
         """Store ``payload`` as the value of the suspend point ``key`` and run the instance.

@@ -1,0 +1,244 @@
+"""Operations (issue 26, points 1 and 2): forking an instance from a step, and resuming
+the failed ones in bulk, through the engine and the command line, on every store."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from helpers import cli
+
+from memable import Context, Engine, InstanceNotFound, WorkflowFailed, WorkflowNotFound
+from memable._cli.commands import main
+
+TIMEOUT = 10
+#: The steps each instance executed (not replayed), by instance id; cleared per test.
+EXECUTED: dict[str, list[str]] = {}
+#: The instances whose "flaky" step fails (until a test lets it work).
+BROKEN: set[str] = set()
+
+
+def pipeline(ctx: Context, n: int) -> int:
+    ran = EXECUTED.setdefault(ctx.instance_id, [])
+
+    def step(key: str, value: int) -> int:
+        ran.append(key)
+        if key == "load:v1" and ctx.instance_id in BROKEN:
+            raise ConnectionError("warehouse down")
+        return value
+
+    a = ctx.step("extract:v1").run(lambda: step("extract:v1", n))
+    b = ctx.step("transform:v1").run(lambda: step("transform:v1", a * 10))
+    return ctx.step("load:v1").run(lambda: step("load:v1", b + 1))
+
+
+@pytest.fixture
+def engine(make_engine: Callable[..., Engine]) -> Iterator[Engine]:
+    EXECUTED.clear()
+    BROKEN.clear()
+    engine = make_engine(poll_interval=0.05)
+    engine.register("pipeline", pipeline)
+    engine.queue("batch", concurrency=1)
+    engine.register("queued", pipeline, queue="batch")
+    with engine:
+        yield engine
+
+
+# ---------------------------------------------------------------------- fork
+
+
+def test_fork_reruns_from_the_key_and_leaves_the_source(engine: Engine) -> None:
+    engine.invoke("pipeline", 1, instance_id="p").result(TIMEOUT)
+    before = engine.steps("pipeline", "p")
+    fork = engine.fork("pipeline", "p", from_key="transform:v1", new_instance_id="p2")
+    assert fork.instance_id == "p2"
+    assert fork.result(TIMEOUT) == 11
+    assert EXECUTED["p2"] == ["transform:v1", "load:v1"]
+    assert engine.steps("pipeline", "p") == before
+    assert [s.key for s in engine.steps("pipeline", "p2")] == [
+        "extract:v1", "transform:v1", "load:v1"]
+
+
+def test_fork_after_a_fix_finishes_what_failed(engine: Engine) -> None:
+    BROKEN.add("p")
+    with pytest.raises(WorkflowFailed):
+        engine.invoke("pipeline", 2, instance_id="p").result(TIMEOUT)
+    fork = engine.fork("pipeline", "p")  # every completed step copied
+    assert fork.instance_id.startswith("p.fork-")
+    assert fork.result(TIMEOUT) == 21
+    assert EXECUTED[fork.instance_id] == ["load:v1"]
+    meta = engine.get_metadata("pipeline", "p")
+    assert meta is not None
+    assert meta.status.name == "failed"  # the source is untouched
+
+
+def test_fork_of_a_queued_workflow_goes_through_its_queue(engine: Engine) -> None:
+    engine.invoke("queued", 3, instance_id="q").result(TIMEOUT)
+    fork = engine.fork("queued", "q", from_key="load:v1")
+    assert fork.result(TIMEOUT) == 31
+    assert EXECUTED[fork.instance_id] == ["load:v1"]
+
+
+def test_fork_refuses_a_key_it_never_reached_a_taken_id_and_an_unknown_source(
+    engine: Engine,
+) -> None:
+    engine.invoke("pipeline", 1, instance_id="p").result(TIMEOUT)
+    with pytest.raises(ValueError, match=r"its keys: 'extract:v1', 'transform:v1', "
+                       r"'load:v1'.*step 'ship:v1'"):
+        engine.fork("pipeline", "p", from_key="ship:v1")
+    with pytest.raises(ValueError, match=r"'p' is taken.*nothing was forked"):
+        engine.fork("pipeline", "p", new_instance_id="p")
+    with pytest.raises(InstanceNotFound):
+        engine.fork("pipeline", "nope")
+    with pytest.raises(WorkflowNotFound):
+        engine.fork("nope", "p")
+    assert [i for i, _ in engine.list_instances("pipeline")] == ["p"]
+
+
+# ---------------------------------------------------------------------- resume_failed
+
+
+def _failed(engine: Engine, *ids: str) -> None:
+    for instance_id in ids:
+        BROKEN.add(instance_id)
+        with pytest.raises(WorkflowFailed):
+            engine.invoke("pipeline", 1, instance_id=instance_id).result(TIMEOUT)
+
+
+def test_resume_failed_resumes_oldest_first_up_to_the_limit(engine: Engine) -> None:
+    _failed(engine, "f-1", "f-2", "f-3")
+    BROKEN.clear()  # the fix is deployed
+    assert engine.resume_failed("pipeline", limit=2) == 2
+    assert engine.invocation("pipeline", "f-1").result(TIMEOUT) == 11
+    assert engine.invocation("pipeline", "f-2").result(TIMEOUT) == 11
+    meta = engine.get_metadata("pipeline", "f-3")
+    assert meta is not None
+    assert meta.status.name == "failed"
+    assert engine.resume_failed() == 1  # every workflow
+    assert engine.invocation("pipeline", "f-3").result(TIMEOUT) == 11
+    assert engine.resume_failed("pipeline") == 0
+
+
+def test_resume_failed_since_takes_only_the_later_failures(engine: Engine) -> None:
+    _failed(engine, "old")
+    meta = engine.get_metadata("pipeline", "old")
+    assert meta is not None
+    assert meta.completed_at is not None
+    later = meta.completed_at + timedelta(microseconds=1)
+    _failed(engine, "new")
+    BROKEN.clear()
+    assert engine.resume_failed("pipeline", since=later) == 1
+    assert engine.invocation("pipeline", "new").result(TIMEOUT) == 11
+    old = engine.get_metadata("pipeline", "old")
+    assert old is not None
+    assert old.status.name == "failed"
+
+
+@pytest.mark.parametrize(("kwargs", "error"), [
+    ({"limit": 0}, ValueError), ({"limit": 1.5}, ValueError),
+    ({"since": datetime(2026, 1, 1)}, ValueError),  # naive
+    ({"since": "2026-01-01"}, ValueError),
+])
+def test_resume_failed_refuses_bad_arguments(
+    engine: Engine, kwargs: dict[str, object], error: type[Exception]
+) -> None:
+    with pytest.raises(error):
+        engine.resume_failed("pipeline", **kwargs)  # type: ignore[arg-type]
+    with pytest.raises(WorkflowNotFound):
+        engine.resume_failed("nope")
+
+
+# ---------------------------------------------------------------------- the command line
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Path]:
+    """A file with a completed pipeline p and two failed ones, f-1 and f-2 (no engine
+    running: what the commands write waits for one)."""
+    EXECUTED.clear()
+    BROKEN.clear()
+    path = tmp_path / "app.db"
+    engine = Engine.open(path)
+    engine.register("pipeline", pipeline)
+    with engine:
+        engine.invoke("pipeline", 1, instance_id="p").result(TIMEOUT)
+        _failed(engine, "f-1", "f-2")
+    BROKEN.clear()
+    return path
+
+
+def _run(path: Path, *ids: str) -> dict[str, int]:
+    """Start an engine on ``path`` and wait for ``ids`` to end; their results."""
+    engine = Engine.open(path, poll_interval=0.05)
+    engine.register("pipeline", pipeline)
+    with engine:
+        return {i: engine.invocation("pipeline", i).result(TIMEOUT) for i in ids}
+
+
+def test_memable_fork_stores_a_fork_an_engine_runs(store: Path) -> None:
+    result = cli("fork", store, "pipeline", "p", "--from", "load:v1", "--id", "p2")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("forked pipeline/p as p2 from load:v1")
+    assert _run(store, "p2") == {"p2": 11}
+    assert EXECUTED["p2"] == ["load:v1"]
+    again = cli("fork", store, "pipeline", "p", "--id", "p2")
+    assert again.exit_code == 2
+    assert "pipeline/p2 exists: nothing was forked" in again.stderr
+
+
+def test_memable_fork_of_a_key_it_never_reached_exits_2_naming_its_keys(
+    store: Path,
+) -> None:
+    result = cli("fork", store, "pipeline", "p", "--from", "ship")
+    assert result.exit_code == 2
+    assert "its keys: 'extract:v1', 'transform:v1', 'load:v1'" in result.stderr
+    assert cli("fork", store, "pipeline", "nope").exit_code == 2
+
+
+def test_memable_resume_failed_asks_with_the_count_and_resumes_those(store: Path) -> None:
+    declined = CliRunner().invoke(main, ["resume", str(store), "pipeline", "--failed"],
+                                  input="n\n")
+    assert declined.exit_code == 1
+    assert "resume 2 failed instances of 'pipeline'?" in declined.output
+    assert "nothing resumed" in declined.output
+    confirmed = CliRunner().invoke(main, ["resume", str(store), "pipeline", "--failed"],
+                                   input="y\n")
+    assert confirmed.exit_code == 0, confirmed.output
+    assert "resumed 2 of 2 failed instances of 'pipeline'" in confirmed.output
+    assert _run(store, "f-1", "f-2") == {"f-1": 11, "f-2": 11}
+
+
+def test_memable_resume_failed_yes_since_and_limit(store: Path) -> None:
+    result = cli("resume", store, "pipeline", "--failed", "--yes", "--since", "1h",
+                 "--limit", "1")
+    assert result.exit_code == 0, result.output
+    assert "resumed 1 of 1 failed instance of 'pipeline'" in result.stdout
+    future = (datetime.now(timezone.utc) + timedelta(hours=1)).isoformat()
+    nothing = cli("resume", store, "pipeline", "--failed", "--yes", "--since", future)
+    assert "nothing to resume" in nothing.stdout
+
+
+@pytest.mark.parametrize("args", [
+    ["--failed", "--since", "yesterday"],
+    ["--failed", "--since", "2026-12-01T00:00:00"],  # no offset
+    ["f-1", "--failed"],
+    ["--yes"],
+])
+def test_memable_resume_refuses_what_it_cannot_read_with_exit_2(
+    store: Path, args: list[str]
+) -> None:
+    result = cli("resume", store, "pipeline", *args)
+    assert result.exit_code == 2
+    assert result.stderr.startswith("memable: error: ")
+    assert _statuses(store) == {"p": "completed", "f-1": "failed", "f-2": "failed"}
+
+
+def _statuses(path: Path) -> dict[str, str]:
+    engine = Engine.open(path)
+    try:
+        return {i: m.status.name for i, m in engine.list_instances("pipeline")}
+    finally:
+        engine.close()
