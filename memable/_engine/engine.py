@@ -29,6 +29,8 @@ from .._store import admin
 from .._store.admin import cancel_instance, purge_finished, store_signal
 from .._store.protocol import Store, Synchronous
 from .._store.rows import InstanceRow, metadata_of
+from .._store.sql.instances import START_KEY
+from .._validate import check_deadline, seconds_of
 from .builder import EngineBuilder
 from .stored import decode_output, stored_row
 
@@ -393,6 +395,7 @@ class Engine:
         instance_id: str | None = None,
         queue: str | None = None,
         priority: int = 0,
+        start_at: datetime | float | timedelta | None = None,
     ) -> Invocation:
         """Create an instance of workflow ``name`` with ``input`` and start running it.
 
@@ -410,6 +413,13 @@ class Engine:
         when a slot is free, lower ``priority`` first, then in the order
         instances became runnable. Without a queue it runs in this engine.
 
+        With ``start_at`` (an aware datetime, or a duration from now: float
+        seconds or a timedelta), the instance is stored at once, shows
+        ``Suspended("starts at <UTC time>")`` and holds no thread; a durable
+        timer (the engine's step ``_start``) starts it when due, in whichever
+        engine on the store fires it first (onto its queue, if it has one),
+        across restarts.
+
         >>> from memable import Engine
         >>> runs = []
         >>> engine = Engine.in_memory()
@@ -423,15 +433,23 @@ class Engine:
         """
         workflow = self._runner.workflow(name)
         self._runner.require_accepting(name)
+        starts = None if start_at is None else _start_deadline(start_at, self._runner.clock.wall())
         row, value = new_instance(workflow, input, instance_id, queue, priority,
                                   self._runner.queues)
         instance_id = row.instance_id
+        if starts is not None:  # nobody's, waiting on its start timer
+            when = datetime.fromtimestamp(starts, dt_timezone.utc).isoformat()
+            row = attrs.evolve(row, status="suspended", message=f"starts at {when}",
+                               waiting_for=START_KEY, queued_at=None)
         with self._runner.taking():  # made ours, then registered: the poll waits for both
             with self._telemetry.producing(name, instance_id=instance_id) as traceparent:
                 row = attrs.evolve(row, traceparent=traceparent)
-                if not self._store.create_instance(row):
+                if not self._store.create_instance(row, starts):
                     return self.invocation(name, instance_id)
             log.debug("invoked", extra=where(name, instance_id))
+            if starts is not None:  # the timer thread looks at its deadlines again
+                self._runner.armed()
+                return Invocation(self, self._runner.watch(name, instance_id))
             if row.queue is not None:  # an engine that consumes the queue runs it
                 self._runner.kick()
                 return Invocation(self, self._runner.watch(name, instance_id))
@@ -794,3 +812,25 @@ def _check_tick_input(
             f"{spec.workflow!r} (annotated {workflow.input_hint!r}); give input= a value "
             "of that type"
         ) from None
+
+
+def _start_deadline(start_at: object, now: float) -> float:
+    """``invoke``'s ``start_at`` as epoch seconds: an aware datetime, or a duration from
+    ``now``; ValueError/TypeError naming it for anything else.
+
+    >>> from datetime import datetime, timezone
+    >>> _start_deadline(90, 1000.0), _start_deadline(timedelta(minutes=1), 0.0)
+    (1090.0, 60.0)
+    >>> _start_deadline(datetime(2026, 1, 1, tzinfo=timezone.utc), 0.0)
+    1767225600.0
+    >>> _start_deadline(datetime(2026, 1, 1), 0.0)
+    Traceback (most recent call last):
+    ...
+    ValueError: start_at must be an aware datetime (or a duration), not datetime.datetime(2026, 1, 1, 0, 0)
+    """
+    if isinstance(start_at, datetime):
+        if start_at.tzinfo is None:
+            raise ValueError(
+                f"start_at must be an aware datetime (or a duration), not {start_at!r}")
+        return check_deadline(start_at.timestamp(), "start_at", start_at)
+    return check_deadline(now + seconds_of(start_at, "start_at"), "start_at", start_at)

@@ -119,13 +119,19 @@ class PostgresStore(OperatorReads):
 
     # ------------------------------------------------------------------ runs
 
-    def create_instance(self, row: InstanceRow) -> bool:
-        queued = row.status != "running"  # it waits for a slot: nobody's yet
+    def create_instance(self, row: InstanceRow, start_at: float | None = None) -> bool:
+        queued = row.status != "running"  # it waits for a slot, or its start: nobody's yet
         values = attrs.astuple(attrs.evolve(row, owner=None if queued else self.owner))
 
         def insert(conn: psycopg.Connection[Any]) -> bool:
             created = conn.execute(sql.INSERT_INSTANCE, values).rowcount == 1
-            if created and queued:
+            if created and start_at is not None:  # a delayed start: its timer, then "armed"
+                params = {"workflow": row.workflow, "instance_id": row.instance_id,
+                          "deadline": start_at}
+                conn.execute(pg(shared.INSERT_START_STEP), params)
+                conn.execute(pg(shared.INSERT_START_TIMER), params)
+                self._notify(conn, payload("timer", self.owner, row.workflow, row.instance_id))
+            elif created and queued:
                 self._notify(conn, payload("queued", self.owner, row.workflow, row.instance_id))
             return created
 
@@ -137,7 +143,7 @@ class PostgresStore(OperatorReads):
             return stored.created_at == row.created_at and stored.input == row.input
 
         return self._run("create the instance", insert, row.workflow, row.instance_id,
-                         transaction=False, read_back=read_back)
+                         transaction=start_at is not None, read_back=read_back)
 
     def begin_run(
         self, workflow: str, instance_id: str, *, now: str, claim: Claim

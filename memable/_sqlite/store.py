@@ -144,7 +144,7 @@ class SQLiteStore(OperatorReads):
 
     # ------------------------------------------------------------------ runs
 
-    def create_instance(self, row: InstanceRow) -> bool:
+    def create_instance(self, row: InstanceRow, start_at: float | None = None) -> bool:
         owner = self.owner if row.status == "running" else None  # a queued one: nobody's yet
         values = (*attrs.astuple(attrs.evolve(row, owner=owner)),)
 
@@ -152,11 +152,16 @@ class SQLiteStore(OperatorReads):
             created = conn.execute(sql.INSERT_INSTANCE, values).rowcount == 1
             if created and row.status == "running" and self._checks is not None:
                 self._checks.claimed(row.workflow, row.instance_id)
+            if created and start_at is not None:
+                params = {"workflow": row.workflow, "instance_id": row.instance_id,
+                          "deadline": start_at}
+                conn.execute(shared.INSERT_START_STEP, params)
+                conn.execute(shared.INSERT_START_TIMER, params)
             return created
 
         where = (row.workflow, row.instance_id, None)
         return self._grouped(
-            "create the instance", *where, insert, single=True, changes="none"
+            "create the instance", *where, insert, single=start_at is None, changes="none"
         )
 
     def begin_run(

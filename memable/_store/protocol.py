@@ -58,8 +58,14 @@ class Store(Protocol):
     #: This engine's id as an owner of instances (its row in ``owners``).
     owner: str
 
-    def create_instance(self, row: InstanceRow) -> bool:
-        """Insert ``row``, owned by this store's engine; False (nothing written) if it exists."""
+    def create_instance(self, row: InstanceRow, start_at: float | None = None) -> bool:
+        """Insert ``row``, owned by this store's engine; False (nothing written) if it exists.
+
+        With ``start_at`` (epoch seconds), a delayed start, atomically with the row:
+        the instance (stored suspended, nobody's, waiting on the key
+        ``sql.instances.START_KEY``) gets that key as a waiting timer step and its
+        timer, due then; its firing makes the instance ready, as any timer does.
+        """
 
     def begin_run(
         self, workflow: str, instance_id: str, *, now: str, claim: Claim

@@ -186,3 +186,17 @@ UPDATE instances SET status = 'suspended', message = 'resumed from the command l
 WHERE workflow = :workflow AND instance_id = :instance_id
 AND status IN ('failed', 'suspended', 'completed')
 """
+
+#: The key of a delayed start (``invoke(start_at=)``): an engine's timer step, waited on
+#: by the new instance until its timer fires (its seq -1: before every step of the run).
+START_KEY = "_start"
+#: A delayed start's timer step and its timer, written with the instance.
+INSERT_START_STEP = (
+    "INSERT INTO steps (workflow, instance_id, key, seq, kind, state, attempts) "
+    "VALUES (:workflow, :instance_id, '_start', -1, 'timer', 'waiting', 0)"
+)
+INSERT_START_TIMER = (
+    "INSERT INTO timers (workflow, instance_id, key, deadline) "
+    "VALUES (:workflow, :instance_id, '_start', :deadline)"
+)
+

@@ -1,0 +1,130 @@
+"""Operations (issue 26, point 7): a delayed start, ``invoke(..., start_at=)``: stored at
+once, Suspended("starts at ...") holding no thread, started when its durable timer is
+due (onto its queue if it has one), by whichever engine fires it, across restarts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+from freezegun import freeze_time
+
+from memable import Context, Engine, InstanceFinished, MetadataStatus
+from memable.testing import advance
+
+TIMEOUT = 10
+#: The instances that ran (a delayed one must not run before its time).
+RAN: list[str] = []
+
+
+def job(ctx: Context, n: int) -> int:
+    RAN.append(ctx.instance_id)
+    return ctx.step("double:v1").run(lambda: n * 2)
+
+
+@pytest.fixture
+def engine(make_engine: Callable[..., Engine]) -> Iterator[Engine]:
+    RAN.clear()
+    engine = make_engine(poll_interval=0.05)
+    engine.register("job", job)
+    engine.queue("later", concurrency=1)
+    engine.register("queued_job", job, queue="later")
+    with engine:
+        yield engine
+
+
+def _status(engine: Engine, workflow: str, instance_id: str) -> MetadataStatus:
+    meta = engine.get_metadata(workflow, instance_id)
+    assert meta is not None
+    return meta.status
+
+
+def test_a_delayed_instance_waits_holding_no_thread_and_starts_when_due(
+    engine: Engine,
+) -> None:
+    with freeze_time("2026-12-05 10:00:00") as clock:
+        inv = engine.invoke("job", 21, instance_id="j", start_at=timedelta(hours=1))
+        status = _status(engine, "job", "j")
+        assert isinstance(status, MetadataStatus.Suspended)
+        assert status.message is not None
+        assert status.message.startswith("starts at 2026-12-05T11:00:00")
+        assert str(inv.wait(TIMEOUT)).startswith("suspended: starts at 2026-12-05T11:00")
+        assert RAN == []
+        assert engine._runner.in_flight() == []  # no run, no thread held
+        assert advance(engine, clock, timedelta(minutes=59)) == 0
+        assert advance(engine, clock, timedelta(minutes=1)) == 1
+        assert inv.result(TIMEOUT) == 42
+    assert RAN == ["j"]
+
+
+def test_an_aware_datetime_is_a_start_time(engine: Engine) -> None:
+    at = datetime(2026, 12, 5, 12, 30, tzinfo=timezone(timedelta(hours=2)))
+    with freeze_time("2026-12-05 10:00:00") as clock:
+        inv = engine.invoke("job", 1, instance_id="j", start_at=at)
+        status = _status(engine, "job", "j")
+        assert status.message == "starts at 2026-12-05T10:30:00+00:00"
+        advance(engine, clock, timedelta(minutes=30))
+        assert inv.result(TIMEOUT) == 2
+
+
+def test_a_delayed_instance_of_a_queue_goes_onto_it_when_due(engine: Engine) -> None:
+    with freeze_time("2026-12-05 10:00:00") as clock:
+        inv = engine.invoke("queued_job", 5, instance_id="q", start_at=60)
+        assert isinstance(_status(engine, "queued_job", "q"), MetadataStatus.Suspended)
+        advance(engine, clock, 60)
+        assert inv.result(TIMEOUT) == 10
+
+
+def test_invoking_the_same_id_again_changes_nothing(engine: Engine) -> None:
+    with freeze_time("2026-12-05 10:00:00") as clock:
+        engine.invoke("job", 1, instance_id="j", start_at=60)
+        again = engine.invoke("job", 2, instance_id="j", start_at=10)
+        assert _status(engine, "job", "j").message == "starts at 2026-12-05T10:01:00+00:00"
+        assert advance(engine, clock, 10) == 0
+        assert advance(engine, clock, 50) == 1
+        assert again.result(TIMEOUT) == 2 * 1  # the stored input stands
+
+
+def test_a_cancelled_delayed_instance_never_starts(engine: Engine) -> None:
+    with freeze_time("2026-12-05 10:00:00") as clock:
+        engine.invoke("job", 1, instance_id="j", start_at=60)
+        engine.cancel("job", "j")
+        assert advance(engine, clock, 120) == 0
+    assert isinstance(_status(engine, "job", "j"), MetadataStatus.Cancelled)
+    assert RAN == []
+    with pytest.raises(InstanceFinished):
+        engine.signal("job", "j", "anything", 1)
+
+
+@pytest.mark.parametrize(("start_at", "error", "says"), [
+    (datetime(2026, 12, 5, 12, 0), ValueError, "aware datetime"),
+    (-1, ValueError, "start_at"),
+    (float("nan"), ValueError, "start_at"),
+    ("in an hour", TypeError, "start_at"),
+    (timedelta(days=3_000_000), ValueError, "past the year 9999"),
+])
+def test_a_bad_start_at_is_refused_storing_nothing(
+    engine: Engine, start_at: Any, error: type[Exception], says: str
+) -> None:
+    with pytest.raises(error, match=says):
+        engine.invoke("job", 1, instance_id="j", start_at=start_at)
+    assert engine.get_metadata("job", "j") is None
+
+
+def test_a_delayed_start_survives_the_engine_that_stored_it(
+    open_shared: Callable[..., Engine],
+) -> None:
+    """The engine that invoked stops before the start is due; another engine on the store,
+    started later, starts it (its timer is stored)."""
+    RAN.clear()
+    first = open_shared(poll_interval=0.05)
+    first.register("job", job)
+    with first:
+        first.invoke("job", 4, instance_id="j", start_at=0.2)
+    second = open_shared(poll_interval=0.05)
+    second.register("job", job)
+    with second:
+        assert second.invocation("job", "j").result(TIMEOUT) == 8
+    assert RAN == ["j"]
