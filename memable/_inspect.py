@@ -1,5 +1,5 @@
-"""What the command line shows of a store: instance listings, one instance in full, and
-the schedules.
+"""What the command line shows of a store: instance listings, one instance in full, the
+schedules, and the queues.
 
 Plain reads, through the store's operator reads (``Store.list_view``,
 ``Store.inspect``, ``Store.schedules``, ``Store.live_owners``; see
@@ -202,7 +202,10 @@ def _waiting_in(row: InstanceRow, look: QueueLook) -> dict[str, Any]:
     ]
     runners = [(o, spec) for o, declared, spec in consumers if workflow in declared.workflows]
     running = sum(look.running.values())
-    if not consumers:
+    if look.paused:
+        why = (f"queue paused since {look.paused_at or '-'}: nothing of it starts until it "
+               "is resumed")
+    elif not consumers:
         why = f"no running engine consumes the queue {queue!r}"
     elif not runners:
         why = (f"no running engine that consumes the queue {queue!r} registers the "
@@ -230,6 +233,76 @@ def _limit_reached(
            for o, s in runners):
         return "every engine that runs it is at its per_process limit"
     return None
+
+
+def declared_queues(store: Store, now: float) -> dict[str, tuple[QueueSpec, int]]:
+    """Each queue a running engine consumes: its limits as declared (declare a queue the
+    same way everywhere: the first found), and how many running engines consume it."""
+    found: dict[str, tuple[QueueSpec, int]] = {}
+    for owner in store.live_owners(now):
+        declared = Declarations.from_json(owner.declares)
+        for spec in declared.queues if declared is not None else []:
+            first, consumers = found.get(spec.name, (spec, 0))
+            found[spec.name] = (first, consumers + 1)
+    return found
+
+
+def known_queues(store: Store) -> list[str]:
+    """The names of the queues the store knows, in order: those it has instances of,
+    those a running engine consumes, and those stored as paused."""
+    declared = declared_queues(store, time.time())
+    return sorted(set(store.queue_names()) | set(declared) | set(store.paused_queues()))
+
+
+def list_queues(store: Store) -> list[dict[str, Any]]:
+    """Every queue the store knows, by name: those it has instances of, those a running
+    engine consumes, and those stored as paused.
+
+    Each: its queued (runnable) and running instances (holding a slot), when the
+    oldest queued one became runnable, whether it is paused and since when, its
+    limits as the running engines that consume it declare them (None: no running
+    engine consumes it) and how many such engines there are.
+    """
+    now = time.time()
+    declared = declared_queues(store, now)
+    paused = store.paused_queues()
+    listed = []
+    for name in sorted(set(store.queue_names()) | set(declared) | set(paused)):
+        queued, running, oldest = store.queue_stats(name, now)
+        spec, engines = declared.get(name, (None, 0))
+        listed.append({
+            "name": name, "queued": queued, "running": running, "oldest_queued_at": oldest,
+            "paused": name in paused, "paused_at": paused.get(name),
+            "limits": None if spec is None else {
+                "concurrency": spec.concurrency, "per_process": spec.per_process,
+                "rate": None if spec.rate is None else list(spec.rate),
+            },
+            "engines": engines,
+        })
+    return listed
+
+
+def limits_text(limits: dict[str, Any] | None) -> str:
+    """A queue's limits, as ``list_queues`` gives them, as text.
+
+    >>> limits_text({"concurrency": 2, "per_process": None, "rate": [10, 60.0]})
+    'concurrency 2, rate 10 per 60 s'
+    >>> limits_text({"concurrency": None, "per_process": None, "rate": None})
+    'no limits'
+    >>> limits_text(None)
+    'no running engine consumes it'
+    """
+    if limits is None:
+        return "no running engine consumes it"
+    parts = []
+    if limits["concurrency"] is not None:
+        parts.append(f"concurrency {limits['concurrency']}")
+    if limits["per_process"] is not None:
+        parts.append(f"{limits['per_process']} per process")
+    if limits["rate"] is not None:
+        count, period = limits["rate"]
+        parts.append(f"rate {count} per {period:g} s")
+    return ", ".join(parts) or "no limits"
 
 
 def _due(deadline: float) -> str:

@@ -119,7 +119,7 @@ def test_two_schemas_are_two_stores(pg_schema: str, other_schema: str) -> None:
             "WHERE table_schema IN (%s, %s) GROUP BY table_schema ORDER BY 1",
             (pg_schema, other_schema),
         ).fetchall()
-    assert sorted(tables) == sorted([(pg_schema, 7), (other_schema, 7)])
+    assert sorted(tables) == sorted([(pg_schema, 8), (other_schema, 8)])
 
 
 def test_a_newer_schema_version_is_refused_and_left_as_it_was(pg_schema: str) -> None:

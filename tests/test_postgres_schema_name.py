@@ -191,5 +191,5 @@ def test_ab_and_a_backslash_name_are_two_stores_even_below_the_name_check(
         ab_rows = conn.execute(
             f"SELECT instance_id FROM {quote_ident(plain)}.instances"
         ).fetchall()
-    assert sorted(tables) == sorted([(plain, 7), (odd, 7)])
+    assert sorted(tables) == sorted([(plain, 8), (odd, 8)])
     assert ab_rows == [("in-ab",)]

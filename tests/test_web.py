@@ -610,12 +610,12 @@ def test_the_overview_shows_queues_with_limits_and_schedules_with_ticks(
     with web:
         web.invoke("send", instance_id="waiting")
         page = _client(web).get("/")
-        assert ["mail", "1", "0", page_age(page), "no running engine consumes it", "0"] \
-            in _rows(page, "queues")
+        assert ["mail", "1", "0", page_age(page), "no running engine consumes it", "0",
+                "no"] in _rows(page, "queues")
         with consumer:
             web.invocation("send", "waiting").result(TIMEOUT)
             page = _client(web).get("/")
-            assert ["mail", "0", "0", "-", "concurrency 2, rate 10 per 60 s", "1"] in \
+            assert ["mail", "0", "0", "-", "concurrency 2, rate 10 per 60 s", "1", "no"] in \
                 _rows(page, "queues")
     [_, schedule] = _rows(page, "schedules")
     assert schedule[:4] == ["nightly", "0 3 * * *", "UTC", "send"]

@@ -371,7 +371,7 @@ def test_navigation_overview_list_detail_parent_and_child(
     assert order_row.find_element(By.CSS_SELECTOR, "a.status-completed").text == "2"
     [queue] = driver.find_elements(By.CSS_SELECTOR, "#queues tbody tr")
     assert [td.text for td in queue.find_elements(By.TAG_NAME, "td")] \
-        == ["mail", "0", "0", "-", "concurrency 2, rate 10 per 60 s", "1"]
+        == ["mail", "0", "0", "-", "concurrency 2, rate 10 per 60 s", "1", "no", "Pause"]
     [schedule] = driver.find_elements(By.CSS_SELECTOR, "#schedules tbody tr")
     assert schedule.text.startswith("new-year-report 0 0 1 1 * UTC report")
     screenshot(driver, "dashboard-overview.png")
@@ -644,6 +644,40 @@ def test_resume_the_failed_of_a_filter(
     assert text(driver, "#output") == "2"
     wait(driver).until(lambda _: all(status_of(engine, "flaky", i) == "completed"
                                      for i in ids))
+
+
+def test_pause_and_resume_a_queue(
+    driver: WebDriver, actions_url: str, readonly_url: str, engine: Engine
+) -> None:
+    """The overview's Pause stores the queue paused (an instance invoked meanwhile waits);
+    its Resume lets it run; the read-only dashboard shows the column and no form."""
+    def row() -> list[str]:
+        [queue] = driver.find_elements(By.CSS_SELECTOR, "#queues tbody tr")
+        return [td.text for td in queue.find_elements(By.TAG_NAME, "td")]
+
+    driver.get(actions_url + "/")
+    assert row()[6:] == ["no", "Pause"]
+    click(driver, "form.queue-action[data-queue='mail'] button")
+    assert posted("/queue/pause")["queue"] == ["mail"]
+    assert query(driver) == {"done": ["pause-queue"]}
+    assert text(driver, "#done").startswith("Queue paused")
+    assert row()[6].startswith("paused since ")
+    assert row()[7] == "Resume"
+    assert list(engine._store.paused_queues()) == ["mail"]
+    waiting = engine.invoke("notify", "bob@example.org", instance_id="paused-1")
+
+    driver.get(readonly_url + "/")
+    assert row()[6].startswith("paused since ")
+    assert len(row()) == 7
+    assert driver.find_elements(By.TAG_NAME, "form") == []
+
+    driver.get(actions_url + "/")
+    click(driver, "form.queue-action[data-queue='mail'] button")
+    assert posted("/queue/resume")["queue"] == ["mail"]
+    assert text(driver, "#done").startswith("Queue resumed")
+    assert row()[6:] == ["no", "Pause"]
+    assert waiting.result(WAIT) == "sent to bob@example.org"
+    assert engine._store.paused_queues() == {}
 
 
 def test_post_without_the_browsers_csrf_token_is_refused(

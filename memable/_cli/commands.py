@@ -1,10 +1,10 @@
 """The ``memable`` command line (also ``python -m memable``).
 
 Every command but ``demo`` and ``worker`` acts on an existing store and
-needs no engine: what ``signal``, ``resume``, ``cancel`` and ``purge`` write is acted on
-by an engine running on the store within its poll interval, or by the next
-one to start. An error prints one line on stderr and exits 2 with the store
-as it was.
+needs no engine: what ``signal``, ``resume``, ``cancel``, ``purge`` and ``queue
+pause|resume`` write is acted on by an engine running on the store within its poll
+interval, or by the next one to start. An error prints one line on stderr and exits 2
+with the store as it was.
 """
 
 from __future__ import annotations
@@ -25,7 +25,10 @@ from .._inspect import (
     CUT,
     STATUSES,
     did_you_mean,
+    known_queues,
+    limits_text,
     list_instances,
+    list_queues,
     list_schedules,
     open_existing,
     raise_unknown,
@@ -34,9 +37,11 @@ from .._inspect import (
 from .._store.admin import (
     cancel_instance,
     fork_instance,
+    pause_queue,
     purge_finished,
     resume_failed,
     resume_instance,
+    resume_queue,
     store_signal,
 )
 from .._store.protocol import Store
@@ -203,6 +208,84 @@ def _declared_cell(engines: int) -> str:
     if not engines:
         return "not declared"
     return f"by {engines} engine{'' if engines == 1 else 's'}"
+
+
+@main.command("queues")
+@click.argument("db")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON records instead of a table.")
+@_SCHEMA
+def queues_command(db: str, as_json: bool, schema: str | None) -> None:
+    """List the queues of the store DB: queued and running instances, whether each is
+    paused, its limits and how many running engines consume it."""
+    with _store(db, schema) as store:
+        found = list_queues(store)
+    if as_json:
+        click.echo(_json(found))
+        return
+    if not found:
+        click.echo("no queues: no instance is on one, no running engine consumes one, and "
+                   "none is paused")
+        return
+    click.echo(
+        _table(
+            ["QUEUE", "QUEUED", "RUNNING", "PAUSED", "OLDEST", "LIMITS", "ENGINES"],
+            [
+                [q["name"], q["queued"], q["running"],
+                 f"since {_short_time(q['paused_at'])}" if q["paused"] else "no",
+                 _short_time(q["oldest_queued_at"]), limits_text(q["limits"]), q["engines"]]
+                for q in found
+            ],
+        )
+    )
+
+
+@main.group("queue")
+def queue_group() -> None:
+    """Pause or resume a queue of a store."""
+
+
+def _known_queue(store: Store, name: str) -> None:
+    """Exit 2, naming the closest, unless the store knows the queue ``name``: an instance
+    is on it, a running engine consumes it, or it is paused."""
+    names = known_queues(store)
+    if name not in names:
+        hint = did_you_mean(name, names)
+        _fail(f"the store knows no queue {name!r} (no instance is on it, no running engine "
+              f"consumes it){'; ' + hint if hint else ''}")
+
+
+@queue_group.command("pause")
+@click.argument("db")
+@click.argument("name")
+@_SCHEMA
+def queue_pause(db: str, name: str, schema: str | None) -> None:
+    """Pause the queue NAME: no engine on the store starts another of its instances until
+    it is resumed. Invokes onto it are still stored queued; runs in flight finish."""
+    with _store(db, schema) as store:
+        _known_queue(store, name)
+        changed = pause_queue(store, name)
+    if changed:
+        click.echo(f"queue {name} paused: no engine starts another of its instances until "
+                   f"'memable queue resume' (runs in flight finish)")
+    else:
+        click.echo(f"queue {name} is paused already")
+
+
+@queue_group.command("resume")
+@click.argument("db")
+@click.argument("name")
+@_SCHEMA
+def queue_resume(db: str, name: str, schema: str | None) -> None:
+    """Resume the paused queue NAME: the engines that consume it start its queued
+    instances again, in their order."""
+    with _store(db, schema) as store:
+        _known_queue(store, name)
+        changed = resume_queue(store, name)
+    if changed:
+        click.echo(f"queue {name} resumed: the engines that consume it start its queued "
+                   "instances (on PostgreSQL at once, on a file within their poll interval)")
+    else:
+        click.echo(f"queue {name} is not paused: nothing to resume")
 
 
 def _owner_cell(owner: dict[str, Any] | None) -> str | None:

@@ -157,6 +157,21 @@ class EngineBuilder(Generic[E]):
         consumed = check_consumed(names)
         return attrs.evolve(self, options=attrs.evolve(self._options, queues=consumed))
 
+    def retention(self, keep: float | timedelta | None) -> EngineBuilder[E]:
+        """Keep finished instances this long, then purge them (default None: for ever).
+
+        The engine's retention thread purges completed, failed and cancelled
+        instances that finished longer ago, with their steps and timers, in
+        batches of at most 500 per transaction; never one whose run is in
+        flight, nor one with a child still going. A SQLite file shrinks by the
+        pages they held (incremental auto-vacuum).
+
+        >>> from datetime import timedelta
+        >>> from memable import Engine
+        >>> Engine.builder().in_memory().retention(timedelta(days=30)).build().close()
+        """
+        return attrs.evolve(self, options=attrs.evolve(self._options, retention=keep))
+
     def build(self) -> E:
         """Open the store and build the engine; raise ``StorageError`` if it cannot open.
 

@@ -97,6 +97,7 @@ class Engine:
         retry: Retry | None = None,
         sleep: Callable[[float], None] | None = None,
         queues: Iterable[str] | None = None,
+        retention: float | timedelta | None = None,
     ) -> Engine:
         """An engine on an in-memory store: nothing survives the process. For tests.
 
@@ -109,7 +110,7 @@ class Engine:
         >>> engine.close()
         """
         options = Options(max_workers, synchronous, poll_interval, lease, recover, retry, sleep,
-                          queues=check_consumed(queues))
+                          queues=check_consumed(queues), retention=retention)
         return EngineBuilder(memory=True, options=options, factory=Engine).build()
 
     @classmethod
@@ -126,6 +127,7 @@ class Engine:
         sleep: Callable[[float], None] | None = None,
         schema: str | None = None,
         queues: Iterable[str] | None = None,
+        retention: float | timedelta | None = None,
     ) -> Engine:
         """An engine on the SQLite file at ``target``, created if missing, or on the
         PostgreSQL database a ``postgresql://`` (or ``postgres://``) URL names.
@@ -138,7 +140,12 @@ class Engine:
         (True); ``retry``, every step's default ``Retry`` (None); ``sleep``, what
         retry backoffs sleep with on the worker (for tests); ``queues``, the
         declared queues it consumes (None: all; ``()``: none, an engine that
-        only enqueues). Durations are float seconds or a ``timedelta``.
+        only enqueues); ``retention``, how long finished instances are kept
+        (None, the default: for ever; else a thread of the engine purges the
+        completed, failed and cancelled instances that finished longer ago,
+        with their steps and timers, at most 500 per transaction, never one
+        whose run is in flight or that has a child still going; a file then
+        shrinks). Durations are float seconds or a ``timedelta``.
         ``schema``, for a PostgreSQL URL only, holds the tables (``"memable"``).
         Raise ``StorageError`` if the file is not a memable store or has a
         newer schema (such a file is left as it was), or if the server does
@@ -155,7 +162,7 @@ class Engine:
         True
         """
         options = Options(max_workers, synchronous, poll_interval, lease, recover, retry, sleep,
-                          queues=check_consumed(queues))
+                          queues=check_consumed(queues), retention=retention)
         return EngineBuilder(
             path=target, schema=schema, options=options, factory=Engine
         ).build()
@@ -700,6 +707,70 @@ class Engine:
         log.info("purged %d finished instances", deleted)
         return deleted
 
+    def pause_queue(self, name: str) -> None:
+        """Pause the queue ``name`` for every engine on the store, until ``resume_queue``.
+
+        The pause is stored: each engine reads it when it claims, so none
+        starts another of the queue's instances, and it outlives this engine.
+        Invokes onto the queue are still accepted (stored ``Queued()``, in their
+        order), and runs of it in flight finish. ``wait_all`` does not wait for
+        the instances of a paused queue. Pausing a paused queue changes nothing.
+        Raise ``ValueError`` for a queue this engine does not declare (as
+        ``invoke(queue=)`` does); the store may be read before ``start``.
+
+        >>> from memable import Engine
+        >>> engine = Engine.in_memory()
+        >>> engine.queue("emails")
+        >>> engine.register("send", lambda ctx, to: f"sent to {to}", queue="emails")
+        >>> with engine:
+        ...     engine.pause_queue("emails")
+        ...     inv = engine.invoke("send", "ada")     # accepted, and it waits
+        ...     print(inv.state)
+        ...     engine.resume_queue("emails")
+        ...     print(inv.result(timeout=10))
+        queued
+        sent to ada
+        """
+        self._runner.check_fork()
+        self._declared_queue(name)
+        if admin.pause_queue(self._store, name):
+            log.info("queue %r paused", name)
+
+    def resume_queue(self, name: str) -> None:
+        """Let the paused queue ``name`` start instances again, in every engine on the store.
+
+        Its queued instances start in their order (priority, then when each
+        became runnable), within its limits: this engine's queue thread looks
+        at once; on PostgreSQL the other engines are told at once too (NOTIFY),
+        on a file they find it at their next poll. Resuming a queue that is
+        not paused changes nothing. ``ValueError`` for a queue this engine
+        does not declare.
+
+        >>> from memable import Engine
+        >>> ran = []
+        >>> engine = Engine.in_memory()
+        >>> engine.queue("reports", concurrency=1)
+        >>> engine.register("report", lambda ctx, n: ran.append(n), queue="reports")
+        >>> with engine:
+        ...     engine.pause_queue("reports")
+        ...     invs = [engine.invoke("report", n, instance_id=f"r{n}", priority=p)
+        ...             for n, p in ((1, 5), (2, 0), (3, 5))]
+        ...     engine.resume_queue("reports")
+        ...     _ = [inv.wait(timeout=10) for inv in invs]
+        >>> ran                                        # lower priority first, then in order
+        [2, 1, 3]
+        """
+        self._runner.check_fork()
+        self._declared_queue(name)
+        if admin.resume_queue(self._store, name):
+            log.info("queue %r resumed", name)
+        self._runner.kick()  # this engine's queue thread looks now
+
+    def _declared_queue(self, name: str) -> None:
+        """Raise ValueError unless this engine declares the queue ``name``."""
+        if not isinstance(name, str) or name not in self._runner.queues:
+            raise ValueError(f"queue {name!r} is not declared (engine.queue(name, ...))")
+
     def invocation(self, name: str, instance_id: str) -> Invocation:
         """An Invocation of a stored instance, e.g. to follow it from another request.
 
@@ -826,7 +897,7 @@ def _start_deadline(start_at: object, now: float) -> float:
     >>> _start_deadline(datetime(2026, 1, 1), 0.0)
     Traceback (most recent call last):
     ...
-    ValueError: start_at must be an aware datetime (or a duration), not datetime.datetime(2026, 1, 1, 0, 0)
+    ValueError: start_at must be an aware datetime (or a duration), not datetime.datetime(...
     """
     if isinstance(start_at, datetime):
         if start_at.tzinfo is None:

@@ -35,8 +35,9 @@ Changed = Callable[[str, "str | None", "str | None"], None]
 MAX_PAYLOAD = 7900
 
 
-def payload(kind: str, sender: str, workflow: str, instance_id: str) -> str:
-    """The NOTIFY text for a change to one instance.
+def payload(kind: str, sender: str, workflow: str | None, instance_id: str) -> str:
+    """The NOTIFY text for a change to one instance (a "queued" one may name a queue:
+    workflow None, and the queue's name).
 
     >>> payload("signal", "e1", "wf", "i-1")
     '["signal", "e1", "wf", "i-1"]'

@@ -73,7 +73,9 @@ ALTER TABLE instances ADD COLUMN IF NOT EXISTS traceparent text,
 """
 #: Version 7: indexes a page of instances newest first reads, each in the page's whole
 #: order (time, workflow, id), and the counts by workflow and status; the ones on the
-#: status alone and on (workflow, time) give way (as on SQLite, schema version 12).
+#: status alone and on (workflow, time) give way; the queues' stored states (a paused
+#: queue); when instances finished, for retention's batches (as on SQLite, schema
+#: version 12).
 _V7 = """
 CREATE INDEX IF NOT EXISTS instances_by_time ON instances (created_at, workflow, instance_id);
 CREATE INDEX IF NOT EXISTS instances_by_status_time
@@ -84,6 +86,9 @@ CREATE INDEX IF NOT EXISTS instances_by_workflow_status
     ON instances (workflow, status, created_at, instance_id);
 DROP INDEX IF EXISTS instances_by_status;
 DROP INDEX IF EXISTS instances_by_workflow;
+CREATE INDEX IF NOT EXISTS instances_by_completed ON instances (status, completed_at);
+CREATE TABLE IF NOT EXISTS queue_states (
+    queue text PRIMARY KEY, paused integer NOT NULL DEFAULT 0, paused_at text);
 """
 _TABLES = f"""
 CREATE TABLE IF NOT EXISTS instances (

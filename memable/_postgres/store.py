@@ -50,6 +50,7 @@ from .._store.sql import forks as forks_sql
 from .._store.sql import instances as shared
 from .._store.sql import owners as owners_sql
 from .._store.sql import queues as queue_sql
+from .._store.sql import retention as retention_sql
 from .._store.sql import schedules as schedules_sql
 from .._store.sql.execute import Execute, pg
 from .._store.sql.reads import OperatorReads
@@ -414,6 +415,17 @@ class PostgresStore(OperatorReads):
 
         return self._run("purge finished instances", purge_them)
 
+    def purge_batch(self, completed_before: str, limit: int) -> int:
+        # The batch's rows are locked as they are chosen, skipping those another
+        # transaction holds (a run's write, or another engine's batch): no waits, and
+        # two engines purging at once take different instances. A retry after a lost
+        # commit purges the next batch, or finds this one gone: either is fine.
+        def purge_them(conn: psycopg.Connection[Any]) -> int:
+            return retention_sql.purge_batch(self._pg_execute(conn), completed_before, limit,
+                                             lock=retention_sql.SKIP_LOCKED)
+
+        return self._run("purge a batch of finished instances", purge_them)
+
     # ------------------------------------------------------------------ owners
 
     def register_owner(self, lease: float, now: float, declares: str | None = None) -> None:
@@ -535,6 +547,28 @@ class PostgresStore(OperatorReads):
             return 0 if row is None else int(row[0])
 
         return self._db.run("count the queued instances", count, transaction=False)
+
+    def set_queue_paused(self, queue: str, paused: bool, at: str) -> bool:
+        lock = f"memable-queue:{self.schema}:{queue}"
+        text = pg(queue_sql.PAUSE if paused else queue_sql.RESUME)
+
+        def store(conn: psycopg.Connection[Any]) -> bool:
+            # The claims' lock: a claim under way commits first, and every later one
+            # reads the new state.
+            conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (lock,))
+            changed = conn.execute(text, {"queue": queue, "at": at}).rowcount == 1
+            if changed and not paused:  # its consumers look now, as after an enqueue
+                self._notify(conn, payload("queued", self.owner, None, queue))
+            return changed
+
+        def read_back(conn: psycopg.Connection[Any]) -> object:
+            # A commit whose answer was lost: the state as asked is taken as this
+            # call's change (a resume's NOTIFY may be lost with it: the poll finds it).
+            found = conn.execute(pg(queue_sql.PAUSED), {"queue": queue}).fetchone()
+            return True if (found is not None) == paused else NOT_DONE
+
+        what = f"{'pause' if paused else 'resume'} the queue {queue!r}"
+        return self._db.run(what, store, read_back=read_back)
 
     def start_children(self, waits: list[StepWrite], rows: list[InstanceRow]) -> list[str]:
         if not rows:

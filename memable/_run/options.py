@@ -23,6 +23,10 @@ def _lease(value: float | timedelta) -> float:
     return positive_seconds(value, "lease")
 
 
+def _retention(value: float | timedelta | None) -> float | None:
+    return None if value is None else positive_seconds(value, "retention")
+
+
 @attrs.frozen
 class Options:
     """What an engine is configured with; durations held as float seconds."""
@@ -40,6 +44,9 @@ class Options:
     clock: Clock = SYSTEM_CLOCK
     # The declared queues this engine consumes: None all, () none (enqueue only).
     queues: tuple[str, ...] | None = attrs.field(default=None, converter=check_consumed)
+    # How long finished instances are kept before the retention thread purges them
+    # (None: kept for ever).
+    retention: float | None = attrs.field(default=None, converter=_retention)
 
     def __attrs_post_init__(self) -> None:
         if (

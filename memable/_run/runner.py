@@ -19,6 +19,7 @@ from typing import Any, Literal, Protocol
 import attrs
 
 from .._background.queues import Dispatcher, QueueConsumer
+from .._background.retention import Purger
 from .._background.timers import BackgroundThread
 from .._errors import (
     AlreadyStarted,
@@ -110,6 +111,7 @@ class Runner:
         #: Declared queues, by name (fixed once started; under _lock until then).
         self.queues: dict[str, QueueSpec] = {}
         self._dispatcher: Dispatcher | None = None  # consumes queues; started by start()
+        self._purger: Purger | None = None  # purges past retention; started by start()
         self._consumer: QueueConsumer | None = None
         # Stops the queue gauges reading this engine's queues (set by start).
         self._unobserve: Callable[[], None] = lambda: None
@@ -203,6 +205,9 @@ class Runner:
             self._background = BackgroundThread(
                 self._tick, min(self.options.poll_interval, self.options.lease / 3), self.clock
             )
+            if self.options.retention is not None:
+                self._purger = Purger(self.store, self.options.retention,
+                                      self.options.poll_interval, self.clock)
             self.phase = "started"
             self._accepting = True
         now = self.clock.wall()
@@ -219,6 +224,8 @@ class Runner:
         self._background.start()
         if self._dispatcher is not None:
             self._dispatcher.start()
+        if self._purger is not None:
+            self._purger.start()
         self.store.listen(self._changed)
         if queues:
             names = [queue.name for queue in queues]
@@ -265,7 +272,7 @@ class Runner:
                 return
             self.phase = "stopped"
             executor, background = self._executor, self._background
-            dispatcher = self._dispatcher
+            dispatcher, purger = self._dispatcher, self._purger
             # Runs waiting out a retry backoff stop waiting (and store the rest
             # of it as a timer for the next engine).
             for run in self._active.values():
@@ -274,6 +281,8 @@ class Runner:
         self._unobserve()
         if dispatcher is not None:
             dispatcher.stop()
+        if purger is not None:  # a purge under way stops after its current batch
+            purger.stop()
         if background is not None:
             background.stop()
         # Runs submitted before the phase changed still run; shutdown waits for

@@ -16,6 +16,7 @@ from collections.abc import Callable
 import sqlite_utils
 
 from .._errors import StorageError
+from .._log import log
 from .._store.protocol import Synchronous
 from .._store.sql.instances import INSTANCE_COLUMNS
 
@@ -23,6 +24,14 @@ from .._store.sql.instances import INSTANCE_COLUMNS
 SCHEMA_VERSION = 12
 #: Seconds a statement waits for another process's lock before failing.
 BUSY_TIMEOUT = 10.0
+#: ``PRAGMA auto_vacuum`` of a store that returns freed pages (retention): incremental.
+INCREMENTAL = 2
+#: The schema version since which stores are made incremental: an older file is
+#: switched once, by the opener that migrates it.
+INCREMENTAL_VACUUM_SINCE = 12
+#: Most free pages one purge batch returns (about 8 MB of 4 KiB pages, some 0.1 s):
+#: the rest stay free for reuse, or go with the next batches.
+RETURN_PAGES = 2000
 
 #: Columns added after version 1 (a file must show the others before we migrate it).
 _LATER_INSTANCE_COLUMNS = (
@@ -200,7 +209,10 @@ def migrate_to_12(db: sqlite_utils.Database) -> None:
     one index with no sort, however deep: on the time alone, and after the status, the
     workflow, and workflow and status (the last also counts instances by workflow and
     status without reading the table). The ones on the status alone and on (workflow,
-    time) give way to those on (status, time, ...) and (workflow, time, id)."""
+    time) give way to those on (status, time, ...) and (workflow, time, id). And the
+    queues' stored states (a paused queue). An index on when instances finished (the
+    batches of retention). After this migration's commit, the file is switched to
+    incremental auto-vacuum (see ``switch_to_incremental_vacuum``)."""
     for columns, name in (
         (["created_at", "workflow", "instance_id"], "instances_by_time"),
         (["status", "created_at", "workflow", "instance_id"], "instances_by_status_time"),
@@ -210,6 +222,17 @@ def migrate_to_12(db: sqlite_utils.Database) -> None:
         db["instances"].create_index(columns, index_name=name)  # type: ignore[union-attr]
     db.execute("DROP INDEX IF EXISTS instances_by_status")
     db.execute("DROP INDEX IF EXISTS instances_by_workflow")
+    # Retention's batches: the finished instances of each status by when they ended,
+    # so a batch reads what it deletes (and ``resume_failed``, the failed by time).
+    db["instances"].create_index(  # type: ignore[union-attr]
+        ["status", "completed_at"], index_name="instances_by_completed"
+    )
+    # A queue's stored state: paused (1) or not, and since when; a queue without a row
+    # was never paused (``engine.pause_queue``, ``memable queue pause``).
+    db["queue_states"].create(  # type: ignore[union-attr]
+        {"queue": str, "paused": int, "paused_at": str},
+        pk="queue", not_null={"paused"}, defaults={"paused": 0},
+    )
 
 
 #: Migration to version N is MIGRATIONS[N - 1]; all run in the opening transaction.
@@ -295,11 +318,17 @@ def _prepare(
         raise StorageError(f"{where} is not a memable store (no memable schema version)")
     if version > 0:
         _check_columns(db, where, tables)
+    else:
+        # A new store returns the pages purges free (retention): this must be said
+        # before its first table is made, and before WAL mode writes its header.
+        conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
     if file_backed:
         conn.execute("PRAGMA journal_mode = WAL")
     conn.execute(f"PRAGMA synchronous = {synchronous.upper()}")
     if version < SCHEMA_VERSION:
-        _migrate(conn, db)
+        migrated_from = _migrate(conn, db)
+        if 0 < migrated_from < INCREMENTAL_VACUUM_SINCE and file_backed:
+            switch_to_incremental_vacuum(conn, where)
 
 
 def _inspect(conn: sqlite3.Connection, where: str) -> tuple[int, set[str]]:
@@ -328,11 +357,13 @@ def _check_columns(db: sqlite_utils.Database, where: str, tables: set[str]) -> N
             )
 
 
-def _migrate(conn: sqlite3.Connection, db: sqlite_utils.Database) -> None:
+def _migrate(conn: sqlite3.Connection, db: sqlite_utils.Database) -> int:
+    """Migrate to ``SCHEMA_VERSION`` in one transaction; the version migrated from (the
+    current one if another process migrated first: nothing to do)."""
     conn.execute("BEGIN IMMEDIATE")
     try:
         # Another process may have migrated while we waited for the lock.
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
         for step in MIGRATIONS[version:]:
             step(db)
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
@@ -341,3 +372,53 @@ def _migrate(conn: sqlite3.Connection, db: sqlite_utils.Database) -> None:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
+    return version
+
+
+def switch_to_incremental_vacuum(conn: sqlite3.Connection, where: str) -> bool:
+    """Switch an existing store to ``auto_vacuum = incremental``; whether it now is.
+
+    An existing file takes the setting only through a ``VACUUM``, which
+    rewrites it whole and cannot run inside a transaction: so it runs here,
+    after the migration that asks for it committed, on the opener's
+    connection outside any transaction, once per file (by the opener that
+    migrated it). Other processes' readers go on (WAL); their writes wait
+    for it as for any write, up to the busy timeout. If it cannot run (the
+    file stayed busy, or the disk has no room for the copy) the store is
+    left as it was (valid, its freed pages reused inside the file but never
+    returned) with a WARNING; the open goes on.
+    """
+    if conn.execute("PRAGMA auto_vacuum").fetchone()[0] == INCREMENTAL:
+        return True
+    began = time.monotonic()
+    try:
+        conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
+        conn.execute("VACUUM")
+        # The rewrite went through the WAL: let the WAL file go too.
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+    except sqlite3.Error as exc:
+        log.warning(
+            "could not switch %s to incremental auto-vacuum (%s): purged instances' "
+            "pages stay in the file for reuse; to return them, stop the engines and run "
+            "sqlite3 %s 'PRAGMA auto_vacuum = INCREMENTAL; VACUUM'", where, exc, where,
+        )
+        return False
+    log.info("switched %s to incremental auto-vacuum (VACUUM took %.1f s)",
+             where, time.monotonic() - began)
+    return True
+
+
+def return_free_pages(conn: sqlite3.Connection, most: int = RETURN_PAGES) -> int:
+    """Hand back to the file system up to ``most`` of the file's free pages, in the
+    caller's transaction (incremental auto-vacuum only: else none); how many.
+
+    The file shrinks by them at the next checkpoint (WAL). One statement
+    returns one page here: Python's driver steps ``PRAGMA incremental_vacuum``
+    once per ``execute``, whatever limit it is given.
+    """
+    if conn.execute("PRAGMA auto_vacuum").fetchone()[0] != INCREMENTAL:
+        return 0
+    free = min(int(conn.execute("PRAGMA freelist_count").fetchone()[0]), most)
+    for _ in range(free):
+        conn.execute("PRAGMA incremental_vacuum")
+    return free

@@ -68,11 +68,12 @@ from .._store.sql import forks as forks_sql
 from .._store.sql import instances as shared
 from .._store.sql import owners as owners_sql
 from .._store.sql import queues as queue_sql
+from .._store.sql import retention as retention_sql
 from .._store.sql import schedules as schedules_sql
 from .._store.sql.reads import OperatorReads
 from . import sql
 from .group_commit import GroupCommit
-from .schema import open_store
+from .schema import open_store, return_free_pages
 from .watch import run_checks
 
 T = TypeVar("T")
@@ -505,6 +506,22 @@ class SQLiteStore(OperatorReads):
 
         return self._grouped("purge finished instances", None, None, None, purge_them)
 
+    def purge_batch(self, completed_before: str, limit: int) -> int:
+        with self._using("look for finished instances to purge") as conn:
+            # Most looks find nothing to purge: answer those without taking the write lock.
+            params = {"before": completed_before, "limit": 1}
+            if conn.execute(retention_sql.PURGEABLE, params).fetchone() is None:
+                return 0
+
+        def purge_them(conn: sqlite3.Connection) -> int:
+            deleted = retention_sql.purge_batch(conn.execute, completed_before, limit)
+            if deleted:
+                return_free_pages(conn)
+            return deleted
+
+        return self._grouped("purge a batch of finished instances", None, None, None,
+                             purge_them)
+
     # ------------------------------------------------------------------ owners
 
     def register_owner(self, lease: float, now: float, declares: str | None = None) -> None:
@@ -608,6 +625,16 @@ class SQLiteStore(OperatorReads):
             row = conn.execute(queue_sql.COUNT_QUEUED.format(workflows=marks),
                                {**params, "queue": queue}).fetchone()
         return int(row[0])
+
+    def set_queue_paused(self, queue: str, paused: bool, at: str) -> bool:
+        # One write transaction: a claim's, which reads the state, is before or after it.
+        # The engines on the file find a resume at their queue thread's next poll.
+        def store(conn: sqlite3.Connection) -> bool:
+            text = queue_sql.PAUSE if paused else queue_sql.RESUME
+            return int(conn.execute(text, {"queue": queue, "at": at}).rowcount) == 1
+
+        what = f"{'pause' if paused else 'resume'} the queue {queue!r}"
+        return self._grouped(what, None, None, None, store, single=True, changes="none")
 
     def start_children(self, waits: list[StepWrite], rows: list[InstanceRow]) -> list[str]:
         if not rows:

@@ -1,5 +1,5 @@
-"""Signal, resume (one, or the failed in bulk), cancel, fork and purge as store operations,
-shared by the engine, the CLI and the dashboard.
+"""Signal, resume (one, or the failed in bulk), cancel, fork, purge, and pausing and
+resuming a queue, as store operations, shared by the engine, the CLI and the dashboard.
 
 Each is one transaction on the store and needs no running engine: the
 engine calls them and then wakes its own runs; the command line calls them
@@ -13,6 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 from .._errors import InstanceFinished, InstanceNotFound, InvalidKey
+from .._queues import check_queue_name
 from .._validate import check_key, seconds_of
 from .protocol import Store
 from .rows import Ended, StepWrite, utcnow
@@ -104,3 +105,18 @@ def purge_finished(store: Store, older_than: float | timedelta) -> int:
     except OverflowError:  # older than the calendar goes: nothing is that old
         return 0
     return store.purge(cutoff.isoformat())
+
+
+def pause_queue(store: Store, queue: str) -> bool:
+    """Store ``queue`` as paused: from now on no engine on the store starts another of its
+    instances (invokes onto it are still stored queued; runs in flight finish) until
+    ``resume_queue``. Return whether it was running (False: paused already, and nothing
+    was written). ``ValueError`` for a name that is not a non-empty str."""
+    return store.set_queue_paused(check_queue_name(queue), True, utcnow().isoformat())
+
+
+def resume_queue(store: Store, queue: str) -> bool:
+    """Store ``queue`` as not paused: its consumers start its queued instances again, in
+    their order (at once on PostgreSQL; on a file at their next poll). Return whether it
+    was paused (False: nothing was written)."""
+    return store.set_queue_paused(check_queue_name(queue), False, utcnow().isoformat())

@@ -201,10 +201,29 @@ class Store(Protocol):
         transaction (so starts are recorded in the order they commit). The count and the claim are
         one transaction that every other claimer of the queue waits for; a
         claimed instance is marked running and owned by this engine in it.
+        Nothing is claimed while the queue is paused (read in that transaction;
+        see ``set_queue_paused``).
         """
 
     def queued(self, queue: str, workflows: list[str]) -> int:
-        """How many instances of ``workflows`` wait in ``queue``."""
+        """How many instances of ``workflows`` wait in ``queue`` for a claim to take them:
+        none while the queue is paused."""
+
+    def set_queue_paused(self, queue: str, paused: bool, at: str) -> bool:
+        """Store ``queue`` as paused (since ``at``) or not, atomically; return whether that
+        changed its stored state (False: it was so already, and nothing was written).
+
+        Every claim of the queue (``claim_queued``) reads this state in its own
+        transaction, under the lock that keeps the queue's other claimers out, and
+        pausing takes that lock too: once a pause returns, no claim of any engine on
+        the store starts another of the queue's instances until it is resumed. Runs in
+        flight are left alone, and invokes onto the queue are still stored queued. A
+        resume tells the queue's consumers at once where the store can (PostgreSQL:
+        NOTIFY, as an enqueue does); elsewhere their poll finds it.
+        """
+
+    def paused_queues(self) -> dict[str, str | None]:
+        """The queues stored as paused, by name, each with when it was paused."""
 
     def start_children(self, waits: list[StepWrite], rows: list[InstanceRow]) -> list[str]:
         """Record a parent's child steps as waiting and create the children, atomically.
@@ -229,6 +248,21 @@ class Store(Protocol):
 
     def purge(self, completed_before: str) -> int:
         """Delete terminal, unowned instances completed before then, with steps and timers."""
+
+    def purge_batch(self, completed_before: str, limit: int) -> int:
+        """Delete at most ``limit`` finished instances completed before then (ISO 8601
+        text), with their steps and timers, in one transaction; how many.
+
+        An instance goes only if, in that transaction, it is terminal, owned by
+        nobody (no run in flight), has no child that has not ended or whose run
+        is in flight, and is not the child of an instance in a run (see
+        ``sql.retention``). Safe to call from several engines at once: each
+        deletes what is still there (PostgreSQL: a batch passes over rows
+        another transaction holds, never waiting for them). Fewer than
+        ``limit`` means no more could be taken now. A store whose file can
+        shrink (SQLite with ``auto_vacuum = incremental``) returns the pages a
+        batch freed in the same transaction.
+        """
 
     def register_owner(self, lease: float, now: float, declares: str | None = None) -> None:
         """Record this engine as an owner on the store, alive for ``lease`` seconds, with what

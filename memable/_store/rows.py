@@ -98,6 +98,9 @@ class QueueLook:
     #: Owners whose lease has not ended, each with what it declares it runs.
     live: list[OwnerRow]
     now: float  # the clock ``live`` was judged by
+    #: Whether the queue is stored as paused (nothing of it starts), and since when.
+    paused: bool = False
+    paused_at: str | None = None
 
 
 @attrs.frozen

@@ -3,10 +3,10 @@
 ``app(target, *, allow_actions=False, token=None)`` makes one. GET pages read
 (``pages``); actions are POSTs, only with ``allow_actions``, each carrying the
 browser's CSRF token, each one store operation of ``memable._store.admin``
-(what ``memable signal``, ``cancel``, ``resume`` and ``fork`` do), answered
-with a redirect to what it changed. Bad input gets a page that says what was
-wrong, with 400 (a parameter), 404 (an unknown instance) or 409 (the instance
-cannot take it now), and changes nothing.
+(what ``memable signal``, ``cancel``, ``resume``, ``fork`` and ``queue pause|resume``
+do), answered with a redirect to what it changed. Bad input gets a page that says
+what was wrong, with 400 (a parameter), 404 (an unknown instance or queue) or 409
+(the instance cannot take it now), and changes nothing.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from .._errors import (
     StepNotFound,
     WorkflowNotFound,
 )
-from .._inspect import open_existing
+from .._inspect import known_queues, open_existing
 from .._store import admin
 from .._store.protocol import Store
 from . import guard, metrics, pages
@@ -55,6 +55,9 @@ DONE = {
     "cancel": "Cancelled.",
     "resume": "Marked to resume: an engine that runs the workflow takes it at its next look.",
     "fork": "Forked: this is the new instance; an engine that runs the workflow starts it.",
+    "pause-queue": "Queue paused: no engine starts another of its instances until it is "
+                   "resumed; runs in flight finish.",
+    "resume-queue": "Queue resumed: the engines that consume it start its queued instances.",
 }
 _STATIC = {"live.js": "text/javascript; charset=utf-8", "style.css": "text/css; charset=utf-8"}
 
@@ -118,6 +121,8 @@ class Dashboard:
             Rule("/instance/resume", endpoint="resume", methods=["POST"]),
             Rule("/instance/fork", endpoint="fork", methods=["POST"]),
             Rule("/resume-failed", endpoint="resume_failed", methods=["GET", "POST"]),
+            Rule("/queue/pause", endpoint="pause_queue", methods=["POST"]),
+            Rule("/queue/resume", endpoint="resume_queue", methods=["POST"]),
             Rule("/metrics", endpoint="metrics", methods=["GET"]),
             Rule("/static/<name>", endpoint="static", methods=["GET"]),
         ], strict_slashes=False)
@@ -165,7 +170,7 @@ class Dashboard:
             response = page.error(exc.code or 500, f"{exc.name}. {exc.description or ''}")
         except pages.BadRequest as exc:
             response = page.error(400, str(exc))
-        except (InstanceNotFound, WorkflowNotFound) as exc:
+        except (InstanceNotFound, WorkflowNotFound, pages.NotFound) as exc:
             response = page.error(404, str(exc))
         except (StepNotFound, InvalidKey, SerializationError) as exc:
             response = page.error(400, str(exc))
@@ -246,7 +251,8 @@ class _Page:
     # ------------------------------------------------------------------ pages
 
     def do_overview(self) -> Response:
-        return self.render("overview.html", view=pages.overview(self.store))
+        done = DONE.get(self.request.args.get("done", ""))
+        return self.render("overview.html", view=pages.overview(self.store), done=done)
 
     def do_instances(self) -> Response:
         args = self.request.args
@@ -310,6 +316,24 @@ class _Page:
             return self.error(409, f"an instance {new_id!r} of workflow {workflow!r} exists "
                               "already; nothing was forked (open it from the list)")
         return self.redirect(self._detail_url(workflow, new_id, "fork"))
+
+    def _queue_arg(self) -> str:
+        """The queue a form names, which the store must know (400 without one, 404 for
+        one it does not know)."""
+        name = self.request.form.get("queue")
+        if not name:
+            raise pages.BadRequest("a queue name is needed")
+        if name not in known_queues(self.store):
+            raise pages.NotFound(f"the store knows no queue {name!r}")
+        return str(name)
+
+    def do_pause_queue(self) -> Response:
+        admin.pause_queue(self.store, self._queue_arg())
+        return self.redirect(self.url("overview", done="pause-queue") + "#queues")
+
+    def do_resume_queue(self) -> Response:
+        admin.resume_queue(self.store, self._queue_arg())
+        return self.redirect(self.url("overview", done="resume-queue") + "#queues")
 
     def do_resume_failed(self) -> Response:
         if not self.dashboard.allow_actions:

@@ -1,11 +1,12 @@
 """``/metrics``: the store's counts in the Prometheus text format (version 0.0.4).
 
 What the store holds now, read at each scrape: instances per workflow and
-status, and per queue the instances waiting, holding a slot, and the age of
-the oldest waiting one. (Rates and durations are the engines' own metrics,
-through OpenTelemetry: see "Trace and measure workflows".)
+status, and per queue the instances waiting, holding a slot, the age of the
+oldest waiting one, and whether it is paused (1) or not (0). (Rates and durations
+are the engines' own metrics, through OpenTelemetry: see "Trace and measure
+workflows".)
 
->>> print(exposition([("ship", "failed", 2)], [("mail", 3, 1, 4.5)]), end="")
+>>> print(exposition([("ship", "failed", 2)], [("mail", 3, 1, 4.5, 1)]), end="")
 # HELP memable_instances Instances in the store, by workflow and status.
 # TYPE memable_instances gauge
 memable_instances{workflow="ship",status="failed"} 2
@@ -18,6 +19,9 @@ memable_queue_running{queue="mail"} 1
 # HELP memable_queue_oldest_age_seconds Seconds the oldest waiting instance of a queue has waited.
 # TYPE memable_queue_oldest_age_seconds gauge
 memable_queue_oldest_age_seconds{queue="mail"} 4.5
+# HELP memable_queue_paused Whether a queue is paused (1): none of its instances starts.
+# TYPE memable_queue_paused gauge
+memable_queue_paused{queue="mail"} 1
 """
 
 from __future__ import annotations
@@ -41,10 +45,10 @@ def label(value: str) -> str:
 
 
 def exposition(
-    counts: list[tuple[str, str, int]], queues: list[tuple[str, int, int, float]]
+    counts: list[tuple[str, str, int]], queues: list[tuple[str, int, int, float, int]]
 ) -> str:
     """The text of a scrape: ``counts`` as (workflow, status, n), ``queues`` as (name,
-    queued, running, oldest age in seconds)."""
+    queued, running, oldest age in seconds, paused 1 or 0)."""
     lines = [
         "# HELP memable_instances Instances in the store, by workflow and status.",
         "# TYPE memable_instances gauge",
@@ -56,6 +60,7 @@ def exposition(
         ("memable_queue_running", "Instances of a queue holding a slot."),
         ("memable_queue_oldest_age_seconds",
          "Seconds the oldest waiting instance of a queue has waited."),
+        ("memable_queue_paused", "Whether a queue is paused (1): none of its instances starts."),
     ), start=1):
         lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
         lines += [f'{name}{{queue="{label(q[0])}"}} {q[index]:g}' for q in queues]
@@ -66,8 +71,9 @@ def scrape(store: Store) -> str:
     """The store's counts now, as ``exposition`` writes them."""
     now = time.time()
     queues = []
-    for name in store.queue_names():
+    paused = store.paused_queues()
+    for name in sorted(set(store.queue_names()) | set(paused)):
         queued, running, oldest = store.queue_stats(name, now)
         age = 0.0 if oldest is None else max(0.0, now - datetime.fromisoformat(oldest).timestamp())
-        queues.append((name, queued, running, round(age, 3)))
+        queues.append((name, queued, running, round(age, 3), int(name in paused)))
     return exposition(store.status_counts(), queues)

@@ -14,8 +14,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
-from .._inspect import STATUSES, list_schedules, show_instance
-from .._queues import Declarations, QueueSpec
+from .._inspect import STATUSES, limits_text, list_queues, list_schedules, show_instance
 from .._store.protocol import Store
 from .._store.rows import TERMINAL
 
@@ -35,16 +34,13 @@ def overview(store: Store) -> dict[str, Any]:
         counts.setdefault(workflow, {})[status] = n
     totals = {s: sum(c.get(s, 0) for c in counts.values()) for s in STATUSES}
     now = time.time()
-    declared = _declared_queues(store, now)
-    queues = []
-    for name in sorted(set(store.queue_names()) | set(declared)):
-        queued, running, oldest = store.queue_stats(name, now)
-        spec, consumers = declared.get(name, (None, 0))
-        queues.append({
-            "name": name, "queued": queued, "running": running,
-            "oldest_age": None if oldest is None else max(0.0, now - _epoch(oldest)),
-            "consumers": consumers, "limits": _limits(spec),
-        })
+    queues = [{
+        "name": q["name"], "queued": q["queued"], "running": q["running"],
+        "oldest_age": (None if q["oldest_queued_at"] is None
+                       else max(0.0, now - _epoch(q["oldest_queued_at"]))),
+        "consumers": q["engines"], "limits": limits_text(q["limits"]),
+        "paused": q["paused"], "paused_at": q["paused_at"],
+    } for q in list_queues(store)]
     schedules, notes = list_schedules(store)
     return {
         "statuses": STATUSES,
@@ -79,40 +75,12 @@ def _epoch(iso: str) -> float:
     return datetime.fromisoformat(iso).timestamp()
 
 
-def _declared_queues(store: Store, now: float) -> dict[str, tuple[QueueSpec, int]]:
-    """Each queue a running engine consumes: its limits as declared, and how many
-    running engines consume it."""
-    found: dict[str, tuple[QueueSpec, int]] = {}
-    for owner in store.live_owners(now):
-        declared = Declarations.from_json(owner.declares)
-        for spec in declared.queues if declared is not None else []:
-            _, consumers = found.get(spec.name, (spec, 0))
-            found[spec.name] = (spec, consumers + 1)
-    return found
-
-
-def _limits(spec: QueueSpec | None) -> str:
-    """A queue's limits as text.
-
-    >>> _limits(QueueSpec("q", concurrency=2, rate=(10, 60.0)))
-    'concurrency 2, rate 10 per 60 s'
-    >>> _limits(None)
-    'no running engine consumes it'
-    """
-    if spec is None:
-        return "no running engine consumes it"
-    parts = []
-    if spec.concurrency is not None:
-        parts.append(f"concurrency {spec.concurrency}")
-    if spec.per_process is not None:
-        parts.append(f"{spec.per_process} per process")
-    if spec.rate is not None:
-        parts.append(f"rate {spec.rate[0]} per {spec.rate[1]:g} s")
-    return ", ".join(parts) or "no limits"
-
-
 class BadRequest(ValueError):
     """A page's parameters cannot be read (400): the message says which and why."""
+
+
+class NotFound(LookupError):
+    """What a request names is not in the store (404): the message says what."""
 
 
 def page_number(text: str | None) -> int:

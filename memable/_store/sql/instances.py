@@ -187,6 +187,7 @@ WHERE workflow = :workflow AND instance_id = :instance_id
 AND status IN ('failed', 'suspended', 'completed')
 """
 
+
 #: The key of a delayed start (``invoke(start_at=)``): an engine's timer step, waited on
 #: by the new instance until its timer fires (its seq -1: before every step of the run).
 START_KEY = "_start"

@@ -9,6 +9,9 @@ keeps any other claimer of the queue out between the count and the claim.
 A cancelled instance holds its slot until its run has stopped (see ``RUNNING``).
 Under a rate limit each claim is a row of ``queue_starts``, which the limit
 counts; a claim forgets the rows older than the limit's period.
+A paused queue has a row in ``queue_states`` with ``paused = 1``: a claim reads it
+first, in its transaction and under the same lock, and claims nothing; pausing takes
+that lock too (PostgreSQL), so it waits for a claim under way to commit.
 """
 
 from __future__ import annotations
@@ -30,9 +33,26 @@ HOLDS_SLOT = f"(status = 'running' OR ({_CANCELLED_HOLDING}))"
 ANY_QUEUED = (
     "SELECT 1 FROM instances WHERE status = 'queued' AND queue = :queue LIMIT 1"
 )
+#: Whether ``:queue`` is paused (a row, or none).
+PAUSED = "SELECT paused_at FROM queue_states WHERE queue = :queue AND paused = 1"
+#: Every paused queue, with when it was paused.
+PAUSED_ALL = "SELECT queue, paused_at FROM queue_states WHERE paused = 1 ORDER BY queue"
+#: Pause ``:queue`` at ``:at``; a row written (rowcount 1) only if it was not paused.
+PAUSE = """
+INSERT INTO queue_states (queue, paused, paused_at) VALUES (:queue, 1, :at)
+ON CONFLICT (queue) DO UPDATE SET paused = 1, paused_at = excluded.paused_at
+WHERE queue_states.paused <> 1
+"""
+#: Resume ``:queue``; a row written (rowcount 1) only if it was paused.
+RESUME = (
+    "UPDATE queue_states SET paused = 0, paused_at = NULL WHERE queue = :queue AND paused = 1"
+)
+#: The instances of ``workflows`` a claim of ``:queue`` could take now, limits aside: none
+#: while it is paused.
 COUNT_QUEUED = (
     "SELECT count(*) FROM instances WHERE status = 'queued' AND queue = :queue "
-    "AND workflow IN ({workflows})"
+    "AND workflow IN ({workflows}) AND NOT EXISTS ("
+    "SELECT 1 FROM queue_states WHERE queue_states.queue = :queue AND paused = 1)"
 )
 # The slots taken (``HOLDS_SLOT``), counted as two index range reads (queue, status).
 RUNNING = f"""
@@ -80,7 +100,8 @@ def claim(
     workflow_marks: str,
     lock_rows: str = "",
 ) -> Claimed:
-    """Claim up to ``batch`` queued instances of ``queue`` (of ``workflows``) within its limits.
+    """Claim up to ``batch`` queued instances of ``queue`` (of ``workflows``) within its limits;
+    none while the queue is paused.
 
     The caller holds what keeps other claimers of the queue out until its
     commit. ``now`` is the clock a rate limit and the leases of cancelled runs'
@@ -90,6 +111,8 @@ def claim(
     ``FOR UPDATE SKIP LOCKED``).
     """
     where = {"queue": queue, "me": me}
+    if execute(PAUSED, where).fetchone() is not None:  # paused: nothing starts
+        return Claimed()
     room = batch
     if concurrency is not None:
         held = execute(RUNNING, {**where, "now": now}).fetchone()[0]

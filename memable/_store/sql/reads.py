@@ -4,8 +4,8 @@ Plain SQL that SQLite and PostgreSQL both run, with ``:name`` parameters;
 each store runs it through its own ``read_rows`` (PostgreSQL's turns the
 parameters into its driver's). Nothing here writes. The command line reaches
 these only through the store's methods (``Store.list_view``,
-``Store.inspect``, ``Store.workflows``, ``Store.awaited_signals``), which
-each store has from ``OperatorReads``.
+``Store.inspect``, ``Store.workflows``, ``Store.awaited_signals``,
+``Store.paused_queues``), which each store has from ``OperatorReads``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 from ..rows import InstanceRow, InstanceView, OwnerRow, QueueLook, ScheduleRow
 from . import schedules as schedules_sql
 from .instances import INSTANCE_COLUMNS
-from .queues import HOLDS_SLOT, STARTS
+from .queues import HOLDS_SLOT, PAUSED, PAUSED_ALL, STARTS
 from .queues import STATS as QUEUE_STATS
 
 #: ``read_rows(what, sql, params)``: the rows of one read, as dicts of their columns.
@@ -126,12 +126,15 @@ def queue_look(read: ReadRows, row: InstanceRow) -> QueueLook | None:
         {**where, "now": now},
     )
     starts = read("read the queue's starts", STARTS, where)
+    paused = read("read whether the queue is paused", PAUSED, where)
     return QueueLook(
         position=int(ahead[0]["n"]) + 1,
         running={str(r["owner"]): int(r["n"]) for r in running},
         starts=[float(r["at"]) for r in starts],
         live=live_owners(read, now),
         now=now,
+        paused=bool(paused),
+        paused_at=paused[0]["paused_at"] if paused else None,
     )
 
 
@@ -274,6 +277,12 @@ def queue_names(read: ReadRows) -> list[str]:
     return [row["queue"] for row in rows]
 
 
+def paused_queues(read: ReadRows) -> dict[str, str | None]:
+    """The queues stored as paused, by name, each with when it was paused."""
+    rows = read("read the paused queues", PAUSED_ALL, {})
+    return {row["queue"]: row["paused_at"] for row in rows}
+
+
 class OperatorReads:
     """The operator reads of a store, for a store class that has ``read_rows``."""
 
@@ -320,3 +329,6 @@ class OperatorReads:
 
     def queue_names(self) -> list[str]:
         return queue_names(self.read_rows)
+
+    def paused_queues(self) -> dict[str, str | None]:
+        return paused_queues(self.read_rows)

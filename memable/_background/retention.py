@@ -1,0 +1,106 @@
+"""Retention: the thread that purges finished instances older than the engine keeps them.
+
+``Purger`` is a ``LoopThread`` of its own, named ``memable-retention``, so a
+long purge never delays the timer thread (due timers, the heartbeat that
+keeps this engine's lease). Each look purges in batches of at most ``BATCH``
+instances, one transaction each (``Store.purge_batch``), so a run's write
+waits at most one batch behind it; it goes on while a batch was full, and
+stops between batches when the engine stops. It knows nothing of the engine.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from .._clock import Clock
+from .._log import log
+from .._store.protocol import Store
+from .loop import LoopThread
+
+#: Most instances one purge transaction deletes.
+BATCH = 500
+#: Longest time between two looks, in seconds: a minute's lag is nothing against a
+#: retention of hours or days, and a look that finds nothing is one indexed read.
+EVERY = 60.0
+
+
+def interval(retention: float, poll_interval: float) -> float:
+    """Seconds between looks: every minute, or every half retention if that is
+    shorter (an instance then outlives its retention by at most half of it), but
+    never more often than the engine polls.
+
+    >>> interval(30 * 86400, 1.0), interval(10.0, 1.0), interval(0.1, 1.0)
+    (60.0, 5.0, 1.0)
+    """
+    return min(EVERY, max(poll_interval, retention / 2))
+
+
+def cutoff(now: float, retention: float) -> str | None:
+    """The ISO 8601 time (UTC, as ``completed_at`` is stored) before which a finished
+    instance goes; None if that is before the calendar begins (nothing is that old).
+
+    >>> cutoff(1767225600.0, 86400.0)
+    '2025-12-31T00:00:00+00:00'
+    >>> cutoff(0.0, 1e11) is None
+    True
+    """
+    try:
+        return datetime.fromtimestamp(now - retention, timezone.utc).isoformat()
+    except (OverflowError, OSError, ValueError):
+        return None
+
+
+class Purger(LoopThread):
+    """One named daemon thread per engine with a ``retention``: purges at each look.
+
+    It looks when started (what piled up while no engine ran goes first), then
+    every ``interval(retention, poll_interval)`` seconds, or at once when kicked.
+
+    >>> from memable._clock import SYSTEM_CLOCK
+    >>> from memable._sqlite.store import SQLiteStore
+    >>> store = SQLiteStore(None, "full")
+    >>> thread = Purger(store, 86400.0, 1.0, SYSTEM_CLOCK)
+    >>> thread.start(); thread.stop()
+    >>> thread.purged
+    0
+    >>> store.close()
+    """
+
+    def __init__(self, store: Store, retention: float, poll_interval: float,
+                 clock: Clock) -> None:
+        super().__init__("memable-retention", "retention thread: purging", clock)
+        self._store = store
+        self._retention = retention
+        self._interval = interval(retention, poll_interval)
+        #: Instances this thread purged so far (read by tests; written by it alone).
+        self.purged = 0
+
+    def _look(self) -> float:
+        self._purge()
+        return self._interval
+
+    def _after_failure(self) -> float:
+        return self._interval
+
+    def _purge(self) -> None:
+        """Purge in batches while they come back full; log the round's count."""
+        # Read here, five frames of memable below ``threading`` (see BackgroundThread).
+        before = cutoff(self._clock.wall(), self._retention)
+        if before is None:
+            return
+        purged = 0
+        try:
+            while not self._stop_asked():
+                deleted = self._store.purge_batch(before, BATCH)
+                purged += deleted
+                if deleted < BATCH:
+                    break
+        finally:
+            self.purged += purged
+            if purged:
+                log.info("retention: purged %d finished instance%s completed before %s",
+                         purged, "" if purged == 1 else "s", before)
+
+    def _stop_asked(self) -> bool:
+        with self._cond:
+            return self._stopping
