@@ -14,9 +14,9 @@ Imports Werkzeug and Jinja2 (only this package does), the operator views
 
 >>> from memable import Engine
 >>> from memable.web import app
->>> engine = Engine.in_memory()
->>> dashboard = app(engine)
->>> dashboard.allow_actions
+>>> with Engine.in_memory() as engine:
+...     dashboard = app(engine)
+...     print(dashboard.allow_actions)
 False
 """
 

@@ -70,6 +70,7 @@ def purge_batch(execute: Execute, before: str, limit: int, *, lock: str = "") ->
     [('held',), ('held/c',), ('new',)]
     >>> conn.execute("SELECT instance_id FROM steps").fetchall()
     [('new',)]
+    >>> conn.close()
     """
     text = PURGEABLE + lock
     by_workflow: dict[str, list[str]] = {}
