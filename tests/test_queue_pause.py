@@ -208,10 +208,16 @@ def test_on_postgresql_a_resume_wakes_the_consumers_at_once(pg_schema: str) -> N
                        poll_interval=60)
     looks = Looks(worker)
     with web, worker:
+        # The worker hears notices once its LISTEN is up (it heard its own probe): a
+        # notice sent before that is lost, and only its minute-long poll would look.
+        listener = worker._store._listener  # type: ignore[attr-defined]
+        assert listener is not None
+        assert listener.heard.wait(TIMEOUT)
         web.pause_queue("q")
+        with looks._changed:
+            seen = looks.count  # before the invoke: the look its notice causes counts
         inv = web.invoke("job", 5, instance_id="notified")  # its NOTIFY kicks the worker
         with looks._changed:
-            seen = looks.count
             assert looks._changed.wait_for(lambda: looks.count > seen, TIMEOUT)
         assert inv.state == Queued()
         web.resume_queue("q")
