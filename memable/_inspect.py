@@ -250,8 +250,14 @@ def declared_queues(store: Store, now: float) -> dict[str, tuple[QueueSpec, int]
 def known_queues(store: Store) -> list[str]:
     """The names of the queues the store knows, in order: those it has instances of,
     those a running engine consumes, and those stored as paused."""
-    declared = declared_queues(store, time.time())
-    return sorted(set(store.queue_names()) | set(declared) | set(store.paused_queues()))
+    return _queue_names(store, declared_queues(store, time.time()), store.paused_queues())
+
+
+def _queue_names(
+    store: Store, declared: dict[str, tuple[QueueSpec, int]], paused: dict[str, str | None]
+) -> list[str]:
+    """The queues the store has instances of, those ``declared`` and those ``paused``."""
+    return sorted(set(store.queue_names()) | set(declared) | set(paused))
 
 
 def list_queues(store: Store) -> list[dict[str, Any]]:
@@ -267,7 +273,7 @@ def list_queues(store: Store) -> list[dict[str, Any]]:
     declared = declared_queues(store, now)
     paused = store.paused_queues()
     listed = []
-    for name in sorted(set(store.queue_names()) | set(declared) | set(paused)):
+    for name in _queue_names(store, declared, paused):
         queued, running, oldest = store.queue_stats(name, now)
         spec, engines = declared.get(name, (None, 0))
         listed.append({

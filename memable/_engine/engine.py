@@ -529,8 +529,7 @@ class Engine:
         o-1-reship shipped 5 [5]
         """
         workflow = self._runner.workflow(name)
-        self._runner.require_accepting(name)
-        self._runner.check_fork()
+        self._runner.require_accepting(name)  # and not in a forked child
         with self._runner.taking():  # made, then registered: the poll waits for both
             new_id, made = admin.fork_instance(self._store, name, instance_id, from_key,
                                                new_instance_id)

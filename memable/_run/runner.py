@@ -13,7 +13,6 @@ import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from datetime import datetime
 from typing import Any, Literal, Protocol
 
 import attrs
@@ -37,7 +36,15 @@ from .._records import StatusName
 from .._states import Cancelled, Completed, Failed, Suspended, WorkflowState
 from .._store.control import LostInstance, RunCancelled
 from .._store.protocol import Store
-from .._store.rows import Claim, InstanceRow, RunEnd, RunSnapshot, StepWrite, utcnow
+from .._store.rows import (
+    Claim,
+    InstanceRow,
+    RunEnd,
+    RunSnapshot,
+    StepWrite,
+    utcnow,
+    waited,
+)
 from .._store.serde import decode_for, store_form
 from .attempts import traceback_of
 from .children import Children
@@ -239,8 +246,7 @@ class Runner:
         stats = []
         for name in names:
             queued, running, oldest = self.store.queue_stats(name, now)
-            age = 0.0 if oldest is None else now - datetime.fromisoformat(oldest).timestamp()
-            stats.append(QueueStats(name, queued, running, max(0.0, age)))
+            stats.append(QueueStats(name, queued, running, waited(oldest, now) or 0.0))
         return stats
 
     def wait_all(self) -> None:

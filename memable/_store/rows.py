@@ -29,6 +29,20 @@ def utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
+def waited(since: str | None, now: float) -> float | None:
+    """Seconds from the stored time ``since`` (ISO text; a queue's oldest runnable
+    instance, say) to ``now`` (epoch seconds), never negative; None without one.
+
+    >>> waited("1970-01-01T00:01:00+00:00", 90.0), waited("1970-01-01T00:01:00+00:00", 0.0)
+    (30.0, 0.0)
+    >>> waited(None, 90.0) is None
+    True
+    """
+    if since is None:
+        return None
+    return max(0.0, now - datetime.fromisoformat(since).timestamp())
+
+
 @attrs.frozen
 class InstanceRow:
     """One row of the ``instances`` table; timestamps are ISO 8601 text."""

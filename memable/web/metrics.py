@@ -27,9 +27,9 @@ memable_queue_paused{queue="mail"} 1
 from __future__ import annotations
 
 import time
-from datetime import datetime
 
 from .._store.protocol import Store
+from .._store.rows import waited
 
 #: The media type Prometheus scrapes.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -74,6 +74,6 @@ def scrape(store: Store) -> str:
     paused = store.paused_queues()
     for name in sorted(set(store.queue_names()) | set(paused)):
         queued, running, oldest = store.queue_stats(name, now)
-        age = 0.0 if oldest is None else max(0.0, now - datetime.fromisoformat(oldest).timestamp())
+        age = waited(oldest, now) or 0.0
         queues.append((name, queued, running, round(age, 3), int(name in paused)))
     return exposition(store.status_counts(), queues)

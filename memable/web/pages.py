@@ -16,7 +16,7 @@ from typing import Any
 
 from .._inspect import STATUSES, limits_text, list_queues, list_schedules, show_instance
 from .._store.protocol import Store
-from .._store.rows import TERMINAL
+from .._store.rows import TERMINAL, waited
 
 #: Instances on one page of the list.
 PAGE_SIZE = 50
@@ -36,8 +36,7 @@ def overview(store: Store) -> dict[str, Any]:
     now = time.time()
     queues = [{
         "name": q["name"], "queued": q["queued"], "running": q["running"],
-        "oldest_age": (None if q["oldest_queued_at"] is None
-                       else max(0.0, now - _epoch(q["oldest_queued_at"]))),
+        "oldest_age": waited(q["oldest_queued_at"], now),
         "consumers": q["engines"], "limits": limits_text(q["limits"]),
         "paused": q["paused"], "paused_at": q["paused_at"],
     } for q in list_queues(store)]
@@ -69,10 +68,6 @@ def when(iso: str | None) -> str:
     if moment.tzinfo is not None:
         moment = moment.astimezone(timezone.utc)
     return moment.strftime("%Y-%m-%d %H:%M:%S") + " UTC"
-
-
-def _epoch(iso: str) -> float:
-    return datetime.fromisoformat(iso).timestamp()
 
 
 class BadRequest(ValueError):
