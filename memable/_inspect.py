@@ -26,6 +26,7 @@ from ._schedules.cron import Cron, parse_tick, tick_id
 from ._store import liveness as _liveness
 from ._store.protocol import Store
 from ._store.rows import InstanceRow, OwnerRow, QueueLook, ScheduleRow
+from ._store.sql.instances import duration_text
 
 #: What ``memable list --status`` accepts: every status an instance can have.
 STATUSES = ("queued", "running", "suspended", "completed", "failed", "cancelled")
@@ -179,8 +180,12 @@ def show_instance(
         {"workflow": w, "instance_id": i, "status": status} for w, i, status in found.children
     ]
     view["queue"] = None if row.queue is None else {
-        "name": row.queue, "priority": row.priority,
+        "name": row.queue, "priority": row.priority, "concurrency_key": row.concurrency_key,
         **(_waiting_in(row, found.queue) if found.queue is not None else {}),
+    }
+    view["timeout"] = None if row.timeout is None or row.timeout_at is None else {
+        "seconds": row.timeout, "duration": duration_text(row.timeout),
+        "at": datetime.fromtimestamp(row.timeout_at, timezone.utc).isoformat(),
     }
     view["recovered"] = None if not row.recoveries else {
         "times": row.recoveries, "step_in_flight": row.lost_step,
@@ -211,16 +216,18 @@ def _waiting_in(row: InstanceRow, look: QueueLook) -> dict[str, Any]:
         why = (f"no running engine that consumes the queue {queue!r} registers the "
                f"workflow {workflow!r}")
     else:
-        why = _limit_reached(look, runners, running) or (
+        why = _limit_reached(look, runners, running, row.concurrency_key) or (
             "next to start: a free slot, taken at a consuming engine's next look"
             if look.position == 1 else f"behind {look.position - 1} in the queue")
     return {"position": look.position, "running": running, "waiting_because": why}
 
 
 def _limit_reached(
-    look: QueueLook, runners: list[tuple[OwnerRow, QueueSpec]], running: int
+    look: QueueLook, runners: list[tuple[OwnerRow, QueueSpec]], running: int,
+    key: str | None,
 ) -> str | None:
-    """The queue's limit that keeps it from starting one more now, if any."""
+    """The queue's limit that keeps it (with the concurrency key ``key``) from starting
+    now, if any."""
     spec = runners[0][1]  # declare a queue the same way everywhere
     if spec.concurrency is not None and running >= spec.concurrency:
         return f"queue full: {running} of {spec.concurrency} running"
@@ -229,6 +236,9 @@ def _limit_reached(
         recent = [at for at in look.starts if at > look.now - period]
         if len(recent) >= count:
             return f"rate limit: {len(recent)} started in the last {period:g} s (at most {count})"
+    held = look.key_running
+    if spec.per_key is not None and key is not None and (held or 0) >= spec.per_key:
+        return f"concurrency key {key!r} at its limit: {held} of {spec.per_key} running"
     if all(s.per_process is not None and look.running.get(o.id, 0) >= s.per_process
            for o, s in runners):
         return "every engine that runs it is at its per_process limit"
@@ -282,6 +292,7 @@ def list_queues(store: Store) -> list[dict[str, Any]]:
             "limits": None if spec is None else {
                 "concurrency": spec.concurrency, "per_process": spec.per_process,
                 "rate": None if spec.rate is None else list(spec.rate),
+                "per_key": spec.per_key,
             },
             "engines": engines,
         })
@@ -291,9 +302,9 @@ def list_queues(store: Store) -> list[dict[str, Any]]:
 def limits_text(limits: dict[str, Any] | None) -> str:
     """A queue's limits, as ``list_queues`` gives them, as text.
 
-    >>> limits_text({"concurrency": 2, "per_process": None, "rate": [10, 60.0]})
-    'concurrency 2, rate 10 per 60 s'
-    >>> limits_text({"concurrency": None, "per_process": None, "rate": None})
+    >>> limits_text({"concurrency": 2, "per_process": None, "rate": [10, 60.0], "per_key": 1})
+    'concurrency 2, rate 10 per 60 s, 1 per key'
+    >>> limits_text({"concurrency": None, "per_process": None, "rate": None, "per_key": None})
     'no limits'
     >>> limits_text(None)
     'no running engine consumes it'
@@ -308,6 +319,8 @@ def limits_text(limits: dict[str, Any] | None) -> str:
     if limits["rate"] is not None:
         count, period = limits["rate"]
         parts.append(f"rate {count} per {period:g} s")
+    if limits["per_key"] is not None:
+        parts.append(f"{limits['per_key']} per key")
     return ", ".join(parts) or "no limits"
 
 

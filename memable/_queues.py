@@ -3,7 +3,8 @@
 A queue's limits are enforced by each engine that consumes it, when it
 claims, through the store (see ``memable._store.sql.queues``): ``concurrency`` counts the
 queue's running instances across every engine, ``per_process`` those of
-this engine, and ``rate`` the claims in the last ``period`` seconds.
+this engine, ``rate`` the claims in the last ``period`` seconds, and
+``per_key`` the running instances of each ``concurrency_key``.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ class QueueSpec:
     """One declared queue and its limits (None: unlimited).
 
     >>> QueueSpec.declare("payments", concurrency=5, rate=(100, 60))
-    QueueSpec(name='payments', concurrency=5, per_process=None, rate=(100, 60.0))
+    QueueSpec(name='payments', concurrency=5, per_process=None, rate=(100, 60.0), per_key=None)
     >>> QueueSpec.declare("payments", rate=(100, "1m"))
     Traceback (most recent call last):
     ...
@@ -58,6 +59,8 @@ class QueueSpec:
     concurrency: int | None = None
     per_process: int | None = None
     rate: tuple[int, float] | None = None
+    #: At most that many instances with one ``concurrency_key`` run at once.
+    per_key: int | None = None
 
     @classmethod
     def declare(
@@ -67,6 +70,7 @@ class QueueSpec:
         concurrency: int | None = None,
         per_process: int | None = None,
         rate: tuple[int, float | timedelta] | None = None,
+        per_key: int | None = None,
     ) -> QueueSpec:
         """Check a declaration: a name, positive ints, a (positive int, positive duration)."""
         return cls(
@@ -74,6 +78,7 @@ class QueueSpec:
             _positive_int(concurrency, "concurrency"),
             _positive_int(per_process, "per_process"),
             _rate(rate),
+            _positive_int(per_key, "per_key"),
         )
 
 
@@ -147,7 +152,7 @@ class Declarations:
     >>> declared = Declarations(["charge"], [QueueSpec("payments", concurrency=2)])
     >>> text = declared.to_json()
     >>> json.loads(text)["queues"][0]
-    {'name': 'payments', 'concurrency': 2, 'per_process': None, 'rate': None}
+    {'name': 'payments', 'concurrency': 2, 'per_process': None, 'rate': None, 'per_key': None}
     >>> Declarations.from_json(text) == declared, Declarations.from_json(None)
     (True, None)
     """

@@ -186,7 +186,8 @@ def advance(engine: Engine, clock: FrozenClock, by: timedelta | float) -> int:
     """Move the frozen ``clock`` forward by ``by`` and fire the timers that fell due.
 
     Suspend points' deadlines (``ctx.suspend(key, timeout=...)``) count as timers,
-    and so does each tick of a schedule that runs (``engine.schedule``).
+    and so do each tick of a schedule that runs (``engine.schedule``) and each
+    instance a workflow timeout cancels (``invoke(..., timeout=...)``).
 
     ``clock`` is what ``freezegun.freeze_time(...)`` yields (with
     ``tick=True``, it moves from the time the clock shows now); ``by`` is a
@@ -370,12 +371,16 @@ def _live_instances(engine: Engine) -> set[tuple[str, str]]:
 
 def _timers(engine: Engine, instances: set[tuple[str, str]]) -> dict[_TimerId, float]:
     """The deadline of every armed timer of ``instances`` (a timer, a suspend point's
-    deadline, a retry backoff), by (workflow, id, key)."""
+    deadline, a retry backoff, and a workflow timeout as the key ``_timeout``, armed until
+    the instance ends), by (workflow, id, key)."""
     armed: dict[_TimerId, float] = {}
     for name, instance_id in sorted(instances):
         view = engine._store.inspect(name, instance_id)
         if view is not None:  # else purged meanwhile
             armed.update({(name, instance_id, key): deadline for key, deadline in view.timers})
+            row = view.instance
+            if row.timeout_at is not None and row.status in ("running", "suspended", "queued"):
+                armed[(name, instance_id, "_timeout")] = row.timeout_at
     return armed
 
 

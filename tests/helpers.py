@@ -195,3 +195,35 @@ def stored_apart(url: str, first: str, second: str) -> None:
         assert other.get_metadata("double", "a") is None
         assert other.invoke("double", 1, instance_id="b").result(timeout=30) == 2
         assert other.get_metadata("double", "a") is None
+
+
+#: Seconds ``Looks.twice_more`` waits for the queue thread.
+LOOK_TIMEOUT = 10.0
+
+
+class Looks:
+    """Counts the looks of an engine's queue thread at the store: each claim it made
+    (paused or not, something queued or not), as they return."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._changed = threading.Condition()
+        self.count = 0
+        store = engine._store
+        claim = store.claim_queued
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return claim(*args, **kwargs)
+            finally:
+                with self._changed:
+                    self.count += 1
+                    self._changed.notify_all()
+
+        store.claim_queued = counted  # type: ignore[method-assign]
+
+    def twice_more(self) -> None:
+        """Wait for two more claims to return: the second began after this call (the
+        first may have been under way), so it saw everything stored before it."""
+        with self._changed:
+            target = self.count + 2
+            assert self._changed.wait_for(lambda: self.count >= target, LOOK_TIMEOUT)

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 from conftest import POSTGRES_URL
-from helpers import cli, query
+from helpers import Looks, cli, query
 from werkzeug.test import Client, TestResponse
 
 from memable import Context, Engine, Queued
@@ -31,34 +31,6 @@ from memable.web import app
 
 TIMEOUT = 10.0
 TESTS = Path(__file__).resolve().parent
-
-
-class Looks:
-    """Counts the looks of an engine's queue thread at the store: each claim it made
-    (paused or not, something queued or not), as they return."""
-
-    def __init__(self, engine: Engine) -> None:
-        self._changed = threading.Condition()
-        self.count = 0
-        store = engine._store
-        claim = store.claim_queued
-
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return claim(*args, **kwargs)
-            finally:
-                with self._changed:
-                    self.count += 1
-                    self._changed.notify_all()
-
-        store.claim_queued = counted  # type: ignore[method-assign]
-
-    def twice_more(self) -> None:
-        """Wait for two more claims to return: the second began after this call (the
-        first may have been under way), so it saw everything stored before it."""
-        with self._changed:
-            target = self.count + 2
-            assert self._changed.wait_for(lambda: self.count >= target, TIMEOUT)
 
 
 def _states(engine: Engine, workflow: str, ids: list[str]) -> list[str]:
@@ -326,7 +298,8 @@ def test_memable_queues_lists_queued_running_paused_and_limits(
     assert old["oldest_queued_at"] is not None
     assert (paused["queued"], paused["running"], paused["paused"], paused["engines"]) == (
         1, 1, True, 1)
-    assert paused["limits"] == {"concurrency": 2, "per_process": 1, "rate": [10, 60.0]}
+    assert paused["limits"] == {"concurrency": 2, "per_process": 1, "rate": [10, 60.0],
+                                "per_key": None}
     assert paused["paused_at"] is not None
     header, *rows = table
     assert header.split() == ["QUEUE", "QUEUED", "RUNNING", "PAUSED", "OLDEST", "LIMITS",
@@ -388,8 +361,8 @@ def test_show_of_a_queued_instance_of_a_paused_queue_says_paused(
         text = _ok(shared_store, "show", "send", "s-1").splitlines()
         [paused_at] = web._store.paused_queues().values()
     why = f"queue paused since {paused_at}: nothing of it starts until it is resumed"
-    assert view["queue"] == {"name": "emails", "priority": 0, "position": 1, "running": 0,
-                             "waiting_because": why}
+    assert view["queue"] == {"name": "emails", "priority": 0, "concurrency_key": None,
+                             "position": 1, "running": 0, "waiting_because": why}
     assert f"waiting    {why}" in text
 
 

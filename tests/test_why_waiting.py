@@ -52,8 +52,8 @@ def test_a_queue_no_running_engine_consumes_is_named(
         _enqueue(web, "send", "s-1")
         view, text = shown(shared_store, "send", "s-1")
     assert view["queue"] == {
-        "name": "emails", "priority": 0, "position": 1, "running": 0,
-        "waiting_because": "no running engine consumes the queue 'emails'",
+        "name": "emails", "priority": 0, "concurrency_key": None, "position": 1,
+        "running": 0, "waiting_because": "no running engine consumes the queue 'emails'",
     }
     assert "queue      emails (priority 0, position 1)" in text.splitlines()
     assert "waiting    no running engine consumes the queue 'emails'" in text.splitlines()

@@ -99,7 +99,7 @@ class QueueConsumer:
             claimed = self._store.claim_queued(
                 queue.name, self._workflows, concurrency=queue.concurrency,
                 per_process=queue.per_process, rate=queue.rate, clock=self._clock.wall,
-                at=utcnow().isoformat(), batch=min(free, BATCH),
+                at=utcnow().isoformat(), batch=min(free, BATCH), per_key=queue.per_key,
             )
             now = self._clock.wall()
             for snapshot in claimed.snapshots:

@@ -354,10 +354,14 @@ def _show_text(view: dict[str, Any]) -> str:
         lines.append(f"in flight  {flight['key']} since {flight['since'] or '-'}")
     if view["queue"] is not None:
         queue = view["queue"]
+        key = queue["concurrency_key"]
         lines.append(f"queue      {queue['name']} (priority {queue['priority']}"
+                     + (f", concurrency key {key!r}" if key is not None else "")
                      + (f", position {queue['position']})" if "position" in queue else ")"))
         if "waiting_because" in queue:
             lines.append(f"waiting    {queue['waiting_because']}")
+    if view["timeout"] is not None:
+        lines.append(f"timeout    {view['timeout']['duration']} (at {view['timeout']['at']})")
     if view["recovered"] is not None:
         lost = view["recovered"]["step_in_flight"]
         lines.append(f"recovered  {view['recovered']['times']}"

@@ -30,7 +30,7 @@ from .._store.admin import cancel_instance, purge_finished, store_signal
 from .._store.protocol import Store, Synchronous
 from .._store.rows import InstanceRow, metadata_of
 from .._store.sql.instances import START_KEY
-from .._validate import check_deadline, seconds_of
+from .._validate import check_deadline, positive_seconds, seconds_of
 from .builder import EngineBuilder
 from .stored import decode_output, stored_row
 
@@ -176,16 +176,20 @@ class Engine:
         concurrency: int | None = None,
         per_process: int | None = None,
         rate: tuple[int, float | timedelta] | None = None,
+        per_key: int | None = None,
     ) -> None:
         """Declare the queue ``name`` and its limits (before ``start``; None is unlimited).
 
         ``concurrency``: at most that many of its instances run at once across
         every engine on the store; ``per_process``: at most that many in this
         engine; ``rate=(count, period)``: at most ``count`` runs start in any
-        window of ``period`` (seconds or a timedelta) across every engine. A
-        slot is held by a running run only: a queued or suspended instance
-        holds none. Each engine enforces its own declaration when it claims,
-        so declare a queue the same way everywhere. A bad limit raises
+        window of ``period`` (seconds or a timedelta) across every engine;
+        ``per_key``: at most that many instances invoked with one
+        ``concurrency_key`` run at once across every engine (one tenant's
+        backlog does not starve the others). A slot is held by a running run
+        only: a queued or suspended instance holds none. Each engine enforces
+        its own declaration when it claims, so declare a queue the same way
+        everywhere. A bad limit raises
         ``ValueError``; a declaration after ``start()``, ``AlreadyStarted``.
 
         >>> from memable import Engine, Queued
@@ -199,7 +203,7 @@ class Engine:
         """
         self._runner.check_fork()
         self._runner.declare_queue(QueueSpec.declare(
-            name, concurrency=concurrency, per_process=per_process, rate=rate
+            name, concurrency=concurrency, per_process=per_process, rate=rate, per_key=per_key
         ))
 
     def schedule(
@@ -261,13 +265,18 @@ class Engine:
         with self._runner.declaring():
             self._schedules.add(spec)
 
-    def register(self, name: str, fn: Callable[..., Any], queue: str | None = None) -> None:
+    def register(
+        self, name: str, fn: Callable[..., Any], queue: str | None = None, *,
+        timeout: float | timedelta | None = None,
+    ) -> None:
         """Register ``fn`` as the workflow ``name``; ``fn`` is ``fn(ctx)`` or ``fn(ctx, input)``.
 
         The input's annotation types the stored input, the return
         annotation the stored output. ``queue``, a declared queue, is the
         one ``invoke`` puts it on unless told otherwise (``ValueError`` if
-        not declared). Raise ``AlreadyStarted`` after ``start()``.
+        not declared). ``timeout`` (float seconds or a timedelta) is each
+        instance's workflow timeout unless ``invoke(timeout=)`` gives one: see
+        ``invoke``. Raise ``AlreadyStarted`` after ``start()``.
 
         >>> from memable import Engine
         >>> def my_workflow(ctx, order_id: int) -> str:
@@ -285,10 +294,15 @@ class Engine:
         self._runner.check_fork()
         if queue is not None and queue not in self._runner.queues:
             raise ValueError(f"queue {queue!r} is not declared (engine.queue(name, ...))")
-        self._runner.register(Workflow.of(name, fn, queue))
+        seconds = (None if timeout is None
+                   else positive_seconds(timeout, f"timeout of workflow {name!r}"))
+        self._runner.register(Workflow.of(name, fn, queue, seconds))
 
-    def workflow(self, name: str, queue: str | None = None) -> Callable[[F], F]:
-        """Register the decorated function as the workflow ``name`` (on ``queue``, if given).
+    def workflow(
+        self, name: str, queue: str | None = None, *, timeout: float | timedelta | None = None,
+    ) -> Callable[[F], F]:
+        """Register the decorated function as the workflow ``name`` (on ``queue``, if given,
+        with ``timeout``, if given: see ``register``).
 
         >>> from memable import Engine
         >>> engine = Engine.in_memory()
@@ -301,7 +315,7 @@ class Engine:
         """
 
         def decorate(fn: F) -> F:
-            self.register(name, fn, queue)
+            self.register(name, fn, queue, timeout=timeout)
             return fn
 
         return decorate
@@ -403,6 +417,8 @@ class Engine:
         queue: str | None = None,
         priority: int = 0,
         start_at: datetime | float | timedelta | None = None,
+        timeout: float | timedelta | None = None,
+        concurrency_key: str | None = None,
     ) -> Invocation:
         """Create an instance of workflow ``name`` with ``input`` and start running it.
 
@@ -427,6 +443,19 @@ class Engine:
         engine on the store fires it first (onto its queue, if it has one),
         across restarts.
 
+        ``timeout`` (float seconds or a timedelta; None: the one the workflow
+        was registered with, if any) is a durable deadline from now: when it
+        passes, the instance is cancelled as ``cancel`` does (its children
+        too) and ends ``Cancelled()`` with the status message ``"timed out
+        after <duration>"``, whether it is running, suspended or queued, by
+        whichever engine on the store looks first (a run in flight stops at
+        its next step boundary).
+
+        ``concurrency_key`` (a non-empty str): on a queue declared with
+        ``per_key=n``, at most ``n`` instances with this key run at once
+        across every engine, so one tenant's backlog does not hold up the
+        others; ``ValueError`` on a queue without ``per_key`` (or none).
+
         >>> from memable import Engine
         >>> runs = []
         >>> engine = Engine.in_memory()
@@ -442,7 +471,8 @@ class Engine:
         self._runner.require_accepting(name)
         starts = None if start_at is None else _start_deadline(start_at, self._runner.clock.wall())
         row, value = new_instance(workflow, input, instance_id, queue, priority,
-                                  self._runner.queues)
+                                  self._runner.queues, timeout=timeout,
+                                  concurrency_key=concurrency_key)
         instance_id = row.instance_id
         if starts is not None:  # nobody's, waiting on its start timer
             when = datetime.fromtimestamp(starts, dt_timezone.utc).isoformat()
@@ -454,8 +484,9 @@ class Engine:
                 if not self._store.create_instance(row, starts):
                     return self.invocation(name, instance_id)
             log.debug("invoked", extra=where(name, instance_id))
-            if starts is not None:  # the timer thread looks at its deadlines again
-                self._runner.armed()
+            if starts is not None or row.timeout_at is not None:  # a new deadline: the
+                self._runner.armed()  # timer thread looks at its deadlines again
+            if starts is not None:
                 return Invocation(self, self._runner.watch(name, instance_id))
             if row.queue is not None:  # an engine that consumes the queue runs it
                 self._runner.kick()
@@ -680,11 +711,8 @@ class Engine:
         refused
         """
         self._runner.check_fork()
-        ended = cancel_instance(self._store, name, instance_id)
-        for workflow, child_id in [(name, instance_id), *ended.cancelled]:
-            self._runner.cancelled(workflow, child_id)
-        if ended.wake is not None:  # a child cancelled: its parent goes on
-            self._runner.wake(*ended.wake)
+        self._runner.ended_by_cancel(name, instance_id,
+                                     cancel_instance(self._store, name, instance_id))
         log.info("cancelled", extra=where(name, instance_id))
 
     def purge(self, older_than: float | timedelta) -> int:

@@ -18,10 +18,11 @@ from typing import Any
 
 from .._errors import StorageError
 from .._store.protocol import Synchronous
+from .._store.sql.instances import CONCURRENCY_KEY_INDEX, TIMEOUTS_INDEX
 from .functions import FUNCTIONS
 
 #: The schema version this code writes (the SQLite store's columns, in PostgreSQL).
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 #: Seconds to wait for the server unless the URL's ``connect_timeout`` says.
 CONNECT_TIMEOUT = 10
 SCHEMES = ("postgresql://", "postgres://")
@@ -90,6 +91,16 @@ CREATE INDEX IF NOT EXISTS instances_by_completed ON instances (status, complete
 CREATE TABLE IF NOT EXISTS queue_states (
     queue text PRIMARY KEY, paused integer NOT NULL DEFAULT 0, paused_at text);
 """
+#: Version 8: workflow timeouts (an instance's timeout and its deadline, indexed while it
+#: has not ended) and per-key concurrency (the key its queue's limit counts it under), as
+#: on SQLite, schema version 13.
+_V8 = f"""
+ALTER TABLE instances ADD COLUMN IF NOT EXISTS timeout double precision,
+    ADD COLUMN IF NOT EXISTS timeout_at double precision,
+    ADD COLUMN IF NOT EXISTS concurrency_key text;
+{TIMEOUTS_INDEX};
+{CONCURRENCY_KEY_INDEX};
+"""
 _TABLES = f"""
 CREATE TABLE IF NOT EXISTS instances (
     workflow text NOT NULL, instance_id text NOT NULL, status text NOT NULL, message text,
@@ -121,6 +132,7 @@ CREATE TABLE IF NOT EXISTS schema_version (version integer NOT NULL);
 {_V5}
 {_V6}
 {_V7}
+{_V8}
 """
 
 
@@ -290,5 +302,6 @@ def prepare(conn: Any, schema: str, where: str, *, create: bool) -> None:
             conn.execute(_V5)
             conn.execute(_V6)
             conn.execute(_V7)
+            conn.execute(_V8)
             conn.execute(FUNCTIONS)
             conn.execute("UPDATE schema_version SET version = %s", (SCHEMA_VERSION,))

@@ -51,10 +51,10 @@ CHECK_RUN = "SELECT status, owner FROM instances WHERE workflow = %s AND instanc
 INSERT_CHILDREN = """
 INSERT INTO instances (workflow, instance_id, status, input, input_type, created_at,
                        updated_at, owner, parent_workflow, parent_id, parent_key, parent_group,
-                       queue, priority, queued_at)
+                       queue, priority, queued_at, timeout, timeout_at)
 SELECT %(workflow)s, c.id, %(status)s, c.input, c.input_type, %(at)s, %(at)s, %(owner)s,
        %(parent_workflow)s, %(parent_id)s, c.key, %(parent_group)s, %(queue)s,
-       %(priority)s, %(queued_at)s
+       %(priority)s, %(queued_at)s, %(timeout)s, %(timeout_at)s
 FROM unnest(%(ids)s::text[], %(inputs)s::text[], %(types)s::text[], %(keys)s::text[])
     AS c(id, input, input_type, key)
 ON CONFLICT DO NOTHING RETURNING instance_id

@@ -42,6 +42,7 @@ from .._store.rows import (
     Suspend,
     TickFiring,
     TicksFired,
+    TimedOut,
     step_params,
     step_record,
 )
@@ -474,24 +475,7 @@ class PostgresStore(OperatorReads):
                 raise InstanceNotFound(workflow, instance_id)
             if found[0] in ("completed", "cancelled"):
                 raise InstanceFinished(workflow, instance_id, f"it is {found[0]}")
-            execute = self._pg_execute(conn)
-            where = {"workflow": workflow, "instance_id": instance_id}
-            descendants = [(w, i) for w, i in execute(children_sql.DESCENDANTS, where)]
-            # The owners stay: a run in flight stores its current step, then stops.
-            for w, i in [(workflow, instance_id), *descendants]:
-                conn.execute(sql.CANCEL, (now, now, w, i))
-                conn.execute(
-                    "DELETE FROM timers WHERE workflow = %s AND instance_id = %s", (w, i)
-                )
-                self._notify(conn, payload("cancel", self.owner, w, i))
-            parent = execute(children_sql.PARENT_OF, where).fetchone()
-            wake = children_sql.settle_parent(
-                execute, tuple(parent), status="cancelled", message="cancelled", output=None,
-                at=now, lock=children_sql.LOCK_PARENT,
-            )
-            if wake is not None:
-                self._notify(conn, payload("signal", self.owner, *wake))
-            return Ended(wake=wake, cancelled=descendants)
+            return self._cancel_in(conn, workflow, instance_id, now)
 
         def read_back(conn: psycopg.Connection[Any]) -> object:
             row = conn.execute(sql.SELECT_INSTANCE, (workflow, instance_id)).fetchone()
@@ -503,11 +487,60 @@ class PostgresStore(OperatorReads):
             "cancel the instance", cancel_it, workflow, instance_id, read_back=read_back
         )
 
+    def _cancel_in(
+        self, conn: psycopg.Connection[Any], workflow: str, instance_id: str, now: str
+    ) -> Ended:
+        """Cancel the instance (locked by the caller) and its descendants in the caller's
+        transaction, telling the other engines."""
+        execute = self._pg_execute(conn)
+        where = {"workflow": workflow, "instance_id": instance_id}
+        descendants = [(w, i) for w, i in execute(children_sql.DESCENDANTS, where)]
+        # The owners stay: a run in flight stores its current step, then stops.
+        for w, i in [(workflow, instance_id), *descendants]:
+            conn.execute(sql.CANCEL, (now, now, w, i))
+            conn.execute(
+                "DELETE FROM timers WHERE workflow = %s AND instance_id = %s", (w, i)
+            )
+            self._notify(conn, payload("cancel", self.owner, w, i))
+        parent = execute(children_sql.PARENT_OF, where).fetchone()
+        wake = children_sql.settle_parent(
+            execute, tuple(parent), status="cancelled", message="cancelled", output=None,
+            at=now, lock=children_sql.LOCK_PARENT,
+        )
+        if wake is not None:
+            self._notify(conn, payload("signal", self.owner, *wake))
+        return Ended(wake=wake, cancelled=descendants)
+
+    def time_out(self, now: float, at: str) -> list[TimedOut]:
+        def time_them_out(conn: psycopg.Connection[Any]) -> list[TimedOut]:
+            execute = self._pg_execute(conn)
+            # Most looks find none due: a read answers those. The due ones are locked as
+            # they are read, skipping those another engine is timing out (or a run
+            # writes); one left is found again by the next look.
+            due = execute(shared.DUE_TIMEOUTS + " FOR UPDATE SKIP LOCKED",
+                          {"now": now}).fetchall()
+            out = []
+            for workflow, instance_id in due:
+                where = {"workflow": workflow, "instance_id": instance_id}
+                found = execute(shared.STILL_DUE, {**where, "now": now}).fetchone()
+                if found is None:  # it ended before the lock was taken
+                    continue
+                ended = self._cancel_in(conn, workflow, instance_id, at)
+                message = shared.timed_out_message(float(found[0]))
+                execute(shared.SET_TIMED_OUT, {**where, "message": message})
+                out.append(TimedOut(workflow, instance_id, message, ended))
+            return out
+
+        # A commit whose outcome was lost is run again: what it did is no longer due.
+        return self._run("time out instances", time_them_out,
+                         read_back=lambda conn: NOT_DONE)
+
     def claim_queued(
         self, queue: str, workflows: list[str], *, concurrency: int | None,
         per_process: int | None, rate: tuple[int, float] | None, clock: Callable[[], float],
         at: str,
         batch: int,
+        per_key: int | None = None,
     ) -> Claimed:
         if not workflows:
             return Claimed()
@@ -525,7 +558,7 @@ class PostgresStore(OperatorReads):
             assert server_now is not None
             return queue_sql.claim(
                 execute, queue=queue, workflows=workflows, me=self.owner,
-                concurrency=concurrency, per_process=per_process, rate=rate,
+                concurrency=concurrency, per_process=per_process, rate=rate, per_key=per_key,
                 now=float(server_now[0]), at=at, batch=batch, columns=sql.INSTANCE_RETURNING,
                 workflow_marks="SELECT unnest(%(workflows)s::text[])",
                 lock_rows=" FOR UPDATE SKIP LOCKED",
@@ -593,6 +626,7 @@ class PostgresStore(OperatorReads):
                 "owner": None if queued else self.owner, "status": template.status,
                 "queue": template.queue, "priority": template.priority,
                 "queued_at": template.queued_at,
+                "timeout": template.timeout, "timeout_at": template.timeout_at,
                 "parent_workflow": template.parent_workflow, "parent_id": template.parent_id,
                 "parent_group": template.parent_group, "ids": ids,
                 "inputs": [row.input for row in rows],
@@ -665,9 +699,12 @@ class PostgresStore(OperatorReads):
 
     def next_deadline(self) -> float | None:
         row = self._run("read the next timer deadline",
-                        lambda conn: conn.execute("SELECT MIN(deadline) FROM timers").fetchone(),
+                        lambda conn: conn.execute(
+                            f"SELECT (SELECT MIN(deadline) FROM timers), ({shared.NEXT_TIMEOUT})"
+                        ).fetchone(),
                         transaction=False)
-        return None if row is None or row[0] is None else float(row[0])
+        deadlines = [float(d) for d in (row or ()) if d is not None]
+        return min(deadlines) if deadlines else None
 
     def get_instance(self, workflow: str, instance_id: str) -> InstanceRow | None:
         row = self._run(

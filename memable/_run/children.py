@@ -110,7 +110,10 @@ class Children:
         queue: str | None = None,
     ) -> None:
         parent = waits[0]
-        now = utcnow().isoformat()
+        started = utcnow()
+        now = started.isoformat()
+        # Each child's own workflow timeout, if its workflow was registered with one.
+        timeout_at = None if workflow.timeout is None else started.timestamp() + workflow.timeout
         rows = []
         for child_id, key, (text, tag), _ in children:
             with self._telemetry.producing(workflow.name, instance_id=child_id) as traceparent:
@@ -123,6 +126,7 @@ class Children:
                     parent_key=key, parent_group=group, queue=queue,
                     priority=None if queue is None else 0,
                     queued_at=None if queue is None else now, traceparent=traceparent,
+                    timeout=workflow.timeout, timeout_at=timeout_at,
                 ))
         with self._taking():
             created = set(self._store.start_children(waits, rows))

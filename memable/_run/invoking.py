@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from .._queues import QueueSpec, check_priority
 from .._store.rows import InstanceRow, utcnow
 from .._store.serde import store_form
-from .._validate import check_key
+from .._validate import check_deadline, check_key, positive_seconds
 from .run import new_instance_id
 from .workflow import Workflow
 
@@ -29,12 +30,18 @@ def new_instance(
     queue: str | None,
     priority: int,
     queues: dict[str, QueueSpec],
+    *,
+    timeout: float | timedelta | None = None,
+    concurrency_key: str | None = None,
 ) -> tuple[InstanceRow, Any]:
     """The row of a new instance (running here, or queued) and its input as runs see it.
 
+    ``timeout`` (None: the workflow's) arms its deadline from now;
+    ``concurrency_key`` needs a queue declared with ``per_key``.
     Raise ``TypeError`` for an input the workflow does not take (or a missing
-    one it needs), ``ValueError`` for a queue not declared, ``InvalidKey``
-    for a bad id, ``SerializationError`` for an input that cannot be stored.
+    one it needs), ``ValueError`` for a queue not declared, a bad timeout or a
+    key its queue has no ``per_key`` for, ``InvalidKey`` for a bad id,
+    ``SerializationError`` for an input that cannot be stored.
 
     >>> wf = Workflow.of("double", lambda ctx, n: n * 2)
     >>> row, value = new_instance(wf, 21, "d-1", None, 0, {})
@@ -44,6 +51,14 @@ def new_instance(
     Traceback (most recent call last):
     ...
     ValueError: queue 'q' is not declared (engine.queue(name, ...))
+    >>> from datetime import datetime
+    >>> row, _ = new_instance(wf, 21, "d-3", None, 0, {}, timeout=30)
+    >>> row.timeout, row.timeout_at - datetime.fromisoformat(row.created_at).timestamp()
+    (30.0, 30.0)
+    >>> new_instance(wf, 21, "d-4", None, 0, {}, concurrency_key="tenant-1")
+    Traceback (most recent call last):
+    ...
+    ValueError: concurrency_key 'tenant-1' of workflow 'double' instance 'd-4' needs a queue ...
     """
     name = workflow.name
     queue = queue if queue is not None else workflow.queue
@@ -63,8 +78,14 @@ def new_instance(
         input = None
     if input is not None and not workflow.takes_input:
         raise TypeError(f"workflow {name!r} takes no input, got {type(input).__name__}")
+    _check_concurrency_key(concurrency_key, queue, queues, name, instance_id)
+    seconds = (workflow.timeout if timeout is None
+               else positive_seconds(timeout, f"timeout of workflow {name!r}"))
     text, tag, value = store_form(name, instance_id, "input", input, workflow.input_hint)
-    now = utcnow().isoformat()
+    created = utcnow()
+    now = created.isoformat()
+    deadline = None if seconds is None else check_deadline(
+        created.timestamp() + seconds, "timeout", timeout)
     row = InstanceRow(
         workflow=name, instance_id=instance_id,
         status="running" if queue is None else "queued", message=None,
@@ -72,5 +93,24 @@ def new_instance(
         created_at=now, updated_at=now, completed_at=None, queue=queue,
         priority=None if queue is None else priority,
         queued_at=None if queue is None else now,
+        timeout=seconds, timeout_at=deadline, concurrency_key=concurrency_key,
     )
     return row, value
+
+
+def _check_concurrency_key(
+    key: object, queue: str | None, queues: dict[str, QueueSpec], workflow: str,
+    instance_id: str,
+) -> None:
+    """A concurrency key is a non-empty str, for a queue declared with ``per_key``."""
+    if key is None:
+        return
+    where = f"of workflow {workflow!r} instance {instance_id!r}"
+    if not isinstance(key, str) or not key:
+        raise TypeError(f"concurrency_key {where} is a non-empty str, not {key!r}")
+    if queue is None or queues[queue].per_key is None:
+        has = "it has no queue" if queue is None else f"queue {queue!r} has no per_key"
+        raise ValueError(
+            f"concurrency_key {key!r} {where} needs a queue declared with per_key "
+            f"(engine.queue(name, per_key=n)); {has}"
+        )

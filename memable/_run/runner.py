@@ -38,6 +38,7 @@ from .._store.control import LostInstance, RunCancelled
 from .._store.protocol import Store
 from .._store.rows import (
     Claim,
+    Ended,
     InstanceRow,
     RunEnd,
     RunSnapshot,
@@ -513,6 +514,14 @@ class Runner:
             # Else another engine has the workflow, or this one stopped: the
             # next poll of whichever engine runs it picks the instance up.
 
+    def ended_by_cancel(self, name: str, instance_id: str, ended: Ended) -> None:
+        """A cancel stored (``Store.cancel``, or a workflow timeout): the runs here of the
+        instance and its cancelled descendants stop, and a parent it settles goes on."""
+        for workflow, cancelled_id in [(name, instance_id), *ended.cancelled]:
+            self.cancelled(workflow, cancelled_id)
+        if ended.wake is not None:  # a child cancelled: its parent goes on
+            self.wake(*ended.wake)
+
     def cancelled(self, name: str, instance_id: str) -> None:
         """The instance was cancelled: its run here (if any) stops at once, and what
         waits on it here looks at the store again."""
@@ -778,6 +787,10 @@ class Runner:
                 self.telemetry.timer_fired(now - deadline)
                 self.wake(name, instance_id)
             count, until = len(fired), None
+            for out in self.store.time_out(now, utcnow().isoformat()):
+                log.warning("%s", out.message, extra=where(out.workflow, out.instance_id))
+                self.ended_by_cancel(out.workflow, out.instance_id, out.ended)
+                count += 1
             for ticker in self._tickers:
                 made, wait = ticker.look(now)
                 count += made

@@ -31,9 +31,15 @@ class Workflow:
     input_required: bool = False
     #: The queue it is invoked onto by default (None: it runs in the invoking engine).
     queue: str | None = None
+    #: Seconds from an instance's creation after which it is cancelled, "timed out"
+    #: (None: never); ``invoke(timeout=)`` overrides it.
+    timeout: float | None = None
 
     @classmethod
-    def of(cls, name: str, fn: Callable[..., Any], queue: str | None = None) -> Workflow:
+    def of(
+        cls, name: str, fn: Callable[..., Any], queue: str | None = None,
+        timeout: float | None = None,
+    ) -> Workflow:
         """Check ``fn``'s signature and read its annotations."""
         params = [
             p for p in inspect.signature(fn).parameters.values()
@@ -47,4 +53,5 @@ class Workflow:
         hints = hints_of(fn)
         input_hint = hints.get(params[1].name) if len(params) == 2 else None
         required = len(params) == 2 and params[1].default is params[1].empty
-        return cls(name, fn, len(params) == 2, input_hint, return_hint(fn), required, queue)
+        return cls(name, fn, len(params) == 2, input_hint, return_hint(fn), required, queue,
+                   timeout)

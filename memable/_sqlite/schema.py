@@ -18,10 +18,10 @@ import sqlite_utils
 from .._errors import StorageError
 from .._log import log
 from .._store.protocol import Synchronous
-from .._store.sql.instances import INSTANCE_COLUMNS
+from .._store.sql.instances import CONCURRENCY_KEY_INDEX, INSTANCE_COLUMNS, TIMEOUTS_INDEX
 
 #: The schema this code writes; ``PRAGMA user_version`` of every store.
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 #: Seconds a statement waits for another process's lock before failing.
 BUSY_TIMEOUT = 10.0
 #: ``PRAGMA auto_vacuum`` of a store that returns freed pages (retention): incremental.
@@ -38,7 +38,7 @@ _LATER_INSTANCE_COLUMNS = (
     "waiting_for", "owner", "status_message", "step_key", "step_started", "traceback",
     "parent_workflow", "parent_id", "parent_key", "parent_group", "children_pending",
     "queue", "priority", "queued_at", "recoveries", "lost_owner", "lost_step", "schedule",
-    "traceparent", "run_reason",
+    "traceparent", "run_reason", "timeout", "timeout_at", "concurrency_key",
 )
 #: Columns every store has had since version 1: what a file must show before
 #: we migrate it.
@@ -235,6 +235,17 @@ def migrate_to_12(db: sqlite_utils.Database) -> None:
     )
 
 
+def migrate_to_13(db: sqlite_utils.Database) -> None:
+    """Workflow timeouts and per-key concurrency: an instance's timeout and its deadline,
+    indexed for the instances that have not ended (what the timer thread looks at), and
+    the key its queue's ``per_key`` limit counts it under, indexed for that count."""
+    db["instances"].add_column("timeout", float)  # type: ignore[union-attr]
+    db["instances"].add_column("timeout_at", float)  # type: ignore[union-attr]
+    db["instances"].add_column("concurrency_key", str)  # type: ignore[union-attr]
+    db.execute(TIMEOUTS_INDEX)
+    db.execute(CONCURRENCY_KEY_INDEX)
+
+
 #: Migration to version N is MIGRATIONS[N - 1]; all run in the opening transaction.
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     migrate_to_1,
@@ -249,6 +260,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     migrate_to_10,
     migrate_to_11,
     migrate_to_12,
+    migrate_to_13,
 ]
 
 

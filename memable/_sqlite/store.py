@@ -58,6 +58,7 @@ from .._store.rows import (
     Suspend,
     TickFiring,
     TicksFired,
+    TimedOut,
     fired_now,
     settled,
     step_params,
@@ -563,28 +564,58 @@ class SQLiteStore(OperatorReads):
             status = sql.status_of(conn, workflow, instance_id)
             if status in ("completed", "cancelled"):
                 raise InstanceFinished(workflow, instance_id, f"it is {status}")
-            where = {"workflow": workflow, "instance_id": instance_id}
-            descendants = [
-                (w, i) for w, i in conn.execute(children_sql.DESCENDANTS, where).fetchall()
-            ]
-            # The owners stay: a run in flight stores its current step, then stops.
-            for w, i in [(workflow, instance_id), *descendants]:
-                conn.execute(
-                    "UPDATE instances SET status = 'cancelled', message = NULL, "
-                    "waiting_for = NULL, children_pending = NULL, updated_at = ?, "
-                    "completed_at = ? WHERE workflow = ? AND instance_id = ?",
-                    (now, now, w, i),
-                )
-                conn.execute("DELETE FROM timers WHERE workflow = ? AND instance_id = ?", (w, i))
-            parent = conn.execute(children_sql.PARENT_OF, where).fetchone()
-            wake = children_sql.settle_parent(
-                conn.execute, tuple(parent), status="cancelled", message="cancelled",
-                output=None, at=now,
-            )
-            return Ended(wake=wake, cancelled=descendants)
+            return self._cancel_in(conn, workflow, instance_id, now)
 
         return self._commits.write(
             "cancel the instance", workflow, instance_id, None, cancel_it, changes="any"
+        )
+
+    def _cancel_in(
+        self, conn: sqlite3.Connection, workflow: str, instance_id: str, now: str
+    ) -> Ended:
+        """Cancel the instance and its descendants in the caller's transaction."""
+        where = {"workflow": workflow, "instance_id": instance_id}
+        descendants = [
+            (w, i) for w, i in conn.execute(children_sql.DESCENDANTS, where).fetchall()
+        ]
+        # The owners stay: a run in flight stores its current step, then stops.
+        for w, i in [(workflow, instance_id), *descendants]:
+            conn.execute(
+                "UPDATE instances SET status = 'cancelled', message = NULL, "
+                "waiting_for = NULL, children_pending = NULL, updated_at = ?, "
+                "completed_at = ? WHERE workflow = ? AND instance_id = ?",
+                (now, now, w, i),
+            )
+            conn.execute("DELETE FROM timers WHERE workflow = ? AND instance_id = ?", (w, i))
+        parent = conn.execute(children_sql.PARENT_OF, where).fetchone()
+        wake = children_sql.settle_parent(
+            conn.execute, tuple(parent), status="cancelled", message="cancelled",
+            output=None, at=now,
+        )
+        return Ended(wake=wake, cancelled=descendants)
+
+    def time_out(self, now: float, at: str) -> list[TimedOut]:
+        with self._using("look for timed-out instances") as conn:
+            # Most looks find none due: answer those without taking the write lock.
+            due = conn.execute(shared.DUE_TIMEOUTS, {"now": now}).fetchall()
+        if not due:
+            return []
+
+        def time_them_out(conn: sqlite3.Connection) -> list[TimedOut]:
+            out = []
+            for workflow, instance_id in due:
+                where = {"workflow": workflow, "instance_id": instance_id}
+                found = conn.execute(shared.STILL_DUE, {**where, "now": now}).fetchone()
+                if found is None:  # it ended meanwhile, or another engine timed it out
+                    continue
+                ended = self._cancel_in(conn, workflow, instance_id, at)
+                message = shared.timed_out_message(float(found[0]))
+                conn.execute(shared.SET_TIMED_OUT, {**where, "message": message})
+                out.append(TimedOut(workflow, instance_id, message, ended))
+            return out
+
+        return self._commits.write(
+            "time out instances", None, None, None, time_them_out, changes="any"
         )
 
     def claim_queued(
@@ -592,6 +623,7 @@ class SQLiteStore(OperatorReads):
         per_process: int | None, rate: tuple[int, float] | None, clock: Callable[[], float],
         at: str,
         batch: int,
+        per_key: int | None = None,
     ) -> Claimed:
         if not workflows:
             return Claimed()
@@ -603,7 +635,7 @@ class SQLiteStore(OperatorReads):
         def take(conn: sqlite3.Connection) -> Claimed:
             claimed = queue_sql.claim(
                 conn.execute, queue=queue, workflows=workflows, me=self.owner,
-                concurrency=concurrency, per_process=per_process, rate=rate,
+                concurrency=concurrency, per_process=per_process, rate=rate, per_key=per_key,
                 # Read under the write lock: claims then record their starts in order.
                 now=clock(), at=at,
                 batch=batch, columns=sql.INSTANCE_RETURNING,
@@ -703,8 +735,10 @@ class SQLiteStore(OperatorReads):
 
     def next_deadline(self) -> float | None:
         with self._using("read the next timer deadline") as conn:
-            row = conn.execute("SELECT MIN(deadline) FROM timers").fetchone()
-        return None if row[0] is None else float(row[0])
+            timer = conn.execute("SELECT MIN(deadline) FROM timers").fetchone()[0]
+            timeout = conn.execute(shared.NEXT_TIMEOUT).fetchone()[0]
+        deadlines = [float(d) for d in (timer, timeout) if d is not None]
+        return min(deadlines) if deadlines else None
 
     def get_instance(self, workflow: str, instance_id: str) -> InstanceRow | None:
         # Fixed SQL: Invocation.state and result() read this on every look.

@@ -34,6 +34,7 @@ from .rows import (
     Suspend,
     TickFiring,
     TicksFired,
+    TimedOut,
 )
 
 #: How durable a commit is when the call that made it returns: "full" survives
@@ -160,8 +161,18 @@ class Store(Protocol):
         backoff is deleted and returned; its step stays as it is.
         """
 
+    def time_out(self, now: float, at: str) -> list[TimedOut]:
+        """Cancel, as ``cancel`` does, each instance whose workflow timeout passed by ``now``
+        (epoch seconds) and that has not ended (running, suspended or queued), with the
+        status "timed out after <duration>"; return them (at most 100 per call).
+
+        Each is checked due and cancelled in one transaction, so exactly one caller
+        across every engine on the store times it out, and a crash before the
+        commit leaves it due for the next look; one that ended first is left.
+        """
+
     def next_deadline(self) -> float | None:
-        """The earliest armed timer deadline, or None."""
+        """The earliest armed timer deadline or workflow timeout, or None."""
 
     def finish(self, workflow: str, instance_id: str, end: RunEnd) -> Ended:
         """Record how this engine's run ended, and release the instance, atomically.
@@ -190,6 +201,7 @@ class Store(Protocol):
         per_process: int | None, rate: tuple[int, float] | None, clock: Callable[[], float],
         at: str,
         batch: int,
+        per_key: int | None = None,
     ) -> Claimed:
         """Claim up to ``batch`` queued instances of ``queue`` (of ``workflows``), atomically.
 
@@ -202,7 +214,11 @@ class Store(Protocol):
         one transaction that every other claimer of the queue waits for; a
         claimed instance is marked running and owned by this engine in it.
         Nothing is claimed while the queue is paused (read in that transaction;
-        see ``set_queue_paused``).
+        see ``set_queue_paused``). ``per_key``: no more than that many of the
+        queue's instances with one ``concurrency_key`` hold a slot at once (those
+        claimed here counted); the instances of a key at its limit are skipped,
+        not waited for, so the next ones of other keys (and those without a key)
+        are claimed in the queue's order.
         """
 
     def queued(self, queue: str, workflows: list[str]) -> int:

@@ -83,6 +83,13 @@ class InstanceRow:
     #: Why the claim that last took it was made, when that says why its next run
     #: begins ("resume", "recovery"): kept for a queue's consumer, which runs it later.
     run_reason: str | None = None
+    #: The workflow timeout in seconds (``register``/``invoke(timeout=)``), and when it
+    #: passes (epoch seconds from its creation): then the instance is cancelled, "timed
+    #: out after" it, unless it ended first (None: no timeout).
+    timeout: float | None = None
+    timeout_at: float | None = None
+    #: The key its queue's ``per_key`` limit counts it under (None: none).
+    concurrency_key: str | None = None
 
 
 @attrs.frozen
@@ -115,6 +122,8 @@ class QueueLook:
     #: Whether the queue is stored as paused (nothing of it starts), and since when.
     paused: bool = False
     paused_at: str | None = None
+    #: The queue's instances with its concurrency key that hold a slot (None: no key).
+    key_running: int | None = None
 
 
 @attrs.frozen
@@ -282,6 +291,18 @@ class Ended:
     wake: tuple[str, str] | None = None
     #: Descendants a cancel cancelled with the instance (their runs stop too).
     cancelled: list[tuple[str, str]] = attrs.Factory(list)
+
+
+@attrs.frozen
+class TimedOut:
+    """An instance its workflow timeout cancelled (``Store.time_out``), and how."""
+
+    workflow: str
+    instance_id: str
+    #: Its status: "timed out after <duration>".
+    message: str
+    #: The cancel's outcome: its descendants cancelled with it, a parent to wake.
+    ended: Ended
 
 
 @attrs.frozen

@@ -11,6 +11,8 @@ the workflow takes it (onto its queue, if it has one). The source is only read.
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from ..._errors import InstanceNotFound, StepNotFound
 from .execute import Execute
 
@@ -19,12 +21,14 @@ KEYS = (
     "SELECT key, seq FROM steps WHERE workflow = :workflow AND instance_id = :instance_id "
     "ORDER BY seq, key"
 )
-#: The new instance: the source's input, queue and priority; ready for an engine's look.
+#: The new instance: the source's input, queue, priority and concurrency key; ready for an
+#: engine's look. Its workflow timeout (the source's) counts from the fork's creation.
 INSERT_FORK = """
 INSERT INTO instances (workflow, instance_id, status, message, input, input_type,
-    created_at, updated_at, children_pending, queue, priority)
+    created_at, updated_at, children_pending, queue, priority, concurrency_key,
+    timeout, timeout_at)
 SELECT workflow, :new_id, 'suspended', :message, input, input_type, :at, :at, 0,
-    queue, priority
+    queue, priority, concurrency_key, timeout, :created + timeout
 FROM instances WHERE workflow = :workflow AND instance_id = :instance_id
 ON CONFLICT DO NOTHING
 """
@@ -62,7 +66,8 @@ def fork(
         raise StepNotFound(workflow, instance_id, from_key, list(keys))
     message = f"forked from {instance_id!r}" + (
         f" at {from_key!r}" if from_key is not None else "")
-    params = {**where, "new_id": new_id, "message": message, "at": at}
+    params = {**where, "new_id": new_id, "message": message, "at": at,
+              "created": datetime.fromisoformat(at).timestamp()}
     if execute(INSERT_FORK, params).rowcount != 1:
         return False
     if from_key is None:

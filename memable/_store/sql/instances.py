@@ -58,6 +58,11 @@ INSTANCE_COLUMNS: dict[str, type] = {
     # claim that queued it was made (its run's reason, once a queue's consumer runs it)
     "traceparent": str,
     "run_reason": str,
+    # v13: the workflow timeout (seconds) and its durable deadline (epoch seconds, from
+    # the instance's creation), and the key a per-key limit of its queue counts it under
+    "timeout": float,
+    "timeout_at": float,
+    "concurrency_key": str,
 }
 
 # An instance is free to claim when nobody runs it, or its owner's lease ran out.
@@ -201,3 +206,64 @@ INSERT_START_TIMER = (
     "VALUES (:workflow, :instance_id, '_start', :deadline)"
 )
 
+#: The statuses of an instance that a workflow timeout still cancels (it has not ended).
+TIMES_OUT = "status IN ('running', 'suspended', 'queued')"
+#: The deadlines of workflow timeouts still armed: only instances that have not ended
+#: (a query names the same terms, so either database uses this partial index).
+TIMEOUTS_INDEX = (
+    "CREATE INDEX IF NOT EXISTS instances_by_timeout ON instances (timeout_at) "
+    f"WHERE timeout_at IS NOT NULL AND {TIMES_OUT}"
+)
+#: A queue's instances by their concurrency key, for its ``per_key`` count.
+CONCURRENCY_KEY_INDEX = (
+    "CREATE INDEX IF NOT EXISTS instances_by_concurrency_key "
+    "ON instances (queue, concurrency_key, status) WHERE concurrency_key IS NOT NULL"
+)
+#: The earliest deadline of a workflow timeout still armed (NULL: none).
+NEXT_TIMEOUT = (
+    f"SELECT min(timeout_at) FROM instances WHERE timeout_at IS NOT NULL AND {TIMES_OUT}"
+)
+#: Instances whose workflow timeout passed by ``:now`` (epoch seconds), not ended yet.
+DUE_TIMEOUTS = (
+    "SELECT workflow, instance_id FROM instances "
+    f"WHERE timeout_at IS NOT NULL AND {TIMES_OUT} AND timeout_at <= :now "
+    "ORDER BY timeout_at LIMIT 100"
+)
+#: The timeout of an instance still due to time out at ``:now`` (none: it ended, or another
+#: engine timed it out, meanwhile): read in the transaction that cancels it.
+STILL_DUE = (
+    "SELECT timeout FROM instances WHERE workflow = :workflow AND instance_id = :instance_id "
+    f"AND timeout_at IS NOT NULL AND {TIMES_OUT} AND timeout_at <= :now"
+)
+#: What a timed-out instance (cancelled in the same transaction) says it ended by.
+SET_TIMED_OUT = (
+    "UPDATE instances SET message = :message, status_message = :message "
+    "WHERE workflow = :workflow AND instance_id = :instance_id"
+)
+
+
+def timed_out_message(timeout: float) -> str:
+    """The status of an instance its workflow timeout cancelled.
+
+    >>> timed_out_message(30), timed_out_message(0.25), timed_out_message(5400)
+    ('timed out after 30s', 'timed out after 0.25s', 'timed out after 1h 30m')
+    """
+    return f"timed out after {duration_text(timeout)}"
+
+
+def duration_text(seconds: float) -> str:
+    """A duration as people write it: days, hours, minutes, seconds (to the millisecond).
+
+    >>> duration_text(90061.5), duration_text(0)
+    ('1d 1h 1m 1.5s', '0s')
+    """
+    parts = []
+    rest = seconds
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if rest >= size:
+            whole = int(rest // size)
+            parts.append(f"{whole}{unit}")
+            rest -= whole * size
+    if rest > 0 or not parts:
+        parts.append(f"{rest:.3f}".rstrip("0").rstrip(".") + "s")
+    return " ".join(parts)

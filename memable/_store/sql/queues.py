@@ -12,6 +12,9 @@ counts; a claim forgets the rows older than the limit's period.
 A paused queue has a row in ``queue_states`` with ``paused = 1``: a claim reads it
 first, in its transaction and under the same lock, and claims nothing; pausing takes
 that lock too (PostgreSQL), so it waits for a claim under way to commit.
+Under a per-key limit a claim skips the instances of each ``concurrency_key`` that
+holds that many slots already (counting those it took itself), in the queue's order,
+so one key's backlog at the head of the queue does not hold up the other keys.
 """
 
 from __future__ import annotations
@@ -70,6 +73,33 @@ SELECT workflow, instance_id FROM instances
 WHERE queue = :queue AND status = 'queued' AND workflow IN ({workflows})
 ORDER BY priority, queued_at, instance_id LIMIT :n
 """
+# The keys of ``:queue`` whose instances hold ``:per_key`` slots or more (``HOLDS_SLOT``,
+# read as ``RUNNING`` reads them: the (queue, status) index, not every keyed instance the
+# queue ever had). ``count(concurrency_key)`` counts keys only, so the group of the
+# instances without one is never at a limit (and a NULL never reaches ``NOT IN``).
+_SATURATED_KEYS = f"""
+SELECT concurrency_key FROM (
+    SELECT concurrency_key FROM instances WHERE queue = :queue AND status = 'running'
+    UNION ALL
+    SELECT concurrency_key FROM instances WHERE queue = :queue AND {_CANCELLED_HOLDING}
+) AS held GROUP BY concurrency_key HAVING count(concurrency_key) >= :per_key
+"""
+#: ``NEXT`` under a per-key limit: with each one's key, and none of a key at its limit
+#: (an instance without a key is not limited by it).
+NEXT_KEYED = f"""
+SELECT workflow, instance_id, concurrency_key FROM instances
+WHERE queue = :queue AND status = 'queued' AND workflow IN ({{workflows}})
+AND (concurrency_key IS NULL OR concurrency_key NOT IN ({_SATURATED_KEYS}))
+ORDER BY priority, queued_at, instance_id LIMIT :n
+"""
+#: How many of ``:queue``'s instances with the concurrency key ``:key`` hold a slot
+#: (``HOLDS_SLOT`` at ``:now``; each an index range read of (queue, key, status)).
+KEY_HOLDS = f"""
+SELECT (SELECT count(*) FROM instances
+        WHERE queue = :queue AND concurrency_key = :key AND status = 'running')
+    + (SELECT count(*) FROM instances
+       WHERE queue = :queue AND concurrency_key = :key AND {_CANCELLED_HOLDING}) AS n
+"""
 TAKE = """
 UPDATE instances SET status = 'running', owner = :me, updated_at = :at, message = NULL,
     waiting_for = NULL, completed_at = NULL, traceback = NULL, step_key = NULL,
@@ -99,6 +129,7 @@ def claim(
     columns: str,
     workflow_marks: str,
     lock_rows: str = "",
+    per_key: int | None = None,
 ) -> Claimed:
     """Claim up to ``batch`` queued instances of ``queue`` (of ``workflows``) within its limits;
     none while the queue is paused.
@@ -108,7 +139,9 @@ def claim(
     owners are judged by (the database's on PostgreSQL); ``workflow_marks``
     the SQL list of the ``workflows`` parameters (``:w0, :w1``, or ``SELECT
     unnest(...)``); ``lock_rows`` what locks the rows it picks (PostgreSQL:
-    ``FOR UPDATE SKIP LOCKED``).
+    ``FOR UPDATE SKIP LOCKED``). ``per_key``: no instance of a concurrency key
+    that holds that many slots (with those this claim took) is taken; the
+    next ones of other keys are.
     """
     where = {"queue": queue, "me": me}
     if execute(PAUSED, where).fetchone() is not None:  # paused: nothing starts
@@ -126,21 +159,41 @@ def claim(
         starts = [float(row[0]) for row in execute(STARTS, where).fetchall()]
         room = min(room, count - len(starts))
     taken: list[RunSnapshot] = []
-    if room > 0:
-        params: dict[str, Any] = {**where, "n": room}
-        params.update({f"w{i}": name for i, name in enumerate(workflows)})
-        params["workflows"] = workflows
+
+    def take(workflow: str, instance_id: str) -> None:
+        one = {**where, "workflow": workflow, "instance_id": instance_id, "at": at}
+        row = execute(TAKE.format(columns=columns), one).fetchone()
+        if row is None:
+            return
+        steps = execute(STEPS, one).fetchall()
+        taken.append(RunSnapshot(InstanceRow(*row), {s[0]: StoredStep(*s) for s in steps}))
+        if rate is not None:  # only a rate counts starts (and forgets old ones)
+            execute(STARTED, {**where, "now": now})
+            starts.append(now)
+
+    params: dict[str, Any] = {**where, "n": room, "now": now, "per_key": per_key}
+    params.update({f"w{i}": name for i, name in enumerate(workflows)})
+    params["workflows"] = workflows
+    if room > 0 and per_key is None:
         found = execute(NEXT.format(workflows=workflow_marks) + lock_rows, params).fetchall()
         for workflow, instance_id in found:
-            one = {**where, "workflow": workflow, "instance_id": instance_id, "at": at}
-            row = execute(TAKE.format(columns=columns), one).fetchone()
-            if row is None:
+            take(workflow, instance_id)
+    # Rounds: each finds the next ones of the keys below their limit, and takes each
+    # whose key is still below it (this round's takes, running already, are counted).
+    # A round that takes nothing found nothing more to take.
+    while per_key is not None and len(taken) < room:
+        params["n"] = room - len(taken)
+        found = execute(NEXT_KEYED.format(workflows=workflow_marks) + lock_rows,
+                        params).fetchall()
+        before = len(taken)
+        for workflow, instance_id, key in found:
+            if key is not None and int(execute(
+                KEY_HOLDS, {**where, "key": key, "now": now}
+            ).fetchone()[0]) >= per_key:
                 continue
-            steps = execute(STEPS, one).fetchall()
-            taken.append(RunSnapshot(InstanceRow(*row), {s[0]: StoredStep(*s) for s in steps}))
-            if rate is not None:  # only a rate counts starts (and forgets old ones)
-                execute(STARTED, {**where, "now": now})
-                starts.append(now)
+            take(workflow, instance_id)
+        if len(taken) == before:
+            break
     retry_in = None
     if rate is not None and len(starts) >= rate[0]:
         # Room again once the oldest of the last ``count`` starts leaves the window.

@@ -17,7 +17,7 @@ from typing import Any
 from ..rows import InstanceRow, InstanceView, OwnerRow, QueueLook, ScheduleRow
 from . import schedules as schedules_sql
 from .instances import INSTANCE_COLUMNS
-from .queues import HOLDS_SLOT, PAUSED, PAUSED_ALL, STARTS
+from .queues import HOLDS_SLOT, KEY_HOLDS, PAUSED, PAUSED_ALL, STARTS
 from .queues import STATS as QUEUE_STATS
 
 #: ``read_rows(what, sql, params)``: the rows of one read, as dicts of their columns.
@@ -127,6 +127,11 @@ def queue_look(read: ReadRows, row: InstanceRow) -> QueueLook | None:
     )
     starts = read("read the queue's starts", STARTS, where)
     paused = read("read whether the queue is paused", PAUSED, where)
+    key = row.concurrency_key
+    key_running = None if key is None else int(read(
+        "count the running instances of its concurrency key", KEY_HOLDS,
+        {**where, "key": key, "now": now},
+    )[0]["n"])
     return QueueLook(
         position=int(ahead[0]["n"]) + 1,
         running={str(r["owner"]): int(r["n"]) for r in running},
@@ -135,6 +140,7 @@ def queue_look(read: ReadRows, row: InstanceRow) -> QueueLook | None:
         now=now,
         paused=bool(paused),
         paused_at=paused[0]["paused_at"] if paused else None,
+        key_running=key_running,
     )
 
 
