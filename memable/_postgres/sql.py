@@ -27,6 +27,11 @@ OWNER_FREE = f"""(
 INSTANCE_RETURNING = ", ".join(INSTANCE_COLUMNS)
 # The server-side functions (``functions``), one round trip each.
 CLAIM = "SELECT instance, steps FROM memable_claim(%s, %s, %s, %s, %s)"
+CLAIM_QUEUED = (
+    "SELECT claimed, retry_in FROM memable_claim_queued("
+    "%s, %s::text[], %s, %s::integer, %s::integer, %s::integer, %s::integer, "
+    "%s::double precision, %s, %s, %s)"
+)
 DELIVER_SIGNAL = "SELECT memable_deliver_signal(%s, %s, %s, %s, %s, %s, %s, %s)"
 SUSPEND_RUN = (
     "SELECT outcome, armed, instance, steps FROM memable_suspend("
@@ -44,6 +49,11 @@ SELECT_INSTANCE = (
 INSERT_INSTANCE = (
     f"INSERT INTO instances ({INSTANCE_RETURNING}) "
     f"VALUES ({', '.join(['%s'] * len(INSTANCE_COLUMNS))}) ON CONFLICT DO NOTHING"
+)
+#: A queued instance and, if this made it, the "queued" notice (channel, payload), in one
+#: statement: one round trip, one transaction. Its rowcount says whether it was made.
+INSERT_QUEUED_INSTANCE = (
+    f"WITH created AS ({INSERT_INSTANCE} RETURNING 1) SELECT pg_notify(%s, %s) FROM created"
 )
 CHECK_RUN = "SELECT status, owner FROM instances WHERE workflow = %s AND instance_id = %s"
 # Children of one workflow and parent, running and owned by this engine; those

@@ -126,6 +126,10 @@ class PostgresStore(OperatorReads):
         values = attrs.astuple(attrs.evolve(row, owner=None if queued else self.owner))
 
         def insert(conn: psycopg.Connection[Any]) -> bool:
+            if queued and start_at is None:  # one statement: the row, and "queued" if made
+                told = payload("queued", self.owner, row.workflow, row.instance_id)
+                return conn.execute(sql.INSERT_QUEUED_INSTANCE,
+                                    (*values, self.channel, told)).rowcount == 1
             created = conn.execute(sql.INSERT_INSTANCE, values).rowcount == 1
             if created and start_at is not None:  # a delayed start: its timer, then "armed"
                 params = {"workflow": row.workflow, "instance_id": row.instance_id,
@@ -133,8 +137,6 @@ class PostgresStore(OperatorReads):
                 conn.execute(pg(shared.INSERT_START_STEP), params)
                 conn.execute(pg(shared.INSERT_START_TIMER), params)
                 self._notify(conn, payload("timer", self.owner, row.workflow, row.instance_id))
-            elif created and queued:
-                self._notify(conn, payload("queued", self.owner, row.workflow, row.instance_id))
             return created
 
         def read_back(conn: psycopg.Connection[Any]) -> object:
@@ -545,31 +547,26 @@ class PostgresStore(OperatorReads):
         if not workflows:
             return Claimed()
         lock = f"memable-queue:{self.schema}:{queue}"
+        count, period = rate if rate is not None else (None, None)
+        params = (queue, workflows, self.owner, concurrency, per_process, per_key, count,
+                  period, at, batch, lock)
 
         def take(conn: psycopg.Connection[Any]) -> Claimed:
-            execute = self._pg_execute(conn)
-            # Most looks find nothing queued: a read answers those, without the lock.
-            if execute(queue_sql.ANY_QUEUED, {"queue": queue}).fetchone() is None:
-                return Claimed()
-            # One claimer of the queue at a time, across every engine on the server,
-            # from its count to its claim; and a rate judged by the server's clock.
-            conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (lock,))
-            server_now = conn.execute(f"SELECT {sql.NOW_EPOCH}").fetchone()
-            assert server_now is not None
-            return queue_sql.claim(
-                execute, queue=queue, workflows=workflows, me=self.owner,
-                concurrency=concurrency, per_process=per_process, rate=rate, per_key=per_key,
-                now=float(server_now[0]), at=at, batch=batch, columns=sql.INSTANCE_RETURNING,
-                workflow_marks="SELECT unnest(%(workflows)s::text[])",
-                lock_rows=" FOR UPDATE SKIP LOCKED",
-            )
+            # One round trip: the look, the queue's lock, the pause, the limits and the
+            # claim of each instance with its steps (``memable_claim_queued``).
+            found = conn.execute(sql.CLAIM_QUEUED, params).fetchone()
+            assert found is not None
+            claimed, retry_in = found
+            return Claimed([_snapshot_of(instance, steps) for instance, steps in claimed],
+                           retry_in)
 
         def read_back(conn: psycopg.Connection[Any]) -> object:
             # What a lost commit claimed is this engine's, running and not run here:
             # the poll's look at "mine" runs it again.
             return Claimed()
 
-        return self._db.run("claim queued instances", take, read_back=read_back)
+        return self._db.run("claim queued instances", take, transaction=False,
+                            read_back=read_back)
 
     def queued(self, queue: str, workflows: list[str]) -> int:
         text = pg(queue_sql.COUNT_QUEUED.format(

@@ -73,11 +73,11 @@ SELECT workflow, instance_id FROM instances
 WHERE queue = :queue AND status = 'queued' AND workflow IN ({workflows})
 ORDER BY priority, queued_at, instance_id LIMIT :n
 """
-# The keys of ``:queue`` whose instances hold ``:per_key`` slots or more (``HOLDS_SLOT``,
+#: The keys of ``:queue`` whose instances hold ``:per_key`` slots or more (``HOLDS_SLOT``,
 # read as ``RUNNING`` reads them: the (queue, status) index, not every keyed instance the
 # queue ever had). ``count(concurrency_key)`` counts keys only, so the group of the
 # instances without one is never at a limit (and a NULL never reaches ``NOT IN``).
-_SATURATED_KEYS = f"""
+SATURATED_KEYS = f"""
 SELECT concurrency_key FROM (
     SELECT concurrency_key FROM instances WHERE queue = :queue AND status = 'running'
     UNION ALL
@@ -89,7 +89,7 @@ SELECT concurrency_key FROM (
 NEXT_KEYED = f"""
 SELECT workflow, instance_id, concurrency_key FROM instances
 WHERE queue = :queue AND status = 'queued' AND workflow IN ({{workflows}})
-AND (concurrency_key IS NULL OR concurrency_key NOT IN ({_SATURATED_KEYS}))
+AND (concurrency_key IS NULL OR concurrency_key NOT IN ({SATURATED_KEYS}))
 ORDER BY priority, queued_at, instance_id LIMIT :n
 """
 #: How many of ``:queue``'s instances with the concurrency key ``:key`` hold a slot
@@ -128,18 +128,18 @@ def claim(
     batch: int,
     columns: str,
     workflow_marks: str,
-    lock_rows: str = "",
     per_key: int | None = None,
 ) -> Claimed:
     """Claim up to ``batch`` queued instances of ``queue`` (of ``workflows``) within its limits;
     none while the queue is paused.
 
-    The caller holds what keeps other claimers of the queue out until its
-    commit. ``now`` is the clock a rate limit and the leases of cancelled runs'
-    owners are judged by (the database's on PostgreSQL); ``workflow_marks``
-    the SQL list of the ``workflows`` parameters (``:w0, :w1``, or ``SELECT
-    unnest(...)``); ``lock_rows`` what locks the rows it picks (PostgreSQL:
-    ``FOR UPDATE SKIP LOCKED``). ``per_key``: no instance of a concurrency key
+    The SQLite store's claim, run under its write lock, which keeps other
+    claimers of the queue out until its commit; PostgreSQL runs the same steps
+    with these statements in one server-side function
+    (``memable._postgres.functions``, ``memable_claim_queued``): one round trip.
+    ``now`` is the clock a rate limit and the leases of cancelled runs' owners
+    are judged by; ``workflow_marks`` the SQL list of the ``workflows``
+    parameters (``:w0, :w1``). ``per_key``: no instance of a concurrency key
     that holds that many slots (with those this claim took) is taken; the
     next ones of other keys are.
     """
@@ -175,7 +175,7 @@ def claim(
     params.update({f"w{i}": name for i, name in enumerate(workflows)})
     params["workflows"] = workflows
     if room > 0 and per_key is None:
-        found = execute(NEXT.format(workflows=workflow_marks) + lock_rows, params).fetchall()
+        found = execute(NEXT.format(workflows=workflow_marks), params).fetchall()
         for workflow, instance_id in found:
             take(workflow, instance_id)
     # Rounds: each finds the next ones of the keys below their limit, and takes each
@@ -183,8 +183,7 @@ def claim(
     # A round that takes nothing found nothing more to take.
     while per_key is not None and len(taken) < room:
         params["n"] = room - len(taken)
-        found = execute(NEXT_KEYED.format(workflows=workflow_marks) + lock_rows,
-                        params).fetchall()
+        found = execute(NEXT_KEYED.format(workflows=workflow_marks), params).fetchall()
         before = len(taken)
         for workflow, instance_id, key in found:
             if key is not None and int(execute(
