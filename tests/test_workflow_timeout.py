@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from freezegun import freeze_time
-from helpers import cli, until
+from helpers import cli, traced, until
 from werkzeug.test import Client
 
 from memable import (
@@ -187,6 +187,24 @@ def test_the_timer_thread_wakes_for_a_new_instances_deadline(
         until(lambda: isinstance(inv.state, Cancelled))
         meta = _metadata(engine, "waits_for_approval", "soon")
     assert meta.status_message == "timed out after 0.2s"
+
+
+def test_a_look_with_no_timeout_due_opens_no_transaction(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """Every look of every engine's timer thread asks for due timeouts: with none due, it
+    is one read and no transaction (a transaction there cost round trips at each look,
+    and interleaved with a run's own in a statement trace). The engine's own threads
+    are idle meanwhile: a poll every minute, a heartbeat every 40 s."""
+    engine = make_engine(poll_interval=60, lease=120)
+    engine.register("waits_for_approval", waits_for_approval, timeout=3600)
+    with engine:
+        engine.invoke("waits_for_approval", instance_id="later").wait(TIMEOUT)
+        with traced(engine) as statements:
+            assert engine.fire_due_timers() == 0
+    assert statements  # it did look
+    words = {sql.split(None, 1)[0].upper() for sql in statements}
+    assert words <= {"SELECT"}, statements
 
 
 def test_an_instance_that_ended_first_is_left_as_it_ended(engine: Engine) -> None:

@@ -514,11 +514,19 @@ class PostgresStore(OperatorReads):
         return Ended(wake=wake, cancelled=descendants)
 
     def time_out(self, now: float, at: str) -> list[TimedOut]:
+        # Most looks find none due: one read answers those, outside a transaction.
+        any_due = self._run(
+            "look for timed-out instances",
+            lambda conn: self._pg_execute(conn)(shared.DUE_TIMEOUTS, {"now": now}).fetchone(),
+            transaction=False,
+        )
+        if any_due is None:
+            return []
+
         def time_them_out(conn: psycopg.Connection[Any]) -> list[TimedOut]:
             execute = self._pg_execute(conn)
-            # Most looks find none due: a read answers those. The due ones are locked as
-            # they are read, skipping those another engine is timing out (or a run
-            # writes); one left is found again by the next look.
+            # The due ones are locked as they are read, skipping those another engine is
+            # timing out (or a run writes); one left is found again by the next look.
             due = execute(shared.DUE_TIMEOUTS + " FOR UPDATE SKIP LOCKED",
                           {"now": now}).fetchall()
             out = []
