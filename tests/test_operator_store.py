@@ -95,13 +95,21 @@ def test_resume_failed_resumes_the_oldest_first_up_to_the_limit(engine: Engine) 
 
 
 def test_fork_from_a_key_copies_the_completed_steps_before_it(engine: Engine) -> None:
+    """The fork is ready at once, and the running engine may take it before the test
+    reads it: its step "one" is the source's record, copied (never executed again: the
+    same completion time), and "two" is executed anew, after the source's."""
     engine.invoke("two", 1, instance_id="t").result(TIMEOUT)
+    source = {s.key: s for s in engine.steps("two", "t")}
     store = _store(engine)
     new_id, made = admin.fork_instance(store, "two", "t", "two", "t-fork")
     assert (new_id, made) == ("t-fork", True)
-    assert [s.key for s in engine.steps("two", "t-fork")] == ["one"]
     assert engine.invocation("two", "t-fork").result(TIMEOUT) == 2
-    assert [s.key for s in engine.steps("two", "t-fork")] == ["one", "two"]
+    forked = {s.key: s for s in engine.steps("two", "t-fork")}
+    assert list(forked) == ["one", "two"]
+    assert forked["one"] == source["one"]
+    assert forked["two"].completed_at is not None
+    assert source["two"].completed_at is not None
+    assert forked["two"].completed_at > source["two"].completed_at
     # The same id again writes nothing; with no key every completed step is copied.
     assert admin.fork_instance(store, "two", "t", "one", "t-fork") == ("t-fork", False)
     assert [s.key for s in engine.steps("two", "t-fork")] == ["one", "two"]
@@ -116,9 +124,13 @@ def test_a_fork_of_a_failed_step_reruns_it_and_the_source_stays(engine: Engine) 
     engine.invoke("two", -1, instance_id="bad").wait(TIMEOUT)
     before = engine.steps("two", "bad")
     admin.fork_instance(_store(engine), "two", "bad", "two", "again")
-    assert [s.key for s in engine.steps("two", "again")] == ["one"]
-    with pytest.raises(WorkflowFailed):
+    with pytest.raises(WorkflowFailed):  # the running engine takes the fork at its look
         engine.invocation("two", "again").result(TIMEOUT)
+    forked = engine.steps("two", "again")
+    assert [s.key for s in forked] == ["one", "two"]
+    assert forked[0] == before[0]  # copied, not executed again
+    assert forked[1].completed_at is None  # "two" failed again, anew
+    assert (forked[1].state, forked[1].attempts) == (before[1].state, before[1].attempts)
     assert engine.steps("two", "bad") == before
     meta = engine.get_metadata("two", "bad")
     assert meta is not None
