@@ -529,17 +529,10 @@ class PostgresStore(OperatorReads):
             # timing out (or a run writes); one left is found again by the next look.
             due = execute(shared.DUE_TIMEOUTS + " FOR UPDATE SKIP LOCKED",
                           {"now": now}).fetchall()
-            out = []
-            for workflow, instance_id in due:
-                where = {"workflow": workflow, "instance_id": instance_id}
-                found = execute(shared.STILL_DUE, {**where, "now": now}).fetchone()
-                if found is None:  # it ended before the lock was taken
-                    continue
-                ended = self._cancel_in(conn, workflow, instance_id, at)
-                message = shared.timed_out_message(float(found[0]))
-                execute(shared.SET_TIMED_OUT, {**where, "message": message})
-                out.append(TimedOut(workflow, instance_id, message, ended))
-            return out
+            return shared.time_out_due(
+                execute, [(w, i) for w, i in due], now,
+                lambda workflow, instance_id: self._cancel_in(conn, workflow, instance_id, at),
+            )
 
         # A commit whose outcome was lost is run again: what it did is no longer due.
         return self._run("time out instances", time_them_out,

@@ -602,17 +602,10 @@ class SQLiteStore(OperatorReads):
             return []
 
         def time_them_out(conn: sqlite3.Connection) -> list[TimedOut]:
-            out = []
-            for workflow, instance_id in due:
-                where = {"workflow": workflow, "instance_id": instance_id}
-                found = conn.execute(shared.STILL_DUE, {**where, "now": now}).fetchone()
-                if found is None:  # it ended meanwhile, or another engine timed it out
-                    continue
-                ended = self._cancel_in(conn, workflow, instance_id, at)
-                message = shared.timed_out_message(float(found[0]))
-                conn.execute(shared.SET_TIMED_OUT, {**where, "message": message})
-                out.append(TimedOut(workflow, instance_id, message, ended))
-            return out
+            return shared.time_out_due(
+                conn.execute, [(w, i) for w, i in due], now,
+                lambda workflow, instance_id: self._cancel_in(conn, workflow, instance_id, at),
+            )
 
         return self._commits.write(
             "time out instances", None, None, None, time_them_out, changes="any"

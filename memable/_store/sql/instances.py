@@ -8,9 +8,11 @@ resume``'s mark: the same rules, written once, on either store.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from ..rows import TERMINAL, RunEnd
+from ..rows import TERMINAL, Ended, RunEnd, TimedOut
+from .execute import Execute
 
 #: The columns of an instance row, in ``InstanceRow``'s order, with their types.
 INSTANCE_COLUMNS: dict[str, type] = {
@@ -240,6 +242,27 @@ SET_TIMED_OUT = (
     "UPDATE instances SET message = :message, status_message = :message "
     "WHERE workflow = :workflow AND instance_id = :instance_id"
 )
+
+
+def time_out_due(
+    execute: Execute, due: list[tuple[str, str]], now: float,
+    cancel: Callable[[str, str], Ended],
+) -> list[TimedOut]:
+    """In the caller's transaction, cancel (with ``cancel``, the store's own, children
+    too) each of the ``due`` instances still due at ``now`` and not ended, and give it
+    its "timed out after" status; one that ended meanwhile, or that another engine timed
+    out, is left as it is."""
+    out = []
+    for workflow, instance_id in due:
+        where = {"workflow": workflow, "instance_id": instance_id}
+        found = execute(STILL_DUE, {**where, "now": now}).fetchone()
+        if found is None:
+            continue
+        ended = cancel(workflow, instance_id)
+        message = timed_out_message(float(found[0]))
+        execute(SET_TIMED_OUT, {**where, "message": message})
+        out.append(TimedOut(workflow, instance_id, message, ended))
+    return out
 
 
 def timed_out_message(timeout: float) -> str:
