@@ -14,6 +14,8 @@ import time
 
 import psycopg
 
+from ._floor import QUEUE_WRITES
+
 
 def _connect(
     url: str, synchronous: str, autocommit: bool = True
@@ -58,3 +60,44 @@ def measure(url: str, schema: str, synchronous: str, rows: int) -> dict[str, flo
         finally:
             conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
     return {"insert_commit_us": tx_us, "autocommit_insert_us": insert_us, "pk_read_us": read_us}
+
+
+def measure_queue(url: str, schema: str, synchronous: str, rows: int) -> dict[str, float]:
+    """Microseconds per queued one-step instance (W8) and per child (W7): the statements
+    the design needs, each its own autocommit round trip (stored queued, claimed, the
+    step, the end; a W7 child's insert shares one transaction with all the others)."""
+    payload = '{"i":0,"s":"' + "x" * 32 + '"}'
+    with _connect(url, synchronous) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+        try:
+            conn.execute(f'SET search_path TO "{schema}"')
+            conn.execute(
+                "CREATE TABLE instances (workflow text, instance_id text, status text, "
+                "input text, output text, PRIMARY KEY (workflow, instance_id))"
+            )
+            conn.execute(
+                "CREATE TABLE steps (workflow text, instance_id text, key text, result text, "
+                "PRIMARY KEY (workflow, instance_id, key))"
+            )
+            writes = [statement.replace(":id", "%(id)s").replace(":input", "%(input)s")
+                      .replace(":payload", "%(payload)s").replace(":output", "%(output)s")
+                      for statement in QUEUE_WRITES]
+
+            def run(prefix: str, children: bool) -> float:
+                params = [{"id": f"{prefix}-{i}", "input": str(i), "payload": payload,
+                           "output": str(i)} for i in range(rows)]
+                start = time.perf_counter()
+                per_instance = writes
+                if children:
+                    with conn.transaction(), conn.cursor() as cursor:
+                        cursor.executemany(writes[0], params)
+                    per_instance = writes[1:]
+                for values in params:
+                    for statement in per_instance:
+                        conn.execute(statement, values)
+                return (time.perf_counter() - start) / rows * 1e6
+
+            run("warm", False)
+            return {"queue_instance_us": run("w8", False), "queue_child_us": run("w7", True)}
+        finally:
+            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
