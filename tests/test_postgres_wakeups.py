@@ -1,5 +1,5 @@
 """A cancel reaches what waits on the instance at once, not at the next poll (issue 21,
-point 5).
+point 5); so does the end of a run that held a queue's slot another engine waits for.
 
 An ``Invocation`` whose instance runs nowhere here (suspended, or queued) follows the
 store, reading it again each ``poll_interval``. A cancel made by this engine, or told
@@ -132,3 +132,48 @@ def test_a_cancel_from_elsewhere_ends_a_wait_on_a_postgres_store_at_once(
     finally:
         other.close()
         engine.close()
+
+
+def test_a_run_that_ends_elsewhere_frees_its_queue_slot_at_once(pg_schema: str) -> None:
+    """The end of a run on a queue tells every engine on the store (NOTIFY "queued", sent
+    by the statement that records the end): an engine whose instance waits for that slot
+    starts it at once, not at its next poll, 30 s on. Each engine runs one workflow of
+    the queue (concurrency 1), so only the other one can take the waiting instance."""
+    postgres_or_skip()
+    started, release = threading.Event(), threading.Event()
+    first = Engine.open(POSTGRES_URL, schema=pg_schema, poll_interval=POLL)
+    second = Engine.open(POSTGRES_URL, schema=pg_schema, poll_interval=POLL)
+    for each in (first, second):
+        each.queue("one", concurrency=1)
+
+    def holds(ctx: Any) -> bool:
+        started.set()
+        return release.wait(TIMEOUT)
+
+    first.register("holds", holds, queue="one")
+    second.register("waits", lambda ctx: "ran", queue="one")
+    looked = threading.Event()  # the second engine's queue thread looked (and found no slot)
+    try:
+        with first, second:
+            consumer = second._runner._consumer
+            assert consumer is not None
+            claim = consumer.claim
+
+            def claiming() -> float | None:
+                retry_in = claim()
+                looked.set()
+                return retry_in
+
+            consumer.claim = claiming  # type: ignore[method-assign]
+            holding = first.invoke("holds", instance_id="h")
+            assert started.wait(TIMEOUT)
+            looked.clear()
+            waiting = second.invoke("waits", instance_id="w")  # kicks its queue thread
+            assert looked.wait(TIMEOUT)
+            assert waiting.state == Queued()  # the slot is the first engine's run's
+            release.set()
+            assert holding.result(TIMEOUT) is True
+            assert waiting.result(TIMEOUT) == "ran"
+    finally:
+        second.close()
+        first.close()

@@ -17,6 +17,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from pathlib import Path
@@ -56,6 +57,17 @@ def start(store: SQLiteStore, instance_id: str) -> None:
     assert store.begin_run("wf", instance_id, now=now, claim="resume") is not None
 
 
+def queue(store: SQLiteStore, instance_id: str) -> None:
+    """Store ``wf/<instance_id>`` queued on ``q`` and claim it through the queue."""
+    now = utcnow().isoformat()
+    store.create_instance(InstanceRow(
+        "wf", instance_id, "queued", None, "null", None, None, None, now, now, None,
+        queue="q", priority=0, queued_at=now))
+    claimed = store.claim_queued("q", ["wf"], concurrency=None, per_process=None, rate=None,
+                                 clock=time.time, at=now, batch=8)
+    assert [s.instance.instance_id for s in claimed.snapshots] == [instance_id]
+
+
 def running_store(path: Path | None) -> SQLiteStore:
     """A store with one instance ``wf/x`` claimed by it and running."""
     store = SQLiteStore(path, "normal")
@@ -85,6 +97,10 @@ def test_a_file_store_reads_again_only_after_another_commit(tmp_path: Path) -> N
         start(store, "y")  # another instance's claim leaves x known, and y is known
         assert store.check_run("wf", "x") == "running"
         assert store.check_run("wf", "y") == "running"
+        assert reads(seen) == 1
+        queue(store, "z")  # so does a queue's claim, and what it claimed is known too
+        assert store.check_run("wf", "x") == "running"
+        assert store.check_run("wf", "z") == "running"
         assert reads(seen) == 1
         other.execute("UPDATE instances SET status_message = 'elsewhere'")
         assert store.check_run("wf", "x") == "running"

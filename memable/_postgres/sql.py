@@ -97,6 +97,13 @@ LOCK_INSTANCE = (
     "SELECT status, owner FROM instances WHERE workflow = %s AND instance_id = %s FOR UPDATE"
 )
 FINISH = pg(shared.FINISH)
+#: The end of a run of an instance without a parent, and the "queued" notice of its
+#: queue's freed slot, in one statement (autocommit: one round trip). No row: it has a
+#: parent, or was cancelled meanwhile, and nothing was written.
+FINISH_TOP_LEVEL = (
+    f"WITH done AS ({pg(shared.FINISH_TOP_LEVEL)}) SELECT CASE WHEN queue IS NOT NULL "
+    "THEN pg_notify(%(channel)s, %(told)s) END FROM done"
+)
 RELEASE = pg(shared.RELEASE)
 ANY_DUE = "SELECT 1 FROM timers WHERE deadline <= %s LIMIT 1"
 # Claims due timers: rows another engine is firing (or a signal is dropping)

@@ -276,6 +276,18 @@ class PostgresStore(OperatorReads):
 
     def finish(self, workflow: str, instance_id: str, end: RunEnd) -> Ended:
         params = shared.finish_params(workflow, instance_id, self.owner, end)
+        told = payload("queued", self.owner, workflow, instance_id)
+
+        def record_alone(conn: psycopg.Connection[Any]) -> bool:
+            # Most runs have no parent: their end, and the notice, in one round trip.
+            return conn.execute(
+                sql.FINISH_TOP_LEVEL, {**params, "channel": self.channel, "told": told}
+            ).fetchone() is not None
+
+        def read_back_alone(conn: psycopg.Connection[Any]) -> object:
+            recorded = read_back(conn)
+            return recorded if recorded is NOT_DONE else isinstance(recorded, Ended) and (
+                recorded.recorded)
 
         def record(conn: psycopg.Connection[Any]) -> Ended:
             # A child's end then locks its parent's row: a cancel that cascades
@@ -285,11 +297,11 @@ class PostgresStore(OperatorReads):
                 released = conn.execute(sql.RELEASE, params).fetchone()
                 if released is not None and released[0] is not None:
                     # The slot the cancelled run held is free: tell the queue's consumers.
-                    self._notify(conn, payload("queued", self.owner, workflow, instance_id))
+                    self._notify(conn, told)
                 return Ended(recorded=False)
             *parent, queue = found
             if queue is not None:  # a slot is free: tell the queue's consumers
-                self._notify(conn, payload("queued", self.owner, workflow, instance_id))
+                self._notify(conn, told)
             wake = children_sql.settle_parent(
                 self._pg_execute(conn), tuple(parent), status=end.status, message=end.message,
                 output=end.output, at=end.at, lock=children_sql.LOCK_PARENT,
@@ -308,8 +320,12 @@ class PostgresStore(OperatorReads):
             # Recorded; whether it made its parent ready is not known: the poll finds that.
             return Ended()
 
-        return self._run(f"record the run as {end.status}", record, workflow, instance_id,
-                         read_back=read_back)
+        what = f"record the run as {end.status}"
+        if self._run(what, record_alone, workflow, instance_id, transaction=False,
+                     read_back=read_back_alone):
+            return Ended()
+        # A parent to settle, or cancelled meanwhile: nothing was written yet.
+        return self._run(what, record, workflow, instance_id, read_back=read_back)
 
     # ------------------------------------------------------------------ from outside a run
 

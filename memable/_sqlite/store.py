@@ -639,7 +639,10 @@ class SQLiteStore(OperatorReads):
                     self._checks.claimed(snapshot.instance.workflow, snapshot.instance.instance_id)
             return claimed
 
-        return self._commits.write("claim queued instances", None, None, None, take, changes="any")
+        # It changes only queued instances, none of them known running, to running and
+        # this store's: the claimed are known running from its commit, the rest stay known.
+        return self._commits.write("claim queued instances", None, None, None, take,
+                                   changes="none")
 
     def queued(self, queue: str, workflows: list[str]) -> int:
         if not workflows:

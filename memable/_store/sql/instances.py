@@ -146,15 +146,17 @@ WHERE status = 'suspended' AND children_pending = 0 AND workflow IN ({{marks}})
 #: The end of a run, recorded if the instance is still this engine's and running; it
 #: names the parent (of a child) and the queue (whose slot it frees). A run released
 #: at a wait it may go past (the engine stopped) is left ready, for the poll.
-FINISH = """
+_FINISH = """
 UPDATE instances SET status = :status, message = :message, output = :output,
     output_type = :output_type, waiting_for = :waiting_for, owner = NULL, updated_at = :at,
     completed_at = :completed_at, traceback = :traceback, step_key = NULL, step_started = NULL,
     children_pending = CASE WHEN :status = 'suspended' THEN 0 END
 WHERE workflow = :workflow AND instance_id = :instance_id AND owner = :me
 AND status = 'running'
-RETURNING parent_workflow, parent_id, parent_key, parent_group, queue
 """
+FINISH = _FINISH + "RETURNING parent_workflow, parent_id, parent_key, parent_group, queue\n"
+#: ``FINISH`` of an instance that has no parent to settle: no row for one that has one.
+FINISH_TOP_LEVEL = _FINISH + "AND parent_id IS NULL RETURNING queue\n"
 #: A run that stopped on a cancel lets go of its instance (and of its queue's slot).
 RELEASE = """
 UPDATE instances SET owner = NULL
