@@ -251,12 +251,15 @@ def test_a_stale_read_never_times_an_instance_out_twice(tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Two engines read the same due instance; the second one's transaction finds it
     ended (the first timed it out) and leaves it: forced by making the second's read
-    return the instance whatever its status."""
+    return the instance whatever its status. The engine that made the instance stops
+    first: its timer thread, which wakes at the deadline, would otherwise time it out
+    itself whenever the test took more than that second of real time to get there."""
     path = tmp_path / "db"
     engine = Engine.open(path, poll_interval=60)
     engine.register("waits_for_approval", waits_for_approval, timeout=1)
-    with freeze_time("2026-12-06 10:00:00") as clock, engine:
-        engine.invoke("waits_for_approval", instance_id="a").wait(TIMEOUT)
+    with freeze_time("2026-12-06 10:00:00") as clock:
+        with engine:  # stored suspended, with its deadline
+            engine.invoke("waits_for_approval", instance_id="a").wait(TIMEOUT)
         clock.tick(1)
         other = SQLiteStore(path, "full")
         try:
