@@ -71,6 +71,15 @@ QUEUE_WRITES = (
 )
 
 
+#: The two tables those commits write, as both stores take them.
+QUEUE_TABLES = (
+    "CREATE TABLE instances (workflow TEXT, instance_id TEXT, status TEXT, input TEXT, "
+    "output TEXT, PRIMARY KEY (workflow, instance_id))",
+    "CREATE TABLE steps (workflow TEXT, instance_id TEXT, key TEXT, result TEXT, "
+    "PRIMARY KEY (workflow, instance_id, key))",
+)
+
+
 def queue_instance_us(directory: Path, synchronous: str, rows: int) -> dict[str, float]:
     """Microseconds per queued one-step instance (W8: four commits) and per child (W7:
     the inserts of all in one commit, then three commits each), raw ``sqlite3`` on one
@@ -79,14 +88,8 @@ def queue_instance_us(directory: Path, synchronous: str, rows: int) -> dict[str,
     try:
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute(f"PRAGMA synchronous = {synchronous.upper()}")
-        conn.execute(
-            "CREATE TABLE instances (workflow TEXT, instance_id TEXT, status TEXT, input TEXT, "
-            "output TEXT, PRIMARY KEY (workflow, instance_id))"
-        )
-        conn.execute(
-            "CREATE TABLE steps (workflow TEXT, instance_id TEXT, key TEXT, result TEXT, "
-            "PRIMARY KEY (workflow, instance_id, key))"
-        )
+        for table in QUEUE_TABLES:
+            conn.execute(table)
         _queue_rows(conn, "warm", rows, children=False)  # the WAL to its working size
         start = time.perf_counter()
         _queue_rows(conn, "w8", rows, children=False)

@@ -14,7 +14,9 @@ import time
 
 import psycopg
 
-from ._floor import QUEUE_WRITES
+from memable._store.sql.execute import pg
+
+from ._floor import QUEUE_TABLES, QUEUE_WRITES
 
 
 def _connect(
@@ -71,17 +73,9 @@ def measure_queue(url: str, schema: str, synchronous: str, rows: int) -> dict[st
         conn.execute(f'CREATE SCHEMA "{schema}"')
         try:
             conn.execute(f'SET search_path TO "{schema}"')
-            conn.execute(
-                "CREATE TABLE instances (workflow text, instance_id text, status text, "
-                "input text, output text, PRIMARY KEY (workflow, instance_id))"
-            )
-            conn.execute(
-                "CREATE TABLE steps (workflow text, instance_id text, key text, result text, "
-                "PRIMARY KEY (workflow, instance_id, key))"
-            )
-            writes = [statement.replace(":id", "%(id)s").replace(":input", "%(input)s")
-                      .replace(":payload", "%(payload)s").replace(":output", "%(output)s")
-                      for statement in QUEUE_WRITES]
+            for table in QUEUE_TABLES:
+                conn.execute(table)
+            writes = [pg(statement) for statement in QUEUE_WRITES]
 
             def run(prefix: str, children: bool) -> float:
                 params = [{"id": f"{prefix}-{i}", "input": str(i), "payload": payload,

@@ -254,13 +254,18 @@ def store_scale(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
         for size in sizes:  # a size whose fill failed may have left its store too
             _drop({**p, "schema": f"{p['schema']}_{size}"} if p.get("store") else p,
                   tmp / f"w11_{size}.db")
-    small, large = figures[sizes[0]], figures[sizes[-1]]
-    growth = {op: large[op]["per_unit_us"] / small[op]["per_unit_us"] for op in UNITS}
-    # The purge against what it purges: a tenth against a hundredth of the largest store.
-    growth["purge by store size"] = growth["purge"]
-    growth["purge"] = large["purge"]["per_unit_us"] / large["purge hundredth"]["per_unit_us"]
+    small, large = sizes[0], sizes[-1]
+    # What each figure at the largest store is judged against: itself at the smallest;
+    # the purge, whose amount can vary in one store, a hundredth of the largest.
+    bases = {op: (small, op) for op in UNITS}
+    bases["purge"] = (large, "purge hundredth")
+    growth = {op: figures[large][op]["per_unit_us"] / figures[n][basis]["per_unit_us"]
+              for op, (n, basis) in bases.items()}
+    growth["purge by store size"] = (figures[large]["purge"]["per_unit_us"]
+                                     / figures[small]["purge"]["per_unit_us"])
     return {"sizes": sizes, "reps": reps, "units": UNITS,
-            "by_size": {str(n): f for n, f in figures.items()}, "growth": growth}
+            "by_size": {str(n): f for n, f in figures.items()},
+            "bases": {op: [n, basis] for op, (n, basis) in bases.items()}, "growth": growth}
 
 
 #: W11, by the name the worker runs it under.

@@ -47,8 +47,11 @@ def _scale_record(growth: float) -> dict[str, Any]:
     large = size(10000, 10.0 * growth)
     # The purge is judged in the largest store: the tenth against the hundredth before it.
     large["purge hundredth"] = size(10000, 10.0)["purge hundredth"]
+    bases = {op: [1000, op] for op in units}
+    bases["purge"] = [10000, "purge hundredth"]
     return {"ok": True, "sizes": [1000, 10000], "reps": 5, "units": units,
-            "by_size": {"1000": size(1000, 10.0), "10000": large}}
+            "by_size": {"1000": size(1000, 10.0), "10000": large}, "bases": bases,
+            "growth": dict.fromkeys(units, growth)}
 
 
 def test_scale_rows_judge_growth_per_unit(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -285,9 +285,9 @@ class PostgresStore(OperatorReads):
             ).fetchone() is not None
 
         def read_back_alone(conn: psycopg.Connection[Any]) -> object:
+            # As ``read_back``, answered as ``record_alone`` answers: recorded or not.
             recorded = read_back(conn)
-            return recorded if recorded is NOT_DONE else isinstance(recorded, Ended) and (
-                recorded.recorded)
+            return recorded if recorded is NOT_DONE else recorded == Ended()
 
         def record(conn: psycopg.Connection[Any]) -> Ended:
             # A child's end then locks its parent's row: a cancel that cascades
