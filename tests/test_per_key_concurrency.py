@@ -185,11 +185,28 @@ def test_one_claim_counts_what_it_took_and_skips_past_a_full_key(
 ) -> None:
     """The store's claim, called once with room for all: per_key=2 takes the first two of
     key a (of four, first in the queue), both of b and those without a key, in the
-    queue's order; a second claim takes nothing more."""
-    engine = make_engine(queues=())  # enqueues only: the test claims
+    queue's order; a second claim takes nothing more.
+
+    The test claims in the engine's name, as its queue thread would, so it says so
+    (``taking``): else the engine's poll finds instances owned here and not running and
+    runs them again as lost. One poll is let in after the first claim."""
+    engine = make_engine(queues=(), poll_interval=0.01)  # enqueues only: the test claims
     engine.queue("q", per_key=2)
     engine.register("held", Held(), queue="q")
-    with engine:
+    looked = threading.Condition()
+    looks = [0]
+    look_around = engine._store.look_around
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return look_around(*args, **kwargs)
+        finally:
+            with looked:
+                looks[0] += 1
+                looked.notify_all()
+
+    engine._store.look_around = counted  # type: ignore[method-assign]
+    with engine._runner.taking(), engine:
         for i in range(4):
             _invoke(engine, f"a-{i}", "a", priority=-1)
         for i in range(2):
@@ -204,6 +221,9 @@ def test_one_claim_counts_what_it_took_and_skips_past_a_full_key(
             return [s.instance.instance_id for s in claimed.snapshots]
 
         assert claim(3) == ["a-0", "a-1", "b-0"]
+        with looked:  # two more: the second began after the claim returned
+            target = looks[0] + 2
+            assert looked.wait_for(lambda: looks[0] >= target, TIMEOUT)
         assert claim(64) == ["n-0", "b-1", "n-1"]
         assert claim(64) == []
         assert {i: str(engine.invocation("held", i).state) for i in ("a-2", "a-3")} == {
