@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -153,6 +156,30 @@ def test_invalid_instance_id_is_refused(engine: Engine) -> None:
         with pytest.raises(InvalidKey):
             engine.invoke("wf", instance_id="")
         assert engine.list_instances("wf") == []
+
+
+def test_generated_ids_are_time_ordered_and_a_forked_child_draws_its_own() -> None:
+    """An id made by invoke is 13 digits of milliseconds and 12 hex digits; a process
+    forked after making ids (a pre-fork server's worker) does not draw its parent's
+    next id: the random part differs."""
+    code = (
+        "import os\n"
+        "from memable._run.run import new_instance_id\n"
+        "new_instance_id()\n"
+        "r, w = os.pipe()\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    os.write(w, new_instance_id().encode())\n"
+        "    os._exit(0)\n"
+        "os.waitpid(pid, 0)\n"
+        "print(os.read(r, 100).decode(), new_instance_id())\n"
+    )
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=60)
+    child, parent = ran.stdout.split()
+    assert re.fullmatch(r"\d{13}-[0-9a-f]{12}", child), child
+    assert re.fullmatch(r"\d{13}-[0-9a-f]{12}", parent), parent
+    assert child.split("-")[1] != parent.split("-")[1]
 
 
 def test_duplicate_step_key_fails_the_run_and_keeps_the_first(engine: Engine) -> None:

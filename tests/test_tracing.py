@@ -268,6 +268,29 @@ def test_without_a_tracer_provider_nothing_is_stored(make_engine: Callable[..., 
     assert row.traceparent is None
 
 
+def test_without_a_tracer_provider_an_ambient_context_is_not_stored_either(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """No SDK configured, and the invoking code inside a trace it was handed (a valid
+    span context, not recording, as a propagator leaves it): the instance keeps no
+    traceparent, and its run sees no span of that trace."""
+    seen: list[bool] = []
+    engine = make_engine()
+    engine.register("wf", lambda ctx: ctx.step("a").run(
+        lambda: seen.append(trace.get_current_span().get_span_context().is_valid)))
+    handed = trace.SpanContext(0x1234, 0x5678, is_remote=True,
+                               trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED))
+    with engine:
+        token = otel_context.attach(trace.set_span_in_context(trace.NonRecordingSpan(handed)))
+        try:
+            engine.invoke("wf", instance_id="w").result(TIMEOUT)
+        finally:
+            otel_context.detach(token)
+        [row] = [row for row, _ in engine._store.list_view("wf", None)]
+    assert row.traceparent is None
+    assert seen == [False]
+
+
 def test_import_memable_imports_no_opentelemetry_module() -> None:
     found = subprocess.run(
         [sys.executable, "-c",

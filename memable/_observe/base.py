@@ -3,8 +3,8 @@
 ``memable._observe.telemetry()`` gives what an engine reports through: with the extra
 ``memable-engine[otel]`` (``opentelemetry-api``) installed, spans and
 metrics made through the global tracer and meter providers (whatever the
-application configured with the SDK; with none configured, the API's own
-no-ops); without it, ``Telemetry``, which does nothing. ``import memable``
+application configured with the SDK; with none configured, no span is
+made); without it, ``Telemetry``, which does nothing. ``import memable``
 imports no OpenTelemetry module: ``telemetry()`` imports it (and
 ``memable._observe.otel``) when an engine is made.
 

@@ -3,7 +3,9 @@
 Spans go through the global tracer provider and metrics through a ``Meter``
 named ``memable`` of the global meter provider: whatever the application set
 with the SDK, even after the engine started (the API's proxies follow it).
-Until one is set, no span is recorded and no ``traceparent`` stored.
+Until one is set, no span is recorded and no ``traceparent`` stored: the
+API's no-op spans are not even made (they would cost each invoke and run
+some microseconds, and carry an ambient span's context into the store).
 """
 
 from __future__ import annotations
@@ -198,6 +200,9 @@ class OpenTelemetry(Telemetry):
     def producing(
         self, workflow: str, parent: str | None = None, instance_id: str | None = None
     ) -> Iterator[str | None]:
+        if not self.tracing:  # the API's no-op spans: skipped, and nothing to store
+            yield None
+            return
         current = trace.get_current_span().get_span_context().is_valid
         attributes: dict[str, Any] = {"memable.workflow": workflow}
         if instance_id is not None:
@@ -214,6 +219,8 @@ class OpenTelemetry(Telemetry):
             yield carrier.get("traceparent")
 
     def produce(self, workflow: str, instance_id: str | None = None) -> Produced:
+        if not self.tracing:
+            return super().produce(workflow, instance_id)
         attributes: dict[str, Any] = {"memable.workflow": workflow}
         if instance_id is not None:
             attributes["memable.instance_id"] = instance_id
@@ -224,6 +231,8 @@ class OpenTelemetry(Telemetry):
     def run(
         self, workflow: str, instance_id: str, traceparent: str | None, reason: RunReason
     ) -> RunTrace:
+        if not self.tracing:
+            return super().run(workflow, instance_id, traceparent, reason)
         span = self._tracer.start_span(
             f"workflow {workflow}", context=_context_of(traceparent) or otel_context.Context(),
             kind=SpanKind.CONSUMER,
