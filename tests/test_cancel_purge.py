@@ -19,6 +19,7 @@ from memable import (
     InstanceFinished,
     InstanceNotFound,
     MetadataStatus,
+    StepError,
     StepRecord,
     Suspended,
     WorkflowFailed,
@@ -455,3 +456,72 @@ def test_purge_with_nothing_finished_returns_zero(make_engine: Callable[..., Eng
         before = dump(engine)
         assert engine.purge(older_than=0) == 0
         assert dump(engine) == before
+
+
+def test_purge_keeps_a_parent_whose_child_lives_and_a_child_whose_parent_runs(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """The rules retention keeps hold for ``purge`` too: a failed parent whose resumed
+    child waits stays (the child's end settles its step), and a finished child of a
+    parent whose run is in flight stays (that run reads it); once both have ended, both
+    go."""
+    engine = make_engine()
+    child_fails = [True]
+    in_step, release = threading.Event(), threading.Event()
+
+    def child(ctx: Context) -> str:
+        def work() -> str:
+            if child_fails[0]:
+                raise StepError.permanent("not yet")
+            return "worked"
+
+        ctx.step("work").run(work)
+        return str(ctx.suspend("finish"))
+
+    def hold() -> str:
+        in_step.set()
+        assert release.wait(10)
+        return "held"
+
+    def holder(ctx: Context) -> str:
+        got = ctx.child("kid", "done")
+        return f"{got} {ctx.step('hold').run(hold)}"
+
+    engine.register("child", child)
+    engine.register("parent", lambda ctx: str(ctx.child("kid", "child")))
+    engine.register("done", lambda ctx: "kid done")
+    engine.register("holder", holder)
+    with engine:
+        with pytest.raises(WorkflowFailed):
+            engine.invoke("parent", instance_id="p").result(10)
+        child_fails[0] = False
+        assert engine.resume("child", "p/kid").wait(10) == Suspended("finish")
+        held = engine.invoke("holder", instance_id="h")
+        try:
+            assert in_step.wait(10)
+            assert engine.purge(older_than=0) == 0
+            assert engine.get_metadata("parent", "p") is not None
+            assert engine.get_metadata("done", "h/kid") is not None
+        finally:
+            release.set()
+        assert held.result(10) == "kid done held"
+        assert engine.signal("child", "p/kid", "finish", "bye").result(10) == "bye"
+        assert engine.purge(older_than=0) == 4
+        assert [engine.get_metadata(w, i) for w, i in (
+            ("parent", "p"), ("child", "p/kid"), ("holder", "h"), ("done", "h/kid"))] == [
+            None, None, None, None]
+
+
+def test_purge_of_more_than_a_batch_takes_them_all_in_one_call(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """1,203 finished instances: one purge deletes them all, with their steps."""
+    engine = make_engine()
+    engine.register("done", lambda ctx: ctx.step("s").run(lambda: 1))
+    with engine:
+        for i in range(1203):
+            engine.invoke("done", instance_id=f"d-{i}")
+        engine.wait_all()
+        assert engine.purge(older_than=0) == 1203
+        assert engine.list_instances("done") == []
+        assert query(engine, "SELECT count(*) FROM steps") == [(0,)]

@@ -719,7 +719,10 @@ class Engine:
         """Delete finished instances completed more than ``older_than`` ago; return how many.
 
         Finished means Completed, Failed or Cancelled; their steps and timers
-        go with them. Running and suspended instances are never touched.
+        go with them, in one transaction. Running, queued and suspended
+        instances are never touched, nor, as with ``retention``, a finished
+        one whose run is still in flight or whose child has not ended, or a
+        finished child of an instance in a run.
 
         >>> from memable import Engine
         >>> engine = Engine.in_memory()

@@ -133,11 +133,6 @@ SET_IN_FLIGHT = (
     "UPDATE instances SET step_key = %s, step_started = %s WHERE workflow = %s "
     "AND instance_id = %s AND owner = %s AND status = 'running'"
 )
-FINISHED = (
-    "SELECT workflow, instance_id FROM instances "
-    "WHERE status IN ('completed', 'failed', 'cancelled') AND completed_at < %(before)s "
-    "AND owner IS NULL"
-)
 REGISTER_OWNER = f"""
 INSERT INTO owners (id, host, pid, heartbeat, lease, started_at, boot_id, pid_ns, proc_start,
                     declares)

@@ -418,19 +418,10 @@ class PostgresStore(OperatorReads):
         return self._run("fire due timers", fire, transaction=False)
 
     def purge(self, completed_before: str) -> int:
-        # Not one still owned: a run cancelled in flight stores its last step first.
+        # As a batch does, rows another transaction holds are passed over.
         def purge_them(conn: psycopg.Connection[Any]) -> int:
-            params = {"before": completed_before}
-            for table in ("steps", "timers"):
-                conn.execute(
-                    f"DELETE FROM {table} WHERE (workflow, instance_id) IN ({sql.FINISHED})",
-                    params,
-                )
-            deleted = conn.execute(
-                f"DELETE FROM instances WHERE (workflow, instance_id) IN ({sql.FINISHED})",
-                params,
-            )
-            return int(deleted.rowcount)
+            return retention_sql.purge_all(self._pg_execute(conn), completed_before,
+                                           lock=retention_sql.SKIP_LOCKED)
 
         return self._run("purge finished instances", purge_them)
 

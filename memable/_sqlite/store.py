@@ -485,25 +485,8 @@ class SQLiteStore(OperatorReads):
                              changes="none")
 
     def purge(self, completed_before: str) -> int:
-        # Not one still owned: a run cancelled in flight stores its last step first.
-        finished = (
-            "SELECT workflow, instance_id FROM instances "
-            "WHERE status IN ('completed', 'failed', 'cancelled') AND completed_at < ? "
-            "AND owner IS NULL"
-        )
-
         def purge_them(conn: sqlite3.Connection) -> int:
-            for table in ("steps", "timers"):
-                conn.execute(
-                    f"DELETE FROM {table} WHERE (workflow, instance_id) IN ({finished})",
-                    (completed_before,),
-                )
-            return int(
-                conn.execute(
-                    f"DELETE FROM instances WHERE (workflow, instance_id) IN ({finished})",
-                    (completed_before,),
-                ).rowcount
-            )
+            return retention_sql.purge_all(conn.execute, completed_before)
 
         return self._grouped("purge finished instances", None, None, None, purge_them)
 

@@ -263,7 +263,8 @@ class Store(Protocol):
         read."""
 
     def purge(self, completed_before: str) -> int:
-        """Delete terminal, unowned instances completed before then, with steps and timers."""
+        """Delete every instance ``purge_batch`` may take (the same rules) completed before
+        then, with steps and timers, in one transaction; how many."""
 
     def purge_batch(self, completed_before: str, limit: int) -> int:
         """Delete at most ``limit`` finished instances completed before then (ISO 8601
