@@ -306,3 +306,41 @@ def test_a_bad_engine_spec_exits_2_with_a_message(app_dir: Path, spec: str, says
     assert done.returncode == 2
     assert says in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_retention_given_to_the_worker_purges_what_finished_longer_ago(
+    app_dir: Path, workers: list[Worker]
+) -> None:
+    """``--retention 1d`` on an app engine without retention: at its start the worker
+    purges an instance that finished in 2001 and keeps one that finished just now."""
+    db = app_dir / "store.db"
+    engine = Engine.open(db)
+    engine.register("approve", lambda ctx: "done")
+    with engine:
+        for instance_id in ("old", "new"):
+            assert engine.invoke("approve", instance_id=instance_id).result(WAIT) == "done"
+    with closing(sqlite3.connect(db)) as conn, conn:
+        conn.execute("UPDATE instances SET completed_at = '2001-01-01T00:00:00+00:00' "
+                     "WHERE instance_id = 'old'")
+
+    worker = Worker(app_dir, "--retention", "1d")
+    workers.append(worker)
+    worker.wait_for(r"retention: purged 1 finished instance completed before")
+    assert worker.stop(signal.SIGTERM) == 0
+    with closing(sqlite3.connect(db)) as conn:
+        assert conn.execute("SELECT instance_id FROM instances").fetchall() == [("new",)]
+
+
+@pytest.mark.parametrize("age", ["0d", "soon", "-1h"])
+def test_a_bad_retention_exits_2_before_the_app_is_loaded(app_dir: Path, age: str) -> None:
+    """An age that is not a duration over 0 is refused, naming the option, with exit 2;
+    the app is not imported (its module would make the store)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "memable", "worker", "app:engine", "--retention", age],
+        cwd=app_dir, env={**os.environ, "MEMABLE_DB": str(app_dir / "store.db")},
+        capture_output=True, text=True, timeout=WAIT,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "--retention" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (app_dir / "store.db").exists()

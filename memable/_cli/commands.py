@@ -614,12 +614,26 @@ def _grace(ctx: click.Context, param: click.Parameter, value: float) -> float:
     help="The declared queues to consume, comma-separated ('' for none; default: the "
     "engine's queues option).",
 )
-def worker(spec: str, threads: int | None, grace: float, queues: str | None) -> None:
+@click.option(
+    "--retention", metavar="AGE",
+    help="Purge instances finished longer ago than this, in the background: a number "
+    "with s, m, h or d, e.g. 30d (default: the engine's retention option).",
+)
+def worker(spec: str, threads: int | None, grace: float, queues: str | None,
+           retention: str | None) -> None:
     """Run the engine MODULE:ENGINE until SIGINT or SIGTERM, logging each state change."""
     names = None if queues is None else [q for q in queues.split(",") if q]
+    kept = None
+    if retention is not None:
+        try:
+            kept = _duration(retention)
+        except click.BadParameter as exc:
+            _fail(f"--retention: {exc.message}")
+        if kept <= 0:
+            _fail(f"--retention: {retention!r} is not a duration over 0")
     try:
         status = run_worker(lambda: load_engine(spec), threads=threads, grace=grace,
-                            queues=names)
+                            queues=names, retention=kept)
     except (EngineError, ValueError) as err:  # ValueError: a queue it does not declare
         _fail(str(err))
     raise SystemExit(status)

@@ -100,7 +100,7 @@ def _stop_signals() -> Iterator[Callable[[], int]]:
 
 def run_worker(
     load: Callable[[], Engine], *, threads: int | None, grace: float,
-    queues: list[str] | None = None,
+    queues: list[str] | None = None, retention: float | None = None,
 ) -> int:
     """Run the engine ``load()`` makes until SIGINT or SIGTERM, then drain it; return the
     exit status.
@@ -109,13 +109,14 @@ def run_worker(
     module starts (an OpenTelemetry exporter's, say) inherits the mask and a
     second signal during the drain is not delivered to one of them, which would
     end the process at once. ``queues``: the declared queues it consumes (None:
-    the engine's ``queues`` option).
+    the engine's ``queues`` option); ``retention``: seconds finished instances are
+    kept (None: the engine's ``retention`` option).
     """
     handler = _log_to_stderr()
     try:
         with _stop_signals() as wait_for_signal:
             engine = load()
-            engine._configure(threads, queues)
+            engine._configure(threads, queues, retention)
             engine.start()
             log.info("worker %d started: %r", os.getpid(), engine)
             signum = wait_for_signal()

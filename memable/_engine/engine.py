@@ -322,12 +322,16 @@ class Engine:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def _configure(self, max_workers: int | None, queues: Iterable[str] | None) -> None:
-        """Before ``start()``: ``memable worker --threads`` and ``--queues`` (None: keep)."""
+    def _configure(self, max_workers: int | None, queues: Iterable[str] | None,
+                   retention: float | None = None) -> None:
+        """Before ``start()``: ``memable worker --threads``, ``--queues`` and
+        ``--retention`` (None: keep)."""
         if max_workers is not None:
             self._runner.set_options(max_workers=max_workers)
         if queues is not None:
             self._runner.set_options(queues=check_consumed(queues))
+        if retention is not None:
+            self._runner.set_options(retention=retention)
 
     def start(self) -> None:
         """Start the worker pool (and the queue thread, if it consumes queues); from now on
