@@ -15,7 +15,7 @@ from typing import Any
 
 from click.testing import CliRunner, Result
 
-from memable import Engine
+from memable import Context, Engine, StepError
 from memable._cli.commands import main
 from memable._sqlite.store import SQLiteStore
 
@@ -227,3 +227,21 @@ class Looks:
         with self._changed:
             target = self.count + 2
             assert self._changed.wait_for(lambda: self.count >= target, LOOK_TIMEOUT)
+
+
+class FailsThenWaits:
+    """A child workflow whose step fails for good while ``failing`` is set (its parent
+    fails with it); resumed after ``failing = False``, its step works and it waits on
+    signal ``finish``, returning the payload."""
+
+    def __init__(self) -> None:
+        self.failing = True
+
+    def __call__(self, ctx: Context) -> str:
+        def work() -> str:
+            if self.failing:
+                raise StepError.permanent("not yet")
+            return "worked"
+
+        ctx.step("work").run(work)
+        return str(ctx.suspend("finish"))

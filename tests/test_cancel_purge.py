@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 from freezegun import freeze_time
-from helpers import T0, dump, query
+from helpers import T0, FailsThenWaits, dump, query
 
 from memable import (
     Cancelled,
@@ -19,7 +19,6 @@ from memable import (
     InstanceFinished,
     InstanceNotFound,
     MetadataStatus,
-    StepError,
     StepRecord,
     Suspended,
     WorkflowFailed,
@@ -466,17 +465,8 @@ def test_purge_keeps_a_parent_whose_child_lives_and_a_child_whose_parent_runs(
     parent whose run is in flight stays (that run reads it); once both have ended, both
     go."""
     engine = make_engine()
-    child_fails = [True]
+    child = FailsThenWaits()
     in_step, release = threading.Event(), threading.Event()
-
-    def child(ctx: Context) -> str:
-        def work() -> str:
-            if child_fails[0]:
-                raise StepError.permanent("not yet")
-            return "worked"
-
-        ctx.step("work").run(work)
-        return str(ctx.suspend("finish"))
 
     def hold() -> str:
         in_step.set()
@@ -494,7 +484,7 @@ def test_purge_keeps_a_parent_whose_child_lives_and_a_child_whose_parent_runs(
     with engine:
         with pytest.raises(WorkflowFailed):
             engine.invoke("parent", instance_id="p").result(10)
-        child_fails[0] = False
+        child.failing = False
         assert engine.resume("child", "p/kid").wait(10) == Suspended("finish")
         held = engine.invoke("holder", instance_id="h")
         try:

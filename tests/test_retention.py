@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 import sqlite_utils
-from helpers import query, write
+from helpers import FailsThenWaits, query, write
 
-from memable import Context, Engine, MetadataStatus, StepError, WorkflowFailed
+from memable import Context, Engine, MetadataStatus, WorkflowFailed
 from memable._background.retention import BATCH, Purger
 from memable._sqlite.schema import MIGRATIONS, SCHEMA_VERSION, switch_to_incremental_vacuum
 from memable._sqlite.store import SQLiteStore
@@ -257,16 +257,7 @@ def test_an_instance_with_a_live_child_is_kept_until_the_child_ends(
     """A parent that failed with its child, whose child was then resumed and waits: the
     parent stays while the child lives; once the child ends, both go."""
     engine = make_engine(retention=HOUR)
-    child_fails = [True]
-
-    def child(ctx: Context) -> str:
-        def work() -> str:
-            if child_fails[0]:
-                raise StepError.permanent("not yet")
-            return "worked"
-
-        ctx.step("work").run(work)
-        return str(ctx.suspend("finish"))
+    child = FailsThenWaits()
 
     def parent(ctx: Context) -> str:
         return str(ctx.child("kid", "child"))
@@ -278,10 +269,10 @@ def test_an_instance_with_a_live_child_is_kept_until_the_child_ends(
         batches.wait_rounds(1)
         with pytest.raises(WorkflowFailed):
             engine.invoke("parent", instance_id="p").result(10)
-        child = engine.get_metadata("child", "p/kid")
-        assert child is not None
-        assert isinstance(child.status, MetadataStatus.Failed)
-        child_fails[0] = False
+        meta = engine.get_metadata("child", "p/kid")
+        assert meta is not None
+        assert isinstance(meta.status, MetadataStatus.Failed)
+        child.failing = False
         assert engine.resume("child", "p/kid").wait(10) == Suspended("finish")
         backdate(engine, "p")
 
