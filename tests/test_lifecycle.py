@@ -182,6 +182,20 @@ def test_generated_ids_are_time_ordered_and_a_forked_child_draws_its_own() -> No
     assert child.split("-")[1] != parent.split("-")[1]
 
 
+def test_an_applications_random_seed_does_not_repeat_generated_ids() -> None:
+    """Two processes that seed ``random`` alike (an application's ``random.seed(0)``)
+    still draw different ids: memable draws them from a generator of its own."""
+    import random
+
+    from memable._run.run import new_instance_id
+
+    random.seed(0)
+    first = new_instance_id()
+    random.seed(0)
+    second = new_instance_id()
+    assert first.split("-")[1] != second.split("-")[1]
+
+
 def test_duplicate_step_key_fails_the_run_and_keeps_the_first(engine: Engine) -> None:
     """A key used twice in one run raises DuplicateStepKey; the first result stays stored."""
     caught: list[DuplicateStepKey] = []

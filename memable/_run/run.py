@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 import time
@@ -66,15 +67,22 @@ class Run:
     reason: RunReason | None = None
 
 
+#: Draws the random part of new instance ids: a generator of memable's own, so an
+#: application's ``random.seed`` cannot make two processes draw the same ids; seeded
+#: from the OS here and again in each forked child. Its ``getrandbits`` is one call
+#: into C, atomic under the interpreter lock.
+_ID_BITS = random.Random()
+os.register_at_fork(after_in_child=_ID_BITS.seed)
+
+
 def new_instance_id() -> str:
     """A time-ordered, random instance id (lists read oldest first).
 
-    The 48 random bits come from the ``random`` module's generator (seeded from
-    the OS at import, and again in a forked child), not from ``os.urandom``: a
+    The 48 random bits come from ``_ID_BITS``, not from ``os.urandom``: a
     system call per id hands the interpreter lock to another thread and waits
     to win it back, on the path of every invoke. An id needs to be unique, not
     secret."""
-    return f"{int(time.time() * 1000):013d}-{random.getrandbits(48):012x}"
+    return f"{int(time.time() * 1000):013d}-{_ID_BITS.getrandbits(48):012x}"
 
 
 def release(store: Store, run: Run) -> WorkflowState | None:
