@@ -197,32 +197,33 @@ def stored_apart(url: str, first: str, second: str) -> None:
         assert other.get_metadata("double", "a") is None
 
 
-#: Seconds ``Looks.twice_more`` waits for the queue thread.
+#: Seconds ``Looks.twice_more`` waits for the engine's thread.
 LOOK_TIMEOUT = 10.0
 
 
 class Looks:
-    """Counts the looks of an engine's queue thread at the store: each claim it made
-    (paused or not, something queued or not), as they return."""
+    """Counts the looks of an engine's thread at the store, as they return: by default
+    each claim its queue thread made (paused or not, something queued or not); with
+    ``method="look_around"``, each poll of its timer thread."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, method: str = "claim_queued") -> None:
         self._changed = threading.Condition()
         self.count = 0
         store = engine._store
-        claim = store.claim_queued
+        look = getattr(store, method)
 
         def counted(*args: Any, **kwargs: Any) -> Any:
             try:
-                return claim(*args, **kwargs)
+                return look(*args, **kwargs)
             finally:
                 with self._changed:
                     self.count += 1
                     self._changed.notify_all()
 
-        store.claim_queued = counted  # type: ignore[method-assign]
+        setattr(store, method, counted)
 
     def twice_more(self) -> None:
-        """Wait for two more claims to return: the second began after this call (the
+        """Wait for two more looks to return: the second began after this call (the
         first may have been under way), so it saw everything stored before it."""
         with self._changed:
             target = self.count + 2

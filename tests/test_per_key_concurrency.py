@@ -193,19 +193,7 @@ def test_one_claim_counts_what_it_took_and_skips_past_a_full_key(
     engine = make_engine(queues=(), poll_interval=0.01)  # enqueues only: the test claims
     engine.queue("q", per_key=2)
     engine.register("held", Held(), queue="q")
-    looked = threading.Condition()
-    looks = [0]
-    look_around = engine._store.look_around
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return look_around(*args, **kwargs)
-        finally:
-            with looked:
-                looks[0] += 1
-                looked.notify_all()
-
-    engine._store.look_around = counted  # type: ignore[method-assign]
+    polls = Looks(engine, "look_around")
     with engine._runner.taking(), engine:
         for i in range(4):
             _invoke(engine, f"a-{i}", "a", priority=-1)
@@ -221,9 +209,7 @@ def test_one_claim_counts_what_it_took_and_skips_past_a_full_key(
             return [s.instance.instance_id for s in claimed.snapshots]
 
         assert claim(3) == ["a-0", "a-1", "b-0"]
-        with looked:  # two more: the second began after the claim returned
-            target = looks[0] + 2
-            assert looked.wait_for(lambda: looks[0] >= target, TIMEOUT)
+        polls.twice_more()
         assert claim(64) == ["n-0", "b-1", "n-1"]
         assert claim(64) == []
         assert {i: str(engine.invocation("held", i).state) for i in ("a-2", "a-3")} == {
