@@ -188,10 +188,21 @@ def show_instance(
         "at": datetime.fromtimestamp(row.timeout_at, timezone.utc).isoformat(),
     }
     view["recovered"] = None if not row.recoveries else {
-        "times": row.recoveries, "step_in_flight": row.lost_step,
+        "times": row.recoveries, "step_in_flight": row.lost_step, "lost_by": row.lost_by,
+        "executed": _executed(steps, row),
     }
     view["cut"] = {} if full else _cut_large(view)
     return view
+
+
+def _executed(steps: list[dict[str, Any]], row: InstanceRow) -> dict[str, Any] | None:
+    """The step whose execution the last recovery lost, with its executions so far and
+    why one was lost (``executed 2x: engine host:pid died during it``), or None."""
+    step = next((s for s in steps if s["key"] == row.lost_step and s["kind"] == "step"), None)
+    if step is None or row.lost_by is None:
+        return None
+    return {"key": step["key"], "times": step["attempts"],
+            "why": f"engine {row.lost_by} during it"}
 
 
 def _waiting_in(row: InstanceRow, look: QueueLook) -> dict[str, Any]:

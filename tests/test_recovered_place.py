@@ -1,8 +1,10 @@
-"""A queued instance recovered from a dead engine keeps its place in its queue (the time it
-first became runnable), is logged at WARNING once by the engine that takes it, naming the
-dead owner and the step in flight, and ``memable show`` counts the execution lost with it.
+"""An instance recovered from a dead engine: a queued one keeps its place in its queue (the
+time it first became runnable); the engine that takes it logs one WARNING naming the dead
+owner by host and pid, whether it died or stalled past its lease, and the step in flight;
+that step's ``attempts`` counts the execution lost with the owner, and ``memable show`` and
+the dashboard say so (``executed 2x: engine host:pid died during it``).
 
-A real process runs the instance through the queue and is SIGKILLed inside a step.
+A real process runs the instance and is SIGKILLed (or SIGSTOPped) inside a step.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,8 +22,10 @@ from typing import Any
 import pytest
 from click.testing import Result
 from helpers import PROCS, cli, until
+from werkzeug.test import Client
 
 from memable import Context, Engine, Queued
+from memable.web import app
 
 WAIT = 30.0
 
@@ -95,4 +100,94 @@ def test_a_recovered_queued_instance_keeps_its_place_and_is_logged_once(
     lines = _show(store).stdout.splitlines()
     assert "recovered  1, step s3 was in flight" in lines
     view = json.loads(_show(store, "--json").stdout)
-    assert view["recovered"] == {"times": 1, "step_in_flight": "s3"}
+    dead = f"{socket.gethostname()}:{child.pid} died"
+    assert view["recovered"] == {
+        "times": 1, "step_in_flight": "s3", "lost_by": dead,
+        "executed": {"key": "s3", "times": 2, "why": f"engine {dead} during it"},
+    }
+
+
+def _crashing_child(store: dict[str, Any], log: Path) -> subprocess.Popen[str]:
+    """A process that runs ten/crash and hangs inside step s3, once its body ran (the
+    charge happened) and its heartbeat stored s3 as the step in flight."""
+    env = {**os.environ, "MEMABLE_PROC_SCHEMA": store.get("schema", "")}
+    child = subprocess.Popen(
+        [sys.executable, PROCS, "crash", store["target"], str(log), "3"],
+        stdout=subprocess.PIPE, text=True, env=env,
+    )
+    assert child.stdout is not None
+    assert child.stdout.readline() == "in step 3\n"
+    until(lambda: _in_flight(store) == "s3", WAIT)
+    return child
+
+
+def _recover(store: dict[str, Any], log: Path, caplog: pytest.LogCaptureFixture) -> list[str]:
+    """Another engine takes ten/crash over and completes it; the recovery WARNINGs."""
+    def body(i: int) -> int:
+        with log.open("a") as file:
+            file.write(f"s{i}\n")
+        return i
+
+    worker = Engine.open(**store, poll_interval=0.05)
+    worker.register("ten", lambda ctx: sum(
+        ctx.step(f"s{i}").run(body, i) for i in range(1, 11)))
+    with caplog.at_level(logging.WARNING, logger="memable"), worker:
+        assert worker.invocation("ten", "crash").result(timeout=WAIT) == 55
+        attempts = {step.key: step.attempts for step in worker.steps("ten", "crash")}
+    # s3's body ran twice (once in each engine); its record counts both executions.
+    assert log.read_text().splitlines().count("s3") == 2
+    assert attempts == {f"s{i}": 2 if i == 3 else 1 for i in range(1, 11)}
+    return [r.getMessage() for r in caplog.records if "recovered" in r.getMessage()]
+
+
+def _shown(store: dict[str, Any], line: str) -> None:
+    """``memable show`` and the dashboard's instance page both show ``line``."""
+    assert line in _show(store).stdout
+    dashboard = Client(app(store["target"], schema=store.get("schema")))
+    page = dashboard.get("/instance?workflow=ten&id=crash")
+    assert page.status_code == 200
+    assert line in page.text
+
+
+def test_a_step_executed_twice_by_an_engine_that_died_counts_and_says_so(
+    store: dict[str, Any], tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An engine SIGKILLed inside a step after its side effect: once another engine
+    recovers and completes the instance, the step's ``attempts`` is 2, the WARNING names
+    the dead engine by host and pid and says it died, and ``memable show`` and the
+    dashboard print ``executed 2x: engine host:pid died during it``."""
+    log = tmp_path / "log"
+    child = _crashing_child(store, log)
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait(timeout=60)
+    assert child.stdout is not None
+    child.stdout.close()
+    dead = f"{socket.gethostname()}:{child.pid}"
+    recoveries = _recover(store, log, caplog)
+    assert len(recoveries) == 1, recoveries
+    assert (f"recovered the instance from engine {dead}, which died; step 's3' was in "
+            "flight and runs again") in recoveries[0]
+    _shown(store, f"step s3 executed 2x: engine {dead} died during it")
+
+
+def test_an_engine_stalled_past_its_lease_is_said_to_have_stalled(
+    store: dict[str, Any], tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An engine SIGSTOPped inside a step (its process lives on) loses the instance when
+    its lease runs out: the engine that takes it over says it stalled, not that it died,
+    and the step's lost execution is counted all the same."""
+    log = tmp_path / "log"
+    child = _crashing_child(store, log)
+    os.kill(child.pid, signal.SIGSTOP)
+    try:
+        stalled = f"{socket.gethostname()}:{child.pid}"
+        recoveries = _recover(store, log, caplog)
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(timeout=60)
+        if child.stdout is not None:
+            child.stdout.close()
+    assert len(recoveries) == 1, recoveries
+    assert (f"recovered the instance from engine {stalled}, which stalled past its lease; "
+            "step 's3' was in flight and runs again") in recoveries[0]
+    _shown(store, f"step s3 executed 2x: engine {stalled} stalled past its lease during it")

@@ -366,6 +366,10 @@ def _show_text(view: dict[str, Any]) -> str:
         lost = view["recovered"]["step_in_flight"]
         lines.append(f"recovered  {view['recovered']['times']}"
                      + (f", step {lost} was in flight" if lost else ""))
+        executed = view["recovered"]["executed"]
+        if executed is not None:
+            lines.append(f"           step {executed['key']} executed {executed['times']}x: "
+                         f"{executed['why']}")
     lines += [
         f"created    {view['created_at']}",
         f"updated    {view['updated_at']}",

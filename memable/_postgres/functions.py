@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 
 from .._store.sql import queues as queue_sql
-from .._store.sql.instances import CLAIM_SET, FIRE_KEY, FIRE_KEY_WHERE
+from .._store.sql.instances import CLAIM_SET, COUNT_LOST, FIRE_KEY, FIRE_KEY_WHERE
 from .sql import OWNER_FREE
 
 
@@ -49,6 +49,10 @@ _SATURATED_KEYS = _plpgsql(queue_sql.SATURATED_KEYS, **_Q)
 #: What a claim writes (as on SQLite).
 _CLAIM_SET = CLAIM_SET.replace(":me", "p_me").replace(":at", "p_at").replace(
     ":claim", "p_claim")
+
+#: A recovery counts the execution lost in flight (as on SQLite).
+_COUNT_LOST = _plpgsql(COUNT_LOST, workflow="p_workflow", instance_id="p_instance",
+                       key="(instance->>'lost_step')", lost_by="(instance->>'lost_by')")
 
 #: What firing a due timer row does to its key (as on SQLite).
 _FIRE_KEY = FIRE_KEY.format(at="p_at")
@@ -83,6 +87,9 @@ BEGIN
         ELSE status = 'running' AND {_OWNER_FREE} END
     RETURNING row_to_json(instances.*) INTO instance;
     IF instance IS NULL THEN RETURN; END IF;
+    IF instance->>'lost_owner' IS NOT NULL AND instance->>'lost_step' IS NOT NULL THEN
+        {_COUNT_LOST};
+    END IF;
     -- An instance of a queue waits for a slot: nothing to run yet.
     IF instance->>'status' = 'queued' THEN steps := '[]'::json; RETURN; END IF;
     -- A statement of its own, after the claim took the row: it sees every step

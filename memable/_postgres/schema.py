@@ -22,7 +22,7 @@ from .._store.sql.instances import CONCURRENCY_KEY_INDEX, TIMEOUTS_INDEX
 from .functions import FUNCTIONS
 
 #: The schema version this code writes (the SQLite store's columns, in PostgreSQL).
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 #: Seconds to wait for the server unless the URL's ``connect_timeout`` says.
 CONNECT_TIMEOUT = 10
 SCHEMES = ("postgresql://", "postgres://")
@@ -101,6 +101,11 @@ ALTER TABLE instances ADD COLUMN IF NOT EXISTS timeout double precision,
 {TIMEOUTS_INDEX};
 {CONCURRENCY_KEY_INDEX};
 """
+#: Version 9: who the last recovery took an instance from, by host and pid, and how it
+#: was lost (as on SQLite, schema version 14).
+_V9 = """
+ALTER TABLE instances ADD COLUMN IF NOT EXISTS lost_by text;
+"""
 _TABLES = f"""
 CREATE TABLE IF NOT EXISTS instances (
     workflow text NOT NULL, instance_id text NOT NULL, status text NOT NULL, message text,
@@ -133,6 +138,7 @@ CREATE TABLE IF NOT EXISTS schema_version (version integer NOT NULL);
 {_V6}
 {_V7}
 {_V8}
+{_V9}
 """
 
 
@@ -303,5 +309,6 @@ def prepare(conn: Any, schema: str, where: str, *, create: bool) -> None:
             conn.execute(_V6)
             conn.execute(_V7)
             conn.execute(_V8)
+            conn.execute(_V9)
             conn.execute(FUNCTIONS)
             conn.execute("UPDATE schema_version SET version = %s", (SCHEMA_VERSION,))

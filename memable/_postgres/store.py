@@ -13,7 +13,6 @@ cancel or a timer NOTIFY the other engines (``listener``).
 from __future__ import annotations
 
 import threading
-import uuid
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from datetime import datetime
@@ -88,7 +87,7 @@ class PostgresStore(OperatorReads):
         self._listener_lock = threading.Lock()
         self._listener: Listener | None = None
         #: This engine's id as an owner of instances.
-        self.owner = uuid.uuid4().hex
+        self.owner = _liveness.owner_id(_liveness.current())
         self._lease = 15.0
         self._declares: str | None = None  # what register_owner stored, for a re-register
 

@@ -888,12 +888,15 @@ def _woken_by(snapshot: RunSnapshot) -> RunReason:
 
 def _log_recovery(row: InstanceRow) -> None:
     """One WARNING from the engine whose claim took the instance from a dead owner
-    (that claim alone returns ``lost_owner``), naming it and the step lost in flight."""
+    (that claim alone returns ``lost_owner``), naming it by host and pid, how it was
+    lost (died, or stalled past its lease), and the step lost in flight."""
     if row.lost_owner is None:
         return
     lost = row.lost_step
+    # "host:pid died" or "host:pid stalled past its lease" (an older store: the id alone).
+    name, _, how = (row.lost_by or f"{row.lost_owner} died").partition(" ")
     log.warning(
-        "recovered the instance from engine %s, which died%s", row.lost_owner,
+        "recovered the instance from engine %s, which %s%s", name, how,
         f"; step {lost!r} was in flight and runs again" if lost else "",
         extra=where(row.workflow, row.instance_id, lost),
     )

@@ -21,7 +21,7 @@ from .._store.protocol import Synchronous
 from .._store.sql.instances import CONCURRENCY_KEY_INDEX, INSTANCE_COLUMNS, TIMEOUTS_INDEX
 
 #: The schema this code writes; ``PRAGMA user_version`` of every store.
-SCHEMA_VERSION = 13
+SCHEMA_VERSION = 14
 #: Seconds a statement waits for another process's lock before failing.
 BUSY_TIMEOUT = 10.0
 #: ``PRAGMA auto_vacuum`` of a store that returns freed pages (retention): incremental.
@@ -38,7 +38,7 @@ _LATER_INSTANCE_COLUMNS = (
     "waiting_for", "owner", "status_message", "step_key", "step_started", "traceback",
     "parent_workflow", "parent_id", "parent_key", "parent_group", "children_pending",
     "queue", "priority", "queued_at", "recoveries", "lost_owner", "lost_step", "schedule",
-    "traceparent", "run_reason", "timeout", "timeout_at", "concurrency_key",
+    "traceparent", "run_reason", "timeout", "timeout_at", "concurrency_key", "lost_by",
 )
 #: Columns every store has had since version 1: what a file must show before
 #: we migrate it.
@@ -246,6 +246,12 @@ def migrate_to_13(db: sqlite_utils.Database) -> None:
     db.execute(CONCURRENCY_KEY_INDEX)
 
 
+def migrate_to_14(db: sqlite_utils.Database) -> None:
+    """Who the last recovery took an instance from, by host and pid, and how it was lost
+    (died, or stalled past its lease), kept after that claim."""
+    db["instances"].add_column("lost_by", str)  # type: ignore[union-attr]
+
+
 #: Migration to version N is MIGRATIONS[N - 1]; all run in the opening transaction.
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     migrate_to_1,
@@ -261,6 +267,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     migrate_to_11,
     migrate_to_12,
     migrate_to_13,
+    migrate_to_14,
 ]
 
 

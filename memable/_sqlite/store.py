@@ -24,7 +24,6 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import datetime
@@ -102,7 +101,7 @@ class SQLiteStore(OperatorReads):
         self._commits = GroupCommit(self._lock, where, self._connection, self._checks)
         self._grouped = self._commits.write
         #: This engine's id as an owner of instances.
-        self.owner = uuid.uuid4().hex
+        self.owner = _liveness.owner_id(_liveness.current())
         self._lease = 15.0
         self._declares: str | None = None  # what register_owner stored, for a re-register
 
@@ -181,6 +180,11 @@ class SQLiteStore(OperatorReads):
             if found is None:
                 return None
             instance = InstanceRow(*found)
+            if instance.lost_owner is not None and instance.lost_step is not None:
+                conn.execute(shared.COUNT_LOST, {
+                    "workflow": workflow, "instance_id": instance_id,
+                    "key": instance.lost_step, "lost_by": instance.lost_by,
+                })
             if instance.status == "queued":  # it waits for a slot of its queue
                 return RunSnapshot(instance, {})
             if self._checks is not None:

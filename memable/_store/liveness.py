@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import socket
+import uuid
 
 import attrs
 
@@ -26,6 +27,22 @@ class Identity:
     boot_id: str | None  # None where the OS does not say (not Linux)
     pid_ns: str | None
     started: str | None  # the process's start time in clock ticks since boot
+
+
+#: How many hex digits end an owner id (after the host, the pid and a colon each).
+OWNER_SUFFIX = 12
+
+
+def owner_id(me: Identity) -> str:
+    """A new owner id for an engine of this process: ``host:pid:`` and random hex digits,
+    so that a log line, ``memable show`` and a recovery name the process by its id alone,
+    even once its owner row is gone.
+
+    >>> owner = owner_id(Identity("web-1", 4242, None, None, None))
+    >>> owner.startswith("web-1:4242:"), len(owner) == len("web-1:4242:") + OWNER_SUFFIX
+    (True, True)
+    """
+    return f"{me.host}:{me.pid}:{uuid.uuid4().hex[:OWNER_SUFFIX]}"
 
 
 def _read(path: str) -> str | None:

@@ -90,6 +90,9 @@ class InstanceRow:
     timeout_at: float | None = None
     #: The key its queue's ``per_key`` limit counts it under (None: none).
     concurrency_key: str | None = None
+    #: The owner the last recovery took it from, by host and pid, and how it was lost:
+    #: ``"host:pid died"`` or ``"host:pid stalled past its lease"`` (None: never recovered).
+    lost_by: str | None = None
 
 
 @attrs.frozen

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..liveness import OWNER_SUFFIX
 from ..rows import TERMINAL, Ended, RunEnd, TimedOut
 from .execute import Execute
 
@@ -65,6 +66,9 @@ INSTANCE_COLUMNS: dict[str, type] = {
     "timeout": float,
     "timeout_at": float,
     "concurrency_key": str,
+    # v14: the owner the last recovery took the instance from, by host and pid, and how
+    # it was lost ("died" or "stalled past its lease"); kept by later claims
+    "lost_by": str,
 }
 
 # An instance is free to claim when nobody runs it, or its owner's lease ran out.
@@ -76,24 +80,51 @@ OWNER_FREE = """(
 # A claim that takes a running instance from another owner (dead: the claim's
 # WHERE says so) recovers it; the expressions of one UPDATE see the old row.
 _RECOVERED = "status = 'running' AND owner IS NOT NULL AND owner <> :me"
+# The old owner by host and pid: its id without the random digits that end it
+# (``liveness.owner_id``; an id of another shape is named as it is).
+_OWNER_NAME = f"""CASE WHEN substr(owner, length(owner) - {OWNER_SUFFIX}, 1) = ':'
+    THEN substr(owner, 1, length(owner) - {OWNER_SUFFIX + 1}) ELSE owner END"""
+# How it was lost: an owner whose row is gone was reaped by an engine of its host,
+# which saw its process gone (died); one whose row is there only let its lease
+# run out (stalled; on another host, whether it also died is not known here).
+_HOW_LOST = """CASE WHEN EXISTS (SELECT 1 FROM owners WHERE owners.id = instances.owner)
+    THEN ' stalled past its lease' ELSE ' died' END"""
 # What a claim writes: running and owned; an instance of a queue instead
 # waits for a slot (queued, nobody's; a queued or recovered one keeps its
 # place). A recovery is counted, with the dead owner (cleared by any other
-# claim: set, it says this claim recovered the instance) and the step it had
-# in flight, if that never completed (its execution was lost with it).
+# claim: set, it says this claim recovered the instance), that owner by host and
+# pid and how it was lost (kept), and the step it had in flight (its heartbeat
+# named it) if that attempt's end was never stored: its execution was lost with
+# the owner, and ``COUNT_LOST`` counts it in the same transaction.
 CLAIM_SET = f"""status = CASE WHEN queue IS NULL THEN 'running' ELSE 'queued' END,
     owner = CASE WHEN queue IS NULL THEN :me END,
     queued_at = CASE WHEN queue IS NULL OR status IN ('queued', 'running') THEN queued_at
         ELSE :at END,
     recoveries = CASE WHEN {_RECOVERED} THEN COALESCE(recoveries, 0) + 1 ELSE recoveries END,
     lost_owner = CASE WHEN {_RECOVERED} THEN owner END,
+    lost_by = CASE WHEN {_RECOVERED} THEN {_OWNER_NAME} || {_HOW_LOST} ELSE lost_by END,
     lost_step = CASE WHEN {_RECOVERED} THEN (SELECT instances.step_key WHERE NOT EXISTS (
         SELECT 1 FROM steps AS done WHERE done.workflow = instances.workflow
         AND done.instance_id = instances.instance_id AND done.key = instances.step_key
-        AND done.state = 'completed')) ELSE lost_step END,
+        AND (done.state = 'completed' OR done.started_at >= instances.step_started)))
+        ELSE lost_step END,
     message = NULL, waiting_for = NULL, updated_at = :at, completed_at = NULL,
     traceback = NULL, step_key = NULL, step_started = NULL, children_pending = NULL,
     run_reason = CASE :claim WHEN 'resume' THEN 'resume' WHEN 'recover' THEN 'recovery' END"""
+#: In the transaction of a claim that recovered the instance (``lost_owner`` set) with a
+#: step lost in flight (``lost_step``): count that step's lost execution in its
+#: ``attempts``. A key never stored yet gets a failed row (after every stored one) that
+#: names the lost owner, which the run's next attempt replaces; a completed row, or a row
+#: of another kind, is left as it is.
+COUNT_LOST = """
+INSERT INTO steps (workflow, instance_id, key, seq, kind, state, error, attempts)
+SELECT :workflow, :instance_id, :key, COALESCE(MAX(seq), -1) + 1, 'step', 'failed',
+    'engine ' || :lost_by || ' during this attempt', 1
+FROM steps WHERE workflow = :workflow AND instance_id = :instance_id
+ON CONFLICT (workflow, instance_id, key) DO UPDATE SET
+    attempts = steps.attempts + 1, error = excluded.error
+WHERE steps.state <> 'completed' AND steps.kind = 'step'
+"""
 OWNED = (
     "EXISTS (SELECT 1 FROM instances WHERE workflow = :workflow "
     "AND instance_id = :instance_id AND owner = :me)"
