@@ -173,7 +173,10 @@ class StepRecord:
     ``result`` is the stored value as decoded JSON (not rebuilt into its
     type), None unless ``state`` is ``"completed"``. ``error`` is the last
     error of a failed step, and ``traceback`` its traceback; ``attempts``
-    counts executions so far.
+    counts executions so far, every one that started: an execution lost with an
+    engine that died (or stalled past its lease) in it is counted when another
+    engine recovers the instance, if that engine's heartbeat had named the step
+    in flight (within ``lease / 3`` of its start).
 
     >>> from memable import Engine
     >>> def wf(ctx):
