@@ -16,15 +16,16 @@ import signal
 import socket
 import subprocess
 import sys
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import Result
-from helpers import PROCS, cli, until
+from helpers import PROCS, cli, query, until, write
 from werkzeug.test import Client
 
-from memable import Context, Engine, Queued
+from memable import Completed, Context, Engine, Queued
 from memable.web import app
 
 WAIT = 30.0
@@ -191,3 +192,44 @@ def test_an_engine_stalled_past_its_lease_is_said_to_have_stalled(
     assert (f"recovered the instance from engine {stalled}, which stalled past its lease; "
             "step 's3' was in flight and runs again") in recoveries[0]
     _shown(store, f"step s3 executed 2x: engine {stalled} stalled past its lease during it")
+
+
+def test_a_recovery_counts_only_the_attempt_whose_end_was_never_stored(
+    make_engine: Any, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The step a dead owner's heartbeat named in flight counts as lost only if that
+    attempt's end was never stored: an attempt that failed, was stored, and was followed
+    by the owner's death (during a backoff, say) is not counted twice."""
+    calls: list[str] = []
+
+    def flaky(instance_id: str) -> str:
+        calls.append(instance_id)
+        if calls.count(instance_id) == 1:
+            raise ValueError("first call fails")
+        return "ok"
+
+    engine = make_engine(poll_interval=0.05)
+    engine.register("wf", lambda ctx: ctx.step("s1").run(flaky, ctx.instance_id))
+    ghost = "ghost-host:99:0123456789ab"  # an owner whose row is gone: it died
+    with caplog.at_level(logging.WARNING, logger="memable"), engine:
+        for instance_id in ("stored", "lost"):
+            engine.invoke("wf", instance_id=instance_id).wait(timeout=WAIT)
+            [(started,)] = query(engine, "SELECT started_at FROM steps WHERE instance_id = ?",
+                                 (instance_id,))
+            # The ghost's heartbeat named s1 in flight: the attempt stored ("stored"), or
+            # a later one it never stored ("lost").
+            later = datetime.fromisoformat(started) + timedelta(seconds=1)
+            in_flight = started if instance_id == "stored" else later.isoformat()
+            write(engine, "UPDATE instances SET status = 'running', owner = ?, step_key = 's1', "
+                  "step_started = ?, completed_at = NULL WHERE instance_id = ?",
+                  (ghost, in_flight, instance_id))
+        for instance_id in ("stored", "lost"):
+            until(lambda i=instance_id: engine.invocation("wf", i).state == Completed(), WAIT)
+        attempts = {i: [s.attempts for s in engine.steps("wf", i)] for i in ("stored", "lost")}
+    assert attempts == {"stored": [2], "lost": [3]}
+    recoveries = sorted(r.getMessage() for r in caplog.records if "recovered" in r.getMessage())
+    assert recoveries == [
+        "wf/lost [s1]: recovered the instance from engine ghost-host:99, which died; "
+        "step 's1' was in flight and runs again",
+        "wf/stored: recovered the instance from engine ghost-host:99, which died",
+    ]
