@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -13,6 +14,7 @@ from helpers import cli
 
 from memable import Context, Engine, InstanceNotFound, WorkflowFailed, WorkflowNotFound
 from memable._cli.commands import main
+from memable._store.sql import forks as forks_sql
 
 TIMEOUT = 10
 #: The steps each instance executed (not replayed), by instance id; cleared per test.
@@ -96,6 +98,40 @@ def test_fork_refuses_a_key_it_never_reached_a_taken_id_and_an_unknown_source(
     with pytest.raises(WorkflowNotFound):
         engine.fork("nope", "p")
     assert [i for i, _ in engine.list_instances("pipeline")] == ["p"]
+
+
+@pytest.mark.parametrize("store_target", ["postgres"], indirect=True)
+def test_a_purge_between_the_forks_statements_passes_its_source_over(
+    engine: Engine, make_engine: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A fork reads its source in several statements; a purge of the source that comes
+    between them (forced: a second engine purges, on its own connection, just before the
+    fork copies the steps) passes the source over, so the fork keeps the steps before its
+    key and executes only from it. PostgreSQL alone: SQLite's fork holds the write lock
+    throughout. (The fork holds the source FOR SHARE; without it the purge deleted the
+    source and the fork, stored with no steps, ran every step again.)"""
+    engine.invoke("pipeline", 1, instance_id="p").result(TIMEOUT)
+    purger = make_engine()
+    store: Any = engine._store  # noqa: SLF001 - the hook sits between the fork's statements
+    real = store._pg_execute
+    purged: list[int] = []
+
+    def hooked(conn: Any) -> Any:
+        execute = real(conn)
+
+        def run(text: str, params: dict[str, Any]) -> Any:
+            if text == forks_sql.COPY_STEPS_BEFORE:
+                purged.append(purger.purge(0))
+            return execute(text, params)
+
+        return run
+
+    monkeypatch.setattr(store, "_pg_execute", hooked)
+    fork = engine.fork("pipeline", "p", from_key="load:v1", new_instance_id="p2")
+    assert purged == [0]  # the source was the fork's: passed over
+    assert fork.result(TIMEOUT) == 11
+    assert EXECUTED["p2"] == ["load:v1"]
+    assert purger.purge(0) == 2  # once the fork committed, the source (and the fork) go
 
 
 # ---------------------------------------------------------------------- resume_failed

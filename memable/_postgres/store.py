@@ -349,8 +349,9 @@ class PostgresStore(OperatorReads):
         self, workflow: str, instance_id: str, new_id: str, from_key: str | None, now: str
     ) -> bool:
         def fork_it(conn: psycopg.Connection[Any]) -> bool:
+            # The source stays locked until the fork commits: a purge passes it over.
             made = forks_sql.fork(self._pg_execute(conn), workflow, instance_id, new_id,
-                                  from_key, now)
+                                  from_key, now, lock=forks_sql.SHARE_LOCK)
             if made:  # an engine that runs it takes it now, not at its next poll
                 self._notify(conn, payload("signal", self.owner, workflow, new_id))
             return made

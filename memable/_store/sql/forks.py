@@ -7,6 +7,12 @@ first reached) are copied as memos: its first run replays them and executes
 that key and everything after it. It is stored suspended, nobody's and ready
 (as ``memable resume`` leaves one), so the next look of an engine that runs
 the workflow takes it (onto its queue, if it has one). The source is only read.
+
+The source's row is read first, with the store's lock clause (PostgreSQL: ``FOR
+SHARE``), and stays locked until the fork commits: the fork reads the source in
+several statements, and a purge (which passes over locked rows) must not delete
+it in between, leaving a fork with no steps (or refusing its id as taken). On
+SQLite the transaction holds the write lock from the first read.
 """
 
 from __future__ import annotations
@@ -16,6 +22,11 @@ from datetime import datetime
 from ..._errors import InstanceNotFound, StepNotFound
 from .execute import Execute
 
+#: The source's row, read first; a store appends its lock clause (``SHARE_LOCK``).
+SOURCE = "SELECT 1 FROM instances WHERE workflow = :workflow AND instance_id = :instance_id"
+#: PostgreSQL's lock clause for ``SOURCE``: the source is the fork's until it commits;
+#: a purge's ``FOR UPDATE ... SKIP LOCKED`` passes it over.
+SHARE_LOCK = " FOR SHARE"
 #: The source's steps, in the order first reached: where a fork may start.
 KEYS = (
     "SELECT key, seq FROM steps WHERE workflow = :workflow AND instance_id = :instance_id "
@@ -48,18 +59,18 @@ COPY_ALL_STEPS = _COPY_STEPS
 
 def fork(
     execute: Execute, workflow: str, instance_id: str, new_id: str, from_key: str | None,
-    at: str,
+    at: str, *, lock: str = "",
 ) -> bool:
     """Create ``new_id`` as a fork of the instance from ``from_key`` (None: after every
     completed step), in the caller's transaction; False, and nothing written, if
     ``new_id`` exists.
 
     Raise ``InstanceNotFound`` for an unknown source and ``StepNotFound`` (naming
-    the keys it has) for a key it never reached; each writes nothing.
+    the keys it has) for a key it never reached; each writes nothing. ``lock`` is
+    appended to the first read of the source (``SHARE_LOCK`` on PostgreSQL).
     """
     where = {"workflow": workflow, "instance_id": instance_id}
-    if execute("SELECT 1 FROM instances WHERE workflow = :workflow "
-               "AND instance_id = :instance_id", where).fetchone() is None:
+    if execute(SOURCE + lock, where).fetchone() is None:
         raise InstanceNotFound(workflow, instance_id)
     keys = {str(key): int(seq) for key, seq in execute(KEYS, where).fetchall()}
     if from_key is not None and from_key not in keys:
