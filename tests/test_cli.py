@@ -381,6 +381,35 @@ def test_show_json_of_a_completed_instance(store: Store) -> None:
     assert (view["timers"], view["awaiting_signals"]) == ([], [])
 
 
+def test_show_lists_a_signal_not_reached_yet_last_with_no_seq(tmp_path: Path) -> None:
+    """A signal stored before the run reached its key has no place in the order yet:
+    ``show`` lists it last with SEQ ``-`` (``--json``: seq null), and once the run
+    reaches the key, at the place it reached it."""
+    path = tmp_path / "db"
+
+    def two(ctx: Context) -> int:
+        ctx.step("a").run(lambda: 1)
+        first: int = ctx.suspend("first")
+        return first + ctx.step("b").run(lambda: 10) + ctx.suspend("second")
+
+    engine = Engine.open(path)
+    engine.register("two", two)
+    with engine:
+        inv = engine.invoke("two", instance_id="t")
+        assert isinstance(inv.wait(10), Suspended)
+        engine.signal("two", "t", "second", 2)  # waits on "first": kept for later
+        steps = section(ok("show", path, "two", "t"), "steps:")
+        assert [(s["SEQ"], s["KEY"], s["STATE"]) for s in steps] == [
+            ("0", "a", "completed"), ("1", "first", "waiting"), ("-", "second", "completed")]
+        view = json.loads(ok("show", path, "two", "t", "--json"))
+        assert [(s["seq"], s["key"]) for s in view["steps"]] == [
+            (0, "a"), (1, "first"), (None, "second")]
+        assert engine.signal("two", "t", "first", 1).result(10) == 13
+    steps = section(ok("show", path, "two", "t"), "steps:")
+    assert [(s["SEQ"], s["KEY"]) for s in steps] == [
+        ("0", "a"), ("1", "first"), ("2", "b"), ("3", "second")]
+
+
 def test_show_of_a_failed_instance_gives_the_failing_step_and_its_error(store: Store) -> None:
     text = ok("show", store.path, "charge", "order-8")
     assert text.splitlines()[0] == (

@@ -3,6 +3,7 @@ the failed ones in bulk, through the engine and the command line, on every store
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -12,7 +13,14 @@ import pytest
 from click.testing import CliRunner
 from helpers import cli
 
-from memable import Context, Engine, InstanceNotFound, WorkflowFailed, WorkflowNotFound
+from memable import (
+    Context,
+    Engine,
+    InstanceNotFound,
+    Suspended,
+    WorkflowFailed,
+    WorkflowNotFound,
+)
 from memable._cli.commands import main
 from memable._store.sql import forks as forks_sql
 
@@ -100,6 +108,49 @@ def test_fork_refuses_a_key_it_never_reached_a_taken_id_and_an_unknown_source(
     assert [i for i, _ in engine.list_instances("pipeline")] == ["p"]
 
 
+def test_a_fork_from_a_key_signalled_early_keeps_the_steps_reached_before_it(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """A signal delivered while an earlier step executes takes its place in the order
+    where the run reaches its key: the source's steps read in the order reached, and a
+    fork from that key replays every step reached before it (``charge`` and
+    ``receipt``, executed once) and executes only from it. (The signal took the
+    instance's highest seq plus one, at or below the steps run after it, and the fork
+    charged again.)"""
+    executed: list[tuple[str, str]] = []
+    charging, signalled = threading.Event(), threading.Event()
+
+    def order(ctx: Context) -> str:
+        def charge() -> None:
+            executed.append((ctx.instance_id, "charge"))
+            charging.set()
+            assert signalled.wait(TIMEOUT), "the test did not signal"
+
+        ctx.step("charge").run(charge)
+        ctx.step("receipt").run(lambda: executed.append((ctx.instance_id, "receipt")))
+        approved = ctx.suspend("approve")
+        ctx.step("ship").run(lambda: executed.append((ctx.instance_id, "ship")))
+        return f"shipped ({approved})"
+
+    engine = make_engine(poll_interval=0.05)
+    engine.register("order", order)
+    with engine:
+        inv = engine.invoke("order", instance_id="o")
+        assert charging.wait(TIMEOUT)
+        engine.signal("order", "o", "approve", "yes")  # while charge executes
+        signalled.set()
+        assert inv.result(TIMEOUT) == "shipped (yes)"
+        fork = engine.fork("order", "o", from_key="approve", new_instance_id="o2")
+        assert isinstance(fork.wait(TIMEOUT), Suspended)  # at approve, which it re-runs
+        assert engine.signal("order", "o2", "approve", "again").result(TIMEOUT) == (
+            "shipped (again)")
+        assert executed == [("o", "charge"), ("o", "receipt"), ("o", "ship"),
+                            ("o2", "ship")]
+        for instance_id in ("o", "o2"):
+            assert [s.key for s in engine.steps("order", instance_id)] == [
+                "charge", "receipt", "approve", "ship"]
+
+
 @pytest.mark.parametrize("store_target", ["postgres"], indirect=True)
 def test_a_purge_between_the_forks_statements_passes_its_source_over(
     engine: Engine, make_engine: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch,
@@ -112,7 +163,7 @@ def test_a_purge_between_the_forks_statements_passes_its_source_over(
     source and the fork, stored with no steps, ran every step again.)"""
     engine.invoke("pipeline", 1, instance_id="p").result(TIMEOUT)
     purger = make_engine()
-    store: Any = engine._store  # noqa: SLF001 - the hook sits between the fork's statements
+    store: Any = engine._store
     real = store._pg_execute
     purged: list[int] = []
 

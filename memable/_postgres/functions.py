@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import re
 
+from .._store.rows import UNREACHED
 from .._store.sql import queues as queue_sql
 from .._store.sql.instances import CLAIM_SET, COUNT_LOST, FIRE_KEY, FIRE_KEY_WHERE
 from .sql import OWNER_FREE
@@ -197,9 +198,8 @@ BEGIN
         IF v_kind <> 'signal' THEN RETURN 'kind ' || v_kind; END IF;
         IF v_state = 'completed' THEN RETURN 'holds'; END IF;
         IF v_state = 'timed_out' THEN RETURN 'timed out'; END IF;
-    ELSE
-        SELECT COALESCE(MAX(seq), -1) + 1 INTO v_seq FROM steps
-        WHERE workflow = p_workflow AND instance_id = p_instance;
+    ELSE  -- not reached yet: after every step until the run reaches it (rows.UNREACHED)
+        v_seq := {UNREACHED};
     END IF;
     INSERT INTO steps (workflow, instance_id, key, seq, kind, state, result, result_type,
                        attempts, completed_at)

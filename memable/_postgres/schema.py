@@ -22,6 +22,8 @@ from .._store.sql.instances import CONCURRENCY_KEY_INDEX, TIMEOUTS_INDEX
 from .functions import FUNCTIONS
 
 #: The schema version this code writes (the SQLite store's columns, in PostgreSQL).
+#: Version 9 also replaces a function (``memable_deliver_signal`` stores a signal for a
+#: key not reached yet at ``rows.UNREACHED``); every migration replaces the functions.
 SCHEMA_VERSION = 9
 #: Seconds to wait for the server unless the URL's ``connect_timeout`` says.
 CONNECT_TIMEOUT = 10

@@ -28,6 +28,7 @@ from .._store import liveness as _liveness
 from .._store.control import LostInstance, RunCancelled
 from .._store.protocol import Synchronous
 from .._store.rows import (
+    UNREACHED,
     Claim,
     Claimed,
     Ended,
@@ -364,6 +365,16 @@ class PostgresStore(OperatorReads):
 
         return self._run("fork the instance", fork_it, workflow, instance_id,
                          read_back=read_back)
+
+    def place_signal(self, workflow: str, instance_id: str, key: str, seq: int) -> None:
+        params = {"workflow": workflow, "instance_id": instance_id, "key": key, "seq": seq,
+                  "unreached": UNREACHED, "me": self.owner}
+
+        def place(conn: psycopg.Connection[Any]) -> None:
+            if conn.execute(pg(shared.PLACE_SIGNAL), params).rowcount == 0:
+                raise LostInstance(workflow, instance_id)
+
+        self._run("place the signal", place, workflow, instance_id, key, transaction=False)
 
     def deliver_signal(self, write: StepWrite, traceparent: str | None = None) -> None:
         workflow, instance_id, key = write.workflow, write.instance_id, write.key

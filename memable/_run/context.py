@@ -16,7 +16,7 @@ from .._records import StepKind
 from .._retry import Retry
 from .._states import Failed, InProgress, WorkflowState
 from .._store.protocol import Store
-from .._store.rows import SETTLED, InstanceRow, StepWrite, StoredStep, settled
+from .._store.rows import SETTLED, UNREACHED, InstanceRow, StepWrite, StoredStep, settled
 from .._store.serde import decode_for, return_hint, store_form
 from .._store.sql.children import TOLD
 from .._validate import check_deadline, check_key, seconds_of
@@ -94,7 +94,9 @@ class Context:
             trace=trace, telemetry=telemetry,
         )
         self._seen: set[str] = set()
-        self._next_seq = max((s.seq for s in memo.values()), default=-1) + 1
+        # A signal stored before the run reached its key has no place yet (UNREACHED).
+        self._next_seq = max(
+            (s.seq for s in memo.values() if s.seq != UNREACHED), default=-1) + 1
         # Replaying while the run reaches stored keys; live from the start if none.
         self._replaying = bool(memo)
         self._status: str | None = None
@@ -239,6 +241,9 @@ class Context:
         self._claim(key)
         stored = self._arrived(key, "signal")
         if stored is not None and stored.state == "completed":
+            if stored.seq == UNREACHED:  # signalled before the run got here: this is its place
+                self._store.place_signal(self._workflow, self._instance_id, key,
+                                         self._take_seq())
             return self._replayed(key, stored, returns)
         if stored is not None and stored.state == "timed_out":
             exc = SignalTimeout(self._workflow, self._instance_id, key)

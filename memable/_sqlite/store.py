@@ -44,6 +44,7 @@ from .._store.protocol import Synchronous
 from .._store.rows import (
     ROWS,
     TERMINAL,
+    UNREACHED,
     Claim,
     Claimed,
     Ended,
@@ -405,6 +406,17 @@ class SQLiteStore(OperatorReads):
         return self._grouped("mark the instance to resume", workflow, instance_id, None, mark,
                              changes="instance")
 
+    def place_signal(self, workflow: str, instance_id: str, key: str, seq: int) -> None:
+        params = {"workflow": workflow, "instance_id": instance_id, "key": key, "seq": seq,
+                  "unreached": UNREACHED, "me": self.owner}
+
+        def place(conn: sqlite3.Connection) -> None:
+            if conn.execute(shared.PLACE_SIGNAL, params).rowcount == 0:
+                raise LostInstance(workflow, instance_id)
+
+        self._grouped("place the signal", workflow, instance_id, key, place, single=True,
+                      changes="none")
+
     def deliver_signal(self, write: StepWrite, traceparent: str | None = None) -> None:
         workflow, instance_id, key = write.workflow, write.instance_id, write.key
 
@@ -428,12 +440,8 @@ class SQLiteStore(OperatorReads):
                     why = "the suspend point timed out before it"
                     raise SignalRejected(workflow, instance_id, key, why)
                 seq = step.seq
-            else:
-                seq = conn.execute(
-                    "SELECT COALESCE(MAX(seq), -1) + 1 FROM steps "
-                    "WHERE workflow = ? AND instance_id = ?",
-                    (workflow, instance_id),
-                ).fetchone()[0]
+            else:  # not reached yet: after every step until the run reaches it
+                seq = UNREACHED
             conn.execute(
                 "INSERT INTO steps (workflow, instance_id, key, seq, kind, state, result, "
                 "result_type, attempts, completed_at) "

@@ -137,9 +137,16 @@ class Store(Protocol):
         Raise InstanceNotFound, InstanceFinished (a terminal instance) or
         SignalRejected (the key holds a value, timed out, or was reached as a
         step or a timer), writing nothing, when the instance cannot take it.
+        A key the run has reached keeps its seq; one it has not is stored at
+        ``UNREACHED`` (after every step) until the run reaches it.
         The key's deadline, if armed, is dropped in the same transaction: of
         a signal and a deadline firing at once, exactly one takes the key.
         """
+
+    def place_signal(self, workflow: str, instance_id: str, key: str, seq: int) -> None:
+        """Store ``seq`` as the place of a signal stored before the run reached its key
+        (seq ``UNREACHED``), now that it has; only if owned (else ``LostInstance``).
+        Before any later step of the run is stored."""
 
     def mark_resumable(self, workflow: str, instance_id: str, now: str) -> str:
         """Mark a failed, suspended or completed instance ready to run again, atomically, for

@@ -135,7 +135,8 @@ class InstanceView:
 
     instance: InstanceRow
     owner: OwnerRow | None  # the row of ``instance.owner``, if it still has one
-    #: Its steps in order, as dicts of the ``steps`` columns an operator sees.
+    #: Its steps in order, as dicts of the ``steps`` columns an operator sees (``seq``
+    #: None: a signal the run has not reached yet, listed last).
     steps: list[dict[str, Any]]
     timers: list[tuple[str, float]]  # (key, deadline) of each pending timer
     awaiting: list[str]  # the suspend points it waits on now
@@ -189,6 +190,11 @@ class RunSnapshot:
     steps: dict[str, StoredStep]
 
 
+#: The seq of a signal stored before its run reached its key: after every step until the
+#: run reaches it, which then stores the place it reached it at (``Store.place_signal``),
+#: so a fork from a key copies exactly the steps reached before it. PostgreSQL's largest
+#: ``integer``.
+UNREACHED = 2**31 - 1
 #: The statuses an instance ends in (a store stamps ``completed_at`` on reaching one).
 TERMINAL: tuple[StatusName, ...] = ("completed", "failed", "cancelled")
 #: The states of a key a wait has its outcome in: a value, or a deadline passed.

@@ -219,6 +219,12 @@ WHERE workflow = :workflow AND instance_id = :instance_id
 """
 # ``memable resume``: ready for the next poll of an engine that runs it (see
 # Store.mark_resumable); a running or queued instance is left as it is.
+#: A signal stored before the run reached its key, placed where the run reached it.
+PLACE_SIGNAL = f"""
+UPDATE steps SET seq = :seq
+WHERE workflow = :workflow AND instance_id = :instance_id AND key = :key AND kind = 'signal'
+AND seq = :unreached AND {OWNED}
+"""
 MARK_RESUMABLE = """
 UPDATE instances SET status = 'suspended', message = 'resumed from the command line',
     waiting_for = NULL, children_pending = 0, owner = NULL, completed_at = NULL,

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..rows import InstanceRow, InstanceView, OwnerRow, QueueLook, ScheduleRow
+from ..rows import UNREACHED, InstanceRow, InstanceView, OwnerRow, QueueLook, ScheduleRow
 from . import schedules as schedules_sql
 from .instances import INSTANCE_COLUMNS
 from .queues import HOLDS_SLOT, KEY_HOLDS, PAUSED, PAUSED_ALL, STARTS
@@ -93,6 +93,9 @@ def inspect(read: ReadRows, workflow: str, instance_id: str) -> InstanceView | N
         "AND parent_id = :instance_id ORDER BY created_at, instance_id",
         where,
     )
+    for step in steps:  # a signal stored before the run reached its key has no place yet
+        if step["seq"] == UNREACHED:
+            step["seq"] = None
     instance = _instance(found[0])
     return InstanceView(
         instance=instance,
