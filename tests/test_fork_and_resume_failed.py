@@ -9,11 +9,13 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 from click.testing import CliRunner
 from helpers import cli
 
 from memable import (
+    ChildFailed,
     Context,
     Engine,
     InstanceNotFound,
@@ -45,6 +47,26 @@ def pipeline(ctx: Context, n: int) -> int:
     return ctx.step("load:v1").run(lambda: step("load:v1", b + 1))
 
 
+def _fails(ctx: Context, n: int) -> int:
+    """A child that fails."""
+    return ctx.step("work").run(lambda: n // 0)
+
+
+def _catches(ctx: Context, n: int) -> str:
+    """A parent that handles its child's failure and completes."""
+    try:
+        ctx.child("kid", "fails", n)
+    except ChildFailed:
+        return "handled"
+    return "kid worked"
+
+
+def _propagates(ctx: Context, n: int) -> int:
+    """A parent that fails with its child."""
+    result: int = ctx.child("kid", "fails", n)
+    return result
+
+
 @pytest.fixture
 def engine(make_engine: Callable[..., Engine]) -> Iterator[Engine]:
     EXECUTED.clear()
@@ -53,6 +75,9 @@ def engine(make_engine: Callable[..., Engine]) -> Iterator[Engine]:
     engine.register("pipeline", pipeline)
     engine.queue("batch", concurrency=1)
     engine.register("queued", pipeline, queue="batch")
+    engine.register("fails", _fails)
+    engine.register("catches", _catches)
+    engine.register("propagates", _propagates)
     with engine:
         yield engine
 
@@ -222,6 +247,60 @@ def test_resume_failed_since_takes_only_the_later_failures(engine: Engine) -> No
     old = engine.get_metadata("pipeline", "old")
     assert old is not None
     assert old.status.name == "failed"
+
+
+def test_resume_failed_leaves_a_child_whose_parent_handled_its_failure(
+    engine: Engine,
+) -> None:
+    """A failed child whose parent caught its ChildFailed and completed is not resumed
+    (resumed, its end would settle the parent's step with an outcome the parent never
+    saw); a child whose parent failed with it is left to the parent, whose resumed run
+    resumes it. Counted and acted on alike: one instance, the failed parent."""
+    assert engine.invoke("catches", 1, instance_id="c").result(TIMEOUT) == "handled"
+    with pytest.raises(WorkflowFailed):
+        engine.invoke("propagates", 1, instance_id="p").result(TIMEOUT)
+    failed = {(w, i) for w in ("fails", "propagates")
+              for i, meta in engine.list_instances(w) if meta.status.name == "failed"}
+    assert failed == {("fails", "c/kid"), ("fails", "p/kid"), ("propagates", "p")}
+    assert engine.resume_failed("fails") == 0  # both children's failures were handled
+    assert engine.resume_failed() == 1  # the parent
+    with pytest.raises(WorkflowFailed):  # it resumes its child, which fails again
+        engine.invocation("propagates", "p").result(TIMEOUT)
+    kid = engine.get_metadata("fails", "c/kid")
+    assert kid is not None
+    assert kid.status.name == "failed"
+    assert engine.invocation("catches", "c").result(TIMEOUT) == "handled"
+
+
+def test_memable_resume_failed_with_a_limit_acts_only_on_those_it_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``memable resume --failed --limit 2`` counts f-1 and f-2; while it asks, f-1 is
+    resumed and fails again (forced: the confirmation does it). It then resumes f-2
+    alone: not f-1's new failure, which came after the count, and not f-3, which it
+    never counted. (It counted again when it acted, and took f-2 and f-3.)"""
+    EXECUTED.clear()
+    BROKEN.clear()
+    path = tmp_path / "app.db"
+    engine = Engine.open(path, poll_interval=0.05)
+    engine.register("pipeline", pipeline)
+
+    def refail_f1(text: str, **_: object) -> bool:
+        assert text == "resume 2 failed instances of 'pipeline'?"
+        with pytest.raises(WorkflowFailed):
+            engine.resume("pipeline", "f-1").result(TIMEOUT)
+        return True
+
+    with engine:
+        _failed(engine, "f-1", "f-2", "f-3")
+        monkeypatch.setattr(click, "confirm", refail_f1)
+        result = cli("resume", path, "pipeline", "--failed", "--limit", "2")
+        assert result.exit_code == 0, result.output
+        assert "resumed 1 of 2 failed instances of 'pipeline'" in result.stdout
+        BROKEN.discard("f-2")
+        assert engine.invocation("pipeline", "f-2").result(TIMEOUT) == 11
+        statuses = {i: meta.status.name for i, meta in engine.list_instances("pipeline")}
+    assert statuses == {"f-1": "failed", "f-2": "completed", "f-3": "failed"}
 
 
 @pytest.mark.parametrize(("kwargs", "error"), [

@@ -68,14 +68,17 @@ def test_counts_failed_ones_and_queue_names(engine: Engine) -> None:
         ("two", "failed", 3)]
     assert store.queue_names() == ["mail"]
     oldest_first = store.failed_instances(None, limit=10)
-    assert oldest_first == [("two", "bad-1"), ("two", "bad-2"), ("two", "bad-3")]
+    failed_at = {}
+    for i in (1, 2, 3):  # each with the time it failed
+        meta = engine.get_metadata("two", f"bad-{i}")
+        assert meta is not None
+        assert meta.completed_at is not None
+        failed_at[i] = meta.completed_at.isoformat()
+    assert oldest_first == [("two", f"bad-{i}", failed_at[i]) for i in (1, 2, 3)]
     assert store.failed_instances("two", limit=2) == oldest_first[:2]
     assert store.failed_instances("other", limit=10) == []
-    assert store.failed_instances(None, id_prefix="bad-3", limit=10) == [("two", "bad-3")]
-    meta = engine.get_metadata("two", "bad-2")
-    assert meta is not None
-    assert meta.completed_at is not None
-    at = meta.completed_at.isoformat()
+    assert store.failed_instances(None, id_prefix="bad-3", limit=10) == oldest_first[2:]
+    at = failed_at[2]
     assert store.failed_instances(None, until=at, limit=10) == oldest_first[:2]
     assert store.failed_instances(None, since=at, limit=10) == oldest_first[1:]
 

@@ -547,7 +547,7 @@ def _resume_failed(
         if not yes and not click.confirm(f"resume {what}?", err=True):
             click.echo("nothing resumed", err=True)
             sys.exit(1)
-        resumed = resume_failed(store, workflow, since=since, until=until, limit=limit)
+        resumed = resume_failed(store, workflow, limit=limit, counted=found)
     click.echo(f"resumed {len(resumed)} of {what}: an engine that runs {workflow!r} "
                "takes them within its poll interval")
 

@@ -583,7 +583,9 @@ class Engine:
         """Resume the failed instances of workflow ``name`` (None: of every workflow) that
         failed at or after ``since`` (an aware datetime; None: any time), oldest failure
         first, at most ``limit`` of them, each as ``memable resume`` does (an engine that
-        runs its workflow takes it, this one first); return how many.
+        runs its workflow takes it, this one first); return how many. A failed child whose
+        parent has ended, or caught its ``ChildFailed``, is left alone (its failure was
+        handled), and so is an instance that failed again after it was counted.
 
         >>> from memable import Engine
         >>> tries = {}

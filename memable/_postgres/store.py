@@ -346,6 +346,21 @@ class PostgresStore(OperatorReads):
 
         return self._run("mark the instance to resume", mark, workflow, instance_id)
 
+    def resume_failure(
+        self, workflow: str, instance_id: str, failed_at: str, now: str
+    ) -> bool:
+        params = {"workflow": workflow, "instance_id": instance_id, "failed_at": failed_at,
+                  "at": now}
+
+        def resume(conn: psycopg.Connection[Any]) -> bool:
+            if not conn.execute(pg(shared.RESUME_FAILURE), params).rowcount:
+                return False
+            # An engine that runs it takes it now, not at its next poll.
+            self._notify(conn, payload("signal", self.owner, workflow, instance_id))
+            return True
+
+        return self._run("resume the failed instance", resume, workflow, instance_id)
+
     def fork_instance(
         self, workflow: str, instance_id: str, new_id: str, from_key: str | None, now: str
     ) -> bool:

@@ -417,6 +417,18 @@ class SQLiteStore(OperatorReads):
         self._grouped("place the signal", workflow, instance_id, key, place, single=True,
                       changes="none")
 
+    def resume_failure(
+        self, workflow: str, instance_id: str, failed_at: str, now: str
+    ) -> bool:
+        params = {"workflow": workflow, "instance_id": instance_id, "failed_at": failed_at,
+                  "at": now}
+
+        def resume(conn: sqlite3.Connection) -> bool:
+            return bool(conn.execute(shared.RESUME_FAILURE, params).rowcount)
+
+        return self._grouped("resume the failed instance", workflow, instance_id, None,
+                             resume, changes="instance")
+
     def deliver_signal(self, write: StepWrite, traceparent: str | None = None) -> None:
         workflow, instance_id, key = write.workflow, write.instance_id, write.key
 

@@ -12,7 +12,7 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
-from .._errors import InstanceFinished, InstanceNotFound, InvalidKey
+from .._errors import InvalidKey
 from .._queues import check_queue_name
 from .._validate import check_key, seconds_of
 from .protocol import Store
@@ -52,21 +52,24 @@ def resume_instance(store: Store, workflow: str, instance_id: str) -> str:
 def resume_failed(
     store: Store, workflow: str | None, *, id_prefix: str | None = None,
     since: str | None = None, until: str | None = None, limit: int = 1000,
+    counted: list[tuple[str, str, str]] | None = None,
 ) -> list[tuple[str, str]]:
-    """Resume the failed instances of a filter (see ``Store.failed_instances``), oldest
-    failure first, each as ``resume_instance`` does (one transaction each); return
-    (workflow, id) of those resumed. One that is no longer failed when its turn comes
-    (resumed, or purged meanwhile) is passed over."""
-    resumed = []
-    for name, instance_id in store.failed_instances(
-        workflow, id_prefix=id_prefix, since=since, until=until, limit=limit
-    ):
-        try:
-            if resume_instance(store, name, instance_id) == "failed":
-                resumed.append((name, instance_id))
-        except (InstanceNotFound, InstanceFinished):  # purged or cancelled meanwhile
-            continue
-    return resumed
+    """Resume the failed instances of a filter (see ``Store.failed_instances``: a child
+    whose failure was handled is not one), oldest failure first, each as
+    ``resume_instance`` does (one transaction each); return (workflow, id) of those
+    resumed.
+
+    It acts on exactly the failures it counted (``counted``, as ``failed_instances``
+    returned them to a caller that showed their number; None: counted here), at most
+    ``limit`` of them. One that is no longer that failure when its turn comes (resumed,
+    failed again since, purged or cancelled), or whose parent has handled it since, is
+    passed over."""
+    if counted is None:
+        counted = store.failed_instances(
+            workflow, id_prefix=id_prefix, since=since, until=until, limit=limit)
+    now = utcnow().isoformat()
+    return [(name, instance_id) for name, instance_id, failed_at in counted[:limit]
+            if store.resume_failure(name, instance_id, failed_at, now)]
 
 
 def fork_instance(

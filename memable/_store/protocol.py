@@ -158,6 +158,14 @@ class Store(Protocol):
         Cancelled one (writing nothing).
         """
 
+    def resume_failure(
+        self, workflow: str, instance_id: str, failed_at: str, now: str
+    ) -> bool:
+        """Mark the instance ready to run again as ``mark_resumable`` does, atomically, only
+        if it is still the failure a bulk resume counted (failed, at ``failed_at``) and not
+        a child whose failure was handled (its parent ended, or raised ``ChildFailed`` for
+        it); whether it did."""
+
     def fire_due_timers(self, now: float, at: str) -> list[tuple[str, str, str, float]]:
         """Claim every timer due at ``now`` and complete its key; return (workflow, id, key,
         deadline)s.
@@ -355,9 +363,11 @@ class Store(Protocol):
     def failed_instances(
         self, workflow: str | None, *, id_prefix: str | None = None,
         since: str | None = None, until: str | None = None, limit: int,
-    ) -> list[tuple[str, str]]:
-        """(workflow, id) of failed instances, oldest failure first, optionally of one
-        workflow, by id prefix, failed between ``since`` and ``until``; at most ``limit``."""
+    ) -> list[tuple[str, str, str]]:
+        """(workflow, id, when it failed) of failed instances, oldest failure first,
+        optionally of one workflow, by id prefix, failed between ``since`` and ``until``;
+        at most ``limit``. A failed child whose failure was handled (its parent ended, or
+        raised ``ChildFailed`` for it) is not one of them."""
 
     def queue_names(self) -> list[str]:
         """The queues the store has instances of."""

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..liveness import OWNER_SUFFIX
 from ..rows import TERMINAL, Ended, RunEnd, TimedOut
+from .children import TOLD
 from .execute import Execute
 
 #: The columns of an instance row, in ``InstanceRow``'s order, with their types.
@@ -217,21 +218,37 @@ SET_TRACEPARENT = """
 UPDATE instances SET traceparent = :traceparent
 WHERE workflow = :workflow AND instance_id = :instance_id
 """
-# ``memable resume``: ready for the next poll of an engine that runs it (see
-# Store.mark_resumable); a running or queued instance is left as it is.
 #: A signal stored before the run reached its key, placed where the run reached it.
 PLACE_SIGNAL = f"""
 UPDATE steps SET seq = :seq
 WHERE workflow = :workflow AND instance_id = :instance_id AND key = :key AND kind = 'signal'
 AND seq = :unreached AND {OWNED}
 """
-MARK_RESUMABLE = """
+# ``memable resume``: ready for the next poll of an engine that runs it (see
+# Store.mark_resumable); a running or queued instance is left as it is.
+_RESUME = """
 UPDATE instances SET status = 'suspended', message = 'resumed from the command line',
     waiting_for = NULL, children_pending = 0, owner = NULL, completed_at = NULL,
     traceback = NULL, updated_at = :at
 WHERE workflow = :workflow AND instance_id = :instance_id
-AND status IN ('failed', 'suspended', 'completed')
 """
+MARK_RESUMABLE = _RESUME + "AND status IN ('failed', 'suspended', 'completed')"
+#: A failed child whose failure was handled (of a row of ``instances`` not aliased): its
+#: parent has ended (or is gone), or has raised ``ChildFailed`` for it (its step holds
+#: ``TOLD``, written by the parent's run). Resuming it alone would settle the parent's
+#: step with an outcome the parent never saw, and a later replay of the parent diverge.
+HANDLED_CHILD = f"""(instances.parent_id IS NOT NULL AND (
+    NOT EXISTS (SELECT 1 FROM instances AS p WHERE p.workflow = instances.parent_workflow
+        AND p.instance_id = instances.parent_id
+        AND p.status NOT IN ('completed', 'failed', 'cancelled'))
+    OR EXISTS (SELECT 1 FROM steps AS s WHERE s.workflow = instances.parent_workflow
+        AND s.instance_id = instances.parent_id AND s.key = instances.parent_key
+        AND s.kind = 'child' AND s.state = 'failed' AND s.result = '{TOLD}')))"""
+#: A bulk resume's one instance: only the failure it counted (failed at ``:failed_at``,
+#: not one after a resume since), and not a handled child's (``HANDLED_CHILD``).
+RESUME_FAILURE = (
+    _RESUME + f"AND status = 'failed' AND completed_at = :failed_at AND NOT {HANDLED_CHILD}"
+)
 
 
 #: The key of a delayed start (``invoke(start_at=)``): an engine's timer step, waited on

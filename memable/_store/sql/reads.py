@@ -16,7 +16,7 @@ from typing import Any
 
 from ..rows import UNREACHED, InstanceRow, InstanceView, OwnerRow, QueueLook, ScheduleRow
 from . import schedules as schedules_sql
-from .instances import INSTANCE_COLUMNS
+from .instances import HANDLED_CHILD, INSTANCE_COLUMNS
 from .queues import HOLDS_SLOT, KEY_HOLDS, PAUSED, PAUSED_ALL, STARTS
 from .queues import STATS as QUEUE_STATS
 
@@ -261,11 +261,14 @@ def instance_page(
 def failed_instances(
     read: ReadRows, workflow: str | None, *, id_prefix: str | None = None,
     since: str | None = None, until: str | None = None, limit: int,
-) -> list[tuple[str, str]]:
-    """(workflow, id) of failed instances, oldest failure first: of one workflow, whose
-    id starts with ``id_prefix``, failed at or after ``since`` and at or before
-    ``until`` (ISO times), where given; at most ``limit``."""
+) -> list[tuple[str, str, str]]:
+    """(workflow, id, when it failed) of failed instances, oldest failure first: of one
+    workflow, whose id starts with ``id_prefix``, failed at or after ``since`` and at or
+    before ``until`` (ISO times), where given; at most ``limit``. A failed child whose
+    failure was handled (``HANDLED_CHILD``: its parent ended, or raised ChildFailed for
+    it) is left out: a bulk resume leaves it alone."""
     where, params = _filter(workflow, "failed", id_prefix)
+    where.append(f"NOT {HANDLED_CHILD}")
     for bound, op in ((since, ">="), (until, "<=")):
         if bound is not None:
             name = "since" if op == ">=" else "until"
@@ -273,11 +276,12 @@ def failed_instances(
             params[name] = bound
     rows = read(
         "list failed instances",
-        f"SELECT workflow, instance_id FROM instances WHERE {' AND '.join(where)} "
+        f"SELECT workflow, instance_id, completed_at FROM instances "
+        f"WHERE {' AND '.join(where)} "
         "ORDER BY completed_at, workflow, instance_id LIMIT :limit",
         {**params, "limit": limit},
     )
-    return [(row["workflow"], row["instance_id"]) for row in rows]
+    return [(row["workflow"], row["instance_id"], row["completed_at"]) for row in rows]
 
 
 def queue_names(read: ReadRows) -> list[str]:
@@ -332,7 +336,7 @@ class OperatorReads:
     def failed_instances(
         self, workflow: str | None, *, id_prefix: str | None = None,
         since: str | None = None, until: str | None = None, limit: int,
-    ) -> list[tuple[str, str]]:
+    ) -> list[tuple[str, str, str]]:
         return failed_instances(self.read_rows, workflow, id_prefix=id_prefix, since=since,
                                 until=until, limit=limit)
 
