@@ -177,15 +177,19 @@ def test_a_fork_from_a_key_signalled_early_keeps_the_steps_reached_before_it(
 
 
 @pytest.mark.parametrize("store_target", ["postgres"], indirect=True)
+@pytest.mark.parametrize("before", [forks_sql.INSERT_FORK, forks_sql.COPY_STEPS_BEFORE],
+                         ids=["insert", "copy"])
 def test_a_purge_between_the_forks_statements_passes_its_source_over(
     engine: Engine, make_engine: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch,
+    before: str,
 ) -> None:
     """A fork reads its source in several statements; a purge of the source that comes
     between them (forced: a second engine purges, on its own connection, just before the
-    fork copies the steps) passes the source over, so the fork keeps the steps before its
-    key and executes only from it. PostgreSQL alone: SQLite's fork holds the write lock
-    throughout. (The fork holds the source FOR SHARE; without it the purge deleted the
-    source and the fork, stored with no steps, ran every step again.)"""
+    fork inserts the new instance, or copies the steps) passes the source over, so the
+    fork is made, keeps the steps before its key and executes only from it. PostgreSQL
+    alone: SQLite's fork holds the write lock throughout. (The fork holds the source FOR
+    SHARE; without it the purge deleted the source, and the fork was refused as "id
+    taken", or, stored with no steps, ran every step again.)"""
     engine.invoke("pipeline", 1, instance_id="p").result(TIMEOUT)
     purger = make_engine()
     store: Any = engine._store
@@ -196,7 +200,7 @@ def test_a_purge_between_the_forks_statements_passes_its_source_over(
         execute = real(conn)
 
         def run(text: str, params: dict[str, Any]) -> Any:
-            if text == forks_sql.COPY_STEPS_BEFORE:
+            if text == before:
                 purged.append(purger.purge(0))
             return execute(text, params)
 

@@ -28,7 +28,6 @@ from .._store import liveness as _liveness
 from .._store.control import LostInstance, RunCancelled
 from .._store.protocol import Synchronous
 from .._store.rows import (
-    UNREACHED,
     Claim,
     Claimed,
     Ended,
@@ -383,7 +382,7 @@ class PostgresStore(OperatorReads):
 
     def place_signal(self, workflow: str, instance_id: str, key: str, seq: int) -> None:
         params = {"workflow": workflow, "instance_id": instance_id, "key": key, "seq": seq,
-                  "unreached": UNREACHED, "me": self.owner}
+                  "me": self.owner}
 
         def place(conn: psycopg.Connection[Any]) -> None:
             if conn.execute(pg(shared.PLACE_SIGNAL), params).rowcount == 0:

@@ -37,6 +37,7 @@ from .._states import Cancelled, Completed, Failed, Suspended, WorkflowState
 from .._store.control import LostInstance, RunCancelled
 from .._store.protocol import Store
 from .._store.rows import (
+    UNREACHED,
     Claim,
     Ended,
     InstanceRow,
@@ -874,9 +875,11 @@ def _woken_by(snapshot: RunSnapshot) -> RunReason:
     said = snapshot.instance.run_reason  # the claim that queued it was a resume or recovery
     if said in ("resume", "recovery"):
         return said  # type: ignore[return-value]
-    if not snapshot.steps:
+    # A signal stored before the run reached its key has no place yet (UNREACHED).
+    placed = [step for step in snapshot.steps.values() if step.seq != UNREACHED]
+    if not placed:
         return "schedule" if snapshot.instance.schedule is not None else "invoke"
-    last = max(snapshot.steps.values(), key=lambda step: step.seq)
+    last = max(placed, key=lambda step: step.seq)
     if last.kind == "signal":
         return "timer" if last.state == "timed_out" else "signal"
     if last.kind in ("child", "children"):

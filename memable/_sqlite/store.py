@@ -408,7 +408,7 @@ class SQLiteStore(OperatorReads):
 
     def place_signal(self, workflow: str, instance_id: str, key: str, seq: int) -> None:
         params = {"workflow": workflow, "instance_id": instance_id, "key": key, "seq": seq,
-                  "unreached": UNREACHED, "me": self.owner}
+                  "me": self.owner}
 
         def place(conn: sqlite3.Connection) -> None:
             if conn.execute(shared.PLACE_SIGNAL, params).rowcount == 0:

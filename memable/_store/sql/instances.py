@@ -218,11 +218,12 @@ SET_TRACEPARENT = """
 UPDATE instances SET traceparent = :traceparent
 WHERE workflow = :workflow AND instance_id = :instance_id
 """
-#: A signal stored before the run reached its key, placed where the run reached it.
+#: A signal stored before the run reached its key, placed where the run reached it (by
+#: the owner alone; again, alike, if a lost commit is retried).
 PLACE_SIGNAL = f"""
 UPDATE steps SET seq = :seq
 WHERE workflow = :workflow AND instance_id = :instance_id AND key = :key AND kind = 'signal'
-AND seq = :unreached AND {OWNED}
+AND {OWNED}
 """
 # ``memable resume``: ready for the next poll of an engine that runs it (see
 # Store.mark_resumable); a running or queued instance is left as it is.
