@@ -31,6 +31,8 @@ TIMEOUT = 10
 EXECUTED: dict[str, list[str]] = {}
 #: The instances whose "flaky" step fails (until a test lets it work).
 BROKEN: set[str] = set()
+#: Set when a parent has caught its child's ChildFailed; cleared per test.
+CAUGHT = threading.Event()
 
 
 def pipeline(ctx: Context, n: int) -> int:
@@ -53,12 +55,15 @@ def _fails(ctx: Context, n: int) -> int:
 
 
 def _catches(ctx: Context, n: int) -> str:
-    """A parent that handles its child's failure and completes."""
+    """A parent that handles its child's failure, then waits for a signal."""
     try:
         ctx.child("kid", "fails", n)
-    except ChildFailed:
-        return "handled"
-    return "kid worked"
+    except ChildFailed:  # the parent's step for it holds "told" by now
+        CAUGHT.set()
+        outcome = "handled"
+    else:
+        outcome = "kid worked"
+    return f"{outcome}, {ctx.suspend('after')}"
 
 
 def _propagates(ctx: Context, n: int) -> int:
@@ -71,6 +76,7 @@ def _propagates(ctx: Context, n: int) -> int:
 def engine(make_engine: Callable[..., Engine]) -> Iterator[Engine]:
     EXECUTED.clear()
     BROKEN.clear()
+    CAUGHT.clear()
     engine = make_engine(poll_interval=0.05)
     engine.register("pipeline", pipeline)
     engine.queue("batch", concurrency=1)
@@ -256,24 +262,30 @@ def test_resume_failed_since_takes_only_the_later_failures(engine: Engine) -> No
 def test_resume_failed_leaves_a_child_whose_parent_handled_its_failure(
     engine: Engine,
 ) -> None:
-    """A failed child whose parent caught its ChildFailed and completed is not resumed
-    (resumed, its end would settle the parent's step with an outcome the parent never
-    saw); a child whose parent failed with it is left to the parent, whose resumed run
-    resumes it. Counted and acted on alike: one instance, the failed parent."""
-    assert engine.invoke("catches", 1, instance_id="c").result(TIMEOUT) == "handled"
+    """A failed child whose parent caught its ChildFailed is not resumed, while the parent
+    waits and once it has completed (resumed, the child's end would settle the parent's
+    step with an outcome the parent never saw); a child whose parent failed with it is
+    left to the parent, whose resumed run resumes it. Counted and acted on alike: one
+    instance, the failed parent."""
+    engine.invoke("catches", 1, instance_id="c")
+    assert CAUGHT.wait(TIMEOUT)
     with pytest.raises(WorkflowFailed):
         engine.invoke("propagates", 1, instance_id="p").result(TIMEOUT)
     failed = {(w, i) for w in ("fails", "propagates")
               for i, meta in engine.list_instances(w) if meta.status.name == "failed"}
     assert failed == {("fails", "c/kid"), ("fails", "p/kid"), ("propagates", "p")}
-    assert engine.resume_failed("fails") == 0  # both children's failures were handled
-    assert engine.resume_failed() == 1  # the parent
+    assert engine.resume_failed("fails") == 0  # c waits, p ended: both failures handled
+    assert engine.signal("catches", "c", "after", "done").result(TIMEOUT) == "handled, done"
+    assert engine.resume_failed("fails") == 0  # c has ended too
+    assert engine.resume_failed() == 1  # the parent p
     with pytest.raises(WorkflowFailed):  # it resumes its child, which fails again
         engine.invocation("propagates", "p").result(TIMEOUT)
+    assert ("fails", "p/kid") in {(w, i) for w in ("fails",)
+                                  for i, _ in engine.list_instances(w)}
     kid = engine.get_metadata("fails", "c/kid")
     assert kid is not None
     assert kid.status.name == "failed"
-    assert engine.invocation("catches", "c").result(TIMEOUT) == "handled"
+    assert engine.invocation("catches", "c").result(TIMEOUT) == "handled, done"
 
 
 def test_memable_resume_failed_with_a_limit_acts_only_on_those_it_counted(
