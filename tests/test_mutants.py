@@ -36,8 +36,10 @@ from memable._run.options import Options
 from memable._run.runner import Runner
 from memable._sqlite.group_commit import GroupCommit, _Pending
 from memable._sqlite.store import SQLiteStore
+from memable._store import admin
 from memable._store.control import LostInstance
 from memable._store.protocol import InstanceRow, StepWrite
+from memable._store.rows import UNREACHED
 
 
 class _Recording:
@@ -401,6 +403,28 @@ def test_a_step_write_of_an_engine_that_lost_its_instance_is_refused(
     stored = b._store.read_step("wf", "i", "second")
     assert stored is not None
     assert stored.result == "3"
+
+
+def test_placing_a_signal_is_the_owners_alone(two_engines: tuple[Engine, Engine]) -> None:
+    """A signal stored before the run reached its key waits at UNREACHED; the owner's run
+    places it, and once B has claimed the instance A's placement raises LostInstance and
+    leaves the row as it was, while B's takes."""
+    a, b = two_engines
+    _instance(a, "i")
+    for key in ("k1", "k2"):
+        admin.store_signal(a._store, "wf", "i", key, key)
+
+    def seqs() -> list[int | None]:
+        rows = [b._store.read_step("wf", "i", key) for key in ("k1", "k2")]
+        return [None if row is None else row.seq for row in rows]
+
+    a._store.place_signal("wf", "i", "k1", 3)
+    assert b._store.begin_run("wf", "i", now=_now(), claim="resume") is not None
+    with pytest.raises(LostInstance):
+        a._store.place_signal("wf", "i", "k2", 4)
+    assert seqs() == [3, UNREACHED]
+    b._store.place_signal("wf", "i", "k2", 4)
+    assert seqs() == [3, 4]
 
 
 def test_a_step_write_to_a_key_stored_as_another_kind_is_refused(
