@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -233,3 +234,48 @@ def test_a_recovery_counts_only_the_attempt_whose_end_was_never_stored(
         "step 's1' was in flight and runs again",
         "wf/stored: recovered the instance from engine ghost-host:99, which died",
     ]
+
+
+def test_a_recovery_counts_a_lost_step_after_a_signal_not_reached_yet(
+    open_shared: Any,
+) -> None:
+    """A step lost in flight with no row yet gets its counted row at the run's next place,
+    not after a signal stored early for a key the run has not reached (``UNREACHED``,
+    after every step): on PostgreSQL the claim's ``MAX(seq) + 1`` overflowed the column
+    and the instance could never be recovered."""
+    calls: list[str] = []
+    blocked, go = threading.Event(), threading.Event()
+
+    def first_blocks() -> str:
+        calls.append("s1")
+        if len(calls) == 1:
+            blocked.set()
+            go.wait(WAIT)
+        return "ok"
+
+    def wf(ctx: Context) -> str:
+        ctx.step("s0").run(lambda: "zero")
+        ctx.step("s1").run(first_blocks)
+        return str(ctx.suspend("approve"))
+
+    first, second = open_shared(poll_interval=0.05), open_shared(poll_interval=0.05)
+    for engine in (first, second):
+        engine.register("wf", wf)
+    ghost = "ghost-host:99:0123456789ab"  # an owner whose row is gone: it died
+    try:
+        with first:
+            first.invoke("wf", instance_id="i")
+            assert blocked.wait(WAIT)
+            first.signal("wf", "i", "approve", "yes")  # stored before the run reaches it
+            # The ghost had s1 in flight when it died; the second engine recovers it.
+            write(first, "UPDATE instances SET owner = ?, step_key = 's1', "
+                  "step_started = ? WHERE instance_id = 'i'",
+                  (ghost, datetime.now().isoformat()))
+            with second:
+                assert second.invocation("wf", "i").result(WAIT) == "yes"
+                steps = [(s.key, s.attempts) for s in second.steps("wf", "i")]
+            go.set()
+    finally:
+        go.set()
+    assert steps == [("s0", 1), ("s1", 2), ("approve", 1)]
+    assert calls == ["s1", "s1"]

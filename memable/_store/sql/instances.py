@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..liveness import OWNER_SUFFIX
-from ..rows import TERMINAL, Ended, RunEnd, TimedOut
+from ..rows import TERMINAL, UNREACHED, Ended, RunEnd, TimedOut
 from .children import TOLD
 from .execute import Execute
 
@@ -114,14 +114,15 @@ CLAIM_SET = f"""status = CASE WHEN queue IS NULL THEN 'running' ELSE 'queued' EN
     run_reason = CASE :claim WHEN 'resume' THEN 'resume' WHEN 'recover' THEN 'recovery' END"""
 #: In the transaction of a claim that recovered the instance (``lost_owner`` set) with a
 #: step lost in flight (``lost_step``): count that step's lost execution in its
-#: ``attempts``. A key never stored yet gets a failed row (after every stored one) that
-#: names the lost owner, which the run's next attempt replaces; a completed row, or a row
-#: of another kind, is left as it is.
-COUNT_LOST = """
+#: ``attempts``. A key never stored yet gets a failed row (after every step reached, but
+#: before a signal stored for a key not reached yet, ``UNREACHED``) that names the lost
+#: owner, which the run's next attempt replaces; a completed row, or a row of another
+#: kind, is left as it is.
+COUNT_LOST = f"""
 INSERT INTO steps (workflow, instance_id, key, seq, kind, state, error, attempts)
 SELECT :workflow, :instance_id, :key, COALESCE(MAX(seq), -1) + 1, 'step', 'failed',
     'engine ' || :lost_by || ' during this attempt', 1
-FROM steps WHERE workflow = :workflow AND instance_id = :instance_id
+FROM steps WHERE workflow = :workflow AND instance_id = :instance_id AND seq < {UNREACHED}
 ON CONFLICT (workflow, instance_id, key) DO UPDATE SET
     attempts = steps.attempts + 1, error = excluded.error
 WHERE steps.state <> 'completed' AND steps.kind = 'step'
