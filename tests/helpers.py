@@ -222,6 +222,12 @@ class Looks:
 
         setattr(store, method, counted)
 
+    def past(self, count: int) -> None:
+        """Wait for a look to return beyond the first ``count`` (read ``self.count``
+        before the act whose look it waits for)."""
+        with self._changed:
+            assert self._changed.wait_for(lambda: self.count > count, LOOK_TIMEOUT)
+
     def twice_more(self) -> None:
         """Wait for two more looks to return: the second began after this call (the
         first may have been under way), so it saw everything stored before it."""

@@ -9,7 +9,9 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from conftest import POSTGRES_URL
 from freezegun import freeze_time
+from helpers import Looks, query
 
 from memable import Context, Engine, InstanceFinished, MetadataStatus
 from memable.testing import advance
@@ -128,3 +130,63 @@ def test_a_delayed_start_survives_the_engine_that_stored_it(
     with second:
         assert second.invocation("job", "j").result(TIMEOUT) == 8
     assert RAN == ["j"]
+
+
+def waits_for_go(ctx: Context) -> object:
+    RAN.append(ctx.instance_id)
+    return ctx.suspend("go")
+
+
+def _signalled_early(worker: Engine, signaller: Engine) -> None:
+    """``start_at`` in 5 s; a signal 0.5 s later (its wake-up's claim returns before
+    anything is looked at); the start waits for its time, and the run then finds the
+    signal stored."""
+    claims = Looks(worker, "begin_run")
+    with freeze_time("2026-12-05 10:00:00") as clock:
+        inv = worker.invoke("waits", instance_id="d", start_at=5)
+        clock.tick(0.5)
+        seen = claims.count
+        signaller.signal("waits", "d", "go", "early")
+        claims.past(seen)  # the wake-up the signal sent was claimed, or refused
+        status = _status(worker, "waits", "d")
+        assert isinstance(status, MetadataStatus.Suspended), status
+        assert status.message == "starts at 2026-12-05T10:00:05+00:00"
+        assert RAN == []
+        start = [row for row in _steps(worker, "d") if row[0] == "_start"]
+        assert start == [("_start", "waiting")]
+        assert advance(worker, clock, 4) == 0
+        assert RAN == []
+        assert advance(worker, clock, 0.5) == 1
+        assert inv.result(TIMEOUT) == "early"
+    assert RAN == ["d"]
+
+
+def _steps(engine: Engine, instance_id: str) -> list[tuple[Any, ...]]:
+    return query(engine, "SELECT key, state FROM steps WHERE instance_id = ? ORDER BY seq",
+                 (instance_id,))
+
+
+def test_a_signal_to_an_instance_waiting_for_its_start_does_not_start_it(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """A signal to an instance whose delayed start is not due yet is stored, and wakes
+    nothing: the instance starts at ``start_at``, not at the signal (the signal's
+    wake-up claimed any suspended instance, so the run began 4.5 s early)."""
+    RAN.clear()
+    engine = make_engine(poll_interval=0.05)
+    engine.register("waits", waits_for_go)
+    with engine:
+        _signalled_early(engine, engine)
+
+
+def test_a_signal_from_another_engine_does_not_start_a_delayed_instance(
+    pg_schema: str,
+) -> None:
+    """PostgreSQL: the signal comes from another engine; its NOTIFY wakes the worker, whose
+    claim must leave an instance waiting for its start alone."""
+    RAN.clear()
+    worker = Engine.open(POSTGRES_URL, schema=pg_schema, poll_interval=0.05)
+    worker.register("waits", waits_for_go)
+    client = Engine.open(POSTGRES_URL, schema=pg_schema)  # runs nothing: registers nothing
+    with worker, client:
+        _signalled_early(worker, client)

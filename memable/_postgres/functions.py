@@ -25,7 +25,7 @@ import re
 
 from .._store.rows import UNREACHED
 from .._store.sql import queues as queue_sql
-from .._store.sql.instances import CLAIM_SET, COUNT_LOST, FIRE_KEY, FIRE_KEY_WHERE
+from .._store.sql.instances import CLAIM_SET, COUNT_LOST, FIRE_KEY, FIRE_KEY_WHERE, WAKE
 from .sql import OWNER_FREE
 
 
@@ -83,7 +83,7 @@ BEGIN
     END IF;
     UPDATE instances SET {_CLAIM_SET}
     WHERE workflow = p_workflow AND instance_id = p_instance AND CASE p_claim
-        WHEN 'wake' THEN status = 'suspended'
+        WHEN 'wake' THEN {WAKE}
         WHEN 'resume' THEN status <> 'cancelled' AND (status <> 'running' OR {_OWNER_FREE})
         ELSE status = 'running' AND {_OWNER_FREE} END
     RETURNING row_to_json(instances.*) INTO instance;

@@ -13,11 +13,11 @@ from datetime import datetime
 
 from .._errors import InstanceNotFound
 from .._store.rows import Claim
-from .._store.sql.instances import INSTANCE_COLUMNS, OWNED, OWNER_FREE
+from .._store.sql.instances import INSTANCE_COLUMNS, OWNED, OWNER_FREE, WAKE
 
 CLAIMS: dict[Claim, str] = {
     "resume": f"status != 'cancelled' AND (status != 'running' OR {OWNER_FREE})",
-    "wake": "status = 'suspended'",
+    "wake": WAKE,
     "recover": f"status = 'running' AND {OWNER_FREE}",
 }
 # A completed step is never overwritten: that is the exactly-once record. Nor

@@ -210,8 +210,9 @@ def settled(kind: str, state: str) -> bool:
     return state in SETTLED or (kind == "child" and state == "failed")
 
 #: How a run may claim an instance: the user's resume (anything not cancelled
-#: and not run by a live owner), a timer or signal (only a suspended one), or
-#: recovery (only a running one whose owner is dead).
+#: and not run by a live owner), a timer or signal (only a suspended one that is ready:
+#: its awaited key ended its wait, or its children all ended; never one still waiting,
+#: as on its delayed start), or recovery (only a running one whose owner is dead).
 Claim = Literal["resume", "wake", "recover"]
 
 

@@ -160,22 +160,33 @@ SETTLED = (
     "(steps.state IN ('completed', 'timed_out') "
     "OR (steps.kind = 'child' AND steps.state = 'failed'))"
 )
-# Suspended instances whose awaited key has its outcome, or whose retry backoff ended
-# (its timer row is gone), or whose group of children has all ended, among the
-# workflows named by the ``marks`` parameters.
+#: The awaited key's row (``steps``) ends the wait: it has its outcome, or it is a retry
+#: backoff that ended (its timer row is gone).
+_AWAITED_DONE = f"""({SETTLED} OR (
+    steps.kind = 'step' AND NOT EXISTS (SELECT 1 FROM timers
+    WHERE timers.workflow = steps.workflow AND timers.instance_id = steps.instance_id
+    AND timers.key = steps.key)))"""
+# Suspended instances whose awaited key ended its wait, or whose group of children has
+# all ended, among the workflows named by the ``marks`` parameters.
 LOOK_READY = f"""
 SELECT instances.workflow, instances.instance_id FROM instances JOIN steps
 ON steps.workflow = instances.workflow AND steps.instance_id = instances.instance_id
 AND steps.key = instances.waiting_for
-WHERE instances.status = 'suspended' AND ({SETTLED} OR (
-    steps.kind = 'step' AND NOT EXISTS (SELECT 1 FROM timers
-    WHERE timers.workflow = steps.workflow AND timers.instance_id = steps.instance_id
-    AND timers.key = steps.key)))
+WHERE instances.status = 'suspended' AND {_AWAITED_DONE}
 AND instances.workflow IN ({{marks}})
 UNION
 SELECT workflow, instance_id FROM instances
 WHERE status = 'suspended' AND children_pending = 0 AND workflow IN ({{marks}})
 """
+#: What a wake-up claims (of the row ``instances``): a suspended instance that
+#: ``LOOK_READY`` finds ready, and no other. A signal or a timer wakes the instance it
+#: touched whatever key it waits on; one still waiting (on another key, or on its delayed
+#: start, ``START_KEY``) stays as it is: the signal is stored, its start waits for its
+#: time.
+WAKE = f"""instances.status = 'suspended' AND (instances.children_pending = 0 OR EXISTS (
+    SELECT 1 FROM steps WHERE steps.workflow = instances.workflow
+    AND steps.instance_id = instances.instance_id AND steps.key = instances.waiting_for
+    AND {_AWAITED_DONE}))"""
 #: The end of a run, recorded if the instance is still this engine's and running; it
 #: names the parent (of a child) and the queue (whose slot it frees). A run released
 #: at a wait it may go past (the engine stopped) is left ready, for the poll.
