@@ -16,11 +16,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import psycopg
 import pytest
 from conftest import POSTGRES_URL
-from helpers import cli, stored_apart
+from helpers import Looks, cli, stored_apart
 from psycopg.conninfo import make_conninfo
 
 from memable import Completed, Context, Engine, StorageError
@@ -28,6 +29,8 @@ from memable._postgres.listener import Listener
 from memable._postgres.schema import SCHEMA_VERSION, parse
 from memable._postgres.store import PostgresStore
 from memable._store.protocol import RunSnapshot
+from memable._store.sql import queues as queue_sql
+from memable._store.sql.execute import pg
 
 
 def _with_password(url: str, password: str) -> str:
@@ -246,6 +249,8 @@ def test_a_wake_up_or_recovery_skips_an_instance_another_transaction_holds(
     engine.register("wait", lambda ctx: ctx.suspend("go"))
     with engine:
         assert str(engine.invoke("wait", instance_id="w").wait(timeout=10)) == "suspended: go"
+    with Engine.open(POSTGRES_URL, schema=pg_schema) as other:  # runs nothing: no workflow
+        other.signal("wait", "w", "go", 1)  # ready: a wake-up may claim it
     store = PostgresStore(POSTGRES_URL, "full", schema=pg_schema)
     claims: list[object] = []
 
@@ -356,3 +361,48 @@ def test_the_command_line_on_a_schema_without_a_store_exits_2_and_creates_nothin
             "SELECT 1 FROM pg_namespace WHERE nspname = %s", (pg_schema,)
         ).fetchall()
     assert found == []
+
+
+def _waiting_for_a_lock(conn: psycopg.Connection[Any], schema: str) -> None:
+    """Return once a claim of the store (application ``memable``) waits for a lock."""
+    deadline = time.monotonic() + 30
+    while conn.execute(
+        "SELECT 1 FROM pg_stat_activity WHERE application_name = 'memable' "
+        "AND wait_event_type = 'Lock' AND query LIKE '%%memable_claim_queued%%'"
+    ).fetchone() is None:
+        assert time.monotonic() < deadline, "no claim of the queue ever waited for its lock"
+        time.sleep(0.01)  # a condition on the server, looked at again
+
+
+@pytest.mark.parametrize("isolation", ["repeatable read", "serializable"])
+def test_a_server_default_isolation_does_not_change_what_a_claim_sees(
+    pg_schema: str, isolation: str
+) -> None:
+    """With ``default_transaction_isolation`` set to ``isolation`` for memable's
+    connections (here by the URL's ``options``; a role or database setting acts alike), a
+    pause committed while the queue's claim waited for the queue's lock still stops the
+    claim. (At that isolation every statement of the claim saw the snapshot taken before
+    its lock: the pause was ignored and the instance ran.)"""
+    setting = "-c default_transaction_isolation=" + isolation.replace(" ", "\\ ")
+    url = f"{POSTGRES_URL}?options={quote(setting)}"
+    ran: list[int] = []
+    engine = Engine.open(url, schema=pg_schema, poll_interval=0.05)
+    engine.queue("q", concurrency=1)
+    engine.register("job", lambda ctx, n: ran.append(n) or n, queue="q")
+    looks = Looks(engine)
+    lock = f"memable-queue:{pg_schema}:q"
+    with engine, psycopg.connect(POSTGRES_URL, autocommit=True) as watcher:
+        with psycopg.connect(POSTGRES_URL) as pauser:  # the test's pause, as the store's
+            pauser.execute(f'SET search_path TO "{pg_schema}"')
+            pauser.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (lock,))
+            inv = engine.invoke("job", 1, instance_id="j")
+            _waiting_for_a_lock(watcher, pg_schema)
+            pauser.execute(pg(queue_sql.PAUSE), {"queue": "q", "at": "2026-12-07T00:00:00"})
+            seen = looks.count
+        # Committed: the claim that waited goes on, and returns.
+        looks.past(seen)
+        assert str(inv.state) == "queued"
+        assert ran == []
+        engine.resume_queue("q")
+        assert inv.result(timeout=10) == 1
+    assert ran == [1]

@@ -230,15 +230,23 @@ def session_sql(synchronous: Synchronous, schema: str) -> str:
     """What each new connection of the store runs first, in autocommit mode.
 
     Its tables are the schema's (quoted as an identifier, never passed
-    through a connection option), and it commits as durably as asked.
+    through a connection option), it commits as durably as asked, and its
+    transactions are READ COMMITTED whatever the server, database, role or
+    URL sets as the default: each statement sees what committed before it
+    began, which the store's statements assume (a queue's claim reads the
+    queue after taking its lock, and must see a pause committed meanwhile).
 
-    >>> session_sql("full", "Jobs_1")
-    'SET search_path TO "Jobs_1"; SET synchronous_commit TO on'
-    >>> session_sql("normal", "memable")
-    'SET search_path TO "memable"; SET synchronous_commit TO off'
+    >>> for statement in session_sql("full", "Jobs_1").split("; "):
+    ...     print(statement)
+    SET search_path TO "Jobs_1"
+    SET synchronous_commit TO on
+    SET default_transaction_isolation TO 'read committed'
+    >>> session_sql("normal", "memable").split("; ")[1]
+    'SET synchronous_commit TO off'
     """
     level = "on" if synchronous == "full" else "off"
-    return f"SET search_path TO {quote_ident(schema)}; SET synchronous_commit TO {level}"
+    return (f"SET search_path TO {quote_ident(schema)}; SET synchronous_commit TO {level}; "
+            "SET default_transaction_isolation TO 'read committed'")
 
 
 def quote_ident(name: str) -> str:
