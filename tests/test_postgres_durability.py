@@ -178,3 +178,66 @@ def test_invoke_a_step_signal_an_end_and_cancel_are_not_undone_by_a_server_crash
             for event in gates.values():  # before the engine stops: it waits for the steps
                 event.set()
     assert _status(server, schema, "wf", "one") == "completed"
+
+
+def test_a_claim_a_run_acts_on_is_not_undone_by_a_server_crash(server: PgServer) -> None:
+    """A queue's claim (``concurrency=1``), then a signal's wake-up, each start a run whose
+    first step starts; the server crashes and restarts while that step runs. Each claim
+    stands: the instance is still running and this engine's, no other run of it starts,
+    and each step runs once. (When claims committed with ``synchronous_commit`` off, the
+    crash put the instance back, queued or suspended and ready, and it was run again
+    beside the step still running: two at once in the queue, and the step twice.)"""
+    schema = _schema()
+    entered = {name: threading.Event() for name in ("queued", "woken")}
+    release = threading.Event()
+    calls: list[str] = []
+
+    def gate(name: str) -> str:
+        calls.append(name)
+        entered[name].set()
+        if not release.wait(WAIT):
+            raise TimeoutError(f"the test never released step {name!r}")
+        return name
+
+    def queued(ctx: Context) -> str:
+        return ctx.step("first").run(lambda: gate("queued"))
+
+    def woken(ctx: Context) -> str:
+        ctx.suspend("go")
+        return ctx.step("first").run(lambda: gate("woken"))
+
+    def stored(instance_id: str) -> tuple[Any, ...]:
+        rows = _stored(server, schema, "SELECT status, owner FROM instances "
+                       "WHERE instance_id = %s", (instance_id,))
+        return tuple(rows[0])
+
+    # A long lease: no heartbeat (a durable write that would flush the claim) meanwhile.
+    engine = Engine.open(server.url, schema=schema, synchronous="full", lease=600,
+                         poll_interval=0.1)
+    engine.queue("q", concurrency=1)
+    engine.register("queued", queued, queue="q")
+    engine.register("woken", woken)
+    owner = engine._store.owner  # type: ignore[attr-defined]
+    with engine:
+        try:
+            waiting = engine.invoke("woken", instance_id="w")
+            assert isinstance(waiting.wait(timeout=WAIT), Suspended)
+            # The queue's claim is the last commit before the crash.
+            first = engine.invoke("queued", instance_id="q1")
+            second = engine.invoke("queued", instance_id="q2")
+            assert entered["queued"].wait(WAIT), "the queue's first run never started"
+            _crash_and_restart(server)
+            assert stored("q1") == ("running", owner), "the crash undid the queue's claim"
+            assert stored("q2") == ("queued", None)
+            # The wake-up's claim is the last commit before the crash (after the signal's).
+            engine.signal("woken", "w", "go", None)
+            assert entered["woken"].wait(WAIT), "the woken run never started"
+            _crash_and_restart(server)
+            assert stored("w") == ("running", owner), "the crash undid the wake-up's claim"
+            release.set()
+            assert first.result(timeout=WAIT) == "queued"
+            assert second.result(timeout=WAIT) == "queued"
+            assert waiting.result(timeout=WAIT) == "woken"
+        finally:
+            release.set()  # before the engine stops: it waits for the steps
+    assert sorted(calls) == ["queued", "queued", "woken"]

@@ -8,15 +8,15 @@ PL/pgSQL functions, created with the tables. Each is one
 statement, so one transaction: it locks the instance row first, decides and
 writes, and its caller maps the answer to the engine's outcome or error.
 
-Durability: a wake-up's, a recovery's or a queue's claim, and a suspension
-that goes on at once (its key completed), commit with ``synchronous_commit`` off.
-None is acknowledged to anyone; the run's next write commits durably and,
-the WAL being one sequence, makes them durable too. A server crash that
-loses one leaves the instance as it was before it (suspended and ready,
-queued, or running with a dead owner: the poll or the queue's next claim
-takes it again), and the run's next write is refused. A resume's claim is
-the user's call: it commits at the session's ``synchronous_commit``, as every
-other write does.
+Durability: every claim (a resume's, a wake-up's, a recovery's, a queue's)
+commits at the session's ``synchronous_commit``, as every other write does:
+its run acts on it at once, and a step's side effect must never rest on a
+claim a server crash can undo (the instance would be queued, or suspended and
+ready, again, and run a second time beside the step still running). Only a
+suspension that goes on at once (its key completed) commits with
+``synchronous_commit`` off: it changes no owner or status, the instance stays
+running and this engine's, and the run's next write commits durably and, the
+WAL being one sequence, makes it durable too.
 """
 
 from __future__ import annotations
@@ -73,10 +73,9 @@ LANGUAGE plpgsql AS $fn$
 BEGIN
     -- A wake-up or a recovery skips a row another transaction holds (another
     -- engine's claim, or a lost owner's transaction the server has not ended
-    -- yet): the poll finds it again. The user's resume waits its turn, and
-    -- commits at the session's durability: the user was told of it.
+    -- yet): the poll finds it again. The user's resume waits its turn. Every
+    -- claim commits at the session's durability: its run acts on it at once.
     IF p_claim <> 'resume' THEN
-        PERFORM set_config('synchronous_commit', 'off', true);
         PERFORM 1 FROM instances WHERE workflow = p_workflow AND instance_id = p_instance
         FOR UPDATE SKIP LOCKED;
         IF NOT FOUND THEN RETURN; END IF;
@@ -117,9 +116,7 @@ BEGIN
     PERFORM pg_advisory_xact_lock(hashtextextended(p_lock, 0));
     PERFORM 1 FROM queue_states WHERE queue = p_queue AND paused = 1;
     IF FOUND THEN RETURN; END IF;
-    -- Nobody was told of a claim: a server crash that loses it leaves the instances
-    -- queued, and their runs' first write (owned by this engine?) is refused.
-    PERFORM set_config('synchronous_commit', 'off', true);
+    -- The claim commits at the session's durability: its runs act on it at once.
     v_now := extract(epoch FROM clock_timestamp());
     v_room := p_batch;
     IF p_concurrency IS NOT NULL THEN
