@@ -9,6 +9,7 @@ from datetime import timedelta
 
 import attrs
 
+from ._errors import SerializationError
 from ._step_error import StepError
 
 
@@ -33,7 +34,10 @@ class Retry:
     ``max_attempts`` counts every execution, the first included. The delay
     after the n-th failed attempt is ``initial_delay * multiplier ** (n - 1)``,
     at most ``max_delay``; with ``jitter`` it is drawn uniformly from
-    [0, that delay]. Any exception is retried but ``StepError.permanent``.
+    [0, that delay]. Any exception is retried but ``StepError.permanent`` and
+    ``SerializationError``: a result that cannot be stored fails the step at
+    once, since another attempt would repeat the function's side effect and
+    meet the same refusal.
 
     A delay of a second or more ends the run: the step waits as a durable
     timer (``Suspended("retry <key>")``) and holds no thread, and any engine
@@ -91,7 +95,12 @@ class Retry:
         (True, False)
         >>> policy.should_retry(1, StepError.permanent("card declined"))
         False
+        >>> from memable import SerializationError
+        >>> policy.should_retry(1, SerializationError("cannot store a value of type Conn"))
+        False
         """
         if isinstance(error, StepError) and not error.is_retryable:
+            return False
+        if isinstance(error, SerializationError):  # the same value would be refused again
             return False
         return attempt < self.max_attempts

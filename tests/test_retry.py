@@ -230,6 +230,50 @@ def test_a_permanent_step_error_is_not_retried(make_engine: Callable[..., Engine
     )
 
 
+class Connection:
+    """A plain object: neither JSON, nor an attrs class, nor a dataclass."""
+
+
+def test_a_result_that_cannot_be_stored_is_not_retried(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """A step whose result is unstorable fails at once under any policy: its side effect
+    ran once, and the Failed message says how to make the value storable."""
+    slept: list[float] = []
+    engine = make_engine(sleep=slept.append, retry=Retry(max_attempts=4, jitter=False))
+    effects: list[str] = []
+
+    def connect() -> Connection:
+        effects.append("charged")
+        return Connection()
+
+    def wf(ctx: Context) -> None:
+        ctx.step("charge:v1").retry(Retry(max_attempts=3, jitter=False)).run(connect)
+
+    def by_default(ctx: Context) -> None:  # under the engine's policy
+        ctx.step("charge:v1").run(connect)
+
+    engine.register("wf", wf)
+    engine.register("by-default", by_default)
+    with engine:
+        state = engine.invoke("wf", instance_id="job-1").wait(timeout=10)
+        record = only_step(engine, "wf", "job-1")
+        assert effects == ["charged"]
+        other = engine.invoke("by-default", instance_id="job-2").wait(timeout=10)
+        assert effects == ["charged", "charged"]
+        assert isinstance(other, Failed) and "after 1 attempt: SerializationError" in other.message
+    assert slept == []
+    assert isinstance(state, Failed)
+    assert state.message.startswith(
+        "step 'charge:v1' failed after 1 attempt: SerializationError: cannot store a value "
+        "of type Connection ("
+    )
+    assert ("make it an attrs class or a dataclass, or plain JSON types (dict, list, str, int, "
+            "float, bool, None), and name its type with .returns(T)") in state.message
+    assert (record.state, record.attempts) == ("failed", 1)
+    assert record.error is not None and record.error.startswith("SerializationError: ")
+
+
 def test_a_retryable_step_error_is_retried(make_engine: Callable[..., Engine]) -> None:
     """StepError.retryable is retried like any other error, and the step completes."""
     slept: list[float] = []

@@ -97,7 +97,8 @@ class Step:
 
         Each failed attempt is recorded (``StepRecord.attempts``, ``error``);
         the error that ends the retries fails the workflow, and its message
-        gives the number of attempts. ``StepError.permanent`` is not retried.
+        gives the number of attempts. ``StepError.permanent`` is not retried, nor
+        a result that cannot be stored (``SerializationError``).
 
         >>> from memable import Engine, Retry, StepError
         >>> def wf(ctx):

@@ -34,6 +34,13 @@ converter.register_structure_hook(UUID, lambda value, _: UUID(value))
 converter.register_unstructure_hook(Decimal, str)
 converter.register_structure_hook(Decimal, lambda value, _: Decimal(value))
 
+#: What a message about a value that cannot be stored says to do.
+HOW_TO_STORE = (
+    "to store it, make it an attrs class or a dataclass, or plain JSON types (dict, list, "
+    "str, int, float, bool, None), and name its type with .returns(T) or an annotation "
+    "if it must come back as another"
+)
+
 #: Types JSON rebuilds exactly, so they need no tag.
 _NATIVE: frozenset[type] = frozenset({dict, list, str, int, float, bool, type(None)})
 
@@ -160,7 +167,7 @@ def store_form(
         text, tag = encode(value)
     except (TypeError, ValueError, OverflowError, RecursionError) as exc:
         raise SerializationError(
-            f"cannot store a value of type {type(value).__qualname__} ({exc})",
+            f"cannot store a value of type {type(value).__qualname__} ({exc}); {HOW_TO_STORE}",
             workflow=workflow, instance_id=instance_id, **_where(key),
         ) from exc
     try:
