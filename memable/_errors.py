@@ -114,9 +114,10 @@ class WorkflowNotFound(EngineError):
     """
 
     def __init__(
-        self, workflow: str, why: str = "no workflow registered under this name", hint: str = ""
+        self, workflow: str, why: str = "no workflow registered under this name", hint: str = "",
+        instance_id: str | None = None,
     ) -> None:
-        super().__init__(why, workflow=workflow)
+        super().__init__(why, workflow=workflow, instance_id=instance_id)
         if hint:  # e.g. "did you mean 'approve'?"
             self.args = (f"{self.args[0]}; {hint}",)
 

@@ -395,12 +395,16 @@ def _cut_large(view: dict[str, Any]) -> dict[str, int]:
 
 def raise_unknown(store: Store, workflow: str, instance_id: str) -> NoReturn:
     """Raise InstanceNotFound, or WorkflowNotFound (with a guess) if no instance has that
-    workflow."""
+    workflow; either names ``instance_id`` unless it is ``""`` (a command about the
+    workflow as a whole)."""
     names = store.workflows()
     if workflow in names:
         raise InstanceNotFound(workflow, instance_id)
+    why = "the store has no instance of this workflow"
+    if instance_id:
+        why = f"no stored instance ({why} at all)"
     raise WorkflowNotFound(
-        workflow, "the store has no instance of this workflow", did_you_mean(workflow, names)
+        workflow, why, did_you_mean(workflow, names), instance_id=instance_id or None
     )
 
 

@@ -621,7 +621,10 @@ def test_purge_keeps_what_is_not_finished_and_what_finished_since(store: Store) 
     assert listed(os.fspath(store.path)) == [INSTANCES[4]]
     assert timer_rows(store.path, "cool-1") == 1
     message = refused(store.path, "show", store.path, "ship", "order-7")
-    assert message == "the store has no instance of this workflow: workflow 'ship'"
+    assert message == (
+        "no stored instance (the store has no instance of this workflow at all): "
+        "workflow 'ship', instance 'order-7'"
+    )
 
 
 # ---------------------------------------------------------------------- refusals
@@ -690,7 +693,7 @@ def test_a_directory_is_refused(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("name", ["show", "signal", "cancel"])
+@pytest.mark.parametrize("name", ["show", "signal", "cancel", "resume", "fork"])
 @pytest.mark.parametrize(
     ("workflow", "instance_id"),
     [("approve", "doc-9"), ("shipping", "order-7")],
@@ -699,17 +702,21 @@ def test_a_directory_is_refused(tmp_path: Path) -> None:
 def test_an_unknown_instance_or_workflow_is_refused(
     store: Store, name: str, workflow: str, instance_id: str
 ) -> None:
+    """Each command on one instance refuses an id the store lacks, naming the workflow and
+    the id asked for, with a guess when no instance of the workflow is stored at all."""
     args = {
         "show": ["show", store.path, workflow, instance_id],
         "signal": ["signal", store.path, workflow, instance_id, "approval:v1", "true"],
         "cancel": ["cancel", store.path, workflow, instance_id],
+        "resume": ["resume", store.path, workflow, instance_id],
+        "fork": ["fork", store.path, workflow, instance_id],
     }[name]
     message = refused(store.path, *args)
     assert message == (
         f"no stored instance: workflow {workflow!r}, instance {instance_id!r}"
         if workflow == "approve" else
-        f"the store has no instance of this workflow: workflow {workflow!r}; "
-        "did you mean 'ship'?"
+        "no stored instance (the store has no instance of this workflow at all): "
+        f"workflow {workflow!r}, instance {instance_id!r}; did you mean 'ship'?"
     )
 
 

@@ -205,8 +205,8 @@ def test_a_signal_to_a_workflow_the_store_never_saw_is_refused(parked: Path) -> 
     result = cli("signal", parked, "aprove", "doc-1", "approval:v1", '"carol"')
     assert result.exit_code == 2
     assert result.stderr == (
-        "memable: error: the store has no instance of this workflow: workflow 'aprove'; "
-        "did you mean 'approve'?\n"
+        "memable: error: no stored instance (the store has no instance of this workflow "
+        "at all): workflow 'aprove', instance 'doc-1'; did you mean 'approve'?\n"
     )
     assert parked.read_bytes() == before
 
