@@ -18,7 +18,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any, NoReturn
 
-from ._engine.targets import open_store
+from ._engine.targets import open_store, resolve_target
 from ._errors import InstanceNotFound, StorageError, WorkflowNotFound
 from ._postgres.schema import is_url
 from ._queues import Declarations, QueueSpec
@@ -36,8 +36,17 @@ def open_existing(target: str, schema: str | None = None) -> Store:
     """Open the store ``target`` names, which must exist (a tool never creates one).
 
     A path must be a file that is a memable store; a PostgreSQL URL's schema
-    (``schema``, default ``memable``) must hold one.
+    (``schema``, default ``memable``) must hold one. A target ``Engine.open``
+    refuses (a scheme memable does not open) is refused alike, and so is
+    ``sqlite://``: a store in memory, which no tool can see.
     """
+    path = resolve_target(target)
+    if path is None:
+        raise StorageError(
+            f"{target!r} is a store in memory, seen only by the engine that opened it: "
+            "give the store's file or PostgreSQL URL"
+        )
+    target = os.fspath(path)
     if not is_url(target):
         if schema is not None:
             raise StorageError(f"--schema is for a PostgreSQL URL; {target!r} is a SQLite file")

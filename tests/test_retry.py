@@ -261,7 +261,8 @@ def test_a_result_that_cannot_be_stored_is_not_retried(
         assert effects == ["charged"]
         other = engine.invoke("by-default", instance_id="job-2").wait(timeout=10)
         assert effects == ["charged", "charged"]
-        assert isinstance(other, Failed) and "after 1 attempt: SerializationError" in other.message
+        assert isinstance(other, Failed)
+        assert "after 1 attempt: SerializationError" in other.message
     assert slept == []
     assert isinstance(state, Failed)
     assert state.message.startswith(
@@ -271,7 +272,8 @@ def test_a_result_that_cannot_be_stored_is_not_retried(
     assert ("make it an attrs class or a dataclass, or plain JSON types (dict, list, str, int, "
             "float, bool, None), and name its type with .returns(T)") in state.message
     assert (record.state, record.attempts) == ("failed", 1)
-    assert record.error is not None and record.error.startswith("SerializationError: ")
+    assert record.error is not None
+    assert record.error.startswith("SerializationError: ")
 
 
 def test_a_retryable_step_error_is_retried(make_engine: Callable[..., Engine]) -> None:

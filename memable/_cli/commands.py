@@ -20,7 +20,7 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
-from .._errors import EngineError, InstanceNotFound
+from .._errors import EngineError, InstanceNotFound, StorageError
 from .._inspect import (
     CUT,
     STATUSES,
@@ -131,7 +131,11 @@ def main() -> None:
 )
 def demo(path: str) -> None:
     """Run a workflow whose second step fails once, then resume it."""
-    raise SystemExit(run_demo(path, click.echo))
+    try:
+        code = run_demo(path, click.echo)
+    except StorageError as err:  # a store it cannot open: one line, exit 2
+        _fail(str(err))
+    raise SystemExit(code)
 
 
 @main.command("list")

@@ -132,6 +132,13 @@ class Engine:
         """An engine on the SQLite file at ``target``, created if missing, or on the
         PostgreSQL database a ``postgresql://`` (or ``postgres://``) URL names.
 
+        ``target`` may also be a SQLite URL as SQLAlchemy spells it:
+        ``sqlite:///relative/path``, ``sqlite:////absolute/path``, or
+        ``sqlite://`` for a store in memory. Any other scheme (``mysql:``,
+        ``sqlite:x.db``, a misspelt ``postgresq://``) raises ``StorageError``
+        naming the accepted ones, and creates nothing; a file whose name
+        starts like a scheme is opened as ``./name``.
+
         Options: ``max_workers`` worker threads (8); ``synchronous`` ``"full"``
         (survives power loss) or ``"normal"`` (faster; survives process
         crashes); ``poll_interval`` seconds between looks at the store for what
