@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 import sys
 import threading
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,6 +25,7 @@ from memable import (
     InvalidKey,
     MetadataStatus,
     NotStarted,
+    Retry,
     Started,
     WorkflowFailed,
     WorkflowNotFound,
@@ -68,6 +72,169 @@ def test_register_rejects_a_function_of_the_wrong_shape(engine: Engine) -> None:
     """A workflow takes (ctx) or (ctx, input); three parameters are refused."""
     with pytest.raises(TypeError, match="must take"):
         engine.register("wf", lambda ctx, a, b: None)
+
+
+async def fetch_async(ctx: Context) -> str:
+    """An async workflow (or, called without a Context, an async step function)."""
+    return "fetched"
+
+
+async def fetch_step() -> str:
+    return "fetched"
+
+
+class AsyncCallable:
+    """An object whose __call__ is async: calling it makes a coroutine."""
+
+    async def __call__(self, *args: object) -> str:
+        return "fetched"
+
+
+ASYNC_WORKFLOWS = {
+    "async-def": fetch_async,
+    "partial": functools.partial(fetch_async),
+    "callable-object": AsyncCallable(),
+}
+
+
+@pytest.mark.parametrize("how", ["register", "decorator"])
+@pytest.mark.parametrize("fn", ASYNC_WORKFLOWS.values(), ids=ASYNC_WORKFLOWS.keys())
+def test_register_refuses_an_async_workflow(engine: Engine, how: str, fn: Any) -> None:
+    """An async def workflow (also through a partial, or an object with an async __call__)
+    is a TypeError at register naming it and saying to make it a def, and is not
+    registered; by register() and by @engine.workflow alike."""
+    register = (engine.register if how == "register"
+                else lambda name, fn: engine.workflow(name)(fn))
+    with pytest.raises(TypeError) as raised:
+        register("fetch", fn)
+    assert str(raised.value).startswith("workflow 'fetch' is an async function (")
+    assert "make it a def, or call the async code inside one with asyncio.run()" in str(
+        raised.value)
+    engine.register("fetch", noop)  # the name is free
+
+
+def order_total(order_id: int) -> int:
+    return order_id
+
+
+def input_first(order: dict[str, int], ctx: Context) -> None: ...
+
+
+@pytest.mark.parametrize(("fn", "says"), [
+    (order_total, "workflow 'fetch' must take the Context as its first positional parameter, "
+                  "but 'order_id' is annotated int: write def order_total(ctx, order_id)"),
+    (input_first, "workflow 'fetch' must take the Context as its first positional parameter, "
+                  "but 'order' is annotated dict[str, int]: put the Context first, then "
+                  "the input"),
+], ids=["no-ctx", "ctx-second"])
+def test_register_refuses_a_first_parameter_that_cannot_take_the_context(
+    engine: Engine, fn: Any, says: str
+) -> None:
+    """A workflow whose first positional parameter is annotated with a type a Context is
+    not is a TypeError at register (and at @engine.workflow) saying what to write."""
+    with pytest.raises(TypeError) as raised:
+        engine.register("fetch", fn)
+    assert str(raised.value) == says
+    with pytest.raises(TypeError) as decorated:
+        engine.workflow("fetch")(fn)
+    assert str(decorated.value) == says
+
+
+def loose(ctx: object, n: Any) -> None: ...
+
+
+def optional(ctx: Context | None, n: int) -> None: ...
+
+
+def forward(ctx: "Context") -> None: ...  # noqa: UP037  (a string annotation on purpose)
+
+
+def test_annotations_that_can_take_a_context_are_registered(engine: Engine) -> None:
+    """object, Any, a union holding Context, and a string naming it are all accepted."""
+    for name, fn in [("loose", loose), ("optional", optional), ("forward", forward)]:
+        engine.register(name, fn)
+    with engine:
+        assert engine.invoke("forward").result(timeout=10) is None
+
+
+def test_an_input_to_a_workflow_whose_one_parameter_is_the_context_says_so(
+    engine: Engine,
+) -> None:
+    """fn(n) registered and invoked with 5: the TypeError says n receives the Context and
+    to write fn(ctx, n), rather than only that it takes no input."""
+
+    def double(n):  # type: ignore[no-untyped-def]  # the mistake: no ctx
+        return n * 2
+
+    engine.register("double", double)
+    with engine:
+        with pytest.raises(TypeError) as raised:
+            engine.invoke("double", 5)
+        assert engine.list_instances("double") == []
+    assert str(raised.value) == (
+        "workflow 'double' takes no input, got int (its one parameter, 'n', receives the "
+        "Context; to take an input, make it fn(ctx, n))"
+    )
+
+
+ASYNC_STEPS = {
+    "async-def": fetch_step,
+    "partial": functools.partial(fetch_step),
+    "callable-object": AsyncCallable(),
+}
+
+
+@pytest.mark.parametrize("how", ["run", "map"])
+@pytest.mark.parametrize("fn", ASYNC_STEPS.values(), ids=ASYNC_STEPS.keys())
+def test_an_async_step_function_is_a_type_error_at_run(
+    engine: Engine, how: str, fn: Any
+) -> None:
+    """ctx.step(key).run(fn) (and .map) with an async fn fails the run with a TypeError
+    naming workflow, instance and step and saying what to do; no step is recorded and
+    nothing mentions storing a coroutine."""
+
+    def wf(ctx: Context) -> object:
+        step = ctx.step("fetch:v1")
+        return step.run(fn) if how == "run" else step.map(fn, [1, 2])
+
+    engine.register("wf", wf)
+    with engine:
+        state = engine.invoke("wf", instance_id="i-1").wait(timeout=10)
+        assert engine.steps("wf", "i-1") == []
+    assert isinstance(state, Failed)
+    assert state.message.startswith(
+        "step 'fetch:v1' failed: TypeError: the function of step 'fetch:v1' (workflow 'wf', "
+        "instance 'i-1') is an async function ("
+    )
+    assert "make it a def, or call the async code inside one with asyncio.run()" in (
+        state.message)
+    assert "coroutine" not in state.message
+
+
+def test_a_plain_step_function_returning_a_coroutine_is_named_so(engine: Engine) -> None:
+    """A lambda handing back an un-awaited coroutine is refused saying so, not as a value
+    of an unknown type, and is not retried."""
+    made: list[Coroutine[Any, Any, str]] = []
+
+    def start() -> Coroutine[Any, Any, str]:
+        made.append(fetch_step())
+        return made[-1]
+
+    def wf(ctx: Context) -> object:
+        return ctx.step("fetch:v1").retry(Retry(max_attempts=3, initial_delay=0)).run(start)
+
+    engine.register("wf", wf)
+    with engine:
+        state = engine.invoke("wf", instance_id="i-1").wait(timeout=10)
+    for coroutine in made:
+        coroutine.close()
+    assert len(made) == 1
+    assert state == Failed(
+        "step 'fetch:v1' failed after 1 attempt: SerializationError: cannot store a "
+        "coroutine: the function returned an awaitable that nothing awaits, and memable runs "
+        "plain synchronous functions; await it inside one with asyncio.run() and return its "
+        "value: workflow 'wf', instance 'i-1', step 'fetch:v1'"
+    )
 
 
 def test_decorator_registers_and_returns_the_function(engine: Engine) -> None:

@@ -127,7 +127,8 @@ def test_an_input_the_workflow_cannot_take_is_refused_at_declaration() -> None:
         "of workflow 'count' (annotated <class 'int'>); give input= a value of that type"
     )
     assert _bad(engine, workflow="none", input=3) == (
-        "input of schedule 'every': workflow 'none' takes no input, got int"
+        "input of schedule 'every': workflow 'none' takes no input, got int (its one "
+        "parameter, 'ctx', receives the Context; to take an input, make it fn(ctx, value))"
     )
     engine.schedule("fine", "@daily", "count", input=3)
     engine.schedule("fine too", "@daily", "none")

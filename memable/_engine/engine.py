@@ -17,6 +17,7 @@ from .._observe import telemetry
 from .._queues import QueueSpec, check_consumed
 from .._records import StepRecord, WorkflowMetadata
 from .._retry import Retry
+from .._run.context import Context
 from .._run.invocation import Invocation
 from .._run.invoking import NO_INPUT, new_instance
 from .._run.options import Options
@@ -283,7 +284,9 @@ class Engine:
         one ``invoke`` puts it on unless told otherwise (``ValueError`` if
         not declared). ``timeout`` (float seconds or a timedelta) is each
         instance's workflow timeout unless ``invoke(timeout=)`` gives one: see
-        ``invoke``. Raise ``AlreadyStarted`` after ``start()``.
+        ``invoke``. Raise ``AlreadyStarted`` after ``start()``, and ``TypeError``
+        for an async ``fn`` or one whose first positional parameter is annotated
+        with a type a ``Context`` is not.
 
         >>> from memable import Engine
         >>> def my_workflow(ctx, order_id: int) -> str:
@@ -303,7 +306,7 @@ class Engine:
             raise ValueError(f"queue {queue!r} is not declared (engine.queue(name, ...))")
         seconds = (None if timeout is None
                    else positive_seconds(timeout, f"timeout of workflow {name!r}"))
-        self._runner.register(Workflow.of(name, fn, queue, seconds))
+        self._runner.register(Workflow.of(name, fn, queue, seconds, context=Context))
 
     def workflow(
         self, name: str, queue: str | None = None, *, timeout: float | timedelta | None = None,

@@ -27,7 +27,7 @@ from .fan_out import check_concurrency, first_to_raise, run_items
 from .invocation import state_of
 from .options import Options
 from .step import Step
-from .workflow import Workflow
+from .workflow import Workflow, async_refusal, is_async
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -458,8 +458,7 @@ class Context:
             child_id = f"{self._instance_id}/{keys[i]}"
             value = inputs[i]
             if value is not None and not workflow.takes_input:
-                raise TypeError(f"workflow {workflow.name!r} takes no input, got "
-                                f"{type(value).__name__}")
+                raise workflow.no_input(value)
             text, tag, rebuilt = store_form(workflow.name, child_id, "input", value,
                                             workflow.input_hint)
             children.append((child_id, keys[i], (text, tag), rebuilt))
@@ -545,10 +544,21 @@ class Context:
             self.attempts.refuse_kind(key, stored.kind, "step", self._note)
         return stored
 
+    def _refuse_async(self, key: str, fn: object) -> None:
+        """Refuse a step function that is async: it would return a coroutine, not a value."""
+        if is_async(fn):
+            exc = async_refusal(
+                f"the function of step {key!r} (workflow {self._workflow!r}, instance "
+                f"{self._instance_id!r})", fn,
+            )
+            self._note(key, exc, None)
+            raise exc
+
     def _run_step(
         self, step: Step, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         key = step.key
+        self._refuse_async(key, fn)
         self.attempts.boundary()
         self._claim(key)
         stored = self._stored_step(key)
@@ -568,6 +578,7 @@ class Context:
     ) -> list[Any]:
         """``ctx.step(key).map``: each item a step ``"{key}[{i}]"``, run side by side."""
         check_concurrency(max_concurrency)
+        self._refuse_async(step.key, fn)
         items = list(items)
         self.attempts.boundary()
         keys = [f"{step.key}[{i}]" for i in range(len(items))]

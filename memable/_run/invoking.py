@@ -77,7 +77,7 @@ def new_instance(
             )
         input = None
     if input is not None and not workflow.takes_input:
-        raise TypeError(f"workflow {name!r} takes no input, got {type(input).__name__}")
+        raise workflow.no_input(input)
     _check_concurrency_key(concurrency_key, queue, queues, name, instance_id)
     seconds = (workflow.timeout if timeout is None
                else positive_seconds(timeout, f"timeout of workflow {name!r}"))

@@ -122,6 +122,9 @@ class Step:
         what every replay will see. The type it is rebuilt as comes from
         ``.returns(T)``, else ``fn``'s return annotation, else the class the
         value had.
+        An async ``fn`` (an ``async def``, a partial of one, an object with an
+        async ``__call__``) raises ``TypeError`` before anything runs: memable
+        runs plain synchronous functions.
         If ``fn`` raises, or returns a value that cannot be stored
         (``SerializationError``), the step is recorded as failed, nothing is
         stored as completed, and the error propagates; a later run of the

@@ -2,13 +2,79 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
+import types
+import typing
 from collections.abc import Callable
 from typing import Any
 
 import attrs
 
 from .._store.serde import hints_of, return_hint
+
+
+def is_async(fn: object) -> bool:
+    """Whether calling ``fn`` makes a coroutine (or an async generator), not a value.
+
+    Sees through ``functools.partial`` and into a callable object's ``__call__``.
+
+    >>> import functools
+    >>> async def fetch(url: str) -> str: ...
+    >>> class Client:
+    ...     async def __call__(self) -> None: ...
+    >>> is_async(fetch), is_async(functools.partial(fetch, "x")), is_async(Client())
+    (True, True, True)
+    >>> is_async(len), is_async(lambda: None)
+    (False, False)
+    """
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+        return True
+    if inspect.isroutine(fn) or isinstance(fn, type):
+        return False
+    # An object: the __call__ its class defines (looked up on the class, as a call does).
+    call = next((c.__dict__["__call__"] for c in type(fn).__mro__ if "__call__" in c.__dict__),
+                None)
+    return inspect.iscoroutinefunction(call) or inspect.isasyncgenfunction(call)
+
+
+def async_refusal(what: str, fn: object) -> TypeError:
+    """The TypeError for an async function given where memable calls plain functions.
+
+    >>> async def fetch() -> None: ...
+    >>> print(async_refusal("workflow 'w'", functools.partial(fetch)))
+    workflow 'w' is an async function (fetch), and memable runs plain synchronous \
+functions: make it a def, or call the async code inside one with asyncio.run()
+    """
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    named = (getattr(fn, "__qualname__", None) if inspect.isroutine(fn)
+             else f"{type(fn).__qualname__}.__call__")
+    return TypeError(
+        f"{what} is an async function ({named}), and memable runs plain synchronous "
+        "functions: make it a def, or call the async code inside one with asyncio.run()"
+    )
+
+
+def _holds(hint: Any, context: type) -> bool:
+    """Whether a parameter annotated ``hint`` can take a ``context`` (an unknown: yes)."""
+    origin = typing.get_origin(hint)
+    if origin is typing.Union or origin is types.UnionType:  # Context | None: any member
+        return any(_holds(member, context) for member in typing.get_args(hint))
+    hint = origin or hint  # dict[str, int]: dict
+    if not isinstance(hint, type):
+        return True  # Any, a union, a string never resolved: no refusal on a guess
+    try:
+        return issubclass(context, hint)
+    except TypeError:  # a protocol that is not runtime-checkable, say
+        return True
+
+
+def _named(hint: Any) -> str:
+    """A type annotation as written: ``int``, ``dict[str, int]``."""
+    return hint.__qualname__ if isinstance(hint, type) else repr(hint)
 
 
 @attrs.frozen
@@ -34,13 +100,29 @@ class Workflow:
     #: Seconds from an instance's creation after which it is cancelled, "timed out"
     #: (None: never); ``invoke(timeout=)`` overrides it.
     timeout: float | None = None
+    #: The name of the parameter that receives the Context.
+    ctx_name: str = "ctx"
 
     @classmethod
     def of(
         cls, name: str, fn: Callable[..., Any], queue: str | None = None,
-        timeout: float | None = None,
+        timeout: float | None = None, *, context: type | None = None,
     ) -> Workflow:
-        """Check ``fn``'s signature and read its annotations."""
+        """Check ``fn``'s signature and read its annotations.
+
+        Refuse (``TypeError``) an async function, and one whose first
+        positional parameter is annotated with a class that cannot hold a
+        ``context`` (the runner's Context class, when given).
+
+        >>> def ship(order_id: int) -> str:
+        ...     return "shipped"
+        >>> Workflow.of("ship", ship, context=dict)
+        Traceback (most recent call last):
+        ...
+        TypeError: workflow 'ship' must take the Context as its first positional parameter, ...
+        """
+        if is_async(fn):
+            raise async_refusal(f"workflow {name!r}", fn)
         params = [
             p for p in inspect.signature(fn).parameters.values()
             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
@@ -48,10 +130,34 @@ class Workflow:
         if not 1 <= len(params) <= 2:
             raise TypeError(
                 f"workflow {name!r} must take (ctx) or (ctx, input), "
-                f"not {len(params)} positional parameters"
+                f"not {len(params)} positional parameters: the Context comes first, "
+                "then the input if it takes one"
             )
         hints = hints_of(fn)
+        first = hints.get(params[0].name)
+        if context is not None and first is not None and not _holds(first, context):
+            todo = (
+                f"write def {getattr(fn, '__name__', 'fn')}(ctx, {params[0].name})"
+                if len(params) == 1 else "put the Context first, then the input"
+            )
+            raise TypeError(
+                f"workflow {name!r} must take the Context as its first positional "
+                f"parameter, but {params[0].name!r} is annotated {_named(first)}: {todo}"
+            )
         input_hint = hints.get(params[1].name) if len(params) == 2 else None
         required = len(params) == 2 and params[1].default is params[1].empty
         return cls(name, fn, len(params) == 2, input_hint, return_hint(fn), required, queue,
-                   timeout)
+                   timeout, params[0].name)
+
+    def no_input(self, value: object) -> TypeError:
+        """The TypeError for an input given to a workflow that takes none.
+
+        >>> print(Workflow.of("tick", lambda n: None).no_input(5))
+        workflow 'tick' takes no input, got int (its one parameter, 'n', receives the Context; \
+to take an input, make it fn(ctx, n))
+        """
+        return TypeError(
+            f"workflow {self.name!r} takes no input, got {type(value).__name__} (its one "
+            f"parameter, {self.ctx_name!r}, receives the Context; to take an input, make it "
+            f"fn(ctx, {'value' if self.ctx_name == 'ctx' else self.ctx_name}))"
+        )

@@ -14,6 +14,7 @@ strings) raises SerializationError.
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 import threading
@@ -166,6 +167,13 @@ def store_form(
     try:
         text, tag = encode(value)
     except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+        if inspect.isawaitable(value):  # a plain function handing back async work
+            raise SerializationError(
+                f"cannot store a {type(value).__qualname__}: the function returned an "
+                "awaitable that nothing awaits, and memable runs plain synchronous functions; "
+                "await it inside one with asyncio.run() and return its value",
+                workflow=workflow, instance_id=instance_id, **_where(key),
+            ) from None
         raise SerializationError(
             f"cannot store a value of type {type(value).__qualname__} ({exc}); {HOW_TO_STORE}",
             workflow=workflow, instance_id=instance_id, **_where(key),
