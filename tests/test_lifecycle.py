@@ -74,12 +74,8 @@ def test_register_rejects_a_function_of_the_wrong_shape(engine: Engine) -> None:
         engine.register("wf", lambda ctx, a, b: None)
 
 
-async def fetch_async(ctx: Context) -> str:
-    """An async workflow (or, called without a Context, an async step function)."""
-    return "fetched"
-
-
-async def fetch_step() -> str:
+async def fetch_async(*args: object) -> str:
+    """An async workflow, or step function: calling it makes a coroutine."""
     return "fetched"
 
 
@@ -90,7 +86,8 @@ class AsyncCallable:
         return "fetched"
 
 
-ASYNC_WORKFLOWS = {
+#: The async callables memable must refuse, as a workflow or as a step function.
+ASYNC = {
     "async-def": fetch_async,
     "partial": functools.partial(fetch_async),
     "callable-object": AsyncCallable(),
@@ -98,7 +95,7 @@ ASYNC_WORKFLOWS = {
 
 
 @pytest.mark.parametrize("how", ["register", "decorator"])
-@pytest.mark.parametrize("fn", ASYNC_WORKFLOWS.values(), ids=ASYNC_WORKFLOWS.keys())
+@pytest.mark.parametrize("fn", ASYNC.values(), ids=ASYNC.keys())
 def test_register_refuses_an_async_workflow(engine: Engine, how: str, fn: Any) -> None:
     """An async def workflow (also through a partial, or an object with an async __call__)
     is a TypeError at register naming it and saying to make it a def, and is not
@@ -177,15 +174,8 @@ def test_an_input_to_a_workflow_whose_one_parameter_is_the_context_says_so(
     )
 
 
-ASYNC_STEPS = {
-    "async-def": fetch_step,
-    "partial": functools.partial(fetch_step),
-    "callable-object": AsyncCallable(),
-}
-
-
 @pytest.mark.parametrize("how", ["run", "map"])
-@pytest.mark.parametrize("fn", ASYNC_STEPS.values(), ids=ASYNC_STEPS.keys())
+@pytest.mark.parametrize("fn", ASYNC.values(), ids=ASYNC.keys())
 def test_an_async_step_function_is_a_type_error_at_run(
     engine: Engine, how: str, fn: Any
 ) -> None:
@@ -217,7 +207,7 @@ def test_a_plain_step_function_returning_a_coroutine_is_named_so(engine: Engine)
     made: list[Coroutine[Any, Any, str]] = []
 
     def start() -> Coroutine[Any, Any, str]:
-        made.append(fetch_step())
+        made.append(fetch_async())
         return made[-1]
 
     def wf(ctx: Context) -> object:
