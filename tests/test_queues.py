@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from helpers import query, until
+from helpers import Looks, query, until
 
 from memable import (
     AlreadyStarted,
@@ -390,3 +391,70 @@ def test_a_queue_without_a_rate_keeps_no_starts(make_engine: Callable[..., Engin
     with engine:
         assert [engine.invoke("job", i).result(TIMEOUT) for i in range(5)] == list(range(5))
         assert query(engine, "SELECT count(*) FROM queue_starts") == [(0,)]
+
+
+def _unconsumed(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The WARNINGs naming a queue that no running engine consumes, as logged."""
+    return [r.getMessage() for r in caplog.records
+            if r.levelno == logging.WARNING and "no running engine consumes it" in r.getMessage()]
+
+
+def test_a_queue_nobody_consumes_is_named_once_with_the_closest_consumed_name(
+    shared: Callable[..., Engine], caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A typo between the web process (``ordres``) and the worker (``orders``) left the
+    order queued for ever and nothing said so. The worker names each such queue once, at
+    WARNING, with the closest name it consumes: at its start for what was queued before,
+    and at a later look for what is queued after; never again for the same queue."""
+    caplog.set_level(logging.WARNING, logger="memable")
+    web = shared(queues=())
+    worker = shared(lease=1.5)  # looks for unconsumed queues every lease seconds
+    web.queue("ordres")
+    web.queue("oders")
+    web.register("ship", lambda ctx: "shipped", queue="ordres")
+    worker.queue("orders")
+    worker.register("ship", lambda ctx: "shipped", queue="orders")
+    claims, checks = Looks(worker), Looks(worker, "queue_names")
+    with web:
+        first = web.invoke("ship", instance_id="o-1")
+        with worker:
+            claims.twice_more()  # its first claim looked before it claimed
+            [said] = _unconsumed(caplog)
+            assert "queue 'ordres' holds 1 runnable instance" in said
+            assert "closest queue consumed is 'orders'" in said
+            web.invoke("ship", instance_id="o-2", queue="oders")
+            checks.twice_more()
+            assert len(_unconsumed(caplog)) == 2
+            assert "queue 'oders' holds 1" in _unconsumed(caplog)[1]
+            assert "'orders'" in _unconsumed(caplog)[1]
+            checks.twice_more()  # more looks, the same queues: nothing more said
+            assert len(_unconsumed(caplog)) == 2
+            assert first.state == Queued()
+
+
+def test_no_queue_is_named_unconsumed_when_the_names_match(
+    shared: Callable[..., Engine], caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The web process and the worker name one queue: the order runs and no WARNING says
+    that a queue is unconsumed; nor one that holds the worker's workflow and that another
+    running engine consumes (without running that workflow: why it waits is for
+    ``memable show``, not a typo)."""
+    caplog.set_level(logging.WARNING, logger="memable")
+    web = shared(queues=())
+    worker = shared(lease=1.5, queues=["orders"])
+    other = shared(queues=["emails"])
+    for engine in (web, worker, other):
+        engine.queue("orders")
+        engine.queue("emails")
+    for engine in (web, worker):
+        engine.register("ship", lambda ctx: "shipped", queue="orders")
+    other.register("mail", lambda ctx: "mailed", queue="emails")
+    checks = Looks(worker, "queue_names")
+    with web, other:
+        emailed = web.invoke("ship", instance_id="e-1", queue="emails")
+        with worker:
+            inv = web.invoke("ship", instance_id="o-1")
+            assert inv.result(TIMEOUT) == "shipped"
+            checks.twice_more()
+            assert emailed.state == Queued()
+    assert _unconsumed(caplog) == []

@@ -6,16 +6,24 @@ it has free worker threads for) and hands each claimed snapshot to the
 runner, which runs it like any other run of the instance. The ``Dispatcher``
 thread calls it (through the runner, which counts a claim as work under way)
 whenever it may find something, and knows nothing of the engine.
+
+At its first claim, and every ``check_every`` seconds after, the consumer also
+names (once each, at WARNING) the queues that hold runnable instances of its
+workflows and that no running engine consumes, with the closest name one
+consumes: a typo between the process that invokes and the worker leaves an
+instance waiting for ever, and nothing else would say so.
 """
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable
 from datetime import datetime
 
 from .._clock import Clock
+from .._log import log
 from .._observe.base import Telemetry
-from .._queues import QueueSpec
+from .._queues import Declarations, QueueSpec
 from .._store.protocol import Store
 from .._store.rows import RunSnapshot, utcnow
 from .loop import LoopThread
@@ -80,6 +88,7 @@ class QueueConsumer:
         capacity: Callable[[], int],
         run: Callable[[RunSnapshot], None],
         telemetry: Telemetry | None = None,
+        check_every: float = 15.0,
     ) -> None:
         self._telemetry = telemetry or Telemetry()  # how long each waited on its queue
         self._store = store
@@ -88,9 +97,13 @@ class QueueConsumer:
         self._clock = clock
         self._capacity = capacity  # worker threads free now
         self._run = run  # runs a claimed instance here
+        self._check_every = check_every  # seconds between looks for unconsumed queues
+        self._next_check: float | None = None  # monotonic; None: at the first claim
+        self._named: set[str] = set()  # the unconsumed queues already named (once each)
 
     def claim(self) -> float | None:
         """Claim what may start now; seconds until a rate limit has room again, or None."""
+        self._name_unconsumed()
         retry_in: float | None = None
         for queue in self._queues:
             free = self._capacity()
@@ -113,6 +126,56 @@ class QueueConsumer:
                 retry_in = later if retry_in is None else min(retry_in, later)
         return retry_in
 
+    def _name_unconsumed(self) -> None:
+        """At the first claim and every ``check_every`` seconds: log once, at WARNING,
+        each queue holding runnable instances of this engine's workflows that no
+        running engine consumes (judged by what each declares in its owner row), with
+        the closest name one does consume."""
+        started = self._clock.monotonic()
+        if self._next_check is not None and started < self._next_check:
+            return
+        self._next_check = started + self._check_every
+        consumed = {queue.name for queue in self._queues}  # ours, stored at start too
+        for owner in self._store.live_owners(self._clock.wall()):
+            declared = Declarations.from_json(owner.declares)
+            if declared is not None:
+                consumed.update(spec.name for spec in declared.queues)
+        for name in self._store.queue_names():
+            if name in consumed or name in self._named:
+                continue
+            waiting = self._store.queued(name, self._workflows)
+            if not waiting:
+                continue
+            self._named.add(name)
+            log.warning("%s", unconsumed_message(name, waiting, sorted(consumed)))
+
     def waiting(self) -> bool:
         """Whether an instance this engine can run waits in one of its queues."""
         return any(self._store.queued(q.name, self._workflows) for q in self._queues)
+
+
+def unconsumed_message(queue: str, waiting: int, consumed: list[str]) -> str:
+    """What the WARNING about a queue nobody consumes says, with the closest consumed name.
+
+    >>> text = unconsumed_message("ordres", 1, ["emails", "orders"])
+    >>> print(text.split(", and ")[0])
+    queue 'ordres' holds 1 runnable instance of a workflow this engine registers
+    >>> "The closest queue consumed is 'orders'" in text
+    True
+    """
+    closest = difflib.get_close_matches(queue, consumed, n=1)
+    said = (
+        f"queue {queue!r} holds {waiting} runnable instance{'' if waiting == 1 else 's'} "
+        "of a workflow this engine registers, and no running engine consumes it: "
+        f"{'it waits' if waiting == 1 else 'they wait'} until one does. "
+    )
+    if closest:
+        return said + (
+            f"The closest queue consumed is {closest[0]!r}: if that is a typo, use one "
+            "name where the instance is invoked and in the worker (engine.queue, "
+            "register(..., queue=), invoke(..., queue=))"
+        )
+    return said + (
+        "No queue consumed has a similar name: start an engine that consumes it "
+        f"(queues=[{queue!r}], or `memable worker --queues {queue}`)"
+    )

@@ -203,6 +203,7 @@ class Runner:
                 self._consumer = QueueConsumer(
                     self.store, queues, sorted(self.workflows), self.clock,
                     capacity=self._capacity, run=self._run_claimed, telemetry=self.telemetry,
+                    check_every=self.options.lease,
                 )
                 self._dispatcher = Dispatcher(
                     self._claim_queued, self.options.poll_interval, self.clock
