@@ -5,6 +5,10 @@ freezegun moves it in tests. ``monotonic()`` measures how long a caller has
 waited: it reads the OS clock directly where it can, so a frozen test still
 times out. An engine reads both through its ``Clock``; a test may give it
 another one (``Options.clock``) instead of patching call stacks.
+
+A PostgreSQL store judges leases by the server's clock instead; ``Skew``
+says when an engine's wall clock differs from it by more than a second
+(its deadlines then fire early or late by that much).
 """
 
 from __future__ import annotations
@@ -43,3 +47,69 @@ class Clock:
 
 
 SYSTEM_CLOCK = Clock()
+
+
+#: Seconds an engine's wall clock may differ from its database's before it says so.
+SKEW_TOLERANCE = 1.0
+
+
+@attrs.define
+class Skew:
+    """How far an engine's wall clock is from its database server's, and when to say so.
+
+    Leases are judged by the server's clock; timers, workflow timeouts, delayed
+    starts and schedule ticks by each engine's wall clock (so freezegun moves
+    them on every store). ``judge`` takes the engine's wall clock just before and
+    just after a round trip that read the server's, and returns the WARNING to log
+    when they differ by more than ``SKEW_TOLERANCE`` seconds: the first time, and
+    again only when the difference changed by more than that since it was last
+    said. Used by the thread that heartbeats (and ``start`` before it runs) alone.
+
+    >>> skew = Skew()
+    >>> print(skew.judge(4600.0, 1000.0, 4600.2))  # doctest: +ELLIPSIS
+    this engine's wall clock is +3600.0 s from the database server's (ahead): timers, ...
+    >>> skew.judge(4610.0, 1010.3, 4610.1) is None   # the same, within a second
+    True
+    >>> print(skew.judge(4620.0, 1018.0, 4620.1))  # doctest: +ELLIPSIS
+    this engine's wall clock is +3602.0 s ...
+    >>> skew.judge(10.0, 10.05, 10.1) is None          # in step again: nothing to say
+    True
+    """
+
+    #: The difference last said (engine minus server, seconds); None while in step.
+    said: float | None = None
+
+    def judge(self, before: float, server: float, after: float) -> str | None:
+        """The WARNING to log, if any, for the server's clock ``server`` read between the
+        engine's wall clock readings ``before`` and ``after``."""
+        # The server read its clock between the two: the engine's clock then was
+        # between them too, so only what lies outside them is a difference.
+        if server < before:
+            difference = before - server  # the engine is ahead
+        elif server > after:
+            difference = after - server  # the engine is behind
+        else:
+            difference = 0.0
+        if abs(difference) <= SKEW_TOLERANCE:
+            self.said = None
+            return None
+        if self.said is not None and abs(difference - self.said) <= SKEW_TOLERANCE:
+            return None
+        self.said = difference
+        return skew_message(difference)
+
+
+def skew_message(difference: float) -> str:
+    """What the WARNING about a wall clock ``difference`` seconds from the server's says.
+
+    >>> print(skew_message(-90.0))  # doctest: +ELLIPSIS
+    this engine's wall clock is -90.0 s from the database server's (behind): ...fire 90.0 s late...
+    """
+    ahead = difference > 0
+    return (
+        f"this engine's wall clock is {difference:+.1f} s from the database server's "
+        f"({'ahead' if ahead else 'behind'}): timers, workflow timeouts, delayed starts "
+        f"and schedule ticks are judged by this engine's clock, so they fire "
+        f"{abs(difference):.1f} s {'early' if ahead else 'late'} here, while leases use "
+        "the server's; keep the hosts' clocks in sync (NTP)"
+    )

@@ -8,7 +8,9 @@ every engine test on it too); these are the store's own rules (SPEC Part 2,
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -25,9 +27,12 @@ from helpers import Looks, cli, stored_apart
 from psycopg.conninfo import make_conninfo
 
 from memable import Completed, Context, Engine, StorageError
+from memable._clock import Clock
 from memable._postgres.listener import Listener
 from memable._postgres.schema import SCHEMA_VERSION, parse
 from memable._postgres.store import PostgresStore
+from memable._run.options import Options
+from memable._sqlite.store import SQLiteStore
 from memable._store.protocol import RunSnapshot
 from memable._store.sql import queues as queue_sql
 from memable._store.sql.execute import pg
@@ -406,3 +411,48 @@ def test_a_server_default_isolation_does_not_change_what_a_claim_sees(
         engine.resume_queue("q")
         assert inv.result(timeout=10) == 1
     assert ran == [1]
+
+
+def _skews(caplog: pytest.LogCaptureFixture) -> list[float]:
+    """The differences the WARNINGs about the wall clock name, in seconds, as logged."""
+    found = [re.search(r"wall clock is ([+-][0-9.]+) s from the database server's",
+                       r.getMessage()) for r in caplog.records if r.levelno == logging.WARNING]
+    return [float(match.group(1)) for match in found if match is not None]
+
+
+def test_an_engine_whose_clock_is_an_hour_ahead_of_the_server_says_so_once(
+    pg_schema: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Timers, timeouts, delayed starts and ticks are judged by the engine's wall clock,
+    leases by the server's: an engine an hour ahead cancelled instances an hour early and
+    nothing said so. It now logs one WARNING at start naming about +3600 s and that
+    deadlines fire early; heartbeats with the same difference (within a second) log
+    nothing more; a change by more than a second logs again. SQLite, whose leases use the
+    engines' clocks, has no server clock to compare and says nothing."""
+    caplog.set_level(logging.WARNING, logger="memable")
+    offset = [3600.0]
+    clock = Clock(wall=lambda: time.time() + offset[0])
+    options = Options(lease=0.9, clock=clock)  # a heartbeat every 0.3 s
+    engine = Engine(PostgresStore(POSTGRES_URL, "full", schema=pg_schema), options)
+    beats = Looks(engine, "heartbeat")
+    with engine:
+        [ahead] = _skews(caplog)  # at start
+        assert abs(ahead - 3600) < 1
+        assert "fire 36" in caplog.text
+        assert "s early here" in caplog.text
+        offset[0] = 3600.6
+        # Four more: the judgement of the third is logged before the fourth begins.
+        beats.twice_more()
+        beats.twice_more()
+        assert len(_skews(caplog)) == 1
+        offset[0] = 3602.5
+        beats.twice_more()
+        beats.twice_more()
+        [_, changed] = _skews(caplog)
+        assert abs(changed - 3602.5) < 1
+    on_file = Engine(SQLiteStore(tmp_path / "db", "full"), options)
+    beats = Looks(on_file, "heartbeat")
+    with on_file:
+        beats.twice_more()
+    on_file.close()
+    assert len(_skews(caplog)) == 2

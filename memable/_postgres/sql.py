@@ -139,8 +139,11 @@ INSERT INTO owners (id, host, pid, heartbeat, lease, started_at, boot_id, pid_ns
 VALUES (%s, %s, %s, {NOW_EPOCH}, %s, %s, %s, %s, %s, %s)
 ON CONFLICT (id) DO UPDATE SET heartbeat = excluded.heartbeat, lease = excluded.lease,
     declares = excluded.declares
+RETURNING heartbeat
 """
-HEARTBEAT = f"UPDATE owners SET heartbeat = {NOW_EPOCH} WHERE id = %s"
+#: Renew the lease; the server's clock it was renewed at (what the engine compares its
+#: own with: see ``_clock.Skew``), no row if the owner row was reaped.
+HEARTBEAT = f"UPDATE owners SET heartbeat = {NOW_EPOCH} WHERE id = %s RETURNING heartbeat"
 #: The workflows a look names (as the array parameter ``workflows``).
 WORKFLOWS = "SELECT unnest(:workflows::text[])"
 # ``memable resume``: ready for the next look of an engine that runs it (as on SQLite).

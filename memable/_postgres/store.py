@@ -60,6 +60,13 @@ from .connections import NOT_DONE, Connections
 from .listener import Changed, Listener, payload
 
 
+def _server_time(cursor: Any) -> float | None:
+    """The server's clock an owner row was written at (``RETURNING heartbeat``); None
+    when no row was (a heartbeat's owner row was reaped)."""
+    row = cursor.fetchone()
+    return None if row is None else float(row[0])
+
+
 def _snapshot_of(instance: dict[str, Any], steps: list[list[Any]]) -> RunSnapshot:
     """A run's snapshot from the JSON the claim and suspend functions return."""
     return RunSnapshot(
@@ -463,23 +470,28 @@ class PostgresStore(OperatorReads):
 
     # ------------------------------------------------------------------ owners
 
-    def register_owner(self, lease: float, now: float, declares: str | None = None) -> None:
+    def register_owner(
+        self, lease: float, now: float, declares: str | None = None
+    ) -> float | None:
         me = _liveness.current()
         values = (self.owner, me.host, me.pid, lease,
                   datetime.fromtimestamp(now).astimezone().isoformat(),
                   me.boot_id, me.pid_ns, me.started, declares)
-        self._run("register the engine as an owner",
-                  lambda conn: conn.execute(sql.REGISTER_OWNER, values), transaction=False)
+        server = self._run("register the engine as an owner",
+                           lambda conn: _server_time(conn.execute(sql.REGISTER_OWNER, values)),
+                           transaction=False)
         self._lease, self._declares = lease, declares
+        return server
 
-    def heartbeat(self, now: float) -> None:
-        renewed = self._run(
+    def heartbeat(self, now: float) -> float | None:
+        server = self._run(
             "renew the engine's lease",
-            lambda conn: conn.execute(sql.HEARTBEAT, (self.owner,)).rowcount,
+            lambda conn: _server_time(conn.execute(sql.HEARTBEAT, (self.owner,))),
             transaction=False,
         )
-        if not renewed:  # reaped while stalled: come back (its runs are lost already)
-            self.register_owner(self._lease, now, self._declares)
+        if server is None:  # reaped while stalled: come back (its runs are lost already)
+            return self.register_owner(self._lease, now, self._declares)
+        return server
 
     def drop_owner(self) -> None:
         self._run("remove the engine's owner row",

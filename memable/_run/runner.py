@@ -20,6 +20,7 @@ import attrs
 from .._background.queues import Dispatcher, QueueConsumer
 from .._background.retention import Purger
 from .._background.timers import BackgroundThread
+from .._clock import Skew
 from .._errors import (
     AlreadyStarted,
     InstanceNotFound,
@@ -116,6 +117,9 @@ class Runner:
         self._executor: ThreadPoolExecutor | None = None
         self._background: BackgroundThread | None = None
         self._next_heartbeat = 0.0  # wall clock; the background thread's alone
+        # How far the wall clock is from the store's (PostgreSQL's server): start's, then
+        # the background thread's alone (it heartbeats).
+        self._skew = Skew()
         self._fork = ForkGuard()  # nothing here works in a forked child
         #: Declared queues, by name (fixed once started; under _lock until then).
         self.queues: dict[str, QueueSpec] = {}
@@ -224,7 +228,8 @@ class Runner:
         # What it runs, for a tool to say why a queued instance waits.
         schedules = {k: v for ticker in self._tickers for k, v in ticker.declares().items()}
         declared = Declarations(sorted(self.workflows), queues, schedules)
-        self.store.register_owner(self.options.lease, now, declared.to_json())
+        server = self.store.register_owner(self.options.lease, now, declared.to_json())
+        self._judge_clock(now, server)
         self._next_heartbeat = now + self.options.lease / 3
         for ticker in self._tickers:
             ticker.start(now)
@@ -810,7 +815,7 @@ class Runner:
         deadline."""
         _, now, until = self._fire_due()
         if now >= self._next_heartbeat:
-            self.store.heartbeat(now)
+            self._heartbeat()
             self._next_heartbeat = now + self.options.lease / 3
             steps = [(w, i, k, t) for w, i, k, t in self.in_flight() if k and t]
             self.store.record_in_flight(steps)
@@ -819,6 +824,20 @@ class Runner:
         deadline = self.store.next_deadline()
         waits = [w for w in (until, None if deadline is None else deadline - now) if w is not None]
         return min(waits) if waits else None
+
+    def _heartbeat(self) -> None:
+        """Renew the lease, and compare the wall clock with the store's as it did (read
+        here, as ``_fire_due`` reads it: see BackgroundThread on freezegun)."""
+        before = self.clock.wall()
+        self._judge_clock(before, self.store.heartbeat(before))
+
+    def _judge_clock(self, before: float, server: float | None) -> None:
+        """Log a WARNING when the wall clock read at ``before`` (and now) differs from the
+        store's clock ``server`` read between the two (None: the store has none of its
+        own) by more than a second, once per difference (``_clock.Skew``)."""
+        if server is not None and (said := self._skew.judge(before, server,
+                                                            self.clock.wall())):
+            log.warning("%s", said)
 
     def in_flight(self) -> list[tuple[str, str, str | None, str | None]]:
         """(workflow, id, key, since) of each active run: the step it executes (None between)."""

@@ -532,7 +532,9 @@ class SQLiteStore(OperatorReads):
 
     # ------------------------------------------------------------------ owners
 
-    def register_owner(self, lease: float, now: float, declares: str | None = None) -> None:
+    def register_owner(
+        self, lease: float, now: float, declares: str | None = None
+    ) -> float | None:
         me = _liveness.current()
         with self._using("register the engine as an owner") as conn:
             conn.execute(
@@ -543,14 +545,16 @@ class SQLiteStore(OperatorReads):
                  me.boot_id, me.pid_ns, me.started, declares),
             )
         self._lease, self._declares = lease, declares
+        return None  # leases are judged by the engines' clocks, ``now``
 
-    def heartbeat(self, now: float) -> None:
+    def heartbeat(self, now: float) -> float | None:
         with self._using("renew the engine's lease") as conn:
             renewed = conn.execute(
                 "UPDATE owners SET heartbeat = ? WHERE id = ?", (now, self.owner)
             ).rowcount
         if not renewed:  # reaped while stalled: come back (its runs are lost already)
             self.register_owner(self._lease, now, self._declares)
+        return None
 
     def drop_owner(self) -> None:
         with self._using("remove the engine's owner row") as conn:

@@ -296,12 +296,20 @@ class Store(Protocol):
         batch freed in the same transaction.
         """
 
-    def register_owner(self, lease: float, now: float, declares: str | None = None) -> None:
+    def register_owner(
+        self, lease: float, now: float, declares: str | None = None
+    ) -> float | None:
         """Record this engine as an owner on the store, alive for ``lease`` seconds, with what
-        it ``declares`` it runs (``_queues.Declarations`` JSON)."""
+        it ``declares`` it runs (``_queues.Declarations`` JSON).
 
-    def heartbeat(self, now: float) -> None:
-        """Renew this engine's lease (and its owner row, if someone reaped it)."""
+        Returns the store's own clock (seconds since the epoch) as it wrote the row,
+        where leases are judged by a clock of the store's (PostgreSQL: the server's),
+        read in the same round trip; None where they are judged by ``now`` (SQLite).
+        """
+
+    def heartbeat(self, now: float) -> float | None:
+        """Renew this engine's lease (and its owner row, if someone reaped it); the store's
+        own clock as it did, as ``register_owner`` returns it."""
 
     def drop_owner(self) -> None:
         """Remove this engine's owner row (at stop; it runs nothing any more)."""
