@@ -103,6 +103,34 @@ def test_signal_right_after_suspension_starts_one_more_run(engine: Engine) -> No
     assert probe.most == 1
 
 
+def test_a_run_whose_claim_is_in_flight_is_not_reported_started(engine: Engine) -> None:
+    """While a signal's run is still claiming the suspended instance, ``Invocation.state``
+    reads the stored state (Suspended), not Started: a claim that then finds the instance
+    ended or taken must never make a Completed instance read Started for a moment (a
+    wake-up woken by another engine's NOTIFY did, after ``result()`` had returned)."""
+    claiming, release = threading.Event(), threading.Event()
+    begin_run = engine._store.begin_run
+
+    def held_claim(*args: object, **kwargs: object) -> object:
+        claiming.set()
+        assert release.wait(10), "the test did not release the claim"
+        return begin_run(*args, **kwargs)  # type: ignore[arg-type]
+
+    engine.register("wf", lambda ctx: ctx.suspend("n:v1") * 2)
+    with engine:
+        inv = engine.invoke("wf", instance_id="i")
+        assert inv.wait(10) == Suspended("n:v1")
+        engine._store.begin_run = held_claim  # type: ignore[method-assign]
+        engine.signal("wf", "i", "n:v1", 21)
+        assert claiming.wait(10)
+        try:
+            assert inv.state == Suspended("n:v1")
+        finally:
+            release.set()
+        assert inv.result(timeout=10) == 42
+        assert inv.state == Completed()
+
+
 # ---------------------------------------------------------------------- BaseException
 
 

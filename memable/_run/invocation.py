@@ -73,7 +73,9 @@ class Watch:
         self.cond = threading.Condition()
         self.active = False  # a run of the instance is in progress in this engine
         self.begun = 0  # number of runs that have begun
-        self.live: WorkflowState = Started()  # last state the active run published
+        # The last state the active run published; None while its claim is in flight
+        # (until then the stored state is the instance's).
+        self.live: WorkflowState | None = Started()
         self.last_end: WorkflowState | None = None  # state the latest run ended in
         self.ended = 0  # number of runs that have ended
         # The output a run here stored with a Completed end it recorded (text, type tag).
@@ -89,13 +91,20 @@ class Watch:
             self.stored += 1
             self.cond.notify_all()
 
-    def begin(self) -> None:
-        """A run starts."""
+    def begin(self, claimed: bool) -> None:
+        """A run starts: ``claimed`` already (the instance is running and ours), or about to
+        claim it, when its state is Started only once ``claimed()`` says so."""
         with self.cond:
             self.active = True
             self.begun += 1
-            self.live = Started()
+            self.live = Started() if claimed else None
             self.cond.notify_all()
+
+    def claimed(self) -> None:
+        """The active run's claim committed: the instance is Started here."""
+        with self.cond:
+            if self.live is None:
+                self.live = Started()
 
     def publish(self, state: WorkflowState) -> None:
         """The active run reports ``state``."""
@@ -124,7 +133,7 @@ class Watch:
             # it ran) begins before this one finishes: the instance stays active.
             self.active = self.begun > self.ended
             for queue in self.subscribers:
-                queue.append((state or self.live, True))
+                queue.append((state or self.live or Started(), True))
             # Each subscription follows one run; this one is over for all of them.
             self.subscribers = []
             self.cond.notify_all()
@@ -194,7 +203,7 @@ class Invocation:
         True
         """
         with self._watch.cond:
-            if self._watch.active:
+            if self._watch.active and self._watch.live is not None:
                 return self._watch.live
         return state_of(self._row())
 

@@ -444,7 +444,7 @@ class Runner:
                   traceparent=traceparent, reason=reason)
         self._active[(workflow.name, instance_id)] = run
         self._turnover += 1
-        watch.begin()
+        watch.begin(claimed=fresh_input is not None or snapshot is not None)
         return run
 
     @contextmanager
@@ -633,6 +633,7 @@ class Runner:
                 if row.status == "running" or run.claim != "resume":
                     return None
                 return state_of(row)
+            run.watch.claimed()  # running and ours: Started, for whoever asks
             memo, stored_status = snapshot.steps, snapshot.instance.status_message
             try:
                 input_value = decode_for(
