@@ -20,7 +20,7 @@ of each. Timed:
   ``overview page``: ``memable.web.pages.overview(store)`` whole (the counts,
   the queues, the schedules). Checked: the counts per workflow and status are
   those inserted.
-- ``purge``: ``store.purge(cutoff)``, what ``memable purge`` runs, twice per
+- ``purge``: ``admin.purge_batches(store, cutoff, now)``, what ``memable purge`` runs, twice per
   store (a purge cannot be repeated on the same rows): the oldest hundredth of
   the instances (1,000 of 100,000), then the next tenth (10,000), each by a
   cutoff, the ``completed_at`` of the finished row after them. Checked: it
@@ -49,6 +49,8 @@ from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
+
+from memable._store.admin import purge_batches
 
 from ._workloads import _engine, check
 from ._workloads_web import FILTER_WORKFLOW, _fill
@@ -187,7 +189,7 @@ class _Sized:
         check(first or sum(steps.values()) == self.step_count, f"W11 {self.size}: the store "
               f"holds {sum(steps.values())} steps, not the {self.step_count} inserted")
         started = time.perf_counter()
-        deleted = self.store.purge(cutoff)
+        deleted = sum(purge_batches(self.store, cutoff, time.time()))
         seconds = time.perf_counter() - started
         check(deleted == count, f"W11 {self.size}: purge({cutoff}) returned {deleted}, "
               f"not {count}")

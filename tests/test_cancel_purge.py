@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
+from typing import Any
 
 import pytest
 from freezegun import freeze_time
-from helpers import T0, FailsThenWaits, dump, query
+from helpers import PROCS, T0, FailsThenWaits, dump, killed_in_a_step, query, until, write
 
 from memable import (
     Cancelled,
@@ -515,3 +521,72 @@ def test_purge_of_more_than_a_batch_takes_them_all_in_one_call(
         assert engine.purge(older_than=0) == 1203
         assert engine.list_instances("done") == []
         assert query(engine, "SELECT count(*) FROM steps") == [(0,)]
+
+
+# ---------------------------------------------------------------------- dead owners
+
+
+def _dead_owner_reaped(engine: Engine, pid: int) -> bool:
+    """Whether the owner row of the killed engine (process ``pid``) is gone."""
+    return query(engine, "SELECT count(*) FROM owners WHERE pid = ?", (pid,)) == [(0,)]
+
+
+def test_a_family_cancelled_while_its_engine_is_dead_is_purged(
+    shared_store: dict[str, Any], open_shared: Callable[..., Engine], tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A parent and its child, both running in an engine that is SIGKILLed, are cancelled
+    from another engine (which does not run their workflows, so nothing recovers them):
+    the cancel keeps the dead owner, as it keeps a live one, and nothing ever clears it;
+    purge takes both all the same (they were kept for ever: the child owned, the
+    parent with an owned child)."""
+    if "schema" in shared_store:
+        monkeypatch.setenv("MEMABLE_PROC_SCHEMA", shared_store["schema"])
+    engine = open_shared(poll_interval=0.05)
+    proc = subprocess.Popen(
+        [sys.executable, PROCS, "family", str(shared_store["target"]), str(tmp_path / "log")],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "children started\n"
+        # The child's run has claimed it too: both are the doomed engine's.
+        until(lambda: query(engine, "SELECT count(*) FROM instances WHERE owner IS NOT NULL "
+                                    "AND status = 'running'") == [(2,)])
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+        if proc.stdout is not None:
+            proc.stdout.close()
+    with engine:
+        until(lambda: _dead_owner_reaped(engine, proc.pid))  # its first look reaps it
+        engine.cancel("parent", "p")
+        assert metadata(engine, "child", "p/kid").status == MetadataStatus.Cancelled()
+        assert query(engine, "SELECT count(*) FROM instances WHERE owner IS NOT NULL") == [
+            (2,)]
+        assert engine.purge(older_than=0) == 2
+        assert engine.get_metadata("parent", "p") is None
+        assert engine.get_metadata("child", "p/kid") is None
+
+
+def test_an_instance_timed_out_while_its_engine_is_dead_is_purged(
+    shared_store: dict[str, Any], open_shared: Callable[..., Engine], tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An instance running in an engine that is SIGKILLed mid-step times out, cancelled
+    by another engine's timer thread (which does not run its workflow): it ends with its
+    dead owner, and retention's rules purge it all the same."""
+    if "schema" in shared_store:
+        monkeypatch.setenv("MEMABLE_PROC_SCHEMA", shared_store["schema"])
+    engine = open_shared(poll_interval=0.05)
+    with killed_in_a_step(shared_store["target"], tmp_path / "log") as pid:
+        # Its workflow timeout passed long ago (as if invoked with timeout=5).
+        write(engine, "UPDATE instances SET timeout = 5, timeout_at = 1 "
+              "WHERE instance_id = 'crash'")
+    with engine:
+        until(lambda: _dead_owner_reaped(engine, pid))
+        until(lambda: metadata(engine, "ten", "crash").status == MetadataStatus.Cancelled())
+        assert query(engine, "SELECT message, owner IS NOT NULL FROM instances") == [
+            ("timed out after 5s", True)]
+        assert engine.purge(older_than=0) == 1
+        assert engine.get_metadata("ten", "crash") is None

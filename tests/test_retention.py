@@ -14,6 +14,7 @@ import logging
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from contextlib import closing
 from datetime import timedelta
@@ -28,6 +29,7 @@ from memable import Context, Engine, MetadataStatus, WorkflowFailed
 from memable._background.retention import BATCH, Purger
 from memable._sqlite.schema import MIGRATIONS, SCHEMA_VERSION, switch_to_incremental_vacuum
 from memable._sqlite.store import SQLiteStore
+from memable._store.sql import retention as retention_sql
 from memable._states import Cancelled, Completed, Failed, Suspended
 
 #: When the "old" instances finished: long before any retention here.
@@ -47,8 +49,8 @@ class Batches:
         store = engine._store
         inner = store.purge_batch
 
-        def purge_batch(completed_before: str, limit: int) -> int:
-            deleted = inner(completed_before, limit)
+        def purge_batch(completed_before: str, limit: int, now: float) -> int:
+            deleted = inner(completed_before, limit, now)
             with self._cond:
                 self.calls.append((limit, deleted))
                 self._cond.notify_all()
@@ -378,6 +380,68 @@ def test_engines_purging_one_store_at_once_share_the_work(
     assert ids(engines[0], "wf") == set()
     for engine in engines:
         engine.stop()
+
+
+def test_a_one_off_purge_lets_another_engine_write_between_its_batches(
+    open_shared: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``engine.purge`` of 5,000 old instances goes in batches, one transaction each:
+    another engine on the store, which starts invoking and heartbeating once the purge's
+    first batch is under way, gets its writes through while old instances are still
+    there (it waits one batch at most, never the whole purge), with no error or
+    warning; the purge takes them all. (In one transaction, the other engine's writes
+    waited for all of it, and for a large store failed with "database is locked".)"""
+    purging = open_shared()
+    other = open_shared()
+    other.register("work", lambda ctx, n: ctx.step("s").run(lambda: n + 1))
+    bulk_finished(purging, "old", 5000)
+    under_way, wrote = threading.Event(), threading.Event()
+    old_left: list[int] = []  # old instances stored when the other engine's writes went
+    errors: list[BaseException] = []
+    choose = retention_sql.purge_batch
+
+    def first_batch_under_way(*args: Any, **kwargs: Any) -> int:
+        under_way.set()  # inside the batch's transaction
+        return choose(*args, **kwargs)
+
+    monkeypatch.setattr(retention_sql, "purge_batch", first_batch_under_way)
+    one_batch = purging._store.purge_batch
+
+    def purge_batch(completed_before: str, limit: int, now: float) -> int:
+        deleted = one_batch(completed_before, limit, now)
+        assert wrote.wait(30)  # the next batch once the other engine's writes went
+        return deleted
+
+    purging._store.purge_batch = purge_batch  # type: ignore[method-assign]
+
+    def write_meanwhile() -> None:
+        try:
+            assert under_way.wait(30)
+            inv = other.invoke("work", 1, instance_id="during")
+            other._store.heartbeat(time.time())
+            [(left,)] = query(other, "SELECT count(*) FROM instances WHERE workflow = 'old'")
+            old_left.append(int(left))
+            assert inv.result(30) == 2
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            wrote.set()
+
+    caplog.set_level(logging.WARNING, logger="memable")
+    with other:
+        writer = threading.Thread(target=write_meanwhile, name="test-writer")
+        writer.start()
+        try:
+            assert purging.purge(older_than=0) == 5000
+        finally:
+            wrote.set()
+            writer.join(30)
+    assert not errors, errors
+    assert old_left and old_left[0] > 0, old_left  # they went before the purge ended
+    assert ids(purging, "old") == set()
+    assert ids(purging, "work") == {"during"}
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
 # ---------------------------------------------------------------------- the file shrinks

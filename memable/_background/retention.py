@@ -3,7 +3,7 @@
 ``Purger`` is a ``LoopThread`` of its own, named ``memable-retention``, so a
 long purge never delays the timer thread (due timers, the heartbeat that
 keeps this engine's lease). Each look purges in batches of at most ``BATCH``
-instances, one transaction each (``Store.purge_batch``), so a run's write
+instances, one transaction each (``admin.purge_batches``), so a run's write
 waits at most one batch behind it; it goes on while a batch was full, and
 stops between batches when the engine stops. It knows nothing of the engine.
 """
@@ -14,11 +14,12 @@ from datetime import datetime, timezone
 
 from .._clock import Clock
 from .._log import log
+from .._store.admin import PURGE_BATCH, purge_batches
 from .._store.protocol import Store
 from .loop import LoopThread
 
 #: Most instances one purge transaction deletes.
-BATCH = 500
+BATCH = PURGE_BATCH
 #: Longest time between two looks, in seconds: a minute's lag is nothing against a
 #: retention of hours or days, and a look that finds nothing is one indexed read.
 EVERY = 60.0
@@ -85,16 +86,14 @@ class Purger(LoopThread):
     def _purge(self) -> None:
         """Purge in batches while they come back full; log the round's count."""
         # Read here, five frames of memable below ``threading`` (see BackgroundThread).
-        before = cutoff(self._clock.wall(), self._retention)
+        now = self._clock.wall()
+        before = cutoff(now, self._retention)
         if before is None:
             return
         purged = 0
         try:
-            while not self._stop_asked():
-                deleted = self._store.purge_batch(before, BATCH)
+            for deleted in purge_batches(self._store, before, now, self._stop_asked):
                 purged += deleted
-                if deleted < BATCH:
-                    break
         finally:
             self.purged += purged
             if purged:

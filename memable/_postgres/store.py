@@ -449,22 +449,16 @@ class PostgresStore(OperatorReads):
 
         return self._run("fire due timers", fire, transaction=False)
 
-    def purge(self, completed_before: str) -> int:
-        # As a batch does, rows another transaction holds are passed over.
-        def purge_them(conn: psycopg.Connection[Any]) -> int:
-            return retention_sql.purge_all(self._pg_execute(conn), completed_before,
-                                           lock=retention_sql.SKIP_LOCKED)
-
-        return self._run("purge finished instances", purge_them)
-
-    def purge_batch(self, completed_before: str, limit: int) -> int:
+    def purge_batch(self, completed_before: str, limit: int, now: float) -> int:
         # The batch's rows are locked as they are chosen, skipping those another
         # transaction holds (a run's write, or another engine's batch): no waits, and
-        # two engines purging at once take different instances. A retry after a lost
-        # commit purges the next batch, or finds this one gone: either is fine.
+        # two engines purging at once take different instances. Their parents and
+        # children are locked next, and the rules read again (``sql.retention``). A
+        # retry after a lost commit purges the next batch, or finds this one gone:
+        # either is fine. Leases are judged by the server's clock.
         def purge_them(conn: psycopg.Connection[Any]) -> int:
             return retention_sql.purge_batch(self._pg_execute(conn), completed_before, limit,
-                                             lock=retention_sql.SKIP_LOCKED)
+                                             now, now_sql=sql.NOW_EPOCH, row_locks=True)
 
         return self._run("purge a batch of finished instances", purge_them)
 

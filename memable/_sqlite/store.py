@@ -508,21 +508,15 @@ class SQLiteStore(OperatorReads):
         return self._grouped("fork the instance", workflow, instance_id, from_key, fork_it,
                              changes="none")
 
-    def purge(self, completed_before: str) -> int:
-        def purge_them(conn: sqlite3.Connection) -> int:
-            return retention_sql.purge_all(conn.execute, completed_before)
-
-        return self._grouped("purge finished instances", None, None, None, purge_them)
-
-    def purge_batch(self, completed_before: str, limit: int) -> int:
+    def purge_batch(self, completed_before: str, limit: int, now: float) -> int:
         with self._using("look for finished instances to purge") as conn:
             # Most looks find nothing to purge: answer those without taking the write lock.
-            params = {"before": completed_before, "limit": 1}
-            if conn.execute(retention_sql.PURGEABLE, params).fetchone() is None:
+            params = {"before": completed_before, "limit": 1, "now": now}
+            if conn.execute(retention_sql.purgeable(":now"), params).fetchone() is None:
                 return 0
 
         def purge_them(conn: sqlite3.Connection) -> int:
-            deleted = retention_sql.purge_batch(conn.execute, completed_before, limit)
+            deleted = retention_sql.purge_batch(conn.execute, completed_before, limit, now)
             if deleted:
                 return_free_pages(conn)
             return deleted

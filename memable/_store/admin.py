@@ -9,6 +9,7 @@ on a store that an engine elsewhere acts on within its poll interval.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -99,15 +100,43 @@ def cancel_instance(store: Store, workflow: str, instance_id: str) -> Ended:
     return store.cancel(workflow, instance_id, now=utcnow().isoformat())
 
 
+#: Most instances one purge transaction deletes (retention's and a one-off purge's).
+PURGE_BATCH = 500
+
+
+def purge_batches(
+    store: Store, completed_before: str, now: float, stop: Callable[[], bool] | None = None,
+) -> Iterator[int]:
+    """Purge what finished before ``completed_before`` (ISO 8601) in batches of at most
+    ``PURGE_BATCH``, one transaction each (``Store.purge_batch``, leases judged at
+    ``now``), so another engine's write waits at most one batch; yield each batch's
+    count, going on while a batch was full and ``stop`` (asked between batches) says
+    no. What retention's thread and ``purge`` both run.
+
+    >>> from memable._sqlite.store import SQLiteStore
+    >>> store = SQLiteStore(None, "full")
+    >>> list(purge_batches(store, "2026-01-01T00:00:00+00:00", 1767225600.0))
+    [0]
+    >>> store.close()
+    """
+    while True:
+        deleted = store.purge_batch(completed_before, PURGE_BATCH, now)
+        yield deleted
+        if deleted < PURGE_BATCH or (stop is not None and stop()):
+            return
+
+
 def purge_finished(store: Store, older_than: float | timedelta) -> int:
-    """Delete instances that finished more than ``older_than`` ago; return how many."""
+    """Delete instances that finished more than ``older_than`` ago, in batches of one
+    transaction each; return how many."""
     seconds = seconds_of(older_than, "purge age")
+    now = utcnow()
     try:
         # An instance completed this very microsecond counts as older than 0 s.
-        cutoff = utcnow() - timedelta(seconds=seconds) + timedelta(microseconds=1)
+        cutoff = now - timedelta(seconds=seconds) + timedelta(microseconds=1)
     except OverflowError:  # older than the calendar goes: nothing is that old
         return 0
-    return store.purge(cutoff.isoformat())
+    return sum(purge_batches(store, cutoff.isoformat(), now.timestamp()))
 
 
 def pause_queue(store: Store, queue: str) -> bool:

@@ -277,23 +277,25 @@ class Store(Protocol):
         for a key the source never reached, each writing nothing. The source is only
         read."""
 
-    def purge(self, completed_before: str) -> int:
-        """Delete every instance ``purge_batch`` may take (the same rules) completed before
-        then, with steps and timers, in one transaction; how many."""
-
-    def purge_batch(self, completed_before: str, limit: int) -> int:
+    def purge_batch(self, completed_before: str, limit: int, now: float) -> int:
         """Delete at most ``limit`` finished instances completed before then (ISO 8601
         text), with their steps and timers, in one transaction; how many.
 
-        An instance goes only if, in that transaction, it is terminal, owned by
-        nobody (no run in flight), has no child that has not ended or whose run
-        is in flight, and is not the child of an instance in a run (see
-        ``sql.retention``). Safe to call from several engines at once: each
-        deletes what is still there (PostgreSQL: a batch passes over rows
-        another transaction holds, never waiting for them). Fewer than
-        ``limit`` means no more could be taken now. A store whose file can
-        shrink (SQLite with ``auto_vacuum = incremental``) returns the pages a
-        batch freed in the same transaction.
+        An instance goes only if, in that transaction, it is terminal, has no
+        run in flight (owned by nobody, or by an owner whose lease ran out at
+        ``now``, epoch seconds on the engine's wall clock; PostgreSQL judges
+        leases by its own clock), has no child that has not ended or whose run
+        is in flight, is not the child of an instance in a run, and is not a
+        child its parent waits for (see ``sql.retention``): a run that starts
+        after the choice finds the instances it judged by as they were judged
+        (PostgreSQL: they are locked until the commit). Safe to call from
+        several engines at once: each deletes what is still there (PostgreSQL:
+        a batch passes over rows another transaction holds, never waiting for
+        them). Fewer than ``limit`` means no more could be taken now. A store
+        whose file can shrink (SQLite with ``auto_vacuum = incremental``)
+        returns the pages a batch freed in the same transaction. A purge of
+        many is many batches (``admin.purge_batches``): a batch's transaction
+        is all another engine's write ever waits for.
         """
 
     def register_owner(

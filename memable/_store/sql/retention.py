@@ -1,53 +1,100 @@
 """Retention: the SQL of purging finished instances in batches, shared by both stores
 (``:name`` parameters; the PostgreSQL store rewrites them with ``execute.pg``).
 
-An instance may go when it is terminal (completed, failed, cancelled), owned
-by nobody (no run in flight: a run cancelled in flight stores its last step
-first), completed before the cutoff, has no child that has not ended (or
-whose run is still in flight), and is not the child of an instance in a run
-(that run may read it, or resume it if it failed). A batch is ``:limit``
-such instances, found through the index on (status, completed_at), so a
-batch reads about as many rows as it deletes, however many instances are
-kept; the deletes then take their timers, steps and rows by key (the
-primary keys' order: workflow, then the ids of a batch as one IN list).
+An instance may go when it is terminal (completed, failed, cancelled), has no
+run in flight or to come (owned by nobody, or by a dead owner: a cancel keeps
+the owner, and an engine that died holding a cancelled instance never clears
+it), completed before the cutoff, has no child that has not ended (or whose
+run is in flight), is not the child of an instance in a run (that run may
+read it, or resume it if it failed), and is not a child its parent waits for
+(the parent has not ended and its step for the child is waiting: the parent
+resumed it, and the child's run is about to start). A batch is ``:limit`` such instances, found through the
+index on (status, completed_at), so a batch reads about as many rows as it
+deletes, however many instances are kept; the deletes then take their
+timers, steps and rows by key (the primary keys' order: workflow, then the
+ids of a batch as one IN list).
 
 On SQLite the batch's transaction holds the write lock from the choice to
-the commit. On PostgreSQL the chosen rows are locked (``SKIP_LOCKED``), but
-the checks of children and parents read the statement's snapshot: a failed
-child resumed at the very moment its parent is purged outlives the parent,
-and its end then finds no parent step to settle (and writes none).
+the commit. On PostgreSQL the chosen rows are locked as they are chosen
+(``SKIP_LOCKED``), but the rules read their parents and children in the
+statement's snapshot: a parent's run may take its failed child back, or an
+operator resume a failed parent's child, just after. So the batch then locks
+those parents and children (``FOR SHARE``, passing over rows another
+transaction holds, and keeping back the instances whose family it could not
+lock) and reads the rules again, in a new snapshot: until the commit, no
+run can take a parent or child it judged by.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 from .execute import Execute
 
 _TERMINAL = "('completed', 'failed', 'cancelled')"
 
-#: The instances a batch may purge (no order: a sort would read every old one); a
-#: store may append a lock clause.
-PURGEABLE = f"""
-SELECT i.workflow, i.instance_id FROM instances AS i
-WHERE i.completed_at < :before AND i.status IN {_TERMINAL} AND i.owner IS NULL
+
+def _in_a_run(row: str, now: str) -> str:
+    """SQL: the instance ``row`` has a run in flight or to come: it is owned, and has not
+    ended (a run of a dead owner is recovered) or its owner's lease holds at ``now``
+    (a cancelled run still storing its step)."""
+    return (f"({row}.owner IS NOT NULL AND ({row}.status NOT IN {_TERMINAL} OR EXISTS ("
+            f"SELECT 1 FROM owners AS o WHERE o.id = {row}.owner "
+            f"AND o.heartbeat + o.lease >= {now})))")
+
+
+def purgeable(now: str, only: str = "") -> str:
+    """The instances a batch may purge (no order: a sort would read every old one), with
+    their parents' keys; ``now`` is the SQL of the time leases are judged at (SQLite:
+    ``:now``, the engine's wall clock; PostgreSQL: the server's), ``only`` more terms."""
+    return f"""
+SELECT i.workflow, i.instance_id, i.parent_workflow, i.parent_id FROM instances AS i
+WHERE i.completed_at < :before AND i.status IN {_TERMINAL} AND NOT {_in_a_run("i", now)}
+{only}
 AND NOT EXISTS (
     SELECT 1 FROM instances AS c
     WHERE c.parent_workflow = i.workflow AND c.parent_id = i.instance_id
-    AND (c.status NOT IN {_TERMINAL} OR c.owner IS NOT NULL))
+    AND (c.status NOT IN {_TERMINAL} OR {_in_a_run("c", now)}))
 AND NOT (i.parent_id IS NOT NULL AND EXISTS (
     SELECT 1 FROM instances AS p
     WHERE p.workflow = i.parent_workflow AND p.instance_id = i.parent_id
-    AND p.owner IS NOT NULL))
+    AND ({_in_a_run("p", now)} OR (p.status NOT IN {_TERMINAL} AND EXISTS (
+        SELECT 1 FROM steps AS s
+        WHERE s.workflow = p.workflow AND s.instance_id = p.instance_id
+        AND s.key = i.parent_key AND s.kind = 'child' AND s.state = 'waiting')))))
 LIMIT :limit
 """
-#: PostgreSQL's lock clause: the batch's rows are this transaction's until it commits,
-#: and rows another transaction holds are passed over, never waited for.
+
+
+#: PostgreSQL's lock clause of the choice: the batch's rows are this transaction's until
+#: it commits, and rows another transaction holds are passed over, never waited for.
 SKIP_LOCKED = "FOR UPDATE OF i SKIP LOCKED"
-#: Most ids one DELETE names (SQLite's oldest limit is 999 parameters a statement).
+#: The children of some of one workflow's instances (``{ids}``), with their parents.
+CHILDREN = (
+    "SELECT c.workflow, c.instance_id, c.parent_workflow, c.parent_id FROM instances AS c "
+    "WHERE c.parent_workflow = :workflow AND c.parent_id IN ({ids})"
+)
+#: The parents of some of one workflow's instances (``{ids}``).
+PARENTS = (
+    "SELECT p.workflow, p.instance_id FROM instances AS p "
+    "WHERE (p.workflow, p.instance_id) IN (SELECT i.parent_workflow, i.parent_id "
+    "FROM instances AS i WHERE i.workflow = :workflow AND i.instance_id IN ({ids}))"
+)
+#: Most ids one statement names (SQLite's oldest limit is 999 parameters a statement).
 _CHUNK = 500
 
-def purge_batch(execute: Execute, before: str, limit: int, *, lock: str = "") -> int:
+Row = tuple[str, str, str | None, str | None]
+
+
+def purge_batch(execute: Execute, before: str, limit: int, now: float, *,
+                now_sql: str = ":now", row_locks: bool = False) -> int:
     """Delete at most ``limit`` purgeable instances completed before ``before`` (ISO
     8601 text), with their timers and steps, in the caller's transaction; how many.
+
+    ``now`` (epoch seconds) judges the owners' leases where ``now_sql`` is
+    ``:now``. ``row_locks``: the database locks rows, not the whole store
+    (PostgreSQL): the choice locks its rows, then their parents and children,
+    and the rules are read again (see the module's docstring).
 
     Timers go first, then steps, then the rows: the order a timer's firing takes
     them in (timers, then steps), so the two never wait for each other in a ring.
@@ -56,49 +103,88 @@ def purge_batch(execute: Execute, before: str, limit: int, *, lock: str = "") ->
     >>> conn = sqlite3.connect(":memory:")
     >>> conn.executescript(
     ...     "CREATE TABLE instances (workflow, instance_id, status, owner, completed_at,"
-    ...     " parent_workflow, parent_id);"
-    ...     "CREATE TABLE steps (workflow, instance_id, key);"
+    ...     " parent_workflow, parent_id, parent_key);"
+    ...     "CREATE TABLE owners (id, heartbeat, lease);"
+    ...     "CREATE TABLE steps (workflow, instance_id, key, kind, state);"
     ...     "CREATE TABLE timers (workflow, instance_id, key);"
     ...     "INSERT INTO instances VALUES ('wf', 'old', 'completed', NULL, '2026-01-01',"
-    ...     " NULL, NULL), ('wf', 'new', 'completed', NULL, '2026-03-01', NULL, NULL),"
-    ...     " ('wf', 'held', 'failed', NULL, '2026-01-01', NULL, NULL),"
-    ...     " ('wf', 'held/c', 'running', 'e1', NULL, 'wf', 'held');"
-    ...     "INSERT INTO steps VALUES ('wf', 'old', 'a'), ('wf', 'new', 'a');") and None
-    >>> purge_batch(conn.execute, "2026-02-01", 500)
-    1
+    ...     " NULL, NULL, NULL), ('wf', 'new', 'completed', NULL, '2026-03-01', NULL, NULL,"
+    ...     " NULL), ('wf', 'held', 'failed', NULL, '2026-01-01', NULL, NULL, NULL),"
+    ...     " ('wf', 'held/c', 'running', 'e1', NULL, 'wf', 'held', 'c'),"
+    ...     " ('wf', 'dead', 'cancelled', 'e2', '2026-01-01', NULL, NULL, NULL);"
+    ...     "INSERT INTO owners VALUES ('e1', 100.0, 30.0), ('e2', 10.0, 30.0);"
+    ...     "INSERT INTO steps VALUES ('wf', 'old', 'a', 'step', 'completed'),"
+    ...     " ('wf', 'new', 'a', 'step', 'completed');") and None
+    >>> purge_batch(conn.execute, "2026-02-01", 500, now=110.0)
+    2
     >>> conn.execute("SELECT instance_id FROM instances ORDER BY 1").fetchall()
     [('held',), ('held/c',), ('new',)]
     >>> conn.execute("SELECT instance_id FROM steps").fetchall()
     [('new',)]
     >>> conn.close()
     """
-    text = PURGEABLE + lock
-    by_workflow: dict[str, list[str]] = {}
-    for workflow, instance_id in execute(text, {"before": before, "limit": limit}).fetchall():
-        by_workflow.setdefault(workflow, []).append(instance_id)
+    params = {"before": before, "limit": limit, "now": now}
+    text = purgeable(now_sql) + (SKIP_LOCKED if row_locks else "")
+    chosen: list[Row] = [tuple(row) for row in execute(text, params).fetchall()]
+    if row_locks and chosen:
+        chosen = _judged_again(execute, chosen, params, now_sql)
     deleted = 0
-    for workflow, ids in sorted(by_workflow.items()):
-        ids.sort()
-        for start in range(0, len(ids), _CHUNK):
-            chunk = ids[start:start + _CHUNK]
-            params = {"workflow": workflow, **{f"i{n}": i for n, i in enumerate(chunk)}}
-            marks = ", ".join(f":i{n}" for n in range(len(chunk)))
-            where = f"WHERE workflow = :workflow AND instance_id IN ({marks})"
-            execute(f"DELETE FROM timers {where}", params)
-            execute(f"DELETE FROM steps {where}", params)
-            deleted += int(execute(f"DELETE FROM instances {where}", params).rowcount)
+    for workflow, ids in _by_workflow(chosen):
+        where, marks = _where(workflow, ids)
+        execute(f"DELETE FROM timers WHERE workflow = :workflow AND instance_id IN ({marks})",
+                where)
+        execute(f"DELETE FROM steps WHERE workflow = :workflow AND instance_id IN ({marks})",
+                where)
+        deleted += int(execute(
+            f"DELETE FROM instances WHERE workflow = :workflow AND instance_id IN ({marks})",
+            where).rowcount)
     return deleted
 
 
-def purge_all(execute: Execute, before: str, *, lock: str = "") -> int:
-    """Delete every instance a batch may take (the same rules), completed before
-    ``before``, in batches of 500 in the caller's one transaction (what ``purge`` and
-    ``memable purge`` run); how many. (``purge_batch`` shows the rules; the tests
-    of ``engine.purge`` run this on both stores.)
-    """
-    deleted = 0
-    while True:
-        batch = purge_batch(execute, before, _CHUNK, lock=lock)
-        deleted += batch
-        if batch < _CHUNK:
-            return deleted
+def _judged_again(execute: Execute, chosen: list[Row], params: dict[str, object],
+                  now_sql: str) -> list[Row]:
+    """Of the ``chosen`` (locked), those still purgeable once their children and parents
+    are locked too (``FOR SHARE``, passing over rows another transaction holds: the
+    instances whose family could not all be locked stay), judged in a new snapshot."""
+    parent_of = {(w, i): (pw, pi) for w, i, pw, pi in chosen}
+    kept: list[Row] = []
+    for workflow, ids in _by_workflow(chosen):
+        where, marks = _where(workflow, ids)
+        share = " FOR SHARE OF {} SKIP LOCKED"
+        children = execute(CHILDREN.format(ids=marks), where).fetchall()
+        held = {tuple(r) for r in execute(CHILDREN.format(ids=marks) + share.format("c"),
+                                           where).fetchall()}
+        parents = {tuple(r) for r in execute(PARENTS.format(ids=marks), where).fetchall()}
+        held_parents = {tuple(r) for r in execute(PARENTS.format(ids=marks)
+                                                   + share.format("p"), where).fetchall()}
+        # A child or parent another transaction holds may be changing: keep its kin.
+        stay = {(row[2], row[3]) for row in children if tuple(row) not in held}
+        stay |= {(workflow, i) for i in ids
+                 if parent_of[(workflow, i)] in parents - held_parents}
+        judged = [i for i in ids if (workflow, i) not in stay]
+        if not judged:
+            continue
+        where, marks = _where(workflow, judged)
+        only = f"AND i.workflow = :workflow AND i.instance_id IN ({marks})"
+        again = execute(purgeable(now_sql, only), {**params, **where, "limit": len(judged)})
+        kept.extend(tuple(row) for row in again.fetchall())
+    return kept
+
+
+def _by_workflow(rows: Iterable[Row]) -> list[tuple[str, list[str]]]:
+    """The ids of ``rows`` by workflow, in the primary key's order, in chunks a statement
+    may name."""
+    by_workflow: dict[str, list[str]] = {}
+    for workflow, instance_id, _, _ in rows:
+        by_workflow.setdefault(workflow, []).append(instance_id)
+    out: list[tuple[str, list[str]]] = []
+    for workflow, ids in sorted(by_workflow.items()):
+        ids.sort()
+        out.extend((workflow, ids[start:start + _CHUNK]) for start in range(0, len(ids), _CHUNK))
+    return out
+
+
+def _where(workflow: str, ids: list[str]) -> tuple[dict[str, object], str]:
+    """The parameters naming ``ids`` of ``workflow``, and their marks for an IN list."""
+    params: dict[str, object] = {"workflow": workflow, **{f"i{n}": i for n, i in enumerate(ids)}}
+    return params, ", ".join(f":i{n}" for n in range(len(ids)))
