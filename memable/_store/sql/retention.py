@@ -8,11 +8,11 @@ it), completed before the cutoff, has no child that has not ended (or whose
 run is in flight), is not the child of an instance in a run (that run may
 read it, or resume it if it failed), and is not a child its parent waits for
 (the parent has not ended and its step for the child is waiting: the parent
-resumed it, and the child's run is about to start). A batch is ``:limit`` such instances, found through the
-index on (status, completed_at), so a batch reads about as many rows as it
-deletes, however many instances are kept; the deletes then take their
-timers, steps and rows by key (the primary keys' order: workflow, then the
-ids of a batch as one IN list).
+resumed it, and the child's run is about to start). A batch is ``:limit``
+such instances, found through the index on (status, completed_at), so a
+batch reads about as many rows as it deletes, however many instances are
+kept; the deletes then take their timers, steps and rows by key (the
+primary keys' order: workflow, then the ids of a batch as one IN list).
 
 On SQLite the batch's transaction holds the write lock from the choice to
 the commit. On PostgreSQL the chosen rows are locked as they are chosen
