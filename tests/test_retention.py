@@ -23,10 +23,11 @@ from typing import Any
 
 import pytest
 import sqlite_utils
-from helpers import FailsThenWaits, query, write
+from helpers import FailsThenWaits, query, until, write
 
-from memable import Context, Engine, MetadataStatus, WorkflowFailed
+from memable import ChildFailed, Context, Engine, MetadataStatus, WorkflowFailed
 from memable._background.retention import BATCH, Purger
+from memable._postgres.store import PostgresStore
 from memable._sqlite.schema import MIGRATIONS, SCHEMA_VERSION, switch_to_incremental_vacuum
 from memable._sqlite.store import SQLiteStore
 from memable._states import Cancelled, Completed, Failed, Suspended
@@ -324,6 +325,212 @@ def test_a_finished_child_of_a_parent_in_a_run_is_kept(
         backdate(engine, "p", "p/kid")
         assert batches.another_round() == [(BATCH, 2)]
         assert ids(engine, "parent") == ids(engine, "child") == set()
+
+
+def _retries_its_child(ctx: Context) -> str:
+    """Waits for the signal "retry" when its child fails; the run after it resumes the
+    failed child (and waits for it), or gives up if the child is gone."""
+    try:
+        return str(ctx.child("kid", "child"))
+    except ChildFailed:
+        ctx.suspend("retry")
+        return "gave up"
+
+
+def test_a_failed_child_its_parent_resumed_is_kept_until_its_run_claims_it(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """A parent caught ``ChildFailed`` and waits; signalled, its run resumes the failed
+    child (its step for the child waits again) and suspends on it, before the child's
+    run has claimed the child (held here): a purge then keeps the child, which runs,
+    and the parent gets its output. (The purge deleted it: the child's claim found
+    nothing and the parent waited for ever.)"""
+    engine = make_engine()
+    child = FailsThenWaits()
+    engine.register("child", child)
+    engine.register("parent", _retries_its_child)
+    begin_run = engine._store.begin_run
+    claiming, go = threading.Event(), threading.Event()
+
+    def hold_the_childs_claim(workflow: str, instance_id: str, **kwargs: Any) -> Any:
+        if workflow == "child" and not child.failing:
+            claiming.set()
+            assert go.wait(30)
+        return begin_run(workflow, instance_id, **kwargs)
+
+    engine._store.begin_run = hold_the_childs_claim  # type: ignore[method-assign]
+    with engine:
+        _waits_for_retry(engine)
+        child.failing = False
+        try:
+            assert engine.signal("parent", "p", "retry", None).wait(10) == Suspended(
+                "child kid")
+            assert claiming.wait(10)
+            assert engine.get_metadata("child", "p/kid") is not None
+            assert engine.purge(older_than=0) == 0
+        finally:
+            go.set()
+        assert engine.invocation("child", "p/kid").wait(10) == Suspended("finish")
+        assert engine.signal("child", "p/kid", "finish", "bye").result(10) == "bye"
+        assert engine.invocation("parent", "p").result(10) == "bye"
+
+
+class PurgeHold:
+    """Holds a PostgreSQL purge's transaction once, right after the statement ``at``
+    picks, while ``meanwhile`` runs in a thread of its own, until a server backend
+    waits for one of the purge's locks or ``done`` holds."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, at: Callable[[str], bool],
+                 meanwhile: Callable[[], object],
+                 done: Callable[[], bool] = lambda: False) -> None:
+        self.held = threading.Event()
+        self.errors: list[BaseException] = []
+        execute_of = PostgresStore._pg_execute
+
+        def hold_once(conn: Any) -> Any:
+            execute = execute_of(conn)
+
+            def run(text: str, params: dict[str, Any]) -> Any:
+                cursor = execute(text, params)
+                if at(text) and not self.held.is_set():
+                    self.held.set()
+                    self._hold(conn.info.backend_pid, meanwhile, done)
+                return cursor
+
+            return run
+
+        monkeypatch.setattr(PostgresStore, "_pg_execute", staticmethod(hold_once))
+
+    def _hold(self, pid: int, meanwhile: Callable[[], object], done: Callable[[], bool]
+              ) -> None:
+        def run() -> None:
+            try:
+                meanwhile()
+            except BaseException as exc:  # pragma: no cover - reported by the test
+                self.errors.append(exc)
+
+        threading.Thread(target=run, name="test-meanwhile", daemon=True).start()
+        until(lambda: done() or _waits_for(pid), 30)
+
+
+def _waits_for(pid: int) -> bool:
+    """Whether a backend of the test server waits for a lock the backend ``pid`` holds."""
+    import psycopg
+    from conftest import POSTGRES_URL
+
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM pg_stat_activity "
+                           "WHERE %s = ANY(pg_blocking_pids(pid))", (pid,)).fetchone()
+    return bool(row and row[0])
+
+
+def _parent_retrying(engine: Engine) -> Callable[[], None]:
+    """Register the parent that retries its child; the call that starts "p" (once the
+    engine is), whose child fails, and leaves it waiting for "retry", the child now able
+    to work."""
+    child = FailsThenWaits()
+    engine.register("child", child)
+    engine.register("parent", _retries_its_child)
+
+    def start() -> None:
+        _waits_for_retry(engine)
+        child.failing = False
+
+    return start
+
+
+def _waits_for_retry(engine: Engine) -> None:
+    """Invoke "p" and wait until it waits for "retry" (its child failed)."""
+    inv = engine.invoke("parent", instance_id="p")
+    until(lambda: inv.wait(10) == Suspended("retry"))
+
+
+def test_postgres_a_purge_keeps_a_child_whose_parent_takes_it_back_after_the_choice(
+    pg_schema: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """PostgreSQL: a batch has chosen (and locked) the failed child of a parent waiting
+    for "retry"; the signal arrives then, the parent's run resumes the child and
+    suspends on it, and the child's claim waits for the batch's lock. The batch reads
+    the rules again once it holds the parent: it keeps the child, which then runs, and
+    the parent gets its output. (It deleted the child: the parent waited for ever.)"""
+    from conftest import POSTGRES_URL
+
+    engine = Engine.open(POSTGRES_URL, schema=pg_schema)
+    start = _parent_retrying(engine)
+    try:
+        with engine:
+            start()
+            hold = PurgeHold(monkeypatch, lambda text: retention_sql.SKIP_LOCKED in text,
+                             lambda: engine.signal("parent", "p", "retry", None))
+            assert engine.purge(older_than=0) == 0
+            assert hold.held.is_set()
+            assert not hold.errors
+            assert engine.invocation("child", "p/kid").wait(10) == Suspended("finish")
+            assert engine.signal("child", "p/kid", "finish", "bye").result(10) == "bye"
+            assert engine.invocation("parent", "p").result(10) == "bye"
+    finally:
+        engine.close()
+
+
+def test_postgres_a_parent_waits_for_a_purge_that_judged_by_it(
+    pg_schema: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """PostgreSQL: a batch has judged the failed child of a parent waiting for "retry"
+    purgeable and is about to delete it when the signal arrives: the parent is locked
+    by the batch, so its run starts after the commit and finds the child gone (the
+    workflow gives up) instead of resuming a child the batch then deletes, which left
+    the parent waiting for ever."""
+    from conftest import POSTGRES_URL
+
+    engine = Engine.open(POSTGRES_URL, schema=pg_schema)
+    start = _parent_retrying(engine)
+    try:
+        with engine:
+            start()
+            hold = PurgeHold(monkeypatch, lambda text: text.startswith("DELETE FROM timers"),
+                             lambda: engine.signal("parent", "p", "retry", None))
+            assert engine.purge(older_than=0) == 1
+            assert hold.held.is_set()
+            assert not hold.errors
+            assert engine.get_metadata("child", "p/kid") is None
+            assert engine.invocation("parent", "p").result(10) == "gave up"
+    finally:
+        engine.close()
+
+
+def test_postgres_a_purge_keeps_a_failed_parent_whose_child_is_resumed_after_the_choice(
+    pg_schema: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """PostgreSQL: a batch has chosen (and locked) a parent that failed with its child;
+    the child is resumed then, and its run starts and waits. The batch reads the rules
+    again once it holds the child: the parent stays while its child lives (it was
+    deleted, the child outliving it)."""
+    from conftest import POSTGRES_URL
+
+    engine = Engine.open(POSTGRES_URL, schema=pg_schema)
+    child = FailsThenWaits()
+    engine.register("child", child)
+    engine.register("parent", lambda ctx: str(ctx.child("kid", "child")))
+    try:
+        with engine:
+            with pytest.raises(WorkflowFailed):
+                engine.invoke("parent", instance_id="p").result(10)
+            child.failing = False
+            backdate(engine, "p")  # only the parent is old enough to go
+
+            def resumed() -> bool:
+                meta = engine.get_metadata("child", "p/kid")
+                return meta is not None and not isinstance(meta.status, MetadataStatus.Failed)
+
+            hold = PurgeHold(monkeypatch, lambda text: retention_sql.SKIP_LOCKED in text,
+                             lambda: engine.resume("child", "p/kid"), done=resumed)
+            assert engine.purge(older_than=HOUR) == 0
+            assert hold.held.is_set()
+            assert not hold.errors
+            assert engine.get_metadata("parent", "p") is not None
+            assert engine.invocation("child", "p/kid").wait(10) == Suspended("finish")
+    finally:
+        engine.close()
 
 
 # ---------------------------------------------------------------------- batches
