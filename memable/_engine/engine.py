@@ -735,10 +735,12 @@ class Engine:
         """Delete finished instances completed more than ``older_than`` ago; return how many.
 
         Finished means Completed, Failed or Cancelled; their steps and timers
-        go with them, in one transaction. Running, queued and suspended
-        instances are never touched, nor, as with ``retention``, a finished
-        one whose run is still in flight or whose child has not ended, or a
-        finished child of an instance in a run.
+        go with them, in batches of 500 instances, one transaction each (as
+        ``retention`` purges), so another engine's write waits for one batch
+        at most. Running, queued and suspended instances are never touched,
+        nor, as with ``retention``, a finished one whose run is still in
+        flight or whose child has not ended, a finished child of an instance
+        in a run, or a failed child its parent has resumed.
 
         >>> from memable import Engine
         >>> engine = Engine.in_memory()
