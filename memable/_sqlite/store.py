@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import datetime
@@ -31,6 +32,7 @@ from typing import Any, TypeVar
 
 import attrs
 
+from .. import _clock
 from .._errors import (
     InstanceFinished,
     SignalRejected,
@@ -78,6 +80,9 @@ from .schema import open_store, return_free_pages
 from .watch import run_checks
 
 T = TypeVar("T")
+#: Longest pause between two purge batches, in seconds: SQLite's busy handler retries
+#: a writer that has waited a while every 100 ms, so a gap this long lets one in.
+PURGE_GAP = 0.1
 
 
 class SQLiteStore(OperatorReads):
@@ -521,8 +526,15 @@ class SQLiteStore(OperatorReads):
                 return_free_pages(conn)
             return deleted
 
-        return self._grouped("purge a batch of finished instances", None, None, None,
-                             purge_them)
+        started = _clock.monotonic()
+        deleted = self._grouped("purge a batch of finished instances", None, None, None,
+                                purge_them)
+        if deleted == limit:
+            # Another batch follows: leave the file to the other writers for as long as
+            # this one held it (SQLite's busy handler retries a writer that has waited
+            # a while every 100 ms; without a gap the next batch takes the lock first).
+            time.sleep(min(_clock.monotonic() - started, PURGE_GAP))
+        return deleted
 
     # ------------------------------------------------------------------ owners
 
