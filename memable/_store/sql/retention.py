@@ -145,23 +145,32 @@ def _judged_again(execute: Execute, chosen: list[Row], params: dict[str, object]
                   now_sql: str) -> list[Row]:
     """Of the ``chosen`` (locked), those still purgeable once their children and parents
     are locked too (``FOR SHARE``, passing over rows another transaction holds: the
-    instances whose family could not all be locked stay), judged in a new snapshot."""
-    parent_of = {(w, i): (pw, pi) for w, i, pw, pi in chosen}
+    instances whose kin could not all be locked stay), judged in a new snapshot.
+
+    An instance with neither parent nor child is not judged again: its own row is
+    locked (a run that would start a child claims it first), and PostgreSQL reads
+    a locked row's terms again on its newest version."""
+    rows = {(row[0], row[1]): row for row in chosen}
     kept: list[Row] = []
+    share = " FOR SHARE OF {} SKIP LOCKED"
     for workflow, ids in _by_workflow(chosen):
         where, marks = _where(workflow, ids)
-        share = " FOR SHARE OF {} SKIP LOCKED"
         children = execute(CHILDREN.format(ids=marks), where).fetchall()
-        held = {tuple(r) for r in execute(CHILDREN.format(ids=marks) + share.format("c"),
-                                           where).fetchall()}
-        parents = {tuple(r) for r in execute(PARENTS.format(ids=marks), where).fetchall()}
-        held_parents = {tuple(r) for r in execute(PARENTS.format(ids=marks)
-                                                   + share.format("p"), where).fetchall()}
-        # A child or parent another transaction holds may be changing: keep its kin.
-        stay = {(row[2], row[3]) for row in children if tuple(row) not in held}
-        stay |= {(workflow, i) for i in ids
-                 if parent_of[(workflow, i)] in parents - held_parents}
-        judged = [i for i in ids if (workflow, i) not in stay]
+        with_parent = [i for i in ids if rows[(workflow, i)][3] is not None]
+        kin = {(row[2], row[3]) for row in children} | {(workflow, i) for i in with_parent}
+        stay: set[tuple[str | None, str | None]] = set()
+        if children:  # a child another transaction holds may be changing: keep its parent
+            held = {tuple(r) for r in execute(CHILDREN.format(ids=marks) + share.format("c"),
+                                               where).fetchall()}
+            stay |= {(row[2], row[3]) for row in children if tuple(row) not in held}
+        if with_parent:  # and a parent so held: keep its child
+            text = PARENTS.format(ids=marks)
+            parents = {tuple(r) for r in execute(text, where).fetchall()}
+            held = {tuple(r) for r in execute(text + share.format("p"), where).fetchall()}
+            stay |= {(workflow, i) for i in with_parent
+                     if tuple(rows[(workflow, i)][2:]) in parents - held}
+        kept.extend(rows[(workflow, i)] for i in ids if (workflow, i) not in kin)
+        judged = [i for i in ids if (workflow, i) in kin and (workflow, i) not in stay]
         if not judged:
             continue
         where, marks = _where(workflow, judged)
