@@ -424,7 +424,7 @@ SCALE_ROWS = (
     ("W11 overview", "overview", "store.status_counts(), the overview's counts", "counted"),
     ("W11 overview page", "overview page", "pages.overview(store): counts, queues, schedules",
      "counted"),
-    ("W11 purge", "purge", "store.purge of a tenth, after a hundredth", "purged"),
+    ("W11 purge", "purge", "purge_batches of a tenth, after a hundredth", "purged"),
 )
 
 
