@@ -1,7 +1,8 @@
 """Signal, resume (one, or the failed in bulk), cancel, fork, purge, and pausing and
 resuming a queue, as store operations, shared by the engine, the CLI and the dashboard.
 
-Each is one transaction on the store and needs no running engine: the
+Each is one transaction on the store (a purge, or a bulk resume, one per
+batch or instance) and needs no running engine: the
 engine calls them and then wakes its own runs; the command line calls them
 on a store that an engine elsewhere acts on within its poll interval.
 """
