@@ -4,7 +4,12 @@ and escaping of every stored field. The real-browser tests are test_web_browser.
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
@@ -403,7 +408,7 @@ def test_with_a_token_every_page_is_401_without_it(running: Engine) -> None:
     # ?token= once: kept in an HttpOnly cookie, and the URL loses it.
     taken = client.get(f"/instances?workflow=plain&token={token}")
     assert taken.status_code == 303
-    assert taken.headers["Location"].endswith("/instances?workflow=plain")
+    assert taken.headers["Location"] == "/instances?workflow=plain"
     kept = [c for c in taken.headers.getlist("Set-Cookie") if c.startswith("memable_token=")]
     assert len(kept) == 1
     assert "HttpOnly" in kept[0]
@@ -412,6 +417,152 @@ def test_with_a_token_every_page_is_401_without_it(running: Engine) -> None:
     assert page.status_code == 200
     assert "p-1" in page.text
     assert token not in page.text
+
+
+def test_the_redirect_after_the_token_is_relative_whatever_the_host(running: Engine) -> None:
+    """The redirect that drops ?token= from the URL is a path of the dashboard, never built
+    from the request's Host (which the client chose), nor a "//host" of another site."""
+    token = "s3cret-token-value"
+    client = _client(running, token=token)
+    for path, query, expected in (("/instances", "workflow=plain", "/instances?workflow=plain"),
+                                  ("//evil.example/x", "", "/evil.example/x")):
+        taken = client.get(path, query_string=f"{query}&token={token}",
+                           base_url="http://attacker.example:8321",
+                           environ_overrides={"PATH_INFO": path})
+        assert taken.status_code == 303
+        assert taken.headers["Location"] == expected
+        assert token not in taken.text
+
+
+LOOPBACK = ("localhost:8321", "127.0.0.1:8321", "[::1]:8321", "localhost", "127.0.0.1")
+
+
+def test_a_dashboard_served_without_a_token_answers_only_its_loopback_names(
+    running: Engine,
+) -> None:
+    """DNS rebinding: with loopback_only (memable ui without a token), a request naming
+    another Host is 403 and shows nothing stored; the loopback names, with any port, are
+    answered."""
+    running.invoke("plain", 1, instance_id="p-1").result(TIMEOUT)
+    client = _client(running, loopback_only=True)
+    for host in ("attacker.example:8321", "attacker.example", "127.0.0.1.nip.io:8321",
+                 "10.0.0.1:8321", "::1"):
+        for path in ("/", "/instances?workflow=plain", _detail("plain", "p-1"), "/metrics"):
+            refused = client.get(path, headers={"Host": host})
+            assert refused.status_code == 403, (host, path)
+            assert "p-1" not in refused.text
+            assert "memable_csrf" not in refused.headers.get("Set-Cookie", "")
+    for host in LOOPBACK:
+        page = client.get("/instances?workflow=plain", headers={"Host": host})
+        assert page.status_code == 200, host
+        assert "p-1" in page.text
+    # Mounted in an application (the default), the application checks hosts.
+    assert _client(running).get("/", headers={"Host": "ops.example.com"}).status_code == 200
+
+
+@pytest.mark.parametrize("source", [
+    {"Origin": "http://attacker.example:8321"},
+    {"Referer": "http://attacker.example:8321/instance?workflow=order&id=o-1"},
+    {"Origin": "null"},
+    {"Origin": "http://127.0.0.1:9999"},
+    {},
+])
+def test_an_action_from_another_origin_is_refused_without_a_token(
+    running: Engine, source: dict[str, str]
+) -> None:
+    """With loopback_only, a POST carrying this browser's CSRF pair is still refused (403,
+    nothing changed) unless its Origin, or its Referer, is the dashboard's own origin."""
+    _suspended(running, "o-1")
+    client = _client(running, loopback_only=True, allow_actions=True)
+    base = "http://127.0.0.1:8321"
+    csrf = _csrf(client.get(_detail("order", "o-1"), base_url=base))
+    form = {"workflow": "order", "id": "o-1", "csrf": csrf}
+    refused = client.post("/instance/cancel", data=form, base_url=base, headers=source)
+    assert refused.status_code == 403
+    assert "did not come from a page of this dashboard" in refused.text
+    assert _status(running, "order", "o-1") == "Suspended"
+    # From its own page: the Origin, or (a browser that sends none) the Referer, says so.
+    fine = client.post("/instance/signal", data={**form, "key": "approve"}, base_url=base,
+                       headers={"Origin": base})
+    assert fine.status_code == 303
+    assert running.invocation("order", "o-1").result(TIMEOUT) == "book: None"
+    _suspended(running, "o-2")
+    fine = client.post("/instance/cancel", data={**form, "id": "o-2"}, base_url=base,
+                       headers={"Referer": base + _detail("order", "o-2")})
+    assert fine.status_code == 303
+    assert _status(running, "order", "o-2") == "Cancelled"
+
+
+def _serve_ui(db: Any, *options: str) -> tuple[subprocess.Popen[str], int]:
+    """A real `memable ui DB --port 0 OPTIONS` process; it and the port it serves on."""
+    ui = subprocess.Popen([sys.executable, "-u", "-m", "memable", "ui", str(db), "--port", "0",
+                           *options], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, env={**os.environ, "MEMABLE_UI_TOKEN": ""})
+    assert ui.stdout is not None
+    told = ui.stdout.readline()
+    found = re.search(r"serving http://127\.0\.0\.1:(\d+)/", told)
+    assert found is not None, (told, ui.stderr.read() if ui.poll() is not None else "")
+    return ui, int(found.group(1))
+
+
+def _raw_get(port: int, target: str, host: str) -> tuple[int, dict[str, str], str]:
+    """One HTTP/1.1 GET over a plain socket with exactly this Host header."""
+    with socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT) as sock:
+        sock.sendall(f"GET {target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+                     .encode())
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, body = data.decode("utf-8", "replace").partition("\r\n\r\n")
+    status_line, *lines = head.split("\r\n")
+    headers = {k.strip().lower(): v.strip()
+               for k, _, v in (line.partition(":") for line in lines)}
+    return int(status_line.split()[1]), headers, body
+
+
+def _stop_ui(ui: subprocess.Popen[str]) -> str:
+    """SIGINT (Ctrl-C) the ui process; its stderr, the access log."""
+    ui.send_signal(signal.SIGINT)
+    _, err = ui.communicate(timeout=TIMEOUT)
+    return err
+
+
+def test_memable_ui_without_a_token_refuses_a_rebound_host(tmp_path: Any) -> None:
+    """The real `memable ui` server on loopback without a token: a raw request naming
+    `Host: attacker.example:PORT` (a DNS-rebound page) is 403 and shows nothing stored;
+    `Host: 127.0.0.1:PORT` is answered."""
+    ui, port = _serve_ui(_file_with_one_instance(tmp_path), "--allow-actions")
+    try:
+        status, _, body = _raw_get(port, "/instances?workflow=plain", f"attacker.example:{port}")
+        assert status == 403
+        assert "p-1" not in body
+        status, _, body = _raw_get(port, "/instances?workflow=plain", f"127.0.0.1:{port}")
+        assert status == 200
+        assert "p-1" in body
+    finally:
+        err = _stop_ui(ui)
+    assert re.search(r"GET /instances\?workflow=plain HTTP/1.1\S*\" 403", err), err
+
+
+def test_memable_ui_never_logs_or_redirects_with_its_token(tmp_path: Any) -> None:
+    """The real `memable ui --token T`: ?token=T is answered with a relative redirect that
+    names neither the token nor the request's Host, and its access log (stderr) has the
+    request line with the token hidden, never the token."""
+    token = "s3cret-ui-token-4711"
+    ui, port = _serve_ui(_file_with_one_instance(tmp_path), "--token", token)
+    try:
+        status, headers, body = _raw_get(port, f"/instances?workflow=plain&token={token}",
+                                         f"attacker.example:{port}")
+        assert status == 303
+        assert headers["location"] == "/instances?workflow=plain"
+        assert token not in body
+        status, _, body = _raw_get(port, f"/?token=wrong-{token}", f"127.0.0.1:{port}")
+        assert status == 401
+        assert token not in body
+    finally:
+        err = _stop_ui(ui)
+    assert "/instances?workflow=plain&token=[hidden]" in err
+    assert token not in err
 
 
 def test_ui_refuses_to_serve_other_machines_without_a_token(tmp_path: Any) -> None:

@@ -671,7 +671,10 @@ def ui(db: str, host: str, port: int, allow_actions: bool, token: str | None,
         _fail(f"--host {host} serves other machines: give a --token (or set "
               "MEMABLE_UI_TOKEN), or serve on 127.0.0.1")
     try:
-        dashboard = app(db, allow_actions=allow_actions, token=token or None, schema=schema)
+        # Without a token, only this machine's loopback names are answered: a page of a
+        # domain rebound to 127.0.0.1 (DNS rebinding) reads and changes nothing.
+        dashboard = app(db, allow_actions=allow_actions, token=token or None, schema=schema,
+                        loopback_only=not token)
     except EngineError as err:
         _fail(str(err))
     try:

@@ -17,7 +17,7 @@ import secrets
 from collections.abc import Callable, Iterable
 from importlib import resources
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 from .._engine.engine import Engine
 from .._errors import (
@@ -64,14 +64,20 @@ _STATIC = {"live.js": "text/javascript; charset=utf-8", "style.css": "text/css; 
 
 def app(
     target: str | os.PathLike[str] | Engine, *, allow_actions: bool = False,
-    token: str | None = None, schema: str | None = None,
+    token: str | None = None, schema: str | None = None, loopback_only: bool = False,
 ) -> Dashboard:
     """The dashboard over the store ``target`` names, as a WSGI application.
 
     ``target``: a SQLite file or a PostgreSQL URL (which must hold a store;
     ``schema`` names a PostgreSQL schema other than ``memable``), or an
     ``Engine``, whose store it shares. Read-only unless ``allow_actions``;
-    with a ``token``, every page answers 401 without it.
+    with a ``token``, every page answers 401 without it. With
+    ``loopback_only`` (what ``memable ui`` does when it has no token), a
+    request whose ``Host`` is not a loopback name or address (``localhost``,
+    ``127.0.0.1``, ``[::1]``, any port) is 403, and so is an action whose
+    ``Origin`` (or ``Referer``) is not the dashboard's own: a page of a
+    domain rebound to 127.0.0.1 reads and changes nothing. Mounted in an
+    application, that application's own login and host checks guard it.
 
     >>> from memable import Engine
     >>> from werkzeug.test import Client
@@ -86,11 +92,12 @@ def app(
     if isinstance(target, Engine):
         if schema is not None:
             raise ValueError("schema is for a PostgreSQL URL, not an Engine")
-        return Dashboard(target._store, allow_actions=allow_actions, token=token, owned=False)
+        return Dashboard(target._store, allow_actions=allow_actions, token=token, owned=False,
+                         loopback_only=loopback_only)
     if not isinstance(target, (str, os.PathLike)):
         raise TypeError(f"app() takes a path, a postgresql:// URL or an Engine, not {target!r}")
     return Dashboard(open_existing(os.fspath(target), schema), allow_actions=allow_actions,
-                     token=token, owned=True)
+                     token=token, owned=True, loopback_only=loopback_only)
 
 
 class Dashboard:
@@ -98,7 +105,8 @@ class Dashboard:
     it opened."""
 
     def __init__(
-        self, store: Store, *, allow_actions: bool, token: str | None, owned: bool
+        self, store: Store, *, allow_actions: bool, token: str | None, owned: bool,
+        loopback_only: bool = False,
     ) -> None:
         if token is not None and (not isinstance(token, str) or not token):
             raise ValueError("token must be a non-empty str, or None")
@@ -106,6 +114,7 @@ class Dashboard:
         self.allow_actions = allow_actions
         self._token = token
         self._owned = owned
+        self.loopback_only = loopback_only
         self._templates = jinja2.Environment(
             loader=jinja2.PackageLoader("memable.web", "templates"),
             autoescape=True, undefined=jinja2.StrictUndefined,
@@ -146,6 +155,12 @@ class Dashboard:
         csrf = request.cookies.get(guard.CSRF_COOKIE) or guard.new_csrf()
         page = _Page(self, request, urls, csrf)
         try:
+            # The Host header as sent (request.host would fall back to the server's name).
+            host = request.environ.get("HTTP_HOST", "")
+            if self.loopback_only and not guard.loopback_host(host):
+                return page.error(403, "This dashboard answers only on this machine's "
+                                  "loopback names (localhost, 127.0.0.1, [::1]); open it "
+                                  "by one of them, or serve it with a --token.")
             if self._token is not None:
                 given = request.args.get("token")
                 if given is not None and request.method == "GET":
@@ -160,6 +175,12 @@ class Dashboard:
                 if not self.allow_actions:
                     return page.error(403, "This dashboard is read-only: it was started "
                                       "without allow_actions (memable ui --allow-actions).")
+                if self.loopback_only and not guard.same_origin(
+                        request.headers.get("Origin"), request.headers.get("Referer"), host):
+                    return page.error(403, "The action did not come from a page of this "
+                                      "dashboard (its Origin and Referer name another "
+                                      "site, or neither was sent): open the dashboard "
+                                      "and act from its page.")
                 if not guard.same(request.form.get(guard.CSRF_FIELD),
                                   request.cookies.get(guard.CSRF_COOKIE)):
                     return page.error(403, "The form's CSRF token is missing or does not "
@@ -232,8 +253,10 @@ class _Page:
         if not guard.same(given, token):
             return self.error(401, "That token is not this dashboard's.")
         args = {k: v for k, v in self.request.args.items() if k != "token"}
-        response = self.redirect(self.request.base_url
-                                 + ("?" + urlencode(args) if args else ""))
+        # Relative, never built from the request's Host (which the client chose); one
+        # leading slash, so that "//other.example" stays a path of this dashboard.
+        path = self.request.script_root + "/" + self.request.path.lstrip("/")
+        response = self.redirect(quote(path) + ("?" + urlencode(args) if args else ""))
         # Lax: a link to the dashboard from another site opens it, not the 401 page.
         response.set_cookie(guard.TOKEN_COOKIE, token, httponly=True, samesite="Lax",
                             path=self.request.script_root or "/")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import secrets
+from urllib.parse import urlsplit
 
 #: The cookie that holds the access token once a browser gave it.
 TOKEN_COOKIE = "memable_token"
@@ -65,3 +66,61 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:  # a name: it may resolve to anything
         return False
+
+
+def loopback_host(host: str | None) -> bool:
+    """Whether a request's ``Host`` (or an origin's host and port) names this machine's
+    loopback: ``localhost``, a loopback address such as ``127.0.0.1``, or ``[::1]``,
+    with any port. A dashboard served without a token answers only these, so that a
+    page whose domain was rebound to 127.0.0.1 (DNS rebinding) gets nothing.
+
+    >>> [loopback_host(h) for h in ("localhost:8321", "127.0.0.1", "[::1]:80", "LOCALHOST")]
+    [True, True, True, True]
+    >>> [loopback_host(h) for h in ("attacker.example:8321", "::1", "127.0.0.1:x", "", None)]
+    [False, False, False, False, False]
+    """
+    if not host:
+        return False
+    bracketed = host.startswith("[")
+    if bracketed:
+        name, bracket, port = host[1:].partition("]")
+        if not bracket or (port and not port.startswith(":")):
+            return False
+        port = port[1:]
+    else:
+        name, colon, port = host.rpartition(":")
+        if not colon:
+            name, port = host, ""
+        elif ":" in name:  # an IPv6 address without its brackets is no Host
+            return False
+    if port and not port.isdigit():
+        return False
+    if not bracketed and name.lower() == "localhost":
+        return True
+    try:
+        address = ipaddress.IPv6Address(name) if bracketed else ipaddress.IPv4Address(name)
+    except ValueError:
+        return False
+    return address.is_loopback
+
+
+def same_origin(origin: str | None, referer: str | None, host: str) -> bool:
+    """Whether a request's ``Origin`` (or, without one, its ``Referer``) is the dashboard
+    at ``host`` (the request's ``Host``, already checked): a browser sends one of them
+    with every form it posts, so an action with neither, or from another origin, is
+    refused.
+
+    >>> same_origin("http://127.0.0.1:8321", None, "127.0.0.1:8321")
+    True
+    >>> same_origin(None, "http://localhost:8321/instance?id=1", "localhost:8321")
+    True
+    >>> same_origin("http://attacker.example:8321", None, "127.0.0.1:8321")
+    False
+    >>> same_origin(None, None, "127.0.0.1:8321"), same_origin("null", None, "localhost")
+    (False, False)
+    """
+    source = origin if origin and origin != "null" else referer
+    if not source:
+        return False
+    parsed = urlsplit(source)
+    return parsed.scheme in ("http", "https") and parsed.netloc.lower() == host.lower()

@@ -7,18 +7,37 @@ mount ``app()`` in the project's own WSGI server instead.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from typing import Any
+from urllib.parse import quote
 
-from werkzeug.serving import BaseWSGIServer, make_server
+from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 
 from .app import Dashboard
+
+#: A ``token=`` query parameter's value, as a request line shows it.
+_TOKEN_PARAM = re.compile(r"(token=)[^&\s\"']*", re.IGNORECASE)
+
+
+class _Handler(WSGIRequestHandler):
+    """Werkzeug's request handler, whose access log never shows the token: a ``token=``
+    value, and the dashboard's token wherever it appears, read ``[hidden]``."""
+
+    def log(self, type: str, message: str, *args: Any) -> None:
+        line = _TOKEN_PARAM.sub(r"\1[hidden]", message % args if args else message)
+        token = getattr(getattr(self.server, "app", None), "_token", None)
+        if token:
+            line = line.replace(token, "[hidden]").replace(quote(token, safe=""), "[hidden]")
+        super().log(type, "%s", line)
 
 
 def bind(dashboard: Dashboard, host: str, port: int) -> BaseWSGIServer:
     """A threaded server of ``dashboard`` bound to ``host:port`` (port 0: any free one),
-    not serving yet; OSError if it cannot bind there."""
+    not serving yet; OSError if it cannot bind there. Its access log (stderr) never shows
+    the dashboard's token."""
     try:
-        return make_server(host, port, dashboard, threaded=True)
+        return make_server(host, port, dashboard, threaded=True, request_handler=_Handler)
     except SystemExit:  # Werkzeug's way of saying the address is in use
         raise OSError("the address is in use") from None
 
