@@ -33,7 +33,9 @@ from memable import (
     InstanceFinished,
     MetadataStatus,
     Queued,
+    _clock,
 )
+from memable._clock import Clock
 from memable._sqlite.store import SQLiteStore
 from memable._store.sql import instances as instances_sql
 from memable.testing import advance
@@ -103,6 +105,50 @@ def test_a_suspended_instance_times_out_when_its_deadline_passes(engine: Engine)
     assert meta.completed_at == datetime(2026, 12, 6, 11, 0, tzinfo=timezone.utc)
     with pytest.raises(InstanceFinished):
         engine.signal("waits_for_approval", "a", "approval:v1", True)
+
+
+def test_a_look_under_way_when_the_clock_is_frozen_in_the_past_times_nothing_out(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """A look of the timer thread that read the real time, then the test freezes the clock
+    a day earlier and invokes: the instance, whose deadline is an hour after the frozen
+    time, is not timed out by that earlier reading (it was, the moment it was made: the
+    flaky 'cancelled' of the tests above on a date now past). Forced: the look is held
+    just after its reading until the instance is suspended."""
+    held, go, looked = threading.Event(), threading.Event(), threading.Event()
+    hold = [False]
+
+    def wall() -> float:
+        now = _clock.wall()
+        if (hold[0] and threading.current_thread().name == "memable-timers"
+                and sys._getframe(1).f_code.co_name == "_fire_due"):
+            hold[0] = False
+            held.set()
+            assert go.wait(TIMEOUT)  # the look keeps the reading from before the freeze
+        return now
+
+    def monotonic() -> float:
+        if go.is_set() and threading.current_thread().name == "memable-timers":
+            looked.set()  # the held look has returned from its tick
+        return _clock.monotonic()
+
+    engine = make_engine(poll_interval=60)
+    engine._runner.clock = Clock(wall=wall, monotonic=monotonic)
+    engine.register("waits_for_approval", waits_for_approval, timeout=timedelta(hours=1))
+    with engine:
+        hold[0] = True
+        engine._runner.armed()  # a look now; it is held after reading the real time
+        assert held.wait(TIMEOUT)
+        with freeze_time(datetime.now(timezone.utc) - timedelta(days=1)) as clock:
+            inv = engine.invoke("waits_for_approval", instance_id="a")
+            assert str(inv.wait(TIMEOUT)) == "suspended: approval:v1"
+            go.set()
+            assert looked.wait(TIMEOUT)
+            assert str(inv.state) == "suspended: approval:v1"
+            assert advance(engine, clock, timedelta(minutes=59)) == 0
+            assert str(inv.state) == "suspended: approval:v1"
+            assert advance(engine, clock, timedelta(minutes=1)) == 1
+            assert isinstance(inv.wait(TIMEOUT), Cancelled)
 
 
 def test_a_running_instance_stops_at_its_next_step_boundary(engine: Engine) -> None:
@@ -264,13 +310,13 @@ def test_a_stale_read_never_times_an_instance_out_twice(tmp_path: Path,
         other = SQLiteStore(path, "full")
         try:
             now = datetime(2026, 12, 6, 10, 0, 1, tzinfo=timezone.utc)
-            first = other.time_out(now.timestamp(), now.isoformat())
+            first = other.time_out(now.timestamp, now.isoformat())
             assert [(t.instance_id, t.message) for t in first] == [("a", "timed out after 1s")]
             row = other.get_instance("waits_for_approval", "a")
             monkeypatch.setattr(instances_sql, "DUE_TIMEOUTS",
                                 "SELECT workflow, instance_id FROM instances WHERE :now > 0")
             later = now + timedelta(seconds=5)
-            assert other.time_out(later.timestamp(), later.isoformat()) == []
+            assert other.time_out(later.timestamp, later.isoformat()) == []
             assert other.get_instance("waits_for_approval", "a") == row
         finally:
             other.close()

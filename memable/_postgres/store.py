@@ -551,11 +551,12 @@ class PostgresStore(OperatorReads):
             self._notify(conn, payload("signal", self.owner, *wake))
         return Ended(wake=wake, cancelled=descendants)
 
-    def time_out(self, now: float, at: str) -> list[TimedOut]:
+    def time_out(self, clock: Callable[[], float], at: str) -> list[TimedOut]:
         # Most looks find none due: one read answers those, outside a transaction.
         any_due = self._run(
             "look for timed-out instances",
-            lambda conn: self._pg_execute(conn)(shared.DUE_TIMEOUTS, {"now": now}).fetchone(),
+            lambda conn: self._pg_execute(conn)(shared.DUE_TIMEOUTS,
+                                                {"now": clock()}).fetchone(),
             transaction=False,
         )
         if any_due is None:
@@ -566,9 +567,9 @@ class PostgresStore(OperatorReads):
             # The due ones are locked as they are read, skipping those another engine is
             # timing out (or a run writes); one left is found again by the next look.
             due = execute(shared.DUE_TIMEOUTS + " FOR UPDATE SKIP LOCKED",
-                          {"now": now}).fetchall()
+                          {"now": clock()}).fetchall()
             return shared.time_out_due(
-                execute, [(w, i) for w, i in due], now,
+                execute, [(w, i) for w, i in due], clock,
                 lambda workflow, instance_id: self._cancel_in(conn, workflow, instance_id, at),
             )
 

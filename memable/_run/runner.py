@@ -795,7 +795,9 @@ class Runner:
                 self.telemetry.timer_fired(now - deadline)
                 self.wake(name, instance_id)
             count, until = len(fired), None
-            for out in self.store.time_out(now, utcnow().isoformat()):
+            # The clock, not ``now``: the store reads it after the instances it judges
+            # (``Store.time_out``), as a frozen test clock may have gone back since.
+            for out in self.store.time_out(self.clock.wall, utcnow().isoformat()):
                 log.warning("%s", out.message, extra=where(out.workflow, out.instance_id))
                 self.ended_by_cancel(out.workflow, out.instance_id, out.ended)
                 count += 1

@@ -611,16 +611,16 @@ class SQLiteStore(OperatorReads):
         )
         return Ended(wake=wake, cancelled=descendants)
 
-    def time_out(self, now: float, at: str) -> list[TimedOut]:
+    def time_out(self, clock: Callable[[], float], at: str) -> list[TimedOut]:
         with self._using("look for timed-out instances") as conn:
             # Most looks find none due: answer those without taking the write lock.
-            due = conn.execute(shared.DUE_TIMEOUTS, {"now": now}).fetchall()
+            due = conn.execute(shared.DUE_TIMEOUTS, {"now": clock()}).fetchall()
         if not due:
             return []
 
         def time_them_out(conn: sqlite3.Connection) -> list[TimedOut]:
             return shared.time_out_due(
-                conn.execute, [(w, i) for w, i in due], now,
+                conn.execute, [(w, i) for w, i in due], clock,
                 lambda workflow, instance_id: self._cancel_in(conn, workflow, instance_id, at),
             )
 

@@ -176,10 +176,17 @@ class Store(Protocol):
         backoff is deleted and returned; its step stays as it is.
         """
 
-    def time_out(self, now: float, at: str) -> list[TimedOut]:
-        """Cancel, as ``cancel`` does, each instance whose workflow timeout passed by ``now``
-        (epoch seconds) and that has not ended (running, suspended or queued), with the
-        status "timed out after <duration>"; return them (at most 100 per call).
+    def time_out(self, clock: Callable[[], float], at: str) -> list[TimedOut]:
+        """Cancel, as ``cancel`` does, each instance whose workflow timeout passed by the
+        time ``clock`` (epoch seconds) tells and that has not ended (running, suspended or
+        queued), with the status "timed out after <duration>"; return them (at most 100
+        per call).
+
+        An instance is judged due by a reading of ``clock`` taken after it was read
+        from the store (``shared.time_out_due``), never by one taken before: an
+        instance created after that reading, by a clock that had since gone back (a
+        frozen test clock started meanwhile, a clock stepped back), is not timed out
+        by it.
 
         Each is checked due and cancelled in one transaction, so exactly one caller
         across every engine on the store times it out, and a crash before the

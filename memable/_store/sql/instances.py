@@ -314,13 +314,22 @@ SET_TIMED_OUT = (
 
 
 def time_out_due(
-    execute: Execute, due: list[tuple[str, str]], now: float,
+    execute: Execute, due: list[tuple[str, str]], clock: Callable[[], float],
     cancel: Callable[[str, str], Ended],
 ) -> list[TimedOut]:
     """In the caller's transaction, cancel (with ``cancel``, the store's own, children
-    too) each of the ``due`` instances still due at ``now`` and not ended, and give it
-    its "timed out after" status; one that ended meanwhile, or that another engine timed
-    out, is left as it is."""
+    too) each of the ``due`` instances still due now and not ended, and give it its
+    "timed out after" status; one that ended meanwhile, or that another engine timed
+    out, is left as it is.
+
+    "Now" is read from ``clock`` here, after the caller read ``due`` from the store:
+    each of them was created, its deadline counted from the clock, before that read.
+    A reading taken before it (the one the caller chose ``due`` by) may be later than
+    the clock that created one of them, if the clock went back in between (a frozen
+    test clock started while a look was under way): judged by it, an instance would
+    time out the moment it was created.
+    """
+    now = clock()
     out = []
     for workflow, instance_id in due:
         where = {"workflow": workflow, "instance_id": instance_id}
