@@ -252,3 +252,48 @@ class FailsThenWaits:
 
         ctx.step("work").run(work)
         return str(ctx.suspend("finish"))
+
+
+class HeldLook:
+    """A clock for an engine (``engine._runner.clock = held.clock``, before it starts) that
+    holds one look of its timer thread just after the look read the wall clock.
+
+    ``hold()`` arms it and kicks the thread; ``held`` is set once that look has its
+    reading and waits; ``release()`` lets it go on with that reading and returns once
+    the look has ended (its thread reads the monotonic clock again). In between, a test
+    may freeze the clock earlier and arm deadlines: the look must not judge them by its
+    reading from before.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        from memable import _clock
+        from memable._clock import Clock
+
+        self._engine = engine
+        self._arm = False
+        self.held, self._go, self._looked = threading.Event(), threading.Event(), threading.Event()
+
+        def wall() -> float:
+            now = _clock.wall()
+            if (self._arm and threading.current_thread().name == "memable-timers"
+                    and sys._getframe(1).f_code.co_name == "_fire_due"):
+                self._arm = False
+                self.held.set()
+                assert self._go.wait(10)  # the look keeps its reading
+            return now
+
+        def monotonic() -> float:
+            if self._go.is_set() and threading.current_thread().name == "memable-timers":
+                self._looked.set()  # the held look has returned from its tick
+            return _clock.monotonic()
+
+        self.clock = Clock(wall=wall, monotonic=monotonic)
+
+    def hold(self) -> None:
+        self._arm = True
+        self._engine._runner.armed()  # a look now
+        assert self.held.wait(10)
+
+    def release(self) -> None:
+        self._go.set()
+        assert self._looked.wait(10)

@@ -11,14 +11,14 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import psycopg
 import pytest
 from conftest import POSTGRES_URL
 from freezegun import freeze_time
-from helpers import T0, query, until
+from helpers import T0, HeldLook, query, until
 
 from memable import (
     Completed,
@@ -30,11 +30,20 @@ from memable import (
     SignalTimeout,
     Suspended,
 )
-from memable._postgres.sql import FIRE_DUE
+from memable._postgres.sql import DUE_TIMERS, FIRE_DUE
 from memable._postgres.store import PostgresStore
 from memable.testing import advance
 
 TIMEOUT = 10.0
+
+
+def _fire_due(conn: psycopg.Connection[Any], now: float, at: str) -> list[Any]:
+    """What the PostgreSQL store's firing does, in the caller's transaction on ``conn``:
+    read the timers due at ``now``, then claim and fire them."""
+    due = conn.execute(DUE_TIMERS, (now,)).fetchall()
+    workflows, ids, keys = ([row[n] for row in due] for n in range(3))
+    return conn.execute(FIRE_DUE, {"now": now, "at": at, "workflows": workflows, "ids": ids,
+                                   "keys": keys}).fetchall()
 
 
 def _rows(engine: Engine, name: str, instance_id: str) -> list[tuple[str, str, str, Any]]:
@@ -320,9 +329,7 @@ def test_a_signal_waits_for_a_firing_that_holds_its_deadline_and_is_then_rejecte
         inv = engine.invoke("approval", instance_id="a")
         assert inv.wait(TIMEOUT) == Suspended("waiting for a manager")
         with psycopg.connect(POSTGRES_URL, options=f"-c search_path={pg_schema}") as firing:
-            fired = firing.execute(
-                FIRE_DUE, {"now": T0.timestamp() + 86400, "at": "2026-01-02T00:00:00+00:00"}
-            ).fetchall()
+            fired = _fire_due(firing, T0.timestamp() + 86400, "2026-01-02T00:00:00+00:00")
             assert [tuple(row)[:3] for row in fired] == [("approval", "a", "approval:v1")]
             sender = threading.Thread(target=send, name="test-signal")
             sender.start()
@@ -354,7 +361,7 @@ def test_a_firing_skips_a_deadline_a_signal_holds_and_the_signal_wins(pg_schema:
                 fired: list[object] = []
                 a_day_on = T0.timestamp() + 86400
                 firing = threading.Thread(
-                    target=lambda: fired.append(store.fire_due_timers(a_day_on, "x")),
+                    target=lambda: fired.append(store.fire_due_timers(lambda: a_day_on, "x")),
                     name="test-fire",
                 )
                 firing.start()
@@ -362,13 +369,36 @@ def test_a_firing_skips_a_deadline_a_signal_holds_and_the_signal_wins(pg_schema:
                 assert not firing.is_alive()
                 assert fired == [[]]
             assert engine.resume("approval", "a").result(TIMEOUT) == "approved"
-            assert store.fire_due_timers(T0.timestamp() + 86400, "x") == []
+            assert store.fire_due_timers(lambda: T0.timestamp() + 86400, "x") == []
             assert inv.state == Completed()
             assert _rows(engine, "approval", "a") == [
                 ("approval:v1", "signal", "completed", True)
             ]
     finally:
         store.close()
+
+
+def test_a_look_under_way_when_the_clock_is_frozen_in_the_past_fires_no_new_timer(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """A look of the timer thread that read the real time, then the test freezes the clock
+    a day earlier and a run arms an hour's timer: that earlier reading does not fire it
+    (it did, at once). Forced: the look is held just after its reading until the run has
+    suspended on its timer."""
+    engine = make_engine(poll_interval=60)
+    look = HeldLook(engine)
+    engine._runner.clock = look.clock
+    engine.register("wf", lambda ctx: ctx.timer("pause:v1", timedelta(hours=1)) or "woke")
+    with engine:
+        look.hold()
+        with freeze_time(datetime.now(timezone.utc) - timedelta(days=1)) as clock:
+            inv = engine.invoke("wf", instance_id="w")
+            assert str(inv.wait(TIMEOUT)) == "suspended: timer pause:v1"
+            look.release()
+            assert str(inv.state) == "suspended: timer pause:v1"
+            assert advance(engine, clock, timedelta(minutes=59)) == 0
+            assert advance(engine, clock, timedelta(minutes=1)) == 1
+            assert inv.result(TIMEOUT) == "woke"
 
 
 def test_a_deadline_that_fires_between_the_runs_look_and_its_suspension_is_not_lost(
@@ -386,7 +416,8 @@ def test_a_deadline_that_fires_between_the_runs_look_and_its_suspension_is_not_l
         found = read_step(workflow, instance_id, key)
         looks.append(key)
         if len(looks) == 2:  # the resumed run's look: fire the deadline behind its back
-            assert store.fire_due_timers(time.time() + 7200, "2026-01-01T00:00:00+00:00")
+            assert store.fire_due_timers(lambda: time.time() + 7200,
+                                         "2026-01-01T00:00:00+00:00")
         return found
 
     store.read_step = read_then_fire  # type: ignore[method-assign]
@@ -419,7 +450,7 @@ def test_the_poll_finds_an_instance_whose_deadline_another_engine_fired(
     engine.stop()
     now = time.time() + 7200
     assert engine._store.look_around(["wf"], now).ready == []
-    assert engine._store.fire_due_timers(now, "2026-01-01T00:00:00+00:00")
+    assert engine._store.fire_due_timers(lambda: now, "2026-01-01T00:00:00+00:00")
     assert engine._store.look_around(["wf"], now).ready == [("wf", "w")]
 
 
@@ -477,7 +508,7 @@ def test_advance_waits_for_a_firing_another_connection_holds(pg_schema: str) -> 
         tell(engine._store, "next_deadline")
         tell(engine, "steps")
         with psycopg.connect(POSTGRES_URL, options=f"-c search_path={pg_schema}") as firing:
-            fired = firing.execute(FIRE_DUE, {"now": T0.timestamp() + 60, "at": "x"}).fetchall()
+            fired = _fire_due(firing, T0.timestamp() + 60, "x")
             assert len(fired) == 1
             mover = threading.Thread(
                 target=lambda: counted.append(advance(engine, clock, 60)), name="test-advance"

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from freezegun import freeze_time
-from helpers import cli, traced, until
+from helpers import HeldLook, cli, traced, until
 from werkzeug.test import Client
 
 from memable import (
@@ -33,9 +33,7 @@ from memable import (
     InstanceFinished,
     MetadataStatus,
     Queued,
-    _clock,
 )
-from memable._clock import Clock
 from memable._sqlite.store import SQLiteStore
 from memable._store.sql import instances as instances_sql
 from memable.testing import advance
@@ -115,35 +113,16 @@ def test_a_look_under_way_when_the_clock_is_frozen_in_the_past_times_nothing_out
     time, is not timed out by that earlier reading (it was, the moment it was made: the
     flaky 'cancelled' of the tests above on a date now past). Forced: the look is held
     just after its reading until the instance is suspended."""
-    held, go, looked = threading.Event(), threading.Event(), threading.Event()
-    hold = [False]
-
-    def wall() -> float:
-        now = _clock.wall()
-        if (hold[0] and threading.current_thread().name == "memable-timers"
-                and sys._getframe(1).f_code.co_name == "_fire_due"):
-            hold[0] = False
-            held.set()
-            assert go.wait(TIMEOUT)  # the look keeps the reading from before the freeze
-        return now
-
-    def monotonic() -> float:
-        if go.is_set() and threading.current_thread().name == "memable-timers":
-            looked.set()  # the held look has returned from its tick
-        return _clock.monotonic()
-
     engine = make_engine(poll_interval=60)
-    engine._runner.clock = Clock(wall=wall, monotonic=monotonic)
+    look = HeldLook(engine)
+    engine._runner.clock = look.clock
     engine.register("waits_for_approval", waits_for_approval, timeout=timedelta(hours=1))
     with engine:
-        hold[0] = True
-        engine._runner.armed()  # a look now; it is held after reading the real time
-        assert held.wait(TIMEOUT)
+        look.hold()
         with freeze_time(datetime.now(timezone.utc) - timedelta(days=1)) as clock:
             inv = engine.invoke("waits_for_approval", instance_id="a")
             assert str(inv.wait(TIMEOUT)) == "suspended: approval:v1"
-            go.set()
-            assert looked.wait(TIMEOUT)
+            look.release()
             assert str(inv.state) == "suspended: approval:v1"
             assert advance(engine, clock, timedelta(minutes=59)) == 0
             assert str(inv.state) == "suspended: approval:v1"

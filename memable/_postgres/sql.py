@@ -105,13 +105,20 @@ FINISH_TOP_LEVEL = (
     "THEN pg_notify(%(channel)s, %(told)s) END FROM done"
 )
 RELEASE = pg(shared.RELEASE)
-ANY_DUE = "SELECT 1 FROM timers WHERE deadline <= %s LIMIT 1"
-# Claims due timers: rows another engine is firing (or a signal is dropping)
-# are skipped, not waited for. What it does to each key: ``shared.FIRE_KEY``.
+#: The timers due by ``%s``, the ones a call fires at most (``FIRE_DUE`` claims them).
+DUE_TIMERS = (
+    "SELECT workflow, instance_id, key, deadline FROM timers WHERE deadline <= %s "
+    "ORDER BY deadline LIMIT 500"
+)
+# Claims the due timers of those ``DUE_TIMERS`` read (the arrays ``workflows``, ``ids``,
+# ``keys``; judged by a clock read after it): rows another engine is firing (or a signal
+# is dropping) are skipped, not waited for. What it does to each key: ``shared.FIRE_KEY``.
 FIRE_DUE = f"""
 WITH due AS (
     DELETE FROM timers WHERE (workflow, instance_id, key) IN (
         SELECT workflow, instance_id, key FROM timers WHERE deadline <= %(now)s
+        AND (workflow, instance_id, key) IN (
+            SELECT * FROM unnest(%(workflows)s::text[], %(ids)s::text[], %(keys)s::text[]))
         ORDER BY deadline LIMIT 500 FOR UPDATE SKIP LOCKED)
     RETURNING workflow, instance_id, key, deadline),
 fired AS (

@@ -438,13 +438,21 @@ class PostgresStore(OperatorReads):
         self._run("deliver the signal", deliver, workflow, instance_id, key,
                   transaction=traceparent is not None, read_back=read_back)
 
-    def fire_due_timers(self, now: float, at: str) -> list[tuple[str, str, str, float]]:
+    def fire_due_timers(
+        self, clock: Callable[[], float], at: str
+    ) -> list[tuple[str, str, str, float]]:
         # Deleting the rows claims them: of several engines, one fires each timer.
         def fire(conn: psycopg.Connection[Any]) -> list[tuple[str, str, str, float]]:
             # Most looks find nothing due: a read answers those, without a write.
-            if conn.execute(sql.ANY_DUE, (now,)).fetchone() is None:
+            read = conn.execute(sql.DUE_TIMERS, (clock(),)).fetchall()
+            now = clock()  # after reading them (Store.fire_due_timers): judge only those
+            due = [row for row in read if float(row[3]) <= now]
+            if not due:
                 return []
-            rows = conn.execute(sql.FIRE_DUE, {"now": now, "at": at}).fetchall()
+            rows = conn.execute(sql.FIRE_DUE, {
+                "now": now, "at": at, "workflows": [row[0] for row in due],
+                "ids": [row[1] for row in due], "keys": [row[2] for row in due],
+            }).fetchall()
             return [(w, i, k, float(d)) for w, i, k, d in rows]
 
         return self._run("fire due timers", fire, transaction=False)

@@ -789,7 +789,7 @@ class Runner:
         try:
             # Read here, not higher up: see BackgroundThread on freezegun.
             now = self.clock.wall()
-            fired = self.store.fire_due_timers(now, utcnow().isoformat())
+            fired = self.store.fire_due_timers(self.clock.wall, utcnow().isoformat())
             for name, instance_id, key, deadline in fired:
                 log.info("timer fired: %s", key, extra=where(name, instance_id, key))
                 self.telemetry.timer_fired(now - deadline)

@@ -482,22 +482,24 @@ class SQLiteStore(OperatorReads):
             "deliver the signal", workflow, instance_id, key, deliver, changes="instance"
         )
 
-    def fire_due_timers(self, now: float, at: str) -> list[tuple[str, str, str, float]]:
+    def fire_due_timers(
+        self, clock: Callable[[], float], at: str
+    ) -> list[tuple[str, str, str, float]]:
         with self._using("look for due timers") as conn:
             # Most looks find nothing due: answer those without taking the write lock.
-            any_due = conn.execute("SELECT 1 FROM timers WHERE deadline <= ? LIMIT 1", (now,))
+            any_due = conn.execute("SELECT 1 FROM timers WHERE deadline <= ? LIMIT 1",
+                                   (clock(),))
             if any_due.fetchone() is None:
                 return []
         # Deleting the rows claims them: of several processes, one fires each timer.
 
         def fire(conn: sqlite3.Connection) -> list[tuple[str, str, str, float]]:
-            due = [
-                (w, i, k, float(d))
-                for w, i, k, d in conn.execute(
-                    "SELECT workflow, instance_id, key, deadline FROM timers "
-                    "WHERE deadline <= ?", (now,)
-                )
-            ]
+            read = conn.execute(
+                "SELECT workflow, instance_id, key, deadline FROM timers WHERE deadline <= ?",
+                (clock(),),
+            ).fetchall()
+            now = clock()  # after reading them (Store.fire_due_timers)
+            due = [(w, i, k, float(d)) for w, i, k, d in read if float(d) <= now]
             self._fire(conn, [(w, i, k) for w, i, k, _ in due], at)
             return due
 

@@ -166,9 +166,15 @@ class Store(Protocol):
         a child whose failure was handled (its parent ended, or raised ``ChildFailed`` for
         it); whether it did."""
 
-    def fire_due_timers(self, now: float, at: str) -> list[tuple[str, str, str, float]]:
-        """Claim every timer due at ``now`` and complete its key; return (workflow, id, key,
-        deadline)s.
+    def fire_due_timers(
+        self, clock: Callable[[], float], at: str
+    ) -> list[tuple[str, str, str, float]]:
+        """Claim every timer due by the time ``clock`` (epoch seconds) tells and complete
+        its key; return (workflow, id, key, deadline)s.
+
+        As ``time_out`` does, a timer is judged due by a reading of ``clock`` taken
+        after it was read from the store, never by one taken before: a timer armed
+        after that reading by a clock that had since gone back is not fired by it.
 
         Atomically per call: a timer is fired (its row deleted, a timer key
         completed, a suspend point that holds no signal yet timed out) by
