@@ -16,7 +16,10 @@ fires the timers that fell due, and ``running(engine, workflows)`` does for an
 engine of your own (a file-backed one, say) what the ``memable_engine`` fixture
 does. The fixture's old name, ``engine``, works for one more release and warns.
 The ini option ``memable_thread_timeout`` (seconds, 10 by default) bounds how
-long teardown waits for the threads of timed-out steps to end.
+long teardown waits for the threads of timed-out steps to end. ``advance``,
+``running`` and ``FrozenClock`` need freezegun alone: without pytest this
+module imports, without the fixtures (``running`` then fails a leak with
+``AssertionError``).
 
 >>> from datetime import timedelta
 >>> from freezegun import freeze_time
@@ -42,13 +45,11 @@ from __future__ import annotations
 import math
 import sys
 import threading
-import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import timedelta
+from importlib.util import find_spec
 from typing import Any, Protocol
-
-import pytest
 
 from . import _clock
 from ._engine.engine import Engine
@@ -89,94 +90,6 @@ class FrozenClock(Protocol):
 
     def tick(self, delta: timedelta, /) -> object:
         """Move the clock forward by ``delta``."""
-
-
-# ---------------------------------------------------------------------- fixtures
-
-
-def pytest_addoption(parser: pytest.Parser) -> None:
-    """Declare the ini option ``memable_thread_timeout``."""
-    parser.addini(
-        _THREAD_TIMEOUT_INI,
-        help="seconds the memable engine fixture waits at teardown for the threads of "
-        f"timed-out steps to end before it reports them as leaked (default {_THREAD_TIMEOUT:g})",
-        default=str(_THREAD_TIMEOUT),
-    )
-
-
-@pytest.fixture
-def memable_workflows() -> Mapping[str, Callable[..., Any]]:
-    """The workflows the ``memable_engine`` fixture registers, by name: none unless overridden.
-
-    Override it in a ``conftest.py`` (or a test module, or a class) to return
-    ``{"ship": ship, ...}``.
-    """
-    return {}
-
-
-@pytest.fixture
-def memable_configure() -> Callable[[Engine], None] | None:
-    """A function that sets up the ``memable_engine`` before it starts: none unless overridden.
-
-    Override it to return your app's own ``configure(engine)``, which
-    declares queues (``engine.queue``) and registers workflows on them; it
-    runs before the workflows of ``memable_workflows`` are registered.
-    """
-    return None
-
-
-@pytest.fixture
-def memable_options() -> dict[str, Any]:
-    """Keyword options of ``Engine.in_memory`` for ``memable_engine``: none unless overridden.
-
-    E.g. ``{"poll_interval": 60, "max_workers": 2}``.
-    """
-    return {}
-
-
-@pytest.fixture
-def memable_engine(
-    request: pytest.FixtureRequest,
-    memable_workflows: Mapping[str, Callable[..., Any]],
-    memable_options: dict[str, Any],
-    memable_configure: Callable[[Engine], None] | None,
-) -> Iterator[Engine]:
-    """A started in-memory ``Engine`` with ``memable_workflows``, built with ``memable_options``
-    and set up by ``memable_configure``.
-
-    At teardown the engine is drained (``wait_all``: runs in flight, and runs
-    that due timers and signals start, end) and closed. Then every thread
-    whose name starts with ``memable`` and that was started during the test
-    must have ended: the threads of timed-out steps get
-    ``memable_thread_timeout`` seconds (ini option, 10 by default) to end on
-    their own; a thread still alive fails the test, by name.
-    """
-    timeout = _thread_timeout(request.config)
-    engine = Engine.in_memory(**memable_options)
-    if memable_configure is not None:
-        try:
-            memable_configure(engine)
-        except BaseException:
-            engine.close()
-            raise
-    with running(engine, memable_workflows, thread_timeout=timeout) as started:
-        yield started
-
-
-@pytest.fixture
-def engine(memable_engine: Engine) -> Engine:
-    """Deprecated: the old name of ``memable_engine``, kept for one release.
-
-    Many projects have an ``engine`` fixture of their own (SQLAlchemy's, say);
-    a project's own fixture of that name wins over this one.
-    """
-    warnings.warn(
-        "the memable fixture 'engine' is now 'memable_engine'; the old name goes in the "
-        "next release",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return memable_engine
 
 
 # ---------------------------------------------------------------------- helpers
@@ -282,23 +195,20 @@ def running(
         engine.close()
     leaked = _leaked_threads(before, thread_timeout)
     if leaked:
-        pytest.fail(_leak_report(leaked, thread_timeout), pytrace=False)
+        _fail(_leak_report(leaked, thread_timeout))
 
 
 # ---------------------------------------------------------------------- private
 
 
-def _thread_timeout(config: pytest.Config) -> float:
-    text = str(config.getini(_THREAD_TIMEOUT_INI))
+def _fail(report: str) -> None:
+    """Fail the test with ``report``: ``pytest.fail`` under pytest (no traceback), else
+    ``AssertionError`` (unittest, or a script with freezegun alone)."""
     try:
-        seconds = float(text)
-    except ValueError:
-        raise pytest.UsageError(
-            f"{_THREAD_TIMEOUT_INI} must be a number of seconds, not {text!r}"
-        ) from None
-    if not seconds >= 0:
-        raise pytest.UsageError(f"{_THREAD_TIMEOUT_INI} must not be negative, not {text!r}")
-    return seconds
+        import pytest
+    except ImportError:
+        raise AssertionError(report) from None
+    pytest.fail(report, pytrace=False)
 
 
 def _delta(by: timedelta | float) -> timedelta:
@@ -415,3 +325,18 @@ def _leak_report(leaked: list[threading.Thread], timeout: float) -> str:
             why = "a thread of an engine that was started and never closed"
         lines.append(f"  {thread.name!r}: {why}")
     return "\n".join(lines)
+
+
+# The fixtures and the ini option, for pytest (which loads this module through its
+# ``pytest11`` entry point). Without pytest, ``advance``, ``running`` and ``FrozenClock``
+# work with freezegun alone.
+if find_spec("pytest") is not None:
+    # pytest finds fixtures and hooks by this module's names.
+    from ._pytest_plugin import (  # noqa: F401
+        engine,
+        memable_configure,
+        memable_engine,
+        memable_options,
+        memable_workflows,
+        pytest_addoption,
+    )

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import importlib
 import re
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -62,6 +64,37 @@ def test_the_plugin_is_loaded_by_pytest_and_exports_its_api(
         "memable_workflows", "running",
     ]
     assert all(hasattr(memable.testing, name) for name in memable.testing.__all__)
+
+
+_WITHOUT_PYTEST = """
+import sys
+sys.modules["pytest"] = sys.modules["_pytest"] = None  # import pytest: ImportError
+from datetime import timedelta
+from freezegun import freeze_time
+import memable.testing
+from memable import Engine
+from memable.testing import advance, running
+def remind(ctx):
+    ctx.timer("cool-off:v1", timedelta(days=3))
+    return "reminded"
+with freeze_time("2026-01-01") as clock, running(
+    Engine.in_memory(poll_interval=60), {"remind": remind}
+) as engine:
+    inv = engine.invoke("remind")
+    print(inv.wait(timeout=10))
+    print(advance(engine, clock, timedelta(days=3)), inv.result(timeout=10))
+print(hasattr(memable.testing, "memable_engine"))
+"""
+
+
+def test_advance_and_running_work_with_freezegun_alone() -> None:
+    """The docs' examples import memable.testing.advance with freezegun installed and
+    pytest not: the module imports, advance and running work, and only the fixtures are
+    left out."""
+    done = subprocess.run([sys.executable, "-c", _WITHOUT_PYTEST], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["suspended: timer cool-off:v1", "1 reminded", "False"]
 
 
 # ---------------------------------------------------------------------- advance

@@ -1,0 +1,118 @@
+"""The fixtures of memable's pytest plugin and its ini option (see ``memable.testing``).
+
+``memable.testing``, the module pytest loads (the ``pytest11`` entry point
+``memable``), imports these only when pytest is installed: its ``advance``,
+``running`` and ``FrozenClock`` need freezegun alone.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import pytest
+
+from ._engine.engine import Engine
+from .testing import _THREAD_TIMEOUT, _THREAD_TIMEOUT_INI, running
+
+# ---------------------------------------------------------------------- fixtures
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """Declare the ini option ``memable_thread_timeout``."""
+    parser.addini(
+        _THREAD_TIMEOUT_INI,
+        help="seconds the memable engine fixture waits at teardown for the threads of "
+        f"timed-out steps to end before it reports them as leaked (default {_THREAD_TIMEOUT:g})",
+        default=str(_THREAD_TIMEOUT),
+    )
+
+
+@pytest.fixture
+def memable_workflows() -> Mapping[str, Callable[..., Any]]:
+    """The workflows the ``memable_engine`` fixture registers, by name: none unless overridden.
+
+    Override it in a ``conftest.py`` (or a test module, or a class) to return
+    ``{"ship": ship, ...}``.
+    """
+    return {}
+
+
+@pytest.fixture
+def memable_configure() -> Callable[[Engine], None] | None:
+    """A function that sets up the ``memable_engine`` before it starts: none unless overridden.
+
+    Override it to return your app's own ``configure(engine)``, which
+    declares queues (``engine.queue``) and registers workflows on them; it
+    runs before the workflows of ``memable_workflows`` are registered.
+    """
+    return None
+
+
+@pytest.fixture
+def memable_options() -> dict[str, Any]:
+    """Keyword options of ``Engine.in_memory`` for ``memable_engine``: none unless overridden.
+
+    E.g. ``{"poll_interval": 60, "max_workers": 2}``.
+    """
+    return {}
+
+
+@pytest.fixture
+def memable_engine(
+    request: pytest.FixtureRequest,
+    memable_workflows: Mapping[str, Callable[..., Any]],
+    memable_options: dict[str, Any],
+    memable_configure: Callable[[Engine], None] | None,
+) -> Iterator[Engine]:
+    """A started in-memory ``Engine`` with ``memable_workflows``, built with ``memable_options``
+    and set up by ``memable_configure``.
+
+    At teardown the engine is drained (``wait_all``: runs in flight, and runs
+    that due timers and signals start, end) and closed. Then every thread
+    whose name starts with ``memable`` and that was started during the test
+    must have ended: the threads of timed-out steps get
+    ``memable_thread_timeout`` seconds (ini option, 10 by default) to end on
+    their own; a thread still alive fails the test, by name.
+    """
+    timeout = _thread_timeout(request.config)
+    engine = Engine.in_memory(**memable_options)
+    if memable_configure is not None:
+        try:
+            memable_configure(engine)
+        except BaseException:
+            engine.close()
+            raise
+    with running(engine, memable_workflows, thread_timeout=timeout) as started:
+        yield started
+
+
+@pytest.fixture
+def engine(memable_engine: Engine) -> Engine:
+    """Deprecated: the old name of ``memable_engine``, kept for one release.
+
+    Many projects have an ``engine`` fixture of their own (SQLAlchemy's, say);
+    a project's own fixture of that name wins over this one.
+    """
+    warnings.warn(
+        "the memable fixture 'engine' is now 'memable_engine'; the old name goes in the "
+        "next release",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return memable_engine
+
+
+
+def _thread_timeout(config: pytest.Config) -> float:
+    text = str(config.getini(_THREAD_TIMEOUT_INI))
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise pytest.UsageError(
+            f"{_THREAD_TIMEOUT_INI} must be a number of seconds, not {text!r}"
+        ) from None
+    if not seconds >= 0:
+        raise pytest.UsageError(f"{_THREAD_TIMEOUT_INI} must not be negative, not {text!r}")
+    return seconds
