@@ -18,7 +18,7 @@ import psycopg
 import pytest
 from conftest import POSTGRES_URL
 from freezegun import freeze_time
-from helpers import T0, HeldLook, query, until
+from helpers import T0, HeldLook, query, traced, until
 
 from memable import (
     Completed,
@@ -32,6 +32,7 @@ from memable import (
 )
 from memable._postgres.sql import DUE_TIMERS, FIRE_DUE
 from memable._postgres.store import PostgresStore
+from memable._sqlite.store import SQLiteStore
 from memable.testing import advance
 
 TIMEOUT = 10.0
@@ -399,6 +400,32 @@ def test_a_look_under_way_when_the_clock_is_frozen_in_the_past_fires_no_new_time
             assert advance(engine, clock, timedelta(minutes=59)) == 0
             assert advance(engine, clock, timedelta(minutes=1)) == 1
             assert inv.result(TIMEOUT) == "woke"
+
+
+def test_fire_due_timers_judges_what_it_read_by_a_reading_taken_after(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """Store.fire_due_timers judges the timers it read by a reading of the clock taken
+    after the read, never by the one it chose them by: forced with a clock that reads a
+    day past the deadline until the store has read the due timers (SQLite a gate and then
+    the rows, PostgreSQL the rows), and the true time after. The timer is left."""
+    engine = make_engine(poll_interval=60)
+    engine.register("wf", lambda ctx: ctx.timer("pause:v1", timedelta(hours=1)) or "woke")
+    with freeze_time(T0):
+        engine.start()
+        assert str(engine.invoke("wf", instance_id="w").wait(TIMEOUT)) == (
+            "suspended: timer pause:v1")
+        engine.stop()  # the store stays open; no look of the engine's own runs meanwhile
+    store, deadline = engine._store, T0.timestamp() + 3600
+    reads = 2 if isinstance(store, SQLiteStore) else 1
+    with traced(engine) as statements:
+        def clock() -> float:
+            read = sum("FROM timers WHERE deadline <=" in statement for statement in statements)
+            return deadline + 86400 if read < reads else deadline - 1
+
+        assert store.fire_due_timers(clock, T0.isoformat()) == []
+    fired = store.fire_due_timers(lambda: deadline, T0.isoformat())
+    assert [(i, k) for _, i, k, _ in fired] == [("w", "pause:v1")]
 
 
 def test_a_deadline_that_fires_between_the_runs_look_and_its_suspension_is_not_lost(

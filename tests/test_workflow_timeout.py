@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from freezegun import freeze_time
-from helpers import HeldLook, cli, traced, until
+from helpers import T0, HeldLook, cli, traced, until
 from werkzeug.test import Client
 
 from memable import (
@@ -128,6 +128,33 @@ def test_a_look_under_way_when_the_clock_is_frozen_in_the_past_times_nothing_out
             assert str(inv.state) == "suspended: approval:v1"
             assert advance(engine, clock, timedelta(minutes=1)) == 1
             assert isinstance(inv.wait(TIMEOUT), Cancelled)
+
+
+def test_time_out_judges_what_it_read_by_a_reading_taken_after(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """Store.time_out judges the instances it read by a reading of the clock taken after
+    the read, never by the one it chose them by: forced with a clock that reads a day past
+    the deadline until the store has read the due instances (SQLite once, PostgreSQL a
+    second time in its transaction), and the true time after. The instance is left."""
+    engine = make_engine(poll_interval=60)
+    engine.register("waits_for_approval", waits_for_approval, timeout=timedelta(hours=1))
+    with freeze_time(T0):
+        engine.start()
+        assert str(engine.invoke("waits_for_approval", instance_id="a").wait(TIMEOUT)) == (
+            "suspended: approval:v1")
+        engine.stop()  # the store stays open; no look of the engine's own runs meanwhile
+    store, deadline = engine._store, T0.timestamp() + 3600
+    reads = 1 if isinstance(store, SQLiteStore) else 2
+    with traced(engine) as statements:
+        def clock() -> float:
+            read = sum("timeout_at <= " in statement for statement in statements)
+            return deadline + 86400 if read < reads else deadline - 1
+
+        assert store.time_out(clock, T0.isoformat()) == []
+    assert str(engine.invocation("waits_for_approval", "a").state) == "suspended: approval:v1"
+    timed_out = store.time_out(lambda: deadline, T0.isoformat())
+    assert [t.instance_id for t in timed_out] == ["a"]
 
 
 def test_a_running_instance_stops_at_its_next_step_boundary(engine: Engine) -> None:

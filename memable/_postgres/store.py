@@ -445,12 +445,12 @@ class PostgresStore(OperatorReads):
         def fire(conn: psycopg.Connection[Any]) -> list[tuple[str, str, str, float]]:
             # Most looks find nothing due: a read answers those, without a write.
             read = conn.execute(sql.DUE_TIMERS, (clock(),)).fetchall()
-            now = clock()  # after reading them (Store.fire_due_timers): judge only those
-            due = [row for row in read if float(row[3]) <= now]
+            due = shared.due_after_read(read, clock)  # FIRE_DUE claims only these
             if not due:
                 return []
             rows = conn.execute(sql.FIRE_DUE, {
-                "now": now, "at": at, "workflows": [row[0] for row in due],
+                "now": max(row[3] for row in due), "at": at,
+                "workflows": [row[0] for row in due],
                 "ids": [row[1] for row in due], "keys": [row[2] for row in due],
             }).fetchall()
             return [(w, i, k, float(d)) for w, i, k, d in rows]

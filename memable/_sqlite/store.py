@@ -498,8 +498,7 @@ class SQLiteStore(OperatorReads):
                 "SELECT workflow, instance_id, key, deadline FROM timers WHERE deadline <= ?",
                 (clock(),),
             ).fetchall()
-            now = clock()  # after reading them (Store.fire_due_timers)
-            due = [(w, i, k, float(d)) for w, i, k, d in read if float(d) <= now]
+            due = shared.due_after_read(read, clock)
             self._fire(conn, [(w, i, k) for w, i, k, _ in due], at)
             return due
 

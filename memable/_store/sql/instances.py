@@ -343,6 +343,24 @@ def time_out_due(
     return out
 
 
+def due_after_read(
+    read: list[Any], clock: Callable[[], float]
+) -> list[tuple[str, str, str, float]]:
+    """Of the timers ``read`` from the store, (workflow, id, key, deadline) rows chosen by
+    an earlier reading, those due by a reading of ``clock`` taken now, after the read:
+    each was armed, its deadline counted from the clock, before it. The earlier reading
+    may be later than the clock that armed one of them, if the clock went back in
+    between (a frozen test clock started while a look was under way): judged by it, a
+    timer would fire the moment it was armed (as ``time_out_due`` says of timeouts).
+
+    >>> read = [("w", "a", "t", 100.0), ("w", "b", "t", 200.0)]
+    >>> due_after_read(read, lambda: 150.0)
+    [('w', 'a', 't', 100.0)]
+    """
+    now = clock()
+    return [(str(w), str(i), str(k), float(d)) for w, i, k, d in read if float(d) <= now]
+
+
 def timed_out_message(timeout: float) -> str:
     """The status of an instance its workflow timeout cancelled.
 
