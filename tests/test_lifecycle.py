@@ -143,12 +143,16 @@ def loose(ctx: object, n: Any) -> None: ...
 def optional(ctx: Context | None, n: int) -> None: ...
 
 
+def anything(ctx: Any) -> None: ...
+
+
 def forward(ctx: "Context") -> None: ...  # noqa: UP037  (a string annotation on purpose)
 
 
 def test_annotations_that_can_take_a_context_are_registered(engine: Engine) -> None:
     """object, Any, a union holding Context, and a string naming it are all accepted."""
-    for name, fn in [("loose", loose), ("optional", optional), ("forward", forward)]:
+    for name, fn in [("loose", loose), ("optional", optional), ("anything", anything),
+                     ("forward", forward)]:
         engine.register(name, fn)
     with engine:
         assert engine.invoke("forward").result(timeout=10) is None

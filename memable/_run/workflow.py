@@ -66,7 +66,7 @@ def _holds(hint: Any, context: type) -> bool:
     if origin is typing.Union or origin is types.UnionType:  # Context | None: any member
         return any(_holds(member, context) for member in typing.get_args(hint))
     hint = origin or hint  # dict[str, int]: dict
-    if not isinstance(hint, type):
+    if hint is Any or not isinstance(hint, type):  # Any is a class from Python 3.11 on
         return True  # Any, a union, a string never resolved: no refusal on a guess
     try:
         return issubclass(context, hint)
