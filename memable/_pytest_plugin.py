@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from ._engine.engine import Engine
-from .testing import _THREAD_TIMEOUT, _THREAD_TIMEOUT_INI, running
+from ._running import THREAD_TIMEOUT, THREAD_TIMEOUT_INI, running
 
 # ---------------------------------------------------------------------- fixtures
 
@@ -22,10 +22,10 @@ from .testing import _THREAD_TIMEOUT, _THREAD_TIMEOUT_INI, running
 def pytest_addoption(parser: pytest.Parser) -> None:
     """Declare the ini option ``memable_thread_timeout``."""
     parser.addini(
-        _THREAD_TIMEOUT_INI,
+        THREAD_TIMEOUT_INI,
         help="seconds the memable engine fixture waits at teardown for the threads of "
-        f"timed-out steps to end before it reports them as leaked (default {_THREAD_TIMEOUT:g})",
-        default=str(_THREAD_TIMEOUT),
+        f"timed-out steps to end before it reports them as leaked (default {THREAD_TIMEOUT:g})",
+        default=str(THREAD_TIMEOUT),
     )
 
 
@@ -106,13 +106,13 @@ def engine(memable_engine: Engine) -> Engine:
 
 
 def _thread_timeout(config: pytest.Config) -> float:
-    text = str(config.getini(_THREAD_TIMEOUT_INI))
+    text = str(config.getini(THREAD_TIMEOUT_INI))
     try:
         seconds = float(text)
     except ValueError:
         raise pytest.UsageError(
-            f"{_THREAD_TIMEOUT_INI} must be a number of seconds, not {text!r}"
+            f"{THREAD_TIMEOUT_INI} must be a number of seconds, not {text!r}"
         ) from None
     if not seconds >= 0:
-        raise pytest.UsageError(f"{_THREAD_TIMEOUT_INI} must not be negative, not {text!r}")
+        raise pytest.UsageError(f"{THREAD_TIMEOUT_INI} must not be negative, not {text!r}")
     return seconds

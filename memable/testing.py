@@ -45,15 +45,14 @@ from __future__ import annotations
 import math
 import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
 from datetime import timedelta
 from importlib.util import find_spec
-from typing import Any, Protocol
+from typing import Protocol
 
 from . import _clock
 from ._engine.engine import Engine
 from ._errors import NotStarted
+from ._running import running
 
 __all__ = [
     "FrozenClock",
@@ -64,10 +63,6 @@ __all__ = [
     "memable_workflows",
     "running",
 ]
-
-#: Seconds teardown waits, in all, for threads of timed-out steps to end.
-_THREAD_TIMEOUT = 10.0
-_THREAD_TIMEOUT_INI = "memable_thread_timeout"
 
 _TimerId = tuple[str, str, str]  # (workflow, instance id, timer key)
 
@@ -160,55 +155,7 @@ def advance(engine: Engine, clock: FrozenClock, by: timedelta | float) -> int:
     return max(fired, fired_meanwhile + len(_ticks(engine) - ticks))
 
 
-@contextmanager
-def running(
-    engine: Engine,
-    workflows: Mapping[str, Callable[..., Any]] | None = None,
-    *,
-    thread_timeout: float = _THREAD_TIMEOUT,
-) -> Iterator[Engine]:
-    """Register ``workflows`` on ``engine``, start it, and check it leaks nothing when done.
-
-    On leaving the block normally: ``wait_all()``, ``close()``, then every
-    thread named ``memable...`` started since entering must have ended (the
-    threads of timed-out steps get ``thread_timeout`` seconds in all);
-    otherwise the test fails (``pytest.fail``) naming them. On an exception
-    the engine is only closed. This is the ``engine`` fixture's body, for an
-    engine you build yourself, e.g. on a file.
-
-    >>> import os, tempfile
-    >>> from memable import Engine
-    >>> from memable.testing import running
-    >>> path = os.path.join(tempfile.mkdtemp(), "workflows.db")
-    >>> with running(Engine.open(path), {"double": lambda ctx, n: 2 * n}) as engine:
-    ...     engine.invoke("double", 21).result(timeout=10)
-    42
-    """
-    before = _memable_threads()
-    try:
-        for name, fn in (workflows or {}).items():
-            engine.register(name, fn)
-        engine.start()
-        yield engine
-        engine.wait_all()
-    finally:
-        engine.close()
-    leaked = _leaked_threads(before, thread_timeout)
-    if leaked:
-        _fail(_leak_report(leaked, thread_timeout))
-
-
 # ---------------------------------------------------------------------- private
-
-
-def _fail(report: str) -> None:
-    """Fail the test with ``report``: ``pytest.fail`` under pytest (no traceback), else
-    ``AssertionError`` (unittest, or a script with freezegun alone)."""
-    try:
-        import pytest
-    except ImportError:
-        raise AssertionError(report) from None
-    pytest.fail(report, pytrace=False)
 
 
 def _delta(by: timedelta | float) -> timedelta:
@@ -292,39 +239,6 @@ def _timers(engine: Engine, instances: set[tuple[str, str]]) -> dict[_TimerId, f
             if row.timeout_at is not None and row.status in ("running", "suspended", "queued"):
                 armed[(name, instance_id, "_timeout")] = row.timeout_at
     return armed
-
-
-def _memable_threads() -> set[threading.Thread]:
-    return {t for t in threading.enumerate() if t.name.startswith("memable")}
-
-
-def _leaked_threads(before: set[threading.Thread], timeout: float) -> list[threading.Thread]:
-    """The memable threads started since ``before`` that are still alive.
-
-    Threads of timed-out steps are abandoned daemons that end on their own:
-    they get ``timeout`` seconds, in all, to do so.
-    """
-    deadline = _clock.monotonic() + timeout
-    for thread in _memable_threads() - before:
-        if thread.name.startswith("memable-step"):
-            thread.join(max(0.0, deadline - _clock.monotonic()))
-    return sorted(
-        (t for t in _memable_threads() - before if t.is_alive()), key=lambda t: t.name
-    )
-
-
-def _leak_report(leaked: list[threading.Thread], timeout: float) -> str:
-    lines = [f"{len(leaked)} memable thread(s) outlived the engine:"]
-    for thread in leaked:
-        if thread.name.startswith("memable-step"):
-            why = (
-                f"a timed-out step still running {timeout:g} s after the engine closed; "
-                "release what it waits on before the test ends"
-            )
-        else:
-            why = "a thread of an engine that was started and never closed"
-        lines.append(f"  {thread.name!r}: {why}")
-    return "\n".join(lines)
 
 
 # The fixtures and the ini option, for pytest (which loads this module through its

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 
 from memable import Engine
-from memable.testing import _leak_report, _leaked_threads, _memable_threads
+from memable._running import leak_report, leaked_threads, memable_threads
 
 pytest_plugins = ["pytester"]
 
@@ -91,7 +91,7 @@ def make_engine(store_target: dict[str, Any]) -> Iterator[Callable[..., Engine]]
     or one PostgreSQL schema).
     """
     made: list[Engine] = []
-    before = _memable_threads()
+    before = memable_threads()
 
     def make(**options: object) -> Engine:
         if not store_target:
@@ -105,8 +105,8 @@ def make_engine(store_target: dict[str, Any]) -> Iterator[Callable[..., Engine]]
     for engine in made:
         engine.close()
     # The plugin's check: threads of timed-out steps get 10 s to end on their own.
-    leaked = _leaked_threads(before, timeout=10)
-    assert not leaked, _leak_report(leaked, 10)
+    leaked = leaked_threads(before, timeout=10)
+    assert not leaked, leak_report(leaked, 10)
 
 
 @pytest.fixture(params=["file", "postgres"])

@@ -20,7 +20,8 @@ PACKAGE = Path(memable.__file__).parent
 
 #: Each part of memable and its layer: a module imports its own package, and the
 #: packages of lower layers; the value modules (layer 0) also import each other.
-#: The face (``memable``, ``memable.__main__``, ``memable.testing``) is on top.
+#: The face (``memable``, ``memable.__main__``, ``memable.testing``) is on top; the
+#: pytest plugin's fixtures, and the engine a test runs with its leak check, under it.
 LAYERS = {
     "_errors": 0, "_states": 0, "_records": 0, "_retry": 0, "_step_error": 0,
     "_clock": 0, "_log": 0, "_validate": 0, "_queues": 0,
@@ -30,9 +31,9 @@ LAYERS = {
     "_run": 4,
     "_schedules": 5,
     "_engine": 6,
-    "_inspect": 7,
+    "_inspect": 7, "_running": 7,
     "web": 8,
-    "_cli": 9,
+    "_cli": 9, "_pytest_plugin": 9,
     "__init__": 10, "__main__": 10, "testing": 10,
 }
 #: The database drivers, and the one package that may import each.
