@@ -462,3 +462,47 @@ def test_no_queue_is_named_unconsumed_when_the_names_match(
             checks.twice_more()
             assert emailed.state == Queued()
     assert _unconsumed(caplog) == []
+
+
+def test_a_cancelled_run_whose_end_failed_frees_its_slot_at_the_next_look(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A cancelled run ends while another connection holds the file's write lock past
+    the busy timeout: its end (the release of the instance) is not recorded, and the
+    instance stays cancelled and this live engine's, holding the slot of a
+    ``concurrency=1`` queue. Once the lock is let go, the engine's next look lets go of
+    its own cancelled instance that no run here has, and the next instance runs."""
+    import sqlite3
+
+    from memable._sqlite import schema
+
+    monkeypatch.setattr(schema, "BUSY_TIMEOUT", 0.5)
+    engine = Engine.open(tmp_path / "memable.db", poll_interval=0.1)
+    engine.queue("q", concurrency=1)
+    entered, gate = threading.Event(), threading.Event()
+
+    def held(ctx: Context, n: int) -> int:
+        entered.set()
+        assert gate.wait(TIMEOUT)
+        return int(ctx.step("s").run(lambda: n))
+
+    engine.register("held", held, queue="q")
+    locker = sqlite3.connect(tmp_path / "memable.db", isolation_level=None)
+    try:
+        with engine:
+            engine.invoke("held", 1, instance_id="a")
+            assert entered.wait(TIMEOUT)
+            engine.cancel("held", "a")
+            locker.execute("BEGIN IMMEDIATE")
+            gate.set()  # the run stops at its step boundary; its end meets the lock
+            until(lambda: not engine._runner.in_flight())
+            # Nothing can let go of it while the lock is held: it holds the slot.
+            assert query(engine, "SELECT status, owner IS NOT NULL FROM instances") == [
+                ("cancelled", 1)]
+            locker.execute("ROLLBACK")
+            assert engine.invoke("held", 2, instance_id="b").result(TIMEOUT) == 2
+            assert query(engine, "SELECT owner FROM instances WHERE instance_id = 'a'") == [
+                (None,)]
+    finally:
+        locker.close()
+        engine.close()

@@ -866,21 +866,31 @@ class Runner:
         for name, instance_id in look.cancelled:
             self.cancelled(name, instance_id)
         # Instances this engine owns but no longer runs (a run whose end could
-        # not be recorded): run them again. Only when no run here began or
-        # ended while the store was read, and no queue claim is under way: else
-        # "owned, and not active now" may be a run that ended meanwhile, or one
-        # claimed and not yet begun, and the next poll looks again.
+        # not be recorded): run them again, or, cancelled, let go of them (and
+        # of their queue's slot). Only when no run here began or ended while the
+        # store was read, and no queue claim is under way: else "owned, and not
+        # active now" may be a run that ended meanwhile, or one claimed and not
+        # yet begun, and the next poll looks again.
         with self._lock:
             # A queue claim under way has instances ours in the store and not yet
             # active here: look again at the next poll.
             if self._turnover != turnover or self._claiming:
                 return
             lost = [key for key in look.mine if key not in self._active]
+            dropped = [key for key in look.cancelled if key not in self._active]
         for name, instance_id in lost:
             if name in self.workflows:
                 log.warning("running again an instance whose run here did not record its end",
                             extra=where(name, instance_id))
                 self.wake(name, instance_id, "recover")
+        for name, instance_id in dropped:
+            # Its run stopped on the cancel and could not record that: the release
+            # it would have written (``finish`` of a cancelled instance writes that
+            # alone), so its queue's slot is free and the queue thread looks.
+            log.warning("letting go of a cancelled instance whose run here did not record "
+                        "its end", extra=where(name, instance_id))
+            self.store.finish(name, instance_id, RunEnd("cancelled", utcnow().isoformat()))
+            self.kick()
 
 
 
