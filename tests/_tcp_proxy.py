@@ -3,8 +3,10 @@
 Every connection accepted on ``port`` is forwarded to ``target``. ``cut()``
 stops forwarding in both directions without closing anything (packets of a
 partition are not answered; they are held here, as a network would delay
-them), ``heal()`` delivers what was held and forwards again. ``close()``
-ends every connection and joins every thread.
+them), ``heal()`` delivers what was held and forwards again. ``drop()`` is the
+server going away instead: every connection is closed at once and new ones are
+closed as soon as accepted, until ``heal()``. ``close()`` ends every connection
+and joins every thread.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import select
 import socket
+import struct
 import threading
 
 
@@ -22,9 +25,10 @@ class Proxy:
         self._target = target
         self._server = socket.create_server(("127.0.0.1", 0))
         self.port: int = self._server.getsockname()[1]
-        # _lock guards _sockets and _threads; _open is clear while cut.
+        # _lock guards _sockets, _threads and _down; _open is clear while cut.
         self._lock = threading.Lock()
         self._sockets: list[socket.socket] = [self._server]
+        self._down = False  # set by drop(): connections are refused until heal()
         self._threads: list[threading.Thread] = []
         self._open = threading.Event()
         self._open.set()
@@ -41,7 +45,18 @@ class Proxy:
         self._open.clear()
 
     def heal(self) -> None:
+        with self._lock:
+            self._down = False
         self._open.set()
+
+    def drop(self) -> None:
+        """Close every connection now and refuse new ones until ``heal()``: the server is
+        down (each side sees its connection reset)."""
+        with self._lock:
+            self._down = True
+            sockets, self._sockets = self._sockets[1:], self._sockets[:1]
+        for sock in sockets:
+            _reset(sock)
 
     def _accept(self) -> None:
         while not self._closing.is_set():
@@ -49,6 +64,11 @@ class Proxy:
                 client, _ = self._server.accept()
             except OSError:
                 return  # closed
+            with self._lock:
+                down = self._down
+            if down:
+                _reset(client)
+                continue
             upstream = socket.create_connection(self._target)
             with self._lock:
                 self._sockets += [client, upstream]
@@ -93,3 +113,11 @@ class Proxy:
                 sock.close()
         for thread in threads:
             thread.join(10)
+
+
+def _reset(sock: socket.socket) -> None:
+    """Close ``sock`` with a reset (RST), as a server that went away leaves it."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    with contextlib.suppress(OSError):
+        sock.close()

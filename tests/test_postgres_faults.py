@@ -8,6 +8,7 @@ the server that the test cuts and heals.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -252,3 +253,139 @@ def test_four_processes_on_one_database_and_a_kill_lose_nothing(
         assert query(reader, "SELECT count(*) FROM timers") == [(0,)]
     finally:
         reader.close()
+
+
+def _after_heartbeats(engine: Engine) -> threading.Event:
+    """An event set each time the engine's heartbeat commits (the test clears it)."""
+    beat = threading.Event()
+    renew = engine._store.heartbeat
+
+    def heartbeat(now: float) -> None:
+        renew(now)
+        beat.set()
+
+    engine._store.heartbeat = heartbeat  # type: ignore[method-assign]
+    return beat
+
+
+def test_an_outage_shorter_than_the_lease_costs_no_run(
+    pg_schema: str, proxy: Proxy, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A's server goes away (every connection reset, new ones refused) for 3.5 s of its
+    6 s lease, right after A's heartbeat, while three runs are inside a step; the steps
+    end and their writes meet the outage. B, on the server directly, recovers any
+    instance whose lease runs out. Each write retries until the proxy lets traffic
+    through again: every run completes in A, no step executes twice, B recovers
+    nothing; the outage is one WARNING, and psycopg's pool logs none (its reconnects,
+    on their own backoff, came back after the lease: B took the runs over)."""
+    ran: Counter[tuple[str, str]] = Counter()
+    inside = threading.Semaphore(0)
+    go = threading.Event()
+
+    def wf(ctx: Context) -> str:
+        for key in ("s1", "s2", "s3"):
+            def body(key: str = key) -> str:
+                ran[(ctx.instance_id, key)] += 1
+                if key == "s2" and ctx.instance_id.startswith("i"):
+                    inside.release()
+                    assert go.wait(60)
+                return key
+            ctx.step(key).run(body)
+        return "done"
+
+    a = Engine.open(_through(proxy), schema=pg_schema, lease=6.0, poll_interval=0.2)
+    b = Engine.open(POSTGRES_URL, schema=pg_schema, poll_interval=0.1)
+    a.register("wf", wf)
+    b.register("wf", wf)
+    beat = _after_heartbeats(a)
+    outage = threading.Event()
+    try:
+        with caplog.at_level(logging.INFO):
+            a.start()
+            b.start()
+            invs = [a.invoke("wf", instance_id=f"i{n}") for n in range(3)]
+            for _ in invs:
+                assert inside.acquire(timeout=30)
+            beat.clear()
+            assert beat.wait(30)  # the lease was just renewed: 6 s from now
+            proxy.drop()
+            go.set()  # the steps end; their writes meet the outage
+            outage.wait(3.5)  # the outage's length: nothing to wait for but time
+            proxy.heal()
+            assert [inv.result(timeout=60) for inv in invs] == ["done"] * 3
+    finally:
+        go.set()
+        proxy.heal()
+        a.close()
+        b.close()
+    assert ran == {(f"i{n}", key): 1 for n in range(3) for key in ("s1", "s2", "s3")}
+    reader = Engine.open(POSTGRES_URL, schema=pg_schema)
+    try:
+        assert query(reader, "SELECT count(*) FROM instances WHERE recoveries > 0") == [(0,)]
+    finally:
+        reader.close()
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [r.name for r in warnings if r.name == "psycopg.pool"] == []
+    lost = [r for r in warnings if r.getMessage().startswith("lost the connection to")]
+    assert len(lost) == 1
+    assert "\n" not in lost[0].getMessage()
+    assert not [r for r in warnings if "run stopped" in r.getMessage()
+                or "could not be recorded" in r.getMessage()]
+
+
+def test_stop_with_the_server_unreachable_returns_within_the_lease(
+    pg_schema: str, proxy: Proxy, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A run's step ends while A's server refuses every connection, and A is stopped:
+    the run retries its write until A's lease (3 s) is known lost, then stops without
+    writing; stop() returns within the lease, logs one line for the owner row left to
+    expire, and no traceback. The instance is left A's and running: B, on the
+    server, recovers it once A's lease has run out; the step stored before the
+    outage does not run again (the one whose write was lost does)."""
+    ran: Counter[str] = Counter()
+    inside, go = threading.Event(), threading.Event()
+
+    def wf(ctx: Context) -> str:
+        def first() -> str:
+            ran["s1"] += 1
+            return "s1"
+
+        def second() -> str:
+            ran["s2"] += 1
+            if ran["s2"] == 1:
+                inside.set()
+                assert go.wait(60)
+            return "s2"
+
+        return ctx.step("s1").run(first) + ctx.step("s2").run(second)
+
+    a = Engine.open(_through(proxy), schema=pg_schema, lease=3.0, poll_interval=0.2)
+    a.register("wf", wf)
+    stopped = None
+    try:
+        with caplog.at_level(logging.INFO):
+            a.start()
+            a.invoke("wf", instance_id="x")
+            assert inside.wait(30)
+            proxy.drop()
+            go.set()
+            began = time.monotonic()
+            a.stop()
+            stopped = time.monotonic() - began
+    finally:
+        go.set()
+        proxy.heal()
+        a.close()
+    assert stopped is not None
+    assert stopped < 3.0, stopped
+    assert not [r for r in caplog.records if r.exc_info]
+    left = [r for r in caplog.records if "owner row stays" in r.getMessage()]
+    assert len(left) == 1
+    assert left[0].levelno == logging.WARNING
+    assert [r.name for r in caplog.records
+            if r.levelno >= logging.WARNING and r.name == "psycopg.pool"] == []
+    b = Engine.open(POSTGRES_URL, schema=pg_schema, poll_interval=0.1)
+    b.register("wf", wf)
+    with b:  # A's lease has run out: B recovers the instance
+        assert b.invocation("wf", "x").result(timeout=60) == "s1s2"
+    assert ran == {"s1": 1, "s2": 2}

@@ -4,7 +4,8 @@ A ``LoopThread`` knows nothing of the engine. Each time round it calls its
 ``_look()``, which does the work (one committed transaction at a time) and
 answers how many seconds may pass before the next look; then it waits on its
 condition until that time is up, it is kicked (``kick()``: something to look
-at now), or it is stopped. A look that raises is logged and the loop goes on.
+at now), or it is stopped. A look that raises is logged and the loop goes on:
+a ``StorageError`` in one line, once for a run of failed looks.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import threading
 
 from .._clock import Clock
+from .._errors import StorageError
 from .._log import log
 
 
@@ -41,6 +43,7 @@ class LoopThread(threading.Thread):
         self._cond = threading.Condition()
         self._stopping = False
         self._kicked = False  # something to look at arrived since the last look
+        self._failing = False  # the last look raised StorageError; this thread's alone
 
     def kick(self) -> None:
         """Look again now (a look under way finishes first)."""
@@ -74,7 +77,15 @@ class LoopThread(threading.Thread):
             self._taking()
         try:
             wait = self._look()
-        except Exception:  # e.g. the store stayed locked past its busy timeout
+            self._failing = False
+        except StorageError as exc:  # locked past its busy timeout, or unreachable
+            # One line, once for a run of failed looks; none for the last look of a
+            # thread told to stop meanwhile (the store being down is said elsewhere).
+            if not self._failing and not self._stopping:
+                log.warning("%s failed; trying again (%s)", self._what, exc)
+            self._failing = True
+            wait = self._after_failure()
+        except Exception:
             log.exception("%s failed; trying again", self._what)
             wait = self._after_failure()
         with self._cond:

@@ -12,10 +12,26 @@ connection went before the answer came) first reads back whether it
 committed (its ``read_back``), so a retry never stores a second outcome.
 Every message names the server by ``schema.describe``: never the
 URL's password.
+
+A store outage (connections lost or refused) is the engine's lease's
+business: once the engine holds one (``renewed``), a run's operation (in a
+``session``) retries across lost connections until the lease is known lost
+(no heartbeat committed for ``LEASE_USED`` of ``lease`` seconds, so that it
+stops before another engine may take over), then raises ``LeaseLost``;
+every other operation stops retrying then too, so ``stop()`` returns within
+the lease. Each write is fenced by its SQL (the instance is still this
+engine's), so a retried write of a run whose lease was in fact lost writes
+nothing. The pool does not reconnect on its own schedule (its backoff grows
+to many seconds, past a lease): the operations waiting for a connection ask
+it for one, with their own short backoff. One WARNING says the connection
+was lost, one INFO line that it is back; the pool's own log lines of the
+outage (one per try) are demoted to DEBUG.
 """
 
 from __future__ import annotations
 
+import itertools
+import logging
 import sys
 import threading
 import time
@@ -27,6 +43,8 @@ import psycopg
 import psycopg_pool
 
 from .._errors import StorageError
+from .._log import log
+from .._store.control import LeaseLost
 from .._store.protocol import Synchronous
 from . import schema as schema_
 
@@ -36,6 +54,39 @@ Connection = psycopg.Connection[Any]
 RETRY_FOR = 30.0
 #: ``read_back`` found the write not committed: run it (again).
 NOT_DONE = object()
+#: Longest wait for a pooled connection while the server is unreachable: each wait
+#: that ends asks the pool to connect again.
+OUTAGE_WAIT = 0.5
+#: The part of a lease an outage may use up before the lease counts as lost here: the
+#: rest is for the last attempts to end, and for a server clock a little faster than
+#: this host's, so a run stops (and ``stop()`` returns) before another engine may take
+#: its instance over.
+LEASE_USED = 0.9
+#: Numbers the pools of this process (their names, and their threads', say whose).
+_POOLS = itertools.count(1)
+#: This thread's own: ``quiet`` while it is inside ``Connections`` (see ``_QuietPool``).
+_INSIDE = threading.local()
+
+
+class _QuietPool(logging.Filter):
+    """Demote to DEBUG the WARNINGs psycopg's pool logs for memable's pools: a failed
+    reconnect per try, a broken connection given back. ``Connections`` says it once
+    per outage instead. Records of other pools in the process are left alone."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.WARNING and (
+            getattr(_INSIDE, "quiet", False)
+            or threading.current_thread().name.startswith("memable-pool")
+        ):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            # The logger let it through as a WARNING: as a DEBUG record, only if it
+            # would let that through.
+            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        return True
+
+
+_QUIET_POOL = _QuietPool()
+logging.getLogger("psycopg.pool").addFilter(_QUIET_POOL)  # adding it twice adds it once
 
 
 def _keep_real_time_in_psycopg() -> None:
@@ -53,6 +104,11 @@ def _keep_real_time_in_psycopg() -> None:
 def _retryable(exc: BaseException) -> bool:
     """A lost connection, a pool that found none, a serialization failure or a deadlock."""
     return isinstance(exc, (psycopg.OperationalError, psycopg_pool.PoolTimeout))
+
+
+def _lost(exc: BaseException) -> bool:
+    """A lost or refused connection (the server unreachable), not a rolled-back one."""
+    return _retryable(exc) and not isinstance(exc, psycopg.errors.TransactionRollback)
 
 
 class Connections:
@@ -75,16 +131,52 @@ class Connections:
             except psycopg.Error as exc:
                 raise StorageError(f"cannot prepare {self.where} ({self._redact(exc)})") from None
         timeout = float(self._params.get("connect_timeout", schema_.CONNECT_TIMEOUT))
-        # The pool's own threads are named after it; close() joins them.
+        self._timeout = timeout
+        # _state_lock guards _lease_until (monotonic: when this engine's lease is known
+        # lost, None while it holds none) and _down_since (monotonic: when the
+        # connection was found lost, None while it answers).
+        self._state_lock = threading.Lock()
+        self._lease_until: float | None = None
+        self._down_since: float | None = None
+        # The pool's own threads are named after it; close() joins them. It gives up
+        # a reconnect at its first failure (reconnect_timeout 0): the operations that
+        # wait for a connection ask for the next one (see run).
         self._pool = psycopg_pool.ConnectionPool(
             url, kwargs=self._kwargs, min_size=1, max_size=max(2, pool_size),
-            open=False, name="memable-pool", timeout=timeout, configure=self._configure,
+            open=False, name=f"memable-pool-{next(_POOLS)}", timeout=timeout,
+            configure=self._configure, reconnect_timeout=0.0,
         )
         self._pool.open(wait=True, timeout=timeout)
         # _closing is set once, by close(): retries stop waiting and fail.
         self._closing = threading.Event()
         # Each thread's own: ``active`` inside session(), and the connection it holds.
         self._held = threading.local()
+
+    def renewed(self, at: float | None, lease: float) -> None:
+        """This engine's lease was renewed by a heartbeat sent at ``at`` (monotonic) and
+        committed; None: it holds none any more (its owner row is gone)."""
+        with self._state_lock:
+            self._lease_until = None if at is None else at + lease * LEASE_USED
+
+    def _answered(self) -> None:
+        """An operation went through: if the connection had been lost, say it is back."""
+        if self._down_since is None:  # read without the lock: a stale None only delays
+            return
+        with self._state_lock:
+            since, self._down_since = self._down_since, None
+        if since is not None:
+            log.info("reached %s again after %.1fs", self.where, time.monotonic() - since)
+
+    def _went_down(self, exc: BaseException) -> None:
+        """An operation found the connection lost: say so once per outage."""
+        with self._state_lock:
+            first = self._down_since is None
+            if first:
+                self._down_since = time.monotonic()
+        if first:
+            reason = self._redact(exc).splitlines()[0] if str(exc).strip() else type(exc).__name__
+            log.warning("lost the connection to %s (%s); retrying, the engine's runs keep "
+                        "their leases meanwhile", self.where, reason)
 
     @property
     def closed(self) -> bool:
@@ -136,15 +228,19 @@ class Connections:
         finally:
             conn, held.active, held.conn = held.conn, False, None
             if conn is not None:
-                self._pool.putconn(conn)
+                quiet, _INSIDE.quiet = getattr(_INSIDE, "quiet", False), True
+                try:
+                    self._pool.putconn(conn)
+                finally:
+                    _INSIDE.quiet = quiet
 
-    def _take(self) -> Connection | None:
+    def _take(self, timeout: float) -> Connection | None:
         """The connection this thread's session holds (taking one if needed); None outside."""
         held = self._held
         if not getattr(held, "active", False):
             return None
         if held.conn is None:
-            held.conn = self._pool.getconn()
+            held.conn = self._pool.getconn(timeout)
         conn: Connection = held.conn
         return conn
 
@@ -171,35 +267,69 @@ class Connections:
 
         On a retryable error try again with backoff; a write whose commit
         outcome is unknown runs ``read_back`` first (its answer, unless
-        ``NOT_DONE``, is the write's).
+        ``NOT_DONE``, is the write's). A lost connection is retried for
+        ``RETRY_FOR`` seconds, and no longer than this engine's lease is known
+        held; in a run's ``session``, until then, whatever ``RETRY_FOR`` says,
+        and then ``LeaseLost`` is raised instead of ``StorageError``.
         """
-        deadline = time.monotonic() + RETRY_FOR
+        start = time.monotonic()
+        in_run = bool(getattr(self._held, "active", False))
+        with self._state_lock:
+            lease_until = self._lease_until
+        deadline = start + RETRY_FOR  # for a serialization failure or deadlock
+        lost_deadline = deadline
+        if lease_until is not None:
+            lost_deadline = lease_until if in_run else min(deadline, lease_until)
         delay = 0.05
         unknown = False
-        while True:
-            if self._closing.is_set():
-                raise StorageError(f"cannot {what}: the store {self.where} is closed",
-                                   workflow=workflow, instance_id=instance_id, key=key)
-            try:
-                held = self._take()
-                if held is not None:
-                    return self._attempt(held, fn, transaction, unknown, read_back)
-                with self._pool.connection() as conn:
-                    return self._attempt(conn, fn, transaction, unknown, read_back)
-            except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
-                if isinstance(exc, psycopg.OperationalError):
-                    self._give_back()
-                if not _retryable(exc) or time.monotonic() + delay > deadline:
-                    raise StorageError(
-                        f"cannot {what} in {self.where} ({self._redact(exc)})",
-                        workflow=workflow, instance_id=instance_id, key=key,
-                    ) from None
-                # A serialization failure or deadlock rolled back; else the
-                # connection went, and the commit may or may not have happened.
-                unknown = unknown or not isinstance(exc, psycopg.errors.TransactionRollback)
-            # A wait between attempts that close() ends at once.
-            self._closing.wait(delay)
-            delay = min(delay * 2, 1.0)
+        quiet, _INSIDE.quiet = getattr(_INSIDE, "quiet", False), True
+        try:
+            while True:
+                if self._closing.is_set():
+                    raise StorageError(f"cannot {what}: the store {self.where} is closed",
+                                       workflow=workflow, instance_id=instance_id, key=key)
+                now = time.monotonic()
+                # A wait for a pooled connection ends in time to try again (the pool
+                # connects again when asked) while the server is unreachable.
+                wait = self._timeout if self._down_since is None else OUTAGE_WAIT
+                wait = max(0.05, min(wait, lost_deadline - now))
+                try:
+                    held = self._take(wait)
+                    if held is not None:
+                        done = self._attempt(held, fn, transaction, unknown, read_back)
+                    else:
+                        with self._pool.connection(wait) as conn:
+                            done = self._attempt(conn, fn, transaction, unknown, read_back)
+                    self._answered()
+                    return done
+                except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+                    if isinstance(exc, psycopg.OperationalError):
+                        self._give_back()
+                    lost = _lost(exc)
+                    if lost:
+                        self._went_down(exc)
+                    ends = lost_deadline if lost else deadline
+                    if not _retryable(exc) or time.monotonic() + delay > ends:
+                        if lost and in_run and lease_until is not None:
+                            raise LeaseLost(
+                                f"cannot {what} of {workflow}/{instance_id} in "
+                                f"{self.where}: unreachable until this "
+                                "engine's lease ran out (the run stops; the instance runs "
+                                "again once the store answers)"
+                            ) from None
+                        raise StorageError(
+                            f"cannot {what} in {self.where} ({self._redact(exc)})",
+                            workflow=workflow, instance_id=instance_id, key=key,
+                        ) from None
+                    # A serialization failure or deadlock rolled back; else the
+                    # connection went, and the commit may or may not have happened.
+                    unknown = unknown or not isinstance(
+                        exc, psycopg.errors.TransactionRollback)
+                # A wait between attempts that close() ends at once.
+                self._closing.wait(delay)
+                delay = min(delay * 2, OUTAGE_WAIT)
+        finally:
+            _INSIDE.quiet = quiet
 
     @staticmethod
     def _attempt(

@@ -116,8 +116,10 @@ class Listener(threading.Thread):
                 return
             except Exception as exc:  # the connection went: try again, poll meanwhile
                 if not self._warned:
+                    # One line: psycopg's messages run on over several.
                     log.warning("lost the store's notification connection (%s); "
-                                "reconnecting, polling meanwhile", exc)
+                                "reconnecting, polling meanwhile",
+                                (str(exc).strip().splitlines() or [type(exc).__name__])[0])
                     self._warned = True
             self._stopping.wait(delay)
             delay = min(delay * 2, 5.0)

@@ -13,6 +13,7 @@ cancel or a timer NOTIFY the other engines (``listener``).
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from datetime import datetime
@@ -479,13 +480,16 @@ class PostgresStore(OperatorReads):
         values = (self.owner, me.host, me.pid, lease,
                   datetime.fromtimestamp(now).astimezone().isoformat(),
                   me.boot_id, me.pid_ns, me.started, declares)
+        sent = time.monotonic()  # the lease runs from no earlier than this
         server = self._run("register the engine as an owner",
                            lambda conn: _server_time(conn.execute(sql.REGISTER_OWNER, values)),
                            transaction=False)
         self._lease, self._declares = lease, declares
+        self._db.renewed(sent, lease)
         return server
 
     def heartbeat(self, now: float) -> float | None:
+        sent = time.monotonic()
         server = self._run(
             "renew the engine's lease",
             lambda conn: _server_time(conn.execute(sql.HEARTBEAT, (self.owner,))),
@@ -493,12 +497,16 @@ class PostgresStore(OperatorReads):
         )
         if server is None:  # reaped while stalled: come back (its runs are lost already)
             return self.register_owner(self._lease, now, self._declares)
+        self._db.renewed(sent, self._lease)
         return server
 
     def drop_owner(self) -> None:
+        # Tried until the lease is known lost at the latest (see Connections.run): an
+        # unreachable server leaves the row for the lease to expire.
         self._run("remove the engine's owner row",
                   lambda conn: conn.execute("DELETE FROM owners WHERE id = %s", (self.owner,)),
                   transaction=False)
+        self._db.renewed(None, self._lease)
 
     def look_around(self, workflows: list[str], now: float) -> Look:
         def look(conn: psycopg.Connection[Any]) -> Look:

@@ -28,6 +28,7 @@ from .._errors import (
     NotStarted,
     SerializationError,
     SignalRejected,
+    StorageError,
     WorkflowNotFound,
 )
 from .._log import log, where
@@ -35,7 +36,7 @@ from .._observe.base import QueueStats, RunReason, Telemetry
 from .._queues import Declarations, QueueSpec, consumed
 from .._records import StatusName
 from .._states import Cancelled, Completed, Failed, Suspended, WorkflowState
-from .._store.control import LostInstance, RunCancelled
+from .._store.control import LeaseLost, LostInstance, RunCancelled
 from .._store.protocol import Store
 from .._store.rows import (
     UNREACHED,
@@ -303,7 +304,12 @@ class Runner:
         # them and joins the worker threads.
         if executor is not None:
             executor.shutdown(wait=True)
-            self.store.drop_owner()
+            try:
+                self.store.drop_owner()
+            except StorageError as exc:  # unreachable: the lease expires on its own
+                log.warning("engine stopped; its owner row stays until its lease expires "
+                            "(%s)", exc)
+                return
         log.info("engine stopped")
 
     def close(self) -> bool:
@@ -565,6 +571,10 @@ class Runner:
             try:
                 with self.store.session():  # one connection for the run, where pooled
                     state = self._run_workflow(run)
+            except LeaseLost as lost:  # the store stayed unreachable past the lease
+                log.warning("run stopped: %s", lost,
+                            extra=where(run.workflow.name, run.instance_id))
+                state = None  # watchers go on following the instance in the store
             except BaseException:  # the store failed while recording the end
                 log.exception(
                     "run could not be recorded; it runs again from the store",
@@ -691,6 +701,8 @@ class Runner:
             else:
                 log.info("run stopped: cancelled", extra=where(name, instance_id))
             return self._finish(run, Cancelled(), status="cancelled", message=None)
+        except LeaseLost:  # nothing can be written: the run stops (see _execute)
+            raise
         except BaseException as exc:  # whatever else user code raises ends the run Failed
             failure = ctx._failure
             step = failure[0] if failure is not None and failure[1] is exc else None
@@ -816,12 +828,8 @@ class Runner:
     def _tick(self, poll: bool) -> float | None:
         """Fire due timers (and ticks), and look at the store; return seconds to the next
         deadline."""
+        self._renew()  # first: after an outage, the lease before anything else
         _, now, until = self._fire_due()
-        if now >= self._next_heartbeat:
-            self._heartbeat()
-            self._next_heartbeat = now + self.options.lease / 3
-            steps = [(w, i, k, t) for w, i, k, t in self.in_flight() if k and t]
-            self.store.record_in_flight(steps)
         if poll:
             self._look_around(now)
         deadline = self.store.next_deadline()
@@ -841,6 +849,16 @@ class Runner:
         if server is not None and (said := self._skew.judge(before, server,
                                                             self.clock.wall())):
             log.warning("%s", said)
+
+    def _renew(self) -> None:
+        """Renew the engine's lease when its heartbeat is due, with the steps in flight."""
+        # Read here, not higher up: see BackgroundThread on freezegun.
+        now = self.clock.wall()
+        if now >= self._next_heartbeat:
+            self._heartbeat()
+            self._next_heartbeat = now + self.options.lease / 3
+            steps = [(w, i, k, t) for w, i, k, t in self.in_flight() if k and t]
+            self.store.record_in_flight(steps)
 
     def in_flight(self) -> list[tuple[str, str, str | None, str | None]]:
         """(workflow, id, key, since) of each active run: the step it executes (None between)."""
