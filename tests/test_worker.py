@@ -48,8 +48,9 @@ WAIT = 30.0  # seconds any one expected event may take on a slow machine
 class Worker:
     """A ``memable worker`` subprocess whose log lines are collected as they come."""
 
-    def __init__(self, cwd: Path, *args: str, gate: Path | None = None) -> None:
-        env = {**os.environ, "MEMABLE_DB": str(cwd / "store.db")}
+    def __init__(self, cwd: Path, *args: str, gate: Path | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        env = {**os.environ, "MEMABLE_DB": str(cwd / "store.db"), **(env or {})}
         if gate is not None:
             env["GATE"] = str(gate)
         self.proc = subprocess.Popen(
@@ -344,3 +345,78 @@ def test_a_bad_retention_exits_2_before_the_app_is_loaded(app_dir: Path, age: st
     assert "--retention" in done.stderr
     assert "Traceback" not in done.stderr
     assert not (app_dir / "store.db").exists()
+
+
+#: A worker on PostgreSQL (a URL and a schema from the environment) with a 3 s lease: its
+#: one workflow waits for a signal, then holds a step until the FIFO ``GATE`` opens.
+PG_APP = """
+import os
+from memable import Context, Engine
+
+engine = Engine.open(os.environ["MEMABLE_DB"], schema=os.environ["SCHEMA"], lease=3.0,
+                     poll_interval=0.2)
+
+
+def through_gate() -> str:
+    with open(os.environ["GATE"]) as gate:
+        return gate.read()
+
+
+@engine.workflow("gated")
+def gated(ctx: Context) -> str:
+    ctx.suspend("go")
+    return ctx.step("gate:v1").run(through_gate)
+"""
+
+
+def test_sigterm_with_the_server_unreachable_exits_within_the_lease_in_one_line(
+    tmp_path: Path, pg_schema: str, workers: list[Worker],
+) -> None:
+    """A worker on PostgreSQL through a proxy holds a run in a step; the proxy drops every
+    connection and refuses new ones, the worker gets SIGTERM and the step returns (its
+    write meets the outage). The worker exits 0 within its 3 s lease, without a
+    traceback: the run stops once the lease is known lost, and stopping says in one line
+    that the owner row stays for its lease to expire. psycopg's pool's reconnect tries
+    print nothing (its WARNINGs used to reach stderr, one per try)."""
+    import time
+
+    from _tcp_proxy import Proxy
+    from conftest import POSTGRES_URL
+
+    from memable._postgres.schema import parse
+
+    params = parse(POSTGRES_URL)
+    proxy = Proxy((params.get("host", "127.0.0.1"), int(params.get("port", "5432"))))
+    through = (f"postgresql://{params.get('user', 'postgres')}@127.0.0.1:{proxy.port}/"
+               f"{params.get('dbname', 'test')}")
+    (tmp_path / "app.py").write_text(textwrap.dedent(PG_APP))
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)
+    try:
+        worker = Worker(tmp_path, gate=gate, env={"MEMABLE_DB": through, "SCHEMA": pg_schema})
+        workers.append(worker)
+        worker.wait_for(r"worker \d+ started")
+        here = Engine.open(POSTGRES_URL, schema=pg_schema)
+        here.register("gated", lambda ctx: ctx.suspend("go"))
+        with here:
+            assert str(here.invoke("gated", instance_id="x").wait(timeout=WAIT)) == (
+                "suspended: go")
+        signaller = Engine.open(POSTGRES_URL, schema=pg_schema)  # runs nothing itself
+        with signaller:
+            signaller.signal("gated", "x", "go", True)
+        worker.wait_for(r"gated/x: running")
+        proxy.drop()
+        began = time.monotonic()
+        worker.proc.send_signal(signal.SIGTERM)
+        worker.wait_for(r"taking no new work")
+        with open(gate, "w") as opened:  # the step returns; its write meets the outage
+            opened.write("through")
+        assert worker.proc.wait(timeout=WAIT) == 0
+        took = time.monotonic() - began
+        worker._reader.join(timeout=WAIT)
+    finally:
+        proxy.close()
+    assert took < 3.0, (took, worker.lines)
+    assert not [line for line in worker.lines if "Traceback" in line], worker.lines
+    assert not [line for line in worker.lines if "psycopg" in line], worker.lines
+    assert len([line for line in worker.lines if "owner row stays" in line]) == 1

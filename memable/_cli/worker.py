@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from .._engine.engine import Engine
-from .._errors import EngineError
+from .._errors import EngineError, StorageError
 from .._log import log
 
 
@@ -173,7 +173,12 @@ def _drain(engine: Engine, drain: threading.Thread, grace: float) -> int | None:
 
 
 def _is_cancelled(engine: Engine, workflow: str, instance_id: str) -> bool:
-    row = engine._store.get_instance(workflow, instance_id)
+    """Whether the instance is stored cancelled; False while the store cannot say (it is
+    unreachable: the drain waits for stop(), which returns within the lease)."""
+    try:
+        row = engine._store.get_instance(workflow, instance_id)
+    except StorageError:
+        return False
     return row is not None and row.status == "cancelled"
 
 
