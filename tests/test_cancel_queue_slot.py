@@ -14,15 +14,17 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import query, write
+from helpers import query, until, write
 
 from memable import Cancelled, Context, Engine, MetadataStatus
 
@@ -256,6 +258,95 @@ def test_the_slot_of_a_cancelled_run_whose_owner_died_comes_free(
                 child.wait(timeout=60)
             if child.stdout is not None:
                 child.stdout.close()
+
+
+@contextmanager
+def _end_fails(store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+               request: pytest.FixtureRequest) -> Iterator[tuple[dict[str, Any], dict[str, Any],
+                                                                 Callable[[], None],
+                                                                 Callable[[], None]]]:
+    """How a store's writes fail for a while: (how the engine opens it, how a reader opens
+    it, block, unblock). A file: another connection holds the write lock past a busy
+    timeout of 0.5 s. PostgreSQL: the engine reaches the server through a proxy that drops
+    every connection and refuses new ones, past the engine's lease (4 s), so its run's
+    writes give up (``LeaseLost``)."""
+    if store == "file":
+        from memable._sqlite import schema
+
+        monkeypatch.setattr(schema, "BUSY_TIMEOUT", 0.5)
+        path = tmp_path / "memable.db"
+        locker = sqlite3.connect(path, isolation_level=None)
+
+        def unlock() -> None:
+            if locker.in_transaction:
+                locker.execute("ROLLBACK")
+
+        try:
+            yield ({"target": path}, {"target": path},
+                   lambda: locker.execute("BEGIN IMMEDIATE") and None, unlock)
+        finally:
+            locker.close()
+        return
+    from _tcp_proxy import Proxy
+    from conftest import POSTGRES_URL
+
+    from memable._postgres.schema import parse
+
+    pg_schema = request.getfixturevalue("pg_schema")
+    params = parse(POSTGRES_URL)
+    proxy = Proxy((params.get("host", "127.0.0.1"), int(params.get("port", "5432"))))
+    through = (f"postgresql://{params.get('user', 'postgres')}@127.0.0.1:{proxy.port}/"
+               f"{params.get('dbname', 'test')}")
+    try:
+        yield ({"target": through, "schema": pg_schema, "lease": 4.0},
+               {"target": POSTGRES_URL, "schema": pg_schema}, proxy.drop, proxy.heal)
+    finally:
+        proxy.close()
+
+
+@pytest.mark.parametrize("store", ["file", "postgres"])
+def test_a_cancelled_run_whose_end_failed_frees_its_slot_at_the_next_look(
+    store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
+) -> None:
+    """A cancelled run ends while the store refuses its writes (a file's write lock held
+    past the busy timeout; PostgreSQL unreachable past the lease): its end (the release
+    of the instance) is not recorded, and the instance stays cancelled and this live
+    engine's, holding the slot of a ``concurrency=1`` queue. Once the store takes writes
+    again, the engine's next look lets go of its own cancelled instance that no run here
+    has, and the next instance runs."""
+    with _end_fails(store, tmp_path, monkeypatch, request) as (opens, reads, block, unblock):
+        engine = Engine.open(**opens, poll_interval=0.1)
+        reader = Engine.open(**reads)
+        engine.queue("q", concurrency=1)
+        entered, gate = threading.Event(), threading.Event()
+
+        def held(ctx: Context, n: int) -> int:
+            entered.set()
+            assert gate.wait(TIMEOUT)
+            return int(ctx.step("s").run(lambda: n))
+
+        engine.register("held", held, queue="q")
+        try:
+            with engine:
+                engine.invoke("held", 1, instance_id="a")
+                assert entered.wait(TIMEOUT)
+                engine.cancel("held", "a")
+                block()
+                gate.set()  # the run stops at its step boundary; its end fails
+                until(lambda: not engine._runner.in_flight(), 30)
+                # Nothing can let go of it while the store is blocked: it holds the slot.
+                assert query(reader, "SELECT status, owner IS NOT NULL FROM instances") == [
+                    ("cancelled", 1)]
+                unblock()
+                assert engine.invoke("held", 2, instance_id="b").result(TIMEOUT) == 2
+                assert query(reader, "SELECT owner FROM instances WHERE instance_id = 'a'"
+                             ) == [(None,)]
+        finally:
+            gate.set()
+            unblock()
+            engine.close()
+            reader.close()
 
 
 if __name__ == "__main__":
