@@ -145,6 +145,7 @@ class Connections:
             url, kwargs=self._kwargs, min_size=1, max_size=max(2, pool_size),
             open=False, name=f"memable-pool-{next(_POOLS)}", timeout=timeout,
             configure=self._configure, reconnect_timeout=0.0,
+            reconnect_failed=lambda pool: self._went_down(None),
         )
         self._pool.open(wait=True, timeout=timeout)
         # _closing is set once, by close(): retries stop waiting and fail.
@@ -167,14 +168,16 @@ class Connections:
         if since is not None:
             log.info("reached %s again after %.1fs", self.where, time.monotonic() - since)
 
-    def _went_down(self, exc: BaseException) -> None:
-        """An operation found the connection lost: say so once per outage."""
+    def _went_down(self, exc: BaseException | None) -> None:
+        """An operation found the connection lost, or the pool could not connect (None):
+        say so once per outage."""
         with self._state_lock:
             first = self._down_since is None
             if first:
                 self._down_since = time.monotonic()
         if first:
-            reason = self._redact(exc).splitlines()[0] if str(exc).strip() else type(exc).__name__
+            text = "" if exc is None else self._redact(exc)
+            reason = (text.splitlines() or ["cannot connect"])[0]
             log.warning("lost the connection to %s (%s); retrying, the engine's runs keep "
                         "their leases meanwhile", self.where, reason)
 
@@ -272,14 +275,8 @@ class Connections:
         held; in a run's ``session``, until then, whatever ``RETRY_FOR`` says,
         and then ``LeaseLost`` is raised instead of ``StorageError``.
         """
-        start = time.monotonic()
         in_run = bool(getattr(self._held, "active", False))
-        with self._state_lock:
-            lease_until = self._lease_until
-        deadline = start + RETRY_FOR  # for a serialization failure or deadlock
-        lost_deadline = deadline
-        if lease_until is not None:
-            lost_deadline = lease_until if in_run else min(deadline, lease_until)
+        deadline = time.monotonic() + RETRY_FOR  # for a serialization failure or deadlock
         delay = 0.05
         unknown = False
         quiet, _INSIDE.quiet = getattr(_INSIDE, "quiet", False), True
@@ -289,10 +286,16 @@ class Connections:
                     raise StorageError(f"cannot {what}: the store {self.where} is closed",
                                        workflow=workflow, instance_id=instance_id, key=key)
                 now = time.monotonic()
-                # A wait for a pooled connection ends in time to try again (the pool
-                # connects again when asked) while the server is unreachable.
-                wait = self._timeout if self._down_since is None else OUTAGE_WAIT
-                wait = max(0.05, min(wait, lost_deadline - now))
+                # Read each time round: a heartbeat may have renewed the lease meanwhile.
+                with self._state_lock:
+                    lease_until = self._lease_until
+                lost_deadline = deadline
+                if lease_until is not None:
+                    lost_deadline = lease_until if in_run else min(deadline, lease_until)
+                # A wait for a pooled connection is short, and tried again: the pool
+                # gives up a connect that fails and does not wake its waiters, it
+                # connects again when asked.
+                wait = max(0.05, min(self._timeout, OUTAGE_WAIT, lost_deadline - now))
                 try:
                     held = self._take(wait)
                     if held is not None:
@@ -306,8 +309,8 @@ class Connections:
                     if isinstance(exc, psycopg.OperationalError):
                         self._give_back()
                     lost = _lost(exc)
-                    if lost:
-                        self._went_down(exc)
+                    if lost and not isinstance(exc, psycopg_pool.PoolTimeout):
+                        self._went_down(exc)  # (no connection in time: the pool says)
                     ends = lost_deadline if lost else deadline
                     if not _retryable(exc) or time.monotonic() + delay > ends:
                         if lost and in_run and lease_until is not None:
