@@ -620,6 +620,34 @@ def test_a_tick_that_raises_is_logged_and_the_thread_goes_on(
     assert isinstance(failed.exc_info[1], sqlite3.OperationalError)
 
 
+def test_looks_that_fail_with_a_storage_error_log_one_line_per_run_of_failures(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A store unreachable for several looks is one WARNING line without a traceback, not
+    one traceback per look; after a look that succeeds, the next failure is said again."""
+
+    def answer(n: int) -> float | None:
+        if n in (1, 2, 3, 5):
+            raise StorageError(f"cannot look at the store (look {n})")
+        return None
+
+    thread, polls, ticked = _ticking(60, answer)
+    with caplog.at_level(logging.WARNING, logger="memable"):
+        thread.start()
+        assert _wait_ticks(polls, ticked, 1, 10)
+        for n in range(2, 7):  # each look armed after the one before began
+            thread.armed()
+            assert _wait_ticks(polls, ticked, n, 10)
+        thread.stop()
+    assert [r.getMessage() for r in caplog.records] == [
+        "timer thread: looking at the store failed; trying again "
+        "(cannot look at the store (look 1))",
+        "timer thread: looking at the store failed; trying again "
+        "(cannot look at the store (look 5))",
+    ]
+    assert not [r for r in caplog.records if r.exc_info]
+
+
 class _Told:
     """Stands for RunChecks: records what the group commit tells it after a transaction."""
 

@@ -81,7 +81,9 @@ class LoopThread(threading.Thread):
         except StorageError as exc:  # locked past its busy timeout, or unreachable
             # One line, once for a run of failed looks; none for the last look of a
             # thread told to stop meanwhile (the store being down is said elsewhere).
-            if not self._failing and not self._stopping:
+            with self._cond:
+                stopping = self._stopping
+            if not self._failing and not stopping:
                 log.warning("%s failed; trying again (%s)", self._what, exc)
             self._failing = True
             wait = self._after_failure()
