@@ -327,7 +327,12 @@ class Store(Protocol):
         own clock as it did, as ``register_owner`` returns it."""
 
     def drop_owner(self) -> None:
-        """Remove this engine's owner row (at stop; it runs nothing any more)."""
+        """Remove this engine's owner row (at stop; it runs nothing any more).
+
+        With the store unreachable it raises ``StorageError`` once the lease is known
+        lost at the latest (no longer than a run's writes retry), and the row is left
+        for the lease to expire.
+        """
 
     def look_around(self, workflows: list[str], now: float) -> Look:
         """What other processes changed, for these workflows.
@@ -436,6 +441,8 @@ class Store(Protocol):
 
         A store whose operations each take a connection from a pool holds one
         for the whole run instead; the SQLite store has one connection anyway.
+        Within, an operation that meets a lost connection is retried until the
+        engine's lease is known lost, then raises ``LeaseLost`` (PostgreSQL).
         """
 
     def close(self) -> None:
