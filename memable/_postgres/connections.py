@@ -54,8 +54,9 @@ Connection = psycopg.Connection[Any]
 RETRY_FOR = 30.0
 #: ``read_back`` found the write not committed: run it (again).
 NOT_DONE = object()
-#: Longest wait for a pooled connection while the server is unreachable: each wait
-#: that ends asks the pool to connect again.
+#: Longest wait for a pooled connection, and longest backoff between tries: the pool
+#: gives up a connect that fails without waking its waiters, and connects again when
+#: asked, so each wait that ends (and is tried again) asks it to.
 OUTAGE_WAIT = 0.5
 #: The part of a lease an outage may use up before the lease counts as lost here: the
 #: rest is for the last attempts to end, and for a server clock a little faster than
@@ -161,8 +162,6 @@ class Connections:
 
     def _answered(self) -> None:
         """An operation went through: if the connection had been lost, say it is back."""
-        if self._down_since is None:  # read without the lock: a stale None only delays
-            return
         with self._state_lock:
             since, self._down_since = self._down_since, None
         if since is not None:
