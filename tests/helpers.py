@@ -94,12 +94,12 @@ class _TracedPool:
         self._pool, self._statements = pool, statements
 
     @contextmanager
-    def connection(self) -> Iterator[_TracedConnection]:
-        with self._pool.connection() as conn:
+    def connection(self, timeout: float | None = None) -> Iterator[_TracedConnection]:
+        with self._pool.connection(timeout) as conn:
             yield _TracedConnection(conn, self._statements)
 
-    def getconn(self) -> _TracedConnection:  # a run's session holds one
-        return _TracedConnection(self._pool.getconn(), self._statements)
+    def getconn(self, timeout: float | None = None) -> _TracedConnection:  # a run's session
+        return _TracedConnection(self._pool.getconn(timeout), self._statements)
 
     def putconn(self, conn: _TracedConnection) -> None:
         self._pool.putconn(conn._conn)
