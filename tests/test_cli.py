@@ -259,10 +259,14 @@ def step_rows(path: Path) -> set[str]:
 
 
 def test_list_shows_every_instance_oldest_first_with_status_and_message(store: Store) -> None:
+    """``list`` prints every stored instance, oldest first, with its workflow, id, status and
+    status message."""
     assert listed(os.fspath(store.path)) == INSTANCES
 
 
 def test_list_shows_creation_and_update_times_to_the_second(store: Store) -> None:
+    """``list``'s CREATED and UPDATED columns give the instance's times to the second, from the
+    frozen clock the store was made on."""
     rows = table(ok("list", store.path).splitlines())
     first = store.t0.strftime("%Y-%m-%d %H:%M:%S")
     last = store.later.strftime("%Y-%m-%d %H:%M:%S")
@@ -270,22 +274,28 @@ def test_list_shows_creation_and_update_times_to_the_second(store: Store) -> Non
 
 
 def test_list_filters_by_workflow(store: Store) -> None:
+    """``list --workflow`` keeps only the instances of that workflow, in the same order."""
     assert listed(os.fspath(store.path), "--workflow", "approve") == INSTANCES[1:3]
 
 
 @pytest.mark.parametrize("status", ["running", "suspended", "completed", "failed", "cancelled"])
 def test_list_filters_by_each_status(store: Store, status: str) -> None:
+    """``list --status`` keeps only the instances in that status, for each of the five statuses
+    (none is running here)."""
     expected = [i for i in INSTANCES if i[2] == status]
     assert listed(os.fspath(store.path), "--status", status) == expected
     assert (status == "running") == (expected == [])  # only running has none here
 
 
 def test_list_filters_by_workflow_and_status_together(store: Store) -> None:
+    """``--workflow`` and ``--status`` together keep only the instances that match both."""
     found = listed(os.fspath(store.path), "--workflow", "approve", "--status", "cancelled")
     assert found == [INSTANCES[2]]
 
 
 def test_list_of_nothing_prints_the_header_alone(store: Store) -> None:
+    """A filter that matches nothing prints the header line alone, and ``--json`` an empty
+    list."""
     assert ok("list", store.path, "--status", "running").split() == [
         "WORKFLOW", "INSTANCE", "STATUS", "MESSAGE", "OWNER", "AGE", "CREATED", "UPDATED",
     ]
@@ -293,6 +303,8 @@ def test_list_of_nothing_prints_the_header_alone(store: Store) -> None:
 
 
 def test_list_of_a_workflow_the_store_never_saw_says_so(store: Store) -> None:
+    """``list --workflow`` of a name the store never saw prints the header alone and notes on
+    stderr that it has no such workflow, suggesting a close name where one exists."""
     out, note = noted("list", store.path, "--workflow", "aprove")
     assert out.split()[0] == "WORKFLOW"
     assert len(out.splitlines()) == 1
@@ -302,6 +314,8 @@ def test_list_of_a_workflow_the_store_never_saw_says_so(store: Store) -> None:
 
 
 def test_list_json_gives_one_record_per_instance(store: Store) -> None:
+    """``list --json`` gives one record per instance, each with the same fields: times as ISO
+    strings, no owner or schedule here, and an age in seconds."""
     records = json.loads(ok("list", store.path, "--json"))
     assert [
         (r["workflow"], r["instance_id"], r["status"], r["message"] or "-") for r in records
@@ -323,11 +337,14 @@ def test_list_json_gives_one_record_per_instance(store: Store) -> None:
 
 
 def test_list_json_filters_too(store: Store) -> None:
+    """``--status`` filters ``list --json`` as it filters the table."""
     records = json.loads(ok("list", store.path, "--status", "suspended", "--json"))
     assert [r["instance_id"] for r in records] == ["doc-1", "cool-1"]
 
 
 def test_list_refuses_an_unknown_status_with_exit_2(store: Store) -> None:
+    """An unknown ``--status`` is a usage error: exit 2, nothing on stdout, the bad value named
+    on stderr, and the store left byte for byte as it was."""
     before = snapshot(store.path)
     result = cli("list", store.path, "--status", "sleeping")
     assert result.exit_code == 2
@@ -341,6 +358,8 @@ def test_list_refuses_an_unknown_status_with_exit_2(store: Store) -> None:
 
 
 def test_show_of_a_completed_instance(store: Store) -> None:
+    """``show`` of a completed instance prints its times, input and output and a table of its
+    steps with attempts, durations and status messages, and no timers or awaited signals."""
     text = ok("show", store.path, "ship", "order-7")
     lines = text.splitlines()
     assert lines[0] == "ship/order-7: completed"
@@ -362,6 +381,8 @@ def test_show_of_a_completed_instance(store: Store) -> None:
 
 
 def test_show_json_of_a_completed_instance(store: Store) -> None:
+    """``show --json`` of a completed instance gives the same facts as the table, with durations
+    in seconds and each step's result."""
     view = shown(store, "ship", "order-7")
     assert {k: view[k] for k in ("workflow", "instance_id", "status", "message")} == {
         "workflow": "ship", "instance_id": "order-7", "status": "completed", "message": None,
@@ -411,6 +432,8 @@ def test_show_lists_a_signal_not_reached_yet_last_with_no_seq(tmp_path: Path) ->
 
 
 def test_show_of_a_failed_instance_gives_the_failing_step_and_its_error(store: Store) -> None:
+    """``show`` of a failed instance names the failing step and its error in the header line and
+    in that step's row; the steps before it are completed with no error."""
     text = ok("show", store.path, "charge", "order-8")
     assert text.splitlines()[0] == (
         "charge/order-8: failed (step 'charge:v1' failed: RuntimeError: card declined)"
@@ -433,6 +456,8 @@ def test_show_of_a_failed_instance_gives_the_failing_step_and_its_error(store: S
 
 
 def test_show_of_an_instance_suspended_on_a_signal_names_the_key(store: Store) -> None:
+    """``show`` of an instance waiting for a signal lists that key as a waiting signal step and
+    under "awaiting signals"."""
     text = ok("show", store.path, "approve", "doc-1")
     lines = text.splitlines()
     assert lines[0] == "approve/doc-1: suspended (waiting for a manager)"
@@ -450,6 +475,8 @@ def test_show_of_an_instance_suspended_on_a_signal_names_the_key(store: Store) -
 
 
 def test_show_of_an_instance_suspended_on_a_timer_gives_its_due_time(store: Store) -> None:
+    """``show`` of an instance sleeping on a durable timer lists the timer with its due time
+    (three days on) and awaits no signal."""
     due = store.later + timedelta(days=3)  # three days after the instance was created
     text = ok("show", store.path, "cool", "cool-1")
     assert text.splitlines()[0] == "cool/cool-1: suspended (timer cool-off:v1)"
@@ -485,6 +512,9 @@ def test_show_of_a_cancelled_instance_lists_no_awaited_signal(store: Store) -> N
 def test_signal_stores_the_value_and_the_next_engine_completes_the_instance(
     store: Store,
 ) -> None:
+    """``signal`` stores the value with no engine running and closes the store cleanly; the
+    instance stays suspended until the next engine opened on the file completes it with that
+    value."""
     assert ok("signal", store.path, "approve", "doc-1", "approval:v1", '"alice"') == (
         "signal approval:v1 stored for approve/doc-1\n"
     )
@@ -510,6 +540,8 @@ def test_signal_stores_the_value_and_the_next_engine_completes_the_instance(
 
 
 def test_signal_takes_any_json_value(store: Store) -> None:
+    """``signal`` stores any JSON payload (object, list, null, booleans, non-ASCII text) as
+    given."""
     payload = {"name": "Zoë", "level": 2, "tags": ["a", None], "ok": True}
     ok("signal", store.path, "approve", "doc-1", "approval:v1", json.dumps(payload))
     [step] = [s for s in shown(store, "approve", "doc-1")["steps"] if s["key"] == "approval:v1"]
@@ -517,6 +549,8 @@ def test_signal_takes_any_json_value(store: Store) -> None:
 
 
 def test_signal_for_a_key_not_reached_yet_is_kept(store: Store) -> None:
+    """A signal for a key the instance is not waiting on is stored anyway, with a note on stderr
+    that it is kept for when the workflow reaches that key."""
     out, note = noted("signal", store.path, "cool", "cool-1", "later:v1", "42")
     assert out == "signal later:v1 stored for cool/cool-1\n"
     assert note == (
@@ -530,6 +564,7 @@ def test_signal_for_a_key_not_reached_yet_is_kept(store: Store) -> None:
 
 
 def test_signal_takes_a_negative_number_after_a_double_dash(store: Store) -> None:
+    """A negative number given after ``--`` is taken as the JSON payload."""
     ok("signal", store.path, "approve", "doc-1", "approval:v1", "--", "-5")
     [step] = [s for s in shown(store, "approve", "doc-1")["steps"] if s["key"] == "approval:v1"]
     assert step["result"] == -5
@@ -547,6 +582,8 @@ def test_signal_takes_a_negative_number_as_it_is(store: Store, payload: str) -> 
 
 
 def test_cancel_of_an_instance_on_a_timer_drops_the_timer(store: Store) -> None:
+    """``cancel`` of an instance sleeping on a timer deletes its timer row and marks it
+    cancelled with an end time, as an engine then reads it."""
     assert timer_rows(store.path, "cool-1") == 1
     assert ok("cancel", store.path, "cool", "cool-1") == "cancelled cool/cool-1\n"
     assert timer_rows(store.path, "cool-1") == 0
@@ -567,6 +604,8 @@ def test_cancel_of_an_instance_on_a_timer_drops_the_timer(store: Store) -> None:
 def test_cancel_of_an_instance_waiting_for_a_signal_makes_it_refuse_signals(
     store: Store,
 ) -> None:
+    """Once ``cancel`` has ended an instance waiting for a signal, a ``signal`` to it is refused
+    as finished."""
     assert ok("cancel", store.path, "approve", "doc-1") == "cancelled approve/doc-1\n"
     assert listed(os.fspath(store.path), "--status", "cancelled") == [
         ("approve", "doc-1", "cancelled", "-"), INSTANCES[2],
@@ -578,6 +617,7 @@ def test_cancel_of_an_instance_waiting_for_a_signal_makes_it_refuse_signals(
 
 
 def test_cancel_of_a_failed_instance_works(store: Store) -> None:
+    """A failed instance can be cancelled."""
     ok("cancel", store.path, "charge", "order-8")
     assert shown(store, "charge", "order-8")["status"] == "cancelled"
 
@@ -610,6 +650,9 @@ def test_purge_deletes_the_instances_finished_longer_ago_than_the_age(
 
 
 def test_purge_keeps_what_is_not_finished_and_what_finished_since(store: Store) -> None:
+    """``purge --older-than`` counts from when an instance finished: an instance cancelled later
+    survives the first purge and goes in a later one, the suspended instance and its timer stay,
+    and a purged one is no longer shown."""
     with freeze_time(store.t0 + timedelta(days=10)):
         ok("cancel", store.path, "approve", "doc-1")
     with freeze_time(store.t0 + timedelta(days=20)):
@@ -647,6 +690,8 @@ COMMANDS = ["list", "schedules", "show", "signal", "cancel", "purge"]
 
 @pytest.mark.parametrize("name", COMMANDS)
 def test_a_missing_file_is_refused_and_not_created(tmp_path: Path, name: str) -> None:
+    """Every command refuses a path where no file is, exit 2 with "no such file", and creates
+    nothing there."""
     path = tmp_path / "nothing.db"
     message = error_line(cli(*command(name, path)))
     assert message == f"no such file: {path}"
@@ -681,6 +726,8 @@ def write_other_database(path: Path) -> None:
 def test_a_file_that_is_not_a_store_is_refused_and_left_as_it_was(
     tmp_path: Path, name: str, make: Callable[[Path], None], says: str
 ) -> None:
+    """Every command refuses a text file, an empty file or another SQLite database, saying it is
+    not a store, and leaves the file unchanged with no sidecar created."""
     path = tmp_path / "data.db"
     make(path)
     message = refused(path, *command(name, path))
@@ -689,6 +736,8 @@ def test_a_file_that_is_not_a_store_is_refused_and_left_as_it_was(
 
 
 def test_a_directory_is_refused(tmp_path: Path) -> None:
+    """A directory given as the store is refused as "not a file" and nothing is written into
+    it."""
     assert error_line(cli("list", tmp_path)) == f"not a file: {tmp_path}"
     assert list(tmp_path.iterdir()) == []
 
@@ -728,6 +777,8 @@ def test_an_unknown_instance_or_workflow_is_refused(
 def test_a_signal_to_a_finished_instance_is_refused(
     store: Store, workflow: str, instance_id: str, status: str
 ) -> None:
+    """A signal to a completed, failed or cancelled instance is refused, naming its status,
+    workflow and instance."""
     message = refused(
         store.path, "signal", store.path, workflow, instance_id, "approval:v1", '"alice"'
     )
@@ -742,6 +793,7 @@ def test_a_signal_to_a_finished_instance_is_refused(
 def test_a_cancel_of_a_finished_instance_is_refused(
     store: Store, workflow: str, instance_id: str, status: str
 ) -> None:
+    """``cancel`` of a completed or cancelled instance is refused as already finished."""
     message = refused(store.path, "cancel", store.path, workflow, instance_id)
     assert message == (
         f"instance has finished (it is {status}): "
@@ -750,6 +802,8 @@ def test_a_cancel_of_a_finished_instance_is_refused(
 
 
 def test_a_second_signal_to_the_same_key_is_refused(store: Store) -> None:
+    """A second signal to a key that already holds a value is refused and the first value
+    stays."""
     ok("signal", store.path, "approve", "doc-1", "approval:v1", '"alice"')
     message = refused(store.path, "signal", store.path, "approve", "doc-1", "approval:v1", '"bob"')
     assert message == (
@@ -767,6 +821,7 @@ def test_a_second_signal_to_the_same_key_is_refused(store: Store) -> None:
 def test_a_signal_to_a_step_or_timer_key_is_refused(
     store: Store, workflow: str, instance_id: str, key: str, kind: str
 ) -> None:
+    """A signal to the key of a step or a timer is refused, saying which kind the key is."""
     message = refused(store.path, "signal", store.path, workflow, instance_id, key, "1")
     assert message == (
         f"signal rejected (the key is a {kind}, not a suspend point): "
@@ -776,6 +831,7 @@ def test_a_signal_to_a_step_or_timer_key_is_refused(
 
 @pytest.mark.parametrize("payload", ["{bad", "", "alice", "[1, 2"])
 def test_a_payload_that_is_not_json_is_refused(store: Store, payload: str) -> None:
+    """A payload that does not parse as JSON is refused, quoting it."""
     message = refused(
         store.path, "signal", store.path, "approve", "doc-1", "approval:v1", payload
     )
@@ -785,6 +841,8 @@ def test_a_payload_that_is_not_json_is_refused(store: Store, payload: str) -> No
 
 @pytest.mark.parametrize("payload", ["NaN", "[1, Infinity]", '{"low": -Infinity}', "1e400"])
 def test_a_json_payload_memable_cannot_store_is_refused(store: Store, payload: str) -> None:
+    """JSON that memable cannot store (NaN, infinities, a number too large for a float) is
+    refused, naming the instance and key."""
     message = refused(
         store.path, "signal", store.path, "approve", "doc-1", "approval:v1", payload
     )
@@ -794,12 +852,16 @@ def test_a_json_payload_memable_cannot_store_is_refused(store: Store, payload: s
 
 @pytest.mark.parametrize("key", ["_approval", ""])
 def test_an_invalid_key_is_refused(store: Store, key: str) -> None:
+    """A signal key that is not a valid key (empty, or starting with an underscore) is
+    refused."""
     message = refused(store.path, "signal", store.path, "approve", "doc-1", key, "true")
     assert message.startswith(f"invalid key {key!r}")
 
 
 @pytest.mark.parametrize("age", ["3x", "-1d", "d", "", "10", "1w", "1.5.5d", "1 d"])
 def test_a_bad_duration_is_refused(store: Store, age: str) -> None:
+    """``purge --older-than`` refuses anything that is not a number and one of the units s, m,
+    h, d, with an example of the form."""
     message = refused(store.path, "purge", store.path, "--older-than", age)
     assert message == f"--older-than: {age!r} is not a duration like 90s, 15m, 12h or 30d"
 
@@ -817,6 +879,7 @@ def test_a_purge_age_beyond_the_calendar_is_not_a_crash(store: Store) -> None:
 
 
 def test_purge_without_an_age_is_a_usage_error(store: Store) -> None:
+    """``purge`` without ``--older-than`` is a usage error (exit 2) and deletes nothing."""
     before = snapshot(store.path)
     result = cli("purge", store.path)
     assert result.exit_code == 2
@@ -828,6 +891,8 @@ def test_purge_without_an_age_is_a_usage_error(store: Store) -> None:
 
 
 def test_a_running_engine_acts_on_a_signal_from_the_cli(store: Store) -> None:
+    """An engine running on the file picks up a signal the CLI stores and completes the waiting
+    instance with it."""
     engine = Engine.open(store.path, poll_interval=0.05)
     engine.register("approve", approve)
     engine.start()
@@ -893,6 +958,8 @@ def run_memable(*args: str | os.PathLike[str], cwd: Path) -> subprocess.Complete
 
 
 def test_python_m_memable_lists_signals_and_refuses(store: Store, tmp_path: Path) -> None:
+    """``python -m memable`` in a process of its own lists, signals and refuses a missing file
+    with exit 2 and one error line, as the in-process CLI does."""
     listing = run_memable("list", store.path, "--json", cwd=tmp_path)
     assert (listing.returncode, listing.stderr) == (0, "")
     records = json.loads(listing.stdout)
@@ -918,6 +985,7 @@ def test_python_m_memable_lists_signals_and_refuses(store: Store, tmp_path: Path
 
 
 def test_help_names_every_command_and_version_is_the_package_version() -> None:
+    """``--help`` lists every command, and ``--version`` prints the package's version."""
     help_text = ok("--help")
     for name in ("demo", "list", "schedules", "show", "signal", "cancel", "purge", "worker"):
         assert re.search(rf"^\s+{name}\s", help_text, re.MULTILINE), name

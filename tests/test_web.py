@@ -137,6 +137,8 @@ def _failed(engine: Engine, *ids: str) -> None:
 
 
 def test_the_overview_counts_each_workflow_by_status(running: Engine) -> None:
+    """The overview page counts each workflow's instances by status with a total row, and each
+    count links to the list filtered by that workflow and status."""
     _failed(running, "f-1", "f-2")
     running.invoke("plain", 1, instance_id="p-1").result(TIMEOUT)
     page = _client(running).get("/")
@@ -153,6 +155,9 @@ def test_the_overview_counts_each_workflow_by_status(running: Engine) -> None:
 def test_the_list_is_newest_first_paged_by_50_with_the_page_in_the_url(
     running: Engine,
 ) -> None:
+    """The instance list shows 50 instances a page, newest first; the next page's link keeps the
+    filter and puts the page number in the URL, and the last page has a previous link and no
+    next."""
     for i in range(60):
         running.invoke("plain", i, instance_id=f"p-{i:02d}").result(TIMEOUT)
     client = _client(running)
@@ -171,6 +176,8 @@ def test_the_list_is_newest_first_paged_by_50_with_the_page_in_the_url(
 
 
 def test_the_list_filters_by_workflow_status_and_id_prefix(running: Engine) -> None:
+    """The list filters by workflow, by status and by an instance id prefix, alone or together;
+    the prefix is case-sensitive on every store."""
     _failed(running, "a-1", "b-1")
     running.invoke("plain", 1, instance_id="a-2").result(TIMEOUT)
     client = _client(running)
@@ -189,6 +196,8 @@ def test_the_list_filters_by_workflow_status_and_id_prefix(running: Engine) -> N
 def test_the_detail_page_shows_steps_in_order_the_error_and_its_traceback(
     running: Engine,
 ) -> None:
+    """The page of a failed instance lists its steps in order with the error and shows the
+    traceback; an instance that has ended is not polled for updates."""
     _failed(running, "f-1")
     page = _client(running).get(_detail("flaky", "f-1"))
     assert page.status_code == 200
@@ -202,6 +211,9 @@ def test_the_detail_page_shows_steps_in_order_the_error_and_its_traceback(
 
 
 def test_a_suspended_instance_is_live_and_names_what_it_awaits(running: Engine) -> None:
+    """The page of a suspended instance names the signal it awaits and its status message and
+    refreshes itself (live.js and a meta refresh); its live fragment is no full page
+    and says terminal once a signal has completed the run."""
     _suspended(running, "o-1")
     client = _client(running)
     page = client.get(_detail("order", "o-1"))
@@ -219,6 +231,8 @@ def test_a_suspended_instance_is_live_and_names_what_it_awaits(running: Engine) 
 
 
 def test_parent_and_children_link_to_each_other(running: Engine) -> None:
+    """A parent's page links to each of its children, and a child's page links back to its
+    parent."""
     running.invoke("parent", instance_id="p").result(TIMEOUT)
     client = _client(running)
     page = client.get(_detail("parent", "p"))
@@ -231,6 +245,8 @@ def test_parent_and_children_link_to_each_other(running: Engine) -> None:
 
 
 def test_metrics_are_the_prometheus_text_format(running: Engine) -> None:
+    """/metrics answers in the Prometheus text format, counting instances by workflow and
+    status."""
     _failed(running, "f-1")
     page = _client(running).get("/metrics")
     assert page.status_code == 200
@@ -242,6 +258,8 @@ def test_metrics_are_the_prometheus_text_format(running: Engine) -> None:
 
 
 def test_signal_delivers_a_json_payload_and_the_run_goes_on(running: Engine) -> None:
+    """With actions allowed, the signal form delivers its JSON payload, redirects back to the
+    instance's page, and the run completes with that value."""
     _suspended(running, "o-1")
     client = _client(running, allow_actions=True)
     page = client.get(_detail("order", "o-1"))
@@ -253,6 +271,8 @@ def test_signal_delivers_a_json_payload_and_the_run_goes_on(running: Engine) -> 
 
 
 def test_cancel_ends_the_instance(running: Engine) -> None:
+    """The cancel form ends a suspended instance; posting it again answers 409, saying the
+    instance is cancelled."""
     _suspended(running, "o-1")
     client = _client(running, allow_actions=True)
     page = client.get(_detail("order", "o-1"))
@@ -265,6 +285,8 @@ def test_cancel_ends_the_instance(running: Engine) -> None:
 
 
 def test_resume_runs_a_failed_instance_again(running: Engine) -> None:
+    """A failed instance's page offers resume; resuming reruns it from the failed step, the
+    completed first step not running again."""
     running.invoke("broken", instance_id="b-1").wait(TIMEOUT)
     client = _client(running, allow_actions=True)
     page = client.get(_detail("broken", "b-1"))
@@ -276,6 +298,9 @@ def test_resume_runs_a_failed_instance_again(running: Engine) -> None:
 
 
 def test_fork_copies_the_steps_before_the_key_and_reruns_from_it(running: Engine) -> None:
+    """The fork form makes a new instance that copies the steps before the chosen key (and the
+    signal's value) and runs from that key; the source is untouched, and posting the same form
+    again is 409, forking nothing."""
     _suspended(running, "o-1")
     running.signal("order", "o-1", "approve", "yes").result(TIMEOUT)
     client = _client(running, allow_actions=True)
@@ -300,6 +325,8 @@ def test_fork_copies_the_steps_before_the_key_and_reruns_from_it(running: Engine
 
 
 def test_fork_from_a_key_it_never_reached_names_the_keys_it_has(running: Engine) -> None:
+    """A fork from a key the instance never reached is refused with 400, listing the keys it
+    has, and makes no instance."""
     running.invoke("plain", 1, instance_id="p-1").result(TIMEOUT)
     _failed(running, "f-1")
     client = _client(running, allow_actions=True)
@@ -314,6 +341,9 @@ def test_fork_from_a_key_it_never_reached_names_the_keys_it_has(running: Engine)
 def test_bulk_resume_states_the_filter_and_count_and_acts_on_exactly_that(
     running: Engine,
 ) -> None:
+    """The list's resume-failed link leads to a confirmation stating the filter and the count;
+    confirming resumes exactly those instances, not one that matches the filter but failed after
+    the confirmation, nor one outside it."""
     _failed(running, "x-1", "x-2", "y-1")
     client = _client(running, allow_actions=True)
     listing = client.get("/instances?workflow=flaky&status=failed&id=x")
@@ -344,6 +374,8 @@ def _forms(text: str) -> list[str]:
 def test_read_only_shows_no_form_and_refuses_every_post_changing_nothing(
     running: Engine,
 ) -> None:
+    """Without allow_actions no page shows a form or the resume-failed link, and every action
+    POST (with a valid CSRF token) is 403 read-only, changing nothing."""
     _suspended(running, "o-1")
     _failed(running, "f-1")
     client = _client(running)
@@ -373,6 +405,8 @@ def test_read_only_shows_no_form_and_refuses_every_post_changing_nothing(
 def test_a_post_without_this_browsers_csrf_token_is_refused(
     running: Engine, csrf: str | None
 ) -> None:
+    """An action POST with no CSRF token, an empty one, a forged one, or another browser's token
+    is refused with 403 and the instance stays suspended."""
     _suspended(running, "o-1")
     client = _client(running, allow_actions=True)
     client.get("/")  # the browser has its cookie
@@ -390,6 +424,9 @@ def test_a_post_without_this_browsers_csrf_token_is_refused(
 
 
 def test_with_a_token_every_page_is_401_without_it(running: Engine) -> None:
+    """With a token set, every page, static file, metrics and POST is 401 without it and shows
+    neither data nor the token; the token works as a Bearer header, and given once as ?token= it
+    is kept in an HttpOnly, SameSite=Lax cookie and dropped from the URL by a redirect."""
     running.invoke("plain", 1, instance_id="p-1").result(TIMEOUT)
     token = "s3cret-token-value"
     client = _client(running, token=token, allow_actions=True)
@@ -566,6 +603,7 @@ def test_memable_ui_never_logs_or_redirects_with_its_token(tmp_path: Any) -> Non
 
 
 def test_ui_refuses_to_serve_other_machines_without_a_token(tmp_path: Any) -> None:
+    """``memable ui --host 0.0.0.0`` with no token exits 2, asking for a --token."""
     path = tmp_path / "app.db"
     Engine.open(path).close()
     result = CliRunner().invoke(main, ["ui", str(path), "--host", "0.0.0.0"], env={
@@ -585,6 +623,8 @@ def _file_with_one_instance(tmp_path: Any) -> Any:
 
 
 def test_ui_on_a_taken_port_says_so_with_exit_2(tmp_path: Any) -> None:
+    """``memable ui`` on a port another socket holds exits 2, saying it cannot serve on that
+    address."""
     import socket
 
     path = _file_with_one_instance(tmp_path)
@@ -640,6 +680,8 @@ def test_ui_serves_the_dashboard_until_shut_down(tmp_path: Any) -> None:
 def test_bad_requests_get_a_page_that_says_so(
     running: Engine, path: str, status: int, says: str
 ) -> None:
+    """Malformed queries, unknown instances or workflows, unknown pages, a GET of an action and
+    a path escaping the static folder each get the fitting 400, 404 or 405 page saying why."""
     running.invoke("plain", 1, instance_id="p-1").result(TIMEOUT)
     page = _client(running).get(path)
     assert page.status_code == status
@@ -647,6 +689,8 @@ def test_bad_requests_get_a_page_that_says_so(
 
 
 def test_a_malformed_payload_is_400_and_changes_nothing(running: Engine) -> None:
+    """A signal whose payload is not JSON is 400, naming the key, and stores nothing; a signal
+    to an unknown instance is 404."""
     _suspended(running, "o-1")
     before = running.steps("order", "o-1")
     client = _client(running, allow_actions=True)
@@ -664,6 +708,8 @@ def test_a_malformed_payload_is_400_and_changes_nothing(running: Engine) -> None
 
 
 def test_a_bulk_resume_without_a_confirmed_time_is_400(running: Engine) -> None:
+    """A bulk resume whose confirmed time is missing, not a time, or without a time zone is 400
+    and resumes nothing."""
     _failed(running, "f-1")
     client = _client(running, allow_actions=True)
     page = client.get("/resume-failed")
@@ -709,6 +755,9 @@ def _escaping_case(engine: Engine, field: str) -> tuple[str, str]:
     "error", "workflow name",
 ])
 def test_everything_stored_is_shown_as_text(running: Engine, field: str) -> None:
+    """Markup stored in any field (instance id, input, output, status message, step key or
+    result, error, workflow name) is escaped on every page that shows it, and the pages forbid
+    inline scripts."""
     workflow, instance_id = _escaping_case(running, field)
     client = _client(running, allow_actions=True)
     detail = client.get(_detail(workflow, instance_id))
@@ -725,6 +774,8 @@ def test_everything_stored_is_shown_as_text(running: Engine, field: str) -> None
 
 
 def test_app_opens_a_store_by_path_and_refuses_a_missing_one(tmp_path: Any) -> None:
+    """``app()`` given a file path opens the store as a Dashboard; a missing file is refused,
+    and a value that is no path, URL or Engine is a TypeError."""
     dashboard = app(_file_with_one_instance(tmp_path))
     try:
         assert isinstance(dashboard, Dashboard)
@@ -738,6 +789,8 @@ def test_app_opens_a_store_by_path_and_refuses_a_missing_one(tmp_path: Any) -> N
 
 
 def test_step_not_found_is_a_value_error_naming_the_keys() -> None:
+    """StepNotFound is a ValueError that names the key asked for and carries the keys the
+    instance has."""
     err = StepNotFound("wf", "i-1", "x", ["a", "b"])
     assert isinstance(err, ValueError)
     assert err.keys == ["a", "b"]
