@@ -364,6 +364,9 @@ def inject_post(driver: WebDriver, action: str, fields: dict[str, str]) -> None:
 def test_navigation_overview_list_detail_parent_and_child(
     driver: WebDriver, actions_url: str
 ) -> None:
+    """In a real browser, the overview's counts, queues and schedules, the instance list, a
+    count's filtered list, an instance's page, its child and back to the parent, and the metrics
+    page are all reached by clicking links, each showing what the store holds."""
     driver.get(actions_url + "/")
     assert text(driver, "h1") == "Overview"
     counts = driver.find_element(By.ID, "counts")
@@ -419,6 +422,9 @@ def test_navigation_overview_list_detail_parent_and_child(
 def test_filter_stays_in_the_url_and_across_back_and_forward(
     driver: WebDriver, actions_url: str, engine: Engine
 ) -> None:
+    """A filter chosen in the list's form goes into the URL and comes back, with the form's
+    fields set and the same rows, when the browser goes back to the list from an instance and
+    forward again."""
     for n in (1, 2, 3):
         engine.invoke("approval", n, instance_id=f"filter-{n}").wait(WAIT)
     engine.signal("approval", "filter-3", "approve:v1", "yes").result(WAIT)
@@ -460,6 +466,8 @@ def test_filter_stays_in_the_url_and_across_back_and_forward(
 
 
 def test_pages_keep_the_filter(driver: WebDriver, actions_url: str) -> None:
+    """Paging through a filtered list keeps the filter in each page's URL and form; the last
+    page holds the oldest instance and no next link."""
     driver.get(actions_url + "/instances?workflow=tick")
     assert len(driver.find_elements(By.CSS_SELECTOR, ".instance-link")) == PAGE_SIZE
     assert driver.find_elements(By.ID, "page-prev") == []
@@ -481,6 +489,9 @@ def test_pages_keep_the_filter(driver: WebDriver, actions_url: str) -> None:
 def test_live_page_follows_the_instance_to_its_end(
     driver: WebDriver, actions_url: str, engine: Engine
 ) -> None:
+    """A suspended instance's page refreshes its fragment in place while nothing changes, and
+    once a signal completes the instance, live.js reloads the page by itself to show the output,
+    with the signal form gone."""
     engine.invoke("approval", 7, instance_id="live-1").wait(WAIT)
     driver.get(detail(actions_url, "approval", "live-1"))
     assert text(driver, "#status") == "suspended"
@@ -507,6 +518,8 @@ def test_live_page_follows_the_instance_to_its_end(
 def test_signal_with_a_json_payload(
     driver: WebDriver, actions_url: str, engine: Engine
 ) -> None:
+    """The signal form posts the JSON payload typed (non-ASCII text included) as is; the page
+    says it was delivered, then shows the completed instance with that value in its output."""
     engine.invoke("approval", 3, instance_id="signal-1").wait(WAIT)
     driver.get(detail(actions_url, "approval", "signal-1"))
     assert driver.find_element(By.ID, "signal-key").get_attribute("value") == "approve:v1"
@@ -530,6 +543,8 @@ def test_signal_with_a_json_payload(
 def test_malformed_json_payload_gets_400_and_changes_nothing(
     driver: WebDriver, actions_url: str, engine: Engine
 ) -> None:
+    """A signal payload that is not JSON gets the 400 page naming the instance and key, and the
+    instance stays suspended on that key with its steps unchanged."""
     engine.invoke("approval", 4, instance_id="badjson-1").wait(WAIT)
     before = (engine.get_metadata("approval", "badjson-1"),
               engine.steps("approval", "badjson-1"))
@@ -554,6 +569,8 @@ def test_malformed_json_payload_gets_400_and_changes_nothing(
 
 
 def test_cancel(driver: WebDriver, actions_url: str, engine: Engine) -> None:
+    """The Cancel button ends a suspended instance: the page says so, shows it cancelled, and
+    offers no signal, cancel or resume any more."""
     engine.invoke("approval", 5, instance_id="cancel-1").wait(WAIT)
     driver.get(detail(actions_url, "approval", "cancel-1"))
     click(driver, "#cancel")
@@ -568,6 +585,8 @@ def test_cancel(driver: WebDriver, actions_url: str, engine: Engine) -> None:
 def test_resume_a_failed_instance(
     driver: WebDriver, actions_url: str, engine: Engine
 ) -> None:
+    """A failed instance's page shows its traceback; Resume marks it, the engine runs it again,
+    and the page follows it to completed with both steps done."""
     assert isinstance(engine.invoke("flaky", 21, instance_id="resume-1").wait(WAIT), Failed)
     driver.get(detail(actions_url, "flaky", "resume-1"))
     assert text(driver, "#status") == "failed"
@@ -582,6 +601,9 @@ def test_resume_a_failed_instance(
 
 
 def test_fork_from_a_step(driver: WebDriver, actions_url: str, engine: Engine) -> None:
+    """Fork from a chosen step makes a new instance and opens its page; the step before the
+    chosen one is copied from the source (its completion time the source's) while the chosen one
+    and the one after it execute again, and the source stays completed."""
     engine.invoke("pipeline", 5, instance_id="fork-src").result(WAIT)
     driver.get(detail(actions_url, "pipeline", "fork-src"))
     options = [o.get_attribute("value") for o in
@@ -617,6 +639,9 @@ def test_fork_from_a_step(driver: WebDriver, actions_url: str, engine: Engine) -
 def test_resume_the_failed_of_a_filter(
     driver: WebDriver, actions_url: str, engine: Engine
 ) -> None:
+    """Resume-failed from a filtered list shows a confirmation with the filter and count,
+    changing nothing until confirmed; confirming resumes exactly the filter's failed instances
+    (not one outside it), which then complete."""
     ids = [f"bulk-{n}" for n in range(3)]
     for n, instance_id in enumerate(ids):
         assert isinstance(engine.invoke("flaky", n, instance_id=instance_id).wait(WAIT), Failed)
@@ -683,6 +708,8 @@ def test_pause_and_resume_a_queue(
 def test_post_without_the_browsers_csrf_token_is_refused(
     driver: WebDriver, actions_url: str, engine: Engine
 ) -> None:
+    """A cancel POST made from the page without a CSRF token, or with a forged one, gets the 403
+    page naming the CSRF token, and the instance stays suspended."""
     engine.invoke("approval", 8, instance_id="csrf-1").wait(WAIT)
     driver.get(detail(actions_url, "approval", "csrf-1"))
     for fields in ({"workflow": "approval", "id": "csrf-1"},
@@ -699,6 +726,9 @@ def test_post_without_the_browsers_csrf_token_is_refused(
 def test_read_only_shows_no_forms_and_refuses_posts(
     driver: WebDriver, readonly_url: str, engine: Engine
 ) -> None:
+    """The read-only dashboard shows no action form on any page (the list's filter form only)
+    and no resume-failed link; the confirmation page and every POST made from the browser get
+    the 403 read-only page, changing nothing."""
     engine.invoke("approval", 6, instance_id="readonly-1").wait(WAIT)
     driver.get(detail(readonly_url, "approval", "readonly-1"))
     assert text(driver, "#mode") == "read-only"
@@ -742,6 +772,9 @@ def test_read_only_shows_no_forms_and_refuses_posts(
 
 
 def test_stored_markup_shows_as_text(driver: WebDriver, actions_url: str) -> None:
+    """Markup stored in every field of an instance (id, status message, input, output, step
+    keys, error, result) shows as text in the detail page, its form attributes, the list, the
+    filter field and the 404 page, and no stored script runs."""
     driver.get(detail(actions_url, "hostile", XSS_ID))
     assert text(driver, "#instance-id") == XSS_ID
     assert text(driver, "#status") == "completed"
