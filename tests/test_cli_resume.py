@@ -59,6 +59,9 @@ def test_resume_of_a_failed_instance_runs_it_again_in_the_running_engine(
 def test_a_resume_stored_while_no_engine_runs_is_run_by_the_next_one(
     open_shared: Callable[..., Engine], shared_store: dict[str, Any],
 ) -> None:
+    """``memable resume`` with no engine running stores the failed instance as suspended
+    ("resumed from the command line"); the next engine opened runs it from the failed step, the
+    completed one not run again."""
     calls: Counter[str] = Counter()
     first = open_shared()
     first.register("pay", _flaky(calls))
@@ -78,6 +81,8 @@ def test_a_resume_stored_while_no_engine_runs_is_run_by_the_next_one(
 def test_resume_of_a_running_instance_changes_nothing(
     open_shared: Callable[..., Engine], shared_store: dict[str, Any],
 ) -> None:
+    """``memable resume`` of an instance whose step is running in an engine exits 0 saying there
+    is nothing to resume, and the run goes on to its end."""
     inside, release = threading.Event(), threading.Event()
     engine = open_shared()
     engine.register("hold", lambda ctx: ctx.step("s").run(
@@ -98,6 +103,8 @@ def test_resume_of_a_running_instance_changes_nothing(
 def test_resume_of_a_cancelled_or_unknown_instance_exits_2_and_writes_nothing(
     open_shared: Callable[..., Engine], shared_store: dict[str, Any],
 ) -> None:
+    """``memable resume`` of a cancelled instance exits 2 saying it is cancelled and leaves its
+    metadata as it was; of an unknown one, exits 2 with "no stored instance"."""
     engine = open_shared()
     engine.register("wait", lambda ctx: ctx.suspend("ok"))
     with engine:

@@ -242,6 +242,8 @@ def test_ticks_skipped_while_an_earlier_tick_has_not_ended_are_counted(
 def test_a_store_without_schedules_says_so(
     open_shared: Callable[..., Engine], shared_store: dict[str, Any],
 ) -> None:
+    """``memable schedules`` on a store where no engine declared a schedule says there are none
+    (``--json``: an empty list)."""
     engine = open_shared()
     engine.register("wf", _wf)
     with engine:
@@ -315,6 +317,9 @@ def test_list_schedule_lists_exactly_the_ticks_of_that_schedule(
 def test_list_of_a_schedule_the_store_does_not_know_says_so(
     open_shared: Callable[..., Engine], shared_store: dict[str, Any], as_json: bool,
 ) -> None:
+    """``list --schedule`` of a name the store does not know prints an empty listing with a note
+    suggesting the close name, in text and JSON; a known schedule with no tick yet lists
+    nothing, with no note."""
     engine = _hourly(open_shared)
     with freeze_time("2026-06-01 09:59:00"):
         engine.start()
@@ -336,6 +341,8 @@ def test_list_of_a_schedule_the_store_does_not_know_says_so(
 
 
 def test_schedules_on_a_postgresql_schema_without_a_store_exits_2(pg_schema: str) -> None:
+    """``schedules`` and ``list --schedule`` on a PostgreSQL schema holding no memable store
+    exit 2 with one error naming the schema, and print nothing."""
     from conftest import POSTGRES_URL
 
     store = {"target": POSTGRES_URL, "schema": pg_schema}

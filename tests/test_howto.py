@@ -61,6 +61,9 @@ def stored(tmp_path: Path, table: str) -> list[dict[str, Any]]:
 def test_cron_first_run_completes_and_a_second_run_the_same_day_runs_nothing(
     tmp_path: Path,
 ) -> None:
+    """The cron guide's script runs every step once and writes the day's report; run again the
+    same day it finds the instance completed, executes nothing and changes no row, not even a
+    timestamp."""
     first = nightly(tmp_path, "--day", DAY)
     assert first.returncode == 0, first.stderr
     assert executed(first.stdout) == KEYS
@@ -84,6 +87,8 @@ def test_cron_first_run_completes_and_a_second_run_the_same_day_runs_nothing(
 
 
 def test_cron_each_day_is_its_own_instance(tmp_path: Path) -> None:
+    """Each ``--day`` is an instance of its own: two days run every step twice and write two
+    reports."""
     for day in (DAY, "2026-01-02"):
         run = nightly(tmp_path, "--day", day)
         assert run.returncode == 0, run.stderr
@@ -98,6 +103,9 @@ def test_cron_each_day_is_its_own_instance(tmp_path: Path) -> None:
 def test_cron_run_killed_in_a_step_resumes_without_rerunning_completed_steps(
     tmp_path: Path, hold: str
 ) -> None:
+    """The script SIGKILLed while it holds in each step in turn leaves the instance running with
+    only the earlier steps stored; the next run recovers it, executes from the killed step on,
+    leaves the earlier steps' rows untouched, and a third run executes nothing."""
     proc, seen = start_holding(tmp_path, hold)
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=60)
@@ -129,6 +137,9 @@ def test_cron_run_killed_in_a_step_resumes_without_rerunning_completed_steps(
 def test_cron_overlapping_run_starts_nothing_and_takes_over_when_the_first_dies(
     tmp_path: Path,
 ) -> None:
+    """A second run started while the first holds in a step finds the instance running and
+    executes nothing; once the first is SIGKILLed, the waiting run recovers the instance and
+    finishes it from the step in flight, each step run once."""
     first, _ = start_holding(tmp_path, "totals:v1")
     second = subprocess.Popen(
         [sys.executable, str(SCRIPT), "--db", str(tmp_path / "workflows.db"),
@@ -172,6 +183,9 @@ def start_holding(tmp_path: Path, hold: str) -> tuple[subprocess.Popen[str], str
 
 
 def test_cron_run_after_a_failed_one_resumes_it(tmp_path: Path) -> None:
+    """A run whose publish step fails (a file stands where the report directory should be) exits
+    1 and leaves the instance failed; the next run resumes it from that step, the earlier steps
+    not run again."""
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("a file where the report directory should be\n")
     failed = nightly(tmp_path, "--day", DAY, out=blocker)
@@ -217,6 +231,8 @@ def argv_of(command: str) -> list[str]:
 
 
 def test_inspect_page_has_commands_that_only_read() -> None:
+    """The inspect guide's console commands are python (to make the demo store) and read-only
+    sqlite-utils verbs; none writes to the store."""
     assert len(COMMANDS) >= 8
     programs = {shlex.split(c)[0] for c in COMMANDS}
     assert programs <= {"python", "sqlite-utils"}
@@ -228,6 +244,8 @@ def test_inspect_page_has_commands_that_only_read() -> None:
 
 
 def test_every_command_of_the_inspect_page_runs_on_a_demo_store(tmp_path: Path) -> None:
+    """Every console command of the inspect guide runs cleanly on the store ``memable demo``
+    makes and prints something."""
     demo = subprocess.run(
         [sys.executable, "-m", "memable", "demo", "--db", str(tmp_path / "memable-demo.db")],
         capture_output=True, text=True, timeout=120, cwd=tmp_path, check=False,

@@ -86,6 +86,9 @@ def held(tmp_path: Path) -> Iterator[tuple[Path, Engine, threading.Event]]:
 def test_show_of_a_running_instance_names_its_owner_step_in_flight_and_status(
     held: tuple[Path, Engine, threading.Event],
 ) -> None:
+    """``show`` of an instance an engine in this process holds inside a step names its owner
+    (host and pid, alive, judged by its pid), the step in flight and since when, and its status
+    message, in JSON and in the text."""
     db, _, _ = held
     view = eventually(lambda: (v := shown(db, "pay", "order-1"))["in_flight"] and v)
     assert view["status"] == "running"
@@ -107,6 +110,8 @@ def test_show_of_a_running_instance_names_its_owner_step_in_flight_and_status(
 def test_list_names_the_owner_of_a_running_instance_and_its_age(
     held: tuple[Path, Engine, threading.Event],
 ) -> None:
+    """``list`` of a running instance gives its owner's host and pid, alive, in the OWNER column
+    and its age in seconds (JSON: an owner record and age_seconds)."""
     db, _, _ = held
     [record] = json.loads(cli("list", db, "--status", "running", "--json").stdout)
     assert record["owner"] == {"host": socket.gethostname(), "pid": os.getpid(), "alive": True}
@@ -133,6 +138,9 @@ def test_show_of_an_instance_whose_owner_was_killed_says_it_is_dead(tmp_path: Pa
 
 
 def test_show_of_a_failed_instance_prints_its_traceback(tmp_path: Path) -> None:
+    """``show`` of a failed instance prints the failed step's traceback, with the raising line,
+    after the steps table; the JSON carries it on the instance and on the step, along with the
+    failed attempt's start time."""
     db = tmp_path / "store.db"
 
     def declined() -> None:
@@ -155,6 +163,8 @@ def test_show_of_a_failed_instance_prints_its_traceback(tmp_path: Path) -> None:
 
 
 def test_show_cuts_large_values_and_full_prints_them(tmp_path: Path) -> None:
+    """``show`` cuts an input, output or step result longer than 2000 characters and says how
+    long each was and that --full prints it; with --full every value is printed whole."""
     db = tmp_path / "store.db"
     big = "x" * 100_000
     engine = Engine.open(db)
@@ -188,6 +198,8 @@ def parked(tmp_path: Path) -> Path:
 
 
 def test_a_signal_to_a_key_the_instance_does_not_wait_on_says_so(parked: Path) -> None:
+    """A signal to a key the instance does not wait on is stored, with a note naming the key it
+    waits on and suggesting it; a signal to that key then goes through with no note."""
     result = cli("signal", parked, "approve", "doc-1", "approval", '"carol"')
     assert result.exit_code == 0
     assert result.stdout == "signal approval stored for approve/doc-1\n"
@@ -201,6 +213,8 @@ def test_a_signal_to_a_key_the_instance_does_not_wait_on_says_so(parked: Path) -
 
 
 def test_a_signal_to_a_workflow_the_store_never_saw_is_refused(parked: Path) -> None:
+    """A signal to a workflow the store has no instance of is refused with exit 2, suggesting
+    the close name, and the store file is left byte for byte as it was."""
     before = parked.read_bytes()
     result = cli("signal", parked, "aprove", "doc-1", "approval:v1", '"carol"')
     assert result.exit_code == 2
@@ -236,6 +250,9 @@ def test_show_of_a_timer_past_the_calendar_does_not_crash(tmp_path: Path) -> Non
 def test_a_refused_signal_names_the_instance_and_the_key(
     tmp_path: Path, key: str, why: str
 ) -> None:
+    """A signal to a key that already holds a value, or to a step's key, is refused with exit 2
+    naming the reason, the instance and the key, and the store file is left byte for byte as it
+    was."""
     db = tmp_path / "store.db"
     engine = Engine.open(db)
 

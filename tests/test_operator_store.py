@@ -43,6 +43,8 @@ def _store(engine: Engine) -> Store:
 
 
 def test_a_page_is_newest_first_with_offset_and_limit(engine: Engine) -> None:
+    """The store's page of instances is newest first, cut by offset and limit (empty past the
+    end), and filters by workflow, status and a case-sensitive id prefix."""
     for i in range(7):
         engine.invoke("two", i, instance_id=f"t-{i}").result(TIMEOUT)
     store = _store(engine)
@@ -56,6 +58,9 @@ def test_a_page_is_newest_first_with_offset_and_limit(engine: Engine) -> None:
 
 
 def test_counts_failed_ones_and_queue_names(engine: Engine) -> None:
+    """The store counts instances by workflow and status, names the declared queues, and lists
+    failed instances oldest first with the time each failed, filtered by workflow, id prefix,
+    limit, and a failure time until or since."""
     for i in (1, 2):
         engine.invoke("two", i, instance_id=f"ok-{i}").result(TIMEOUT)
     for i in (1, 2, 3):
@@ -84,6 +89,8 @@ def test_counts_failed_ones_and_queue_names(engine: Engine) -> None:
 
 
 def test_resume_failed_resumes_the_oldest_first_up_to_the_limit(engine: Engine) -> None:
+    """``admin.resume_failed`` with a limit resumes the oldest failed instances up to it and
+    leaves the next one failed; the running engine then runs the resumed ones again."""
     for i in (1, 2, 3):
         engine.invoke("two", -i, instance_id=f"bad-{i}").wait(TIMEOUT)
     resumed = admin.resume_failed(_store(engine), "two", limit=2)
@@ -124,6 +131,8 @@ def test_fork_from_a_key_copies_the_completed_steps_before_it(engine: Engine) ->
 
 
 def test_a_fork_of_a_failed_step_reruns_it_and_the_source_stays(engine: Engine) -> None:
+    """A fork from a failed step copies the step before it and runs the failed one anew (failing
+    again here); the source's steps and its failed status stay as they were."""
     engine.invoke("two", -1, instance_id="bad").wait(TIMEOUT)
     before = engine.steps("two", "bad")
     admin.fork_instance(_store(engine), "two", "bad", "two", "again")
@@ -141,6 +150,8 @@ def test_a_fork_of_a_failed_step_reruns_it_and_the_source_stays(engine: Engine) 
 
 
 def test_a_fork_onto_a_queue_runs_through_its_queue(engine: Engine) -> None:
+    """A fork of an instance of a queued workflow is stored on that queue and runs through
+    it."""
     engine.invoke("mailed", instance_id="m").result(TIMEOUT)
     new_id, _ = admin.fork_instance(_store(engine), "mailed", "m", None, "m2")
     assert engine.invocation("mailed", new_id).result(TIMEOUT) is None
@@ -150,6 +161,9 @@ def test_a_fork_onto_a_queue_runs_through_its_queue(engine: Engine) -> None:
 
 
 def test_fork_refuses_what_it_cannot_do_writing_nothing(engine: Engine) -> None:
+    """A fork from a key the instance never reached (StepNotFound, listing its keys), of an
+    unknown instance, or with an invalid key or new id is refused, and no instance is
+    written."""
     engine.invoke("two", 1, instance_id="t").result(TIMEOUT)
     store = _store(engine)
     with pytest.raises(StepNotFound, match=r"its keys: 'one', 'two'.*step 'three'") as err:
