@@ -37,6 +37,8 @@ def example_and_output() -> tuple[str, str]:
 
 
 def test_the_tracing_example_prints_what_the_page_shows(tmp_path: Path) -> None:
+    """The tracing guide's ``trace_order.py``, run in a process of its own, exits cleanly with
+    nothing on stderr and prints exactly the output the page shows after it."""
     code, shown = example_and_output()
     (tmp_path / EXAMPLE).write_text(code)
     run = subprocess.run(
@@ -49,6 +51,8 @@ def test_the_tracing_example_prints_what_the_page_shows(tmp_path: Path) -> None:
 
 
 def test_the_tracing_page_configuration_blocks_compile() -> None:
+    """Each of the tracing guide's python blocks (at least five) compiles; they send to a
+    collector, so they are not run."""
     blocks = python_blocks()
     assert len(blocks) >= 5
     for number, code in enumerate(blocks, 1):

@@ -11,5 +11,7 @@ from conftest import HEAVY_LOCK
 
 @pytest.mark.heavy
 def test_a_heavy_test_runs_holding_the_lock() -> None:
+    """While a ``heavy`` test runs, another file handle cannot take the machine-wide lock: the
+    suite's fixture holds it."""
     with open(HEAVY_LOCK, "a") as other, pytest.raises(BlockingIOError):
         fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -45,6 +45,8 @@ def test_every_record_about_an_instance_names_it_in_its_message(
 def test_a_failure_is_logged_at_warning_with_its_traceback(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    """A step that raises is logged at WARNING as ``workflow/instance [step]: failed: ...``, and
+    the formatted record carries the traceback with the exception."""
     def declined() -> None:
         raise RuntimeError("card declined")
 

@@ -58,6 +58,8 @@ def points(metric: Metric) -> list[tuple[dict[str, Any], Any]]:
 def test_runs_steps_and_retries_are_counted_by_workflow_and_outcome(
     make_engine: Callable[..., Engine], reader: InMemoryMetricReader,
 ) -> None:
+    """Runs and step attempts are counted by workflow and outcome (a retried step's failed first
+    attempt too), retries by workflow, and run and step durations are histograms in seconds."""
     engine = make_engine()
     calls: list[int] = []
 
@@ -98,6 +100,7 @@ def test_runs_steps_and_retries_are_counted_by_workflow_and_outcome(
 def test_a_timed_out_attempt_is_counted_timed_out(
     make_engine: Callable[..., Engine], reader: InMemoryMetricReader,
 ) -> None:
+    """A step attempt that overruns its timeout is counted with the outcome timed_out."""
     engine = make_engine()
     release = threading.Event()
     engine.register("wf", lambda ctx: ctx.step("slow").timeout(0.05).run(
@@ -112,6 +115,8 @@ def test_a_timed_out_attempt_is_counted_timed_out(
 def test_a_suspended_run_is_counted_and_a_timer_reports_its_lag(
     make_engine: Callable[..., Engine], reader: InMemoryMetricReader,
 ) -> None:
+    """A run that suspends on a timer is counted suspended and its next run completed; the
+    timer, fired 30 s past its deadline on a frozen clock, reports a lag of 30 s."""
     engine = make_engine(poll_interval=60)
     engine.register("wf", lambda ctx: ctx.timer("t", 60))
     with freeze_time(T0) as clock, engine:
@@ -132,6 +137,9 @@ def test_a_suspended_run_is_counted_and_a_timer_reports_its_lag(
 def test_schedule_ticks_are_counted_fired_skipped_and_missed(
     make_engine: Callable[..., Engine], reader: InMemoryMetricReader,
 ) -> None:
+    """A schedule's ticks are counted by outcome: fired, skipped (the previous tick's instance
+    has not ended, overlap=skip) and missed (catch_up=none, the clock jumping past three
+    ticks)."""
     engine = make_engine(poll_interval=60)
     engine.register("job", lambda ctx, tick: ctx.suspend("done"))
     engine.schedule("hourly", "0 * * * *", "job", overlap="skip", catch_up="none")
@@ -183,6 +191,8 @@ def test_a_queue_reports_its_wait_and_its_gauges(
 def test_no_data_point_carries_a_step_key_or_an_instance_id(
     make_engine: Callable[..., Engine], reader: InMemoryMetricReader,
 ) -> None:
+    """No data point is labelled with anything but workflow, outcome, queue or schedule: neither
+    an instance id (here an e-mail address) nor a step key shows up."""
     engine = make_engine()
     engine.queue("q")
     engine.register("wf", lambda ctx, n: ctx.step(f"charge-{n}:v1").run(lambda: n),

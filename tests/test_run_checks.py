@@ -85,6 +85,10 @@ def step(key: str) -> StepWrite:
 
 
 def test_a_file_store_reads_again_only_after_another_commit(tmp_path: Path) -> None:
+    """A file store reads the instance's status once, then skips the read after its own step
+    write and its own claims (of another instance, or through a queue: those become known too);
+    a write from another connection, also after a WAL checkpoint, makes it read again, and so it
+    sees a cancel."""
     db = tmp_path / "db"
     store = running_store(db)
     assert store._checks is not None, "the WAL counter was not found: every check reads"
@@ -116,6 +120,8 @@ def test_a_file_store_reads_again_only_after_another_commit(tmp_path: Path) -> N
 
 @pytest.mark.parametrize("where", ["memory", "file"])
 def test_the_stores_own_cancel_is_read_at_the_next_check(tmp_path: Path, where: str) -> None:
+    """On an in-memory store and a file, a cancel made through the store itself is seen at the
+    next check, though the checks before it skipped the read."""
     store = running_store(None if where == "memory" else tmp_path / "db")
     with traced(store) as seen:
         assert store.check_run("wf", "x") == "running"
@@ -227,6 +233,8 @@ class _Counter:
 
 
 def test_the_counter_wraps_around_at_32_bits() -> None:
+    """A commit that takes the WAL counter word from 2**32 - 1 to 0 counts as the one commit
+    expected, so the run's instance stays known running."""
     counter = _Counter()
     counter.word.value = 0xFFFFFFFF
     conn = sqlite3.connect(":memory:")
@@ -244,6 +252,7 @@ def test_the_counter_wraps_around_at_32_bits() -> None:
 
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs /proc (Linux)")
 def test_closing_the_store_unmaps_the_counter(tmp_path: Path) -> None:
+    """Closing the store unmaps its mapping of the -shm file, leaving none in the process."""
     db = tmp_path / "db"
     store = running_store(db)
     assert store._checks is not None
@@ -255,6 +264,8 @@ def test_closing_the_store_unmaps_the_counter(tmp_path: Path) -> None:
 def test_a_failed_mapping_means_no_counter(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """When mapping the -shm file fails (mmap returns MAP_FAILED), the store has no counter and
+    its checks read every time, still answering."""
     real = sqlite_watch._libc()
 
     class FailingLibc:
@@ -319,6 +330,8 @@ def test_a_second_descriptor_on_the_shm_file_means_no_counter(tmp_path: Path) ->
 def test_the_descriptor_scan_skips_what_it_cannot_read(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The scan for SQLite's descriptor on the -shm file passes over entries of /proc/self/fd
+    that are not numbers or no longer open, and still finds the counter."""
     real = os.listdir
     monkeypatch.setattr(
         sqlite_watch.os, "listdir",

@@ -136,6 +136,8 @@ def test_no_import_goes_up_or_sideways() -> None:
 
 
 def test_no_import_cycle_even_for_type_checking() -> None:
+    """No module of memable imports itself back through others, counting the imports made only
+    for type checking."""
     assert cycles(graph()) == []
 
 
@@ -155,6 +157,9 @@ def test_no_import_cycle_even_for_type_checking() -> None:
 def test_the_layering_check_sees_each_kind_of_fault(
     imports: dict[str, set[str]], fault: str
 ) -> None:
+    """The layering check reports an import up a layer, one sideways between two stores, and a
+    driver (sqlite3, psycopg, sqlite_utils) imported outside its store, each in its own
+    words."""
     assert layering_faults(imports) == [fault]
 
 

@@ -66,6 +66,9 @@ def parent_of(span: ReadableSpan) -> int | None:
 def test_an_invoke_is_a_producer_span_and_its_run_a_consumer_child_with_its_steps(
     make_engine: Callable[..., Engine], spans: InMemorySpanExporter,
 ) -> None:
+    """An invoke inside the caller's span is a producer span, child of it; the run is a consumer
+    span, child of the invoke, with a span per step, all in the caller's trace, with the SPEC's
+    attributes; the instance stores the invoke's traceparent."""
     engine = make_engine()
     engine.register("wf", lambda ctx: ctx.step("a").run(lambda: 1) + ctx.step("b").run(
         lambda: 2))
@@ -130,6 +133,9 @@ def test_a_run_ends_its_span_at_a_suspension_and_a_signal_continues_the_trace(
 def test_a_failed_attempt_records_its_exception_and_each_attempt_is_a_span(
     make_engine: Callable[..., Engine], spans: InMemorySpanExporter,
 ) -> None:
+    """Each attempt of a retried step is a span of its own numbered by attempt: the failed one
+    has an error status and records its exception, the one that succeeds leaves the status
+    unset."""
     engine = make_engine()
     calls: list[int] = []
 
@@ -158,6 +164,7 @@ def test_a_failed_attempt_records_its_exception_and_each_attempt_is_a_span(
 def test_a_failed_run_has_an_error_status(
     make_engine: Callable[..., Engine], spans: InMemorySpanExporter,
 ) -> None:
+    """The span of a run that ends failed has an error status and the outcome failed."""
     engine = make_engine()
 
     def boom() -> None:
@@ -176,6 +183,8 @@ def test_a_failed_run_has_an_error_status(
 def test_the_run_reason_names_what_started_the_run(
     make_engine: Callable[..., Engine], spans: InMemorySpanExporter, why: str,
 ) -> None:
+    """The second run's span names why it began (timer, retry or resume) on a frozen clock; the
+    first run's says invoke."""
     engine = make_engine(poll_interval=60)
     attempts: list[int] = []
 
@@ -209,6 +218,8 @@ def test_the_run_reason_names_what_started_the_run(
 def test_a_child_start_is_a_producer_span_inside_its_parents_run(
     make_engine: Callable[..., Engine], spans: InMemorySpanExporter,
 ) -> None:
+    """Starting a child is a producer span inside the parent's run; the child's run is its
+    consumer child, and the parent's run that then goes on says reason child."""
     engine = make_engine()
     engine.register("child", lambda ctx: "done")
     engine.register("parent", lambda ctx: ctx.child("c", "child"))
@@ -226,6 +237,8 @@ def test_a_child_start_is_a_producer_span_inside_its_parents_run(
 def test_a_schedule_tick_is_the_root_of_a_trace_of_its_own(
     make_engine: Callable[..., Engine], spans: InMemorySpanExporter,
 ) -> None:
+    """A schedule's tick makes a producer span with no parent, the root of a trace of its own,
+    and the run it starts is its child with reason schedule."""
     engine = make_engine(poll_interval=60)
     engine.register("job", lambda ctx: None)
     engine.schedule("hourly", "0 * * * *", "job")
@@ -292,6 +305,8 @@ def test_without_a_tracer_provider_an_ambient_context_is_not_stored_either(
 
 
 def test_import_memable_imports_no_opentelemetry_module() -> None:
+    """``import memable`` in a fresh process loads no opentelemetry module: tracing stays an
+    optional dependency."""
     found = subprocess.run(
         [sys.executable, "-c",
          "import memable, sys; print(sorted(m for m in sys.modules "
@@ -357,6 +372,8 @@ def test_a_run_a_resume_queued_says_resume(
 def test_a_rejected_signal_leaves_the_stored_context_and_its_span_says_error(
     make_engine: Callable[..., Engine], spans: InMemorySpanExporter,
 ) -> None:
+    """A signal to a finished instance, refused with InstanceFinished, leaves the instance's
+    stored traceparent as it was, and its producer span has an error status."""
     engine = make_engine()
     engine.register("wf", lambda ctx: str(ctx.suspend("go")))
     with engine:

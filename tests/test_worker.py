@@ -261,6 +261,8 @@ def test_grace_zero_with_nothing_in_flight_stops_cleanly(
 
 @pytest.mark.parametrize("grace", ["-5", "-0.1", "nan", "inf"])
 def test_a_negative_grace_is_refused_before_anything_starts(app_dir: Path, grace: str) -> None:
+    """``memable worker --grace`` refuses a negative, NaN or infinite grace with exit 2 naming
+    the option, before opening (and so creating) the store."""
     done = _cli(app_dir, "worker", "app:engine", "--grace", grace)
     assert done.returncode == 2
     assert "--grace" in done.stderr
