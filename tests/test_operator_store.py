@@ -162,8 +162,8 @@ def test_a_fork_onto_a_queue_runs_through_its_queue(engine: Engine) -> None:
 
 def test_fork_refuses_what_it_cannot_do_writing_nothing(engine: Engine) -> None:
     """A fork from a key the instance never reached (StepNotFound, listing its keys), of an
-    unknown instance, or with an invalid key or new id is refused, and no instance is
-    written."""
+    unknown instance, to an empty new id, or from a key that is not a str is refused, and no
+    instance is written."""
     engine.invoke("two", 1, instance_id="t").result(TIMEOUT)
     store = _store(engine)
     with pytest.raises(StepNotFound, match=r"its keys: 'one', 'two'.*step 'three'") as err:

@@ -708,8 +708,8 @@ def test_a_malformed_payload_is_400_and_changes_nothing(running: Engine) -> None
 
 
 def test_a_bulk_resume_without_a_confirmed_time_is_400(running: Engine) -> None:
-    """A bulk resume whose confirmed time is missing, not a time, or without a time zone is 400
-    and resumes nothing."""
+    """A bulk resume whose confirmed time is empty, not a time, or a time with no UTC offset is
+    400 and resumes nothing."""
     _failed(running, "f-1")
     client = _client(running, allow_actions=True)
     page = client.get("/resume-failed")
