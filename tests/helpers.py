@@ -13,9 +13,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import pytest
 from click.testing import CliRunner, Result
 
-from memable import Context, Engine, StepError
+from memable import Context, Engine, Invocation, StepError, WorkflowFailed, WorkflowState
 from memable._cli.commands import main
 from memable._sqlite.store import SQLiteStore
 
@@ -297,3 +298,44 @@ class HeldLook:
     def release(self) -> None:
         self._go.set()
         assert self._looked.wait(10)
+
+
+# ---------------------------------------------------------------------- waiting, wrapping, clocks
+
+#: Seconds any single wait in a test may take before the test gives up.
+PATIENCE = 10
+
+#: Run a test on the stores that outlive an engine (a file, PostgreSQL), not in memory.
+shared_store_only = pytest.mark.parametrize("store_target", ["file", "postgres"], indirect=True)
+
+
+def final_state(inv: Invocation, timeout: float = PATIENCE) -> WorkflowState:
+    """The terminal state of an instance, waiting through suspensions and new runs."""
+    try:
+        inv.result(timeout=timeout)
+    except WorkflowFailed as err:
+        return err.state
+    return inv.wait(timeout=timeout)
+
+
+def wrap_after(obj: object, name: str, after: Callable[[Any], None]) -> None:
+    """Make ``obj.name(...)`` call ``after(result)`` once the real method returned."""
+    real = getattr(obj, name)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        result = real(*args, **kwargs)
+        after(result)
+        return result
+
+    setattr(obj, name, wrapper)
+
+
+def clocked_engine() -> tuple[Engine, list[float]]:
+    """An in-memory engine on the test's wall clock (``now[0]``); no poll nor heartbeat soon."""
+    from memable._clock import Clock
+    from memable._run.options import Options
+
+    now = [1_800_000_000.0]
+    clock = Clock(wall=lambda: now[0])
+    engine = Engine(SQLiteStore(None, "full"), Options(poll_interval=60, lease=600, clock=clock))
+    return engine, now

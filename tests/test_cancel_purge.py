@@ -4,17 +4,29 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
 from collections.abc import Callable
+from contextlib import closing
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from freezegun import freeze_time
-from helpers import PROCS, T0, FailsThenWaits, dump, killed_in_a_step, query, until, write
+from helpers import (
+    PROCS,
+    T0,
+    FailsThenWaits,
+    dump,
+    killed_in_a_step,
+    query,
+    until,
+    wrap_after,
+    write,
+)
 
 from memable import (
     Cancelled,
@@ -318,6 +330,83 @@ def test_cancel_of_an_unknown_instance_raises_instance_not_found(
             engine.cancel("wf", "nope")
         assert dump(engine) == before
     assert str(info.value) == "no stored instance: workflow 'wf', instance 'nope'"
+
+
+def test_a_cancel_before_the_run_goes_on_past_a_satisfied_wait_stops_it(tmp_path: Path) -> None:
+    """A cancel between a zero timer's firing and the run going on: no later step runs."""
+    engine = Engine.open(tmp_path / "db", poll_interval=60)
+    ran: list[str] = []
+
+    def wf(ctx: Context) -> None:
+        ctx.step("a").run(lambda: ran.append("a"))
+        ctx.timer("z", 0)
+        ctx.step("b").run(lambda: ran.append("b"))
+
+    engine.register("wf", wf)
+
+    def cancel_once_ready(outcome: Any) -> None:
+        if outcome.outcome == "ready" and not ran.count("cancel"):
+            ran.append("cancel")
+            engine.cancel("wf", "x")
+
+    wrap_after(engine._store, "suspend", cancel_once_ready)
+    with engine:
+        inv = engine.invoke("wf", instance_id="x")
+        states = [inv.wait(timeout=10)]
+        while states[-1] != Cancelled():
+            states.append(inv.wait(timeout=10))
+    engine.close()
+    assert ran == ["a", "cancel"]
+
+
+def test_a_cancel_from_another_engine_arms_no_timer_and_stops_the_next_step(
+    tmp_path: Path,
+) -> None:
+    """Cancelled elsewhere while a step runs: the step is stored, no timer armed, no step after.
+
+    The running engine polls once a minute, so only the store's own checks
+    can stop it.
+    """
+    db = tmp_path / "db"
+    engine = Engine.open(db, poll_interval=60)
+    other = Engine.open(db)
+    inside, release = threading.Event(), threading.Event()
+    ran: list[str] = []
+
+    def a() -> str:
+        inside.set()
+        assert release.wait(10)
+        ran.append("a")
+        return "a"
+
+    def wf(ctx: Context) -> None:
+        ctx.step("a").run(a)
+        ctx.timer("t", 3600)
+        ctx.step("b").run(lambda: ran.append("b"))
+
+    def wf_b(ctx: Context) -> None:
+        ctx.step("a").run(a)
+        ctx.step("b").run(lambda: ran.append("b"))
+
+    engine.register("wf", wf)
+    engine.register("wf_b", wf_b)
+    with engine:
+        for name in ("wf", "wf_b"):
+            inside.clear()
+            release.clear()
+            inv = engine.invoke(name, instance_id=name)
+            assert inside.wait(10)
+            other.cancel(name, name)
+            release.set()
+            assert inv.wait(timeout=10) == Cancelled()
+    with closing(sqlite3.connect(db)) as reader:
+        timers = reader.execute("SELECT key FROM timers").fetchall()
+        steps = reader.execute("SELECT instance_id, key, state FROM steps ORDER BY 1").fetchall()
+    other.close()
+    engine.close()
+    assert timers == []
+    assert ran == ["a", "a"]
+    assert steps == [("wf", "a", "completed"), ("wf_b", "a", "completed")]
 
 
 # ---------------------------------------------------------------------- purge

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import functools
+import os
 import re
+import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Coroutine
+import time
+from collections.abc import Callable, Coroutine
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import PATIENCE, dump, shared_store_only
 
 from memable import (
     AlreadyStarted,
@@ -19,10 +24,12 @@ from memable import (
     Context,
     DuplicateStepKey,
     Engine,
+    EngineError,
     Failed,
     InProgress,
     InstanceNotFound,
     InvalidKey,
+    Invocation,
     MetadataStatus,
     NotStarted,
     Retry,
@@ -605,3 +612,215 @@ def test_bad_options_are_refused(options: dict[str, object], tmp_path: Path) -> 
     with pytest.raises(ValueError, match=next(iter(options))):
         Engine.open(tmp_path / "x.db", **options)  # type: ignore[arg-type]
     assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------------- closed and stopped engines
+
+
+def test_after_close_calls_say_the_engine_is_closed(make_engine: Callable[..., Engine]) -> None:
+    """invoke and start on a closed engine say it is closed, not "call start()"."""
+    engine = make_engine()
+    engine.register("wf", lambda ctx: None)
+    engine.start()
+    engine.close()
+    with pytest.raises(NotStarted, match="the engine is closed"):
+        engine.invoke("wf")
+    with pytest.raises(AlreadyStarted, match="closed and cannot start again"):
+        engine.start()
+
+
+def test_after_stop_start_says_make_a_new_engine(make_engine: Callable[..., Engine]) -> None:
+    """start() after stop() says the engine cannot start again; invoke says it is stopped."""
+    engine = make_engine()
+    engine.register("wf", lambda ctx: None)
+    engine.start()
+    engine.stop()
+    with pytest.raises(AlreadyStarted, match="stopped and cannot start again"):
+        engine.start()
+    with pytest.raises(NotStarted, match="the engine is stopped"):
+        engine.invoke("wf")
+
+
+def test_a_workflow_that_needs_an_input_refuses_an_invoke_without_one(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """No input for a parameter without a default: TypeError at invoke, nothing stored."""
+    engine = make_engine()
+    engine.register("needs", lambda ctx, order_id: order_id)
+    engine.register("optional", lambda ctx, order_id=None: order_id)
+    with engine:
+        before = dump(engine)
+        with pytest.raises(TypeError, match="'needs' takes an input and was invoked without one"):
+            engine.invoke("needs")
+        assert dump(engine) == before
+        assert engine.invoke("needs", None).result(timeout=10) is None
+        assert engine.invoke("optional").result(timeout=10) is None
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"poll_interval": timedelta(seconds=0.5)}, {"lease": timedelta(seconds=30)}],
+)
+def test_engine_durations_take_a_timedelta(
+    make_engine: Callable[..., Engine], options: dict[str, object]
+) -> None:
+    """poll_interval and lease take a timedelta as well as seconds."""
+    engine = make_engine(**options)
+    engine.register("wf", lambda ctx: 1)
+    with engine:
+        assert engine.invoke("wf").result(timeout=timedelta(seconds=10)) == 1
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [("60", TypeError), (float("inf"), ValueError), (float("nan"), ValueError), (-1, ValueError)],
+)
+def test_bad_durations_are_refused_naming_the_argument(value: object, error: type) -> None:
+    """Strings, infinity, NaN and negatives raise and name the argument."""
+    with pytest.raises(error, match="poll_interval"):
+        Engine.in_memory(poll_interval=value)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------- stop, fork, other engines
+
+
+def wait_until(check: Callable[[], bool], timeout: float = PATIENCE) -> None:
+    """Poll ``check`` until it holds, for what no event can signal; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.005)
+
+
+def stopping(engine: Engine, name: str, instance_id: str) -> bool:
+    """True once ``engine`` takes no new work (an idempotent invoke raises NotStarted)."""
+    try:
+        engine.invoke(name, instance_id=instance_id)
+    except NotStarted:
+        return True
+    return False
+
+
+@shared_store_only
+def test_run_passing_a_satisfied_wait_during_stop_goes_on_in_the_next_engine(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """A run that passes a due zero timer while stop() drains is not left running forever."""
+    calls = {"a": 0, "b": 0}
+    inside, release = threading.Event(), threading.Event()
+
+    def step_a() -> int:
+        calls["a"] += 1
+        inside.set()
+        release.wait(PATIENCE)
+        return 1
+
+    def wf(ctx: Context) -> str:
+        ctx.step("a").run(step_a)
+        ctx.timer("z", 0)
+        return ctx.step("b").run(lambda: calls.__setitem__("b", calls["b"] + 1) or "done")
+
+    first = make_engine(recover=False, poll_interval=0.2)
+    first.register("wf", wf)
+    first.start()
+    instance_id = first.invoke("wf").instance_id
+    stopper = threading.Thread(target=first.stop)
+    try:
+        assert inside.wait(PATIENCE)
+        stopper.start()
+        wait_until(lambda: stopping(first, "wf", instance_id))
+    finally:
+        release.set()
+    stopper.join(PATIENCE)
+    assert not stopper.is_alive()
+    left = first.get_metadata("wf", instance_id)
+    assert left is not None
+    assert (left.status, left.completed_at) == (MetadataStatus.Suspended("timer z"), None)
+
+    second = make_engine(recover=False, poll_interval=0.2)
+    second.register("wf", wf)
+    with second:
+        assert second.invocation("wf", instance_id).result(timeout=PATIENCE) == "done"
+    assert calls == {"a": 1, "b": 1}
+
+
+@shared_store_only
+def test_wait_from_another_engine_waits_for_the_run_to_end(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """An Invocation from an engine that is not running the instance never returns Started()."""
+    inside, release, watching = threading.Event(), threading.Event(), threading.Event()
+
+    def body() -> str:
+        inside.set()
+        release.wait(PATIENCE)
+        return "ok"
+
+    runner, watcher = make_engine(poll_interval=0.1), make_engine(poll_interval=0.1)
+    for engine in (runner, watcher):
+        engine.register("wf", lambda ctx: ctx.step("s").run(body))
+        engine.start()
+    got: list[object] = []
+
+    def watch(inv: Invocation) -> None:
+        watching.set()
+        try:
+            got.append(inv.wait(timeout=5))
+        except BaseException as err:  # reported by the assertion below
+            got.append(err)
+
+    try:
+        instance_id = runner.invoke("wf").instance_id
+        assert inside.wait(PATIENCE)
+        waiter = threading.Thread(target=watch, args=(watcher.invocation("wf", instance_id),))
+        waiter.start()
+        assert watching.wait(PATIENCE)
+    finally:
+        release.set()
+    waiter.join(PATIENCE)
+    runner.wait_all()
+    assert got == [Completed()]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX only")
+@pytest.mark.filterwarnings("ignore:.*fork.*:DeprecationWarning")
+@shared_store_only
+def test_an_engine_started_before_fork_refuses_work_in_the_child(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """In a forked child, invoke raises EngineError saying to make the engine after the fork.
+
+    The message leads a gunicorn --preload user to the fix (a post_fork hook,
+    or no --preload).
+    """
+    engine = make_engine()
+    engine.register("wf", lambda ctx: "ok")
+    engine.start()
+    pid = os.fork()
+    if pid == 0:  # the child: leave through os._exit on every path
+        code = 3
+        try:
+            engine.invoke("wf")
+            code = 1  # not refused
+        except EngineError as err:
+            says = ("before os.fork()", "after the fork", "post_fork", "--preload")
+            code = 0 if all(words in str(err) for words in says) else 2
+        except BaseException:
+            code = 4
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + PATIENCE
+    while (reaped := os.waitpid(pid, os.WNOHANG))[0] == 0:
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            reaped = os.waitpid(pid, 0)
+            break
+        time.sleep(0.01)
+    outcomes = {
+        0: "refused", 1: "invoke worked", 2: "another EngineError", 4: "another error",
+        -signal.SIGKILL: f"hung, killed after {PATIENCE} s",
+    }
+    code = os.waitstatus_to_exitcode(reaped[1])
+    assert code == 0, f"the child's invoke: {outcomes.get(code, code)}"
+    assert engine.invoke("wf").result(timeout=PATIENCE) == "ok"
+    engine.wait_all()

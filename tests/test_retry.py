@@ -1,16 +1,21 @@
 """Retry policies: backoff math, the retry loop, permanent errors and the attempt count.
 
 Every engine here gets a fake ``sleep`` that records the backoff delays, so
-no test waits for real backoff.
+no test waits for real backoff, except in the section "real backoffs": there
+cancel() and stop() cut short backoffs of under a second, a longer one is a
+durable timer, and timed-out attempts never overlap.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
+from datetime import timedelta
 
 import attrs
 import pytest
+from helpers import PATIENCE, clocked_engine, final_state, shared_store_only, until
 
 from memable import (
     Cancelled,
@@ -18,9 +23,11 @@ from memable import (
     Context,
     Engine,
     Failed,
+    MetadataStatus,
     Retry,
     StepError,
     StepRecord,
+    Suspended,
 )
 
 
@@ -154,6 +161,15 @@ def test_policies_are_frozen() -> None:
     with pytest.raises(attrs.exceptions.FrozenInstanceError):
         policy.max_attempts = 10  # type: ignore[misc]
     assert policy.max_attempts == 3
+
+
+def test_retry_delays_take_a_timedelta() -> None:
+    """Retry(initial_delay=..., max_delay=...) take a timedelta."""
+    policy = Retry(
+        initial_delay=timedelta(seconds=2), max_delay=timedelta(minutes=1), jitter=False
+    )
+    assert policy.delay(1) == 2.0
+    assert policy.delay(10) == 60.0
 
 
 # ---------------------------------------------------------------------- the retry loop
@@ -551,3 +567,185 @@ def test_a_delay_of_the_wrong_type_is_a_type_error_naming_it(name: str, value: o
     """Retry(initial_delay="1") and the like: a TypeError that names the field."""
     with pytest.raises(TypeError, match=f"^Retry.{name} is .*, not {type(value).__name__}"):
         Retry(**{name: value})  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------- real backoffs
+
+
+class Calls:
+    """Counts calls of a step function and the most of them running at once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # guards every field
+        self.count = 0
+        self.now = 0
+        self.most = 0
+
+    def enter(self) -> int:
+        """Record a call starting; return its number (1 for the first)."""
+        with self._lock:
+            self.count += 1
+            self.now += 1
+            self.most = max(self.most, self.now)
+            return self.count
+
+    def leave(self) -> None:
+        with self._lock:
+            self.now -= 1
+
+
+def test_timed_out_attempts_of_a_retried_step_never_overlap(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """With .timeout().retry(), a new attempt never runs beside an abandoned one."""
+    calls = Calls()
+    release = threading.Event()
+
+    def body() -> str:
+        n = calls.enter()
+        try:
+            if n <= 2:  # outlives its 0.1 s timeout, then ends on its own
+                release.wait(0.5)
+            return "ok"
+        finally:
+            calls.leave()
+
+    policy = Retry(max_attempts=4, initial_delay=0, jitter=False)
+    engine = make_engine()
+    engine.register("wf", lambda ctx: ctx.step("s").timeout(0.1).retry(policy).run(body))
+    try:
+        with engine:
+            state = final_state(engine.invoke("wf"), timeout=30)
+    finally:
+        release.set()
+    assert calls.most == 1
+    assert state == Completed() or (isinstance(state, Failed) and "timed out" in str(state))
+
+
+def failing_with_retry(
+    engine: Engine, policy: Retry, succeed_on: int = 0
+) -> tuple[Calls, threading.Event, list[float]]:
+    """Register "wf": step "s" under ``policy`` raises until call ``succeed_on`` (never if 0).
+
+    Return its call counter, an event set by the first failing call, and the
+    monotonic time of each call.
+    """
+    calls, failed, at = Calls(), threading.Event(), []
+
+    def body() -> str:
+        n = calls.enter()
+        calls.leave()
+        at.append(time.monotonic())
+        if n == succeed_on:
+            return "ok"
+        failed.set()
+        raise ConnectionError("down")
+
+    engine.register("wf", lambda ctx: ctx.step("s").retry(policy).run(body))
+    return calls, failed, at
+
+
+def test_cancel_ends_a_retry_backoff_at_once(make_engine: Callable[..., Engine]) -> None:
+    """cancel() during a 0.9 s backoff ends the run Cancelled at once, with no further attempt."""
+    engine = make_engine()
+    calls, failed, _ = failing_with_retry(
+        engine, Retry(max_attempts=3, initial_delay=0.9, jitter=False)
+    )
+    with engine:
+        inv = engine.invoke("wf")
+        assert failed.wait(PATIENCE)
+        began = time.monotonic()
+        engine.cancel("wf", inv.instance_id)
+        state = inv.wait(timeout=PATIENCE)
+        took = time.monotonic() - began
+    assert (state, calls.count) == (Cancelled(), 1)
+    assert took < 0.45  # half the backoff: it was interrupted, not waited out
+
+
+def test_stop_ends_a_retry_backoff_at_once(make_engine: Callable[..., Engine]) -> None:
+    """stop() during a 0.9 s backoff (default sleep) returns at once, with no further attempt."""
+    engine = make_engine()
+    calls, failed, _ = failing_with_retry(
+        engine, Retry(max_attempts=3, initial_delay=0.9, jitter=False)
+    )
+    engine.start()
+    engine.invoke("wf")
+    assert failed.wait(PATIENCE)
+    began = time.monotonic()
+    engine.stop()
+    took = time.monotonic() - began
+    assert took < 0.45  # half the backoff: it was interrupted, not waited out
+    assert calls.count == 1
+
+
+@shared_store_only
+def test_a_backoff_ended_by_stop_is_resumed_by_the_next_engine(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """The rest of a backoff cut by stop() is a timer: the next engine makes the attempt."""
+    first = make_engine()
+    calls, failed, at = failing_with_retry(
+        first, Retry(max_attempts=3, initial_delay=0.5, jitter=False), succeed_on=2
+    )
+    first.start()
+    instance_id = first.invoke("wf").instance_id
+    assert failed.wait(PATIENCE)
+    first.stop()
+    assert first.get_metadata("wf", instance_id).status == (  # type: ignore[union-attr]
+        MetadataStatus.Suspended("retry s")
+    )
+    second = make_engine()
+    second.register("wf", first._runner.workflows["wf"].fn)
+    with second:
+        assert second.invocation("wf", instance_id).result(timeout=PATIENCE) == "ok"
+    assert calls.count == 2
+    assert at[1] - at[0] >= 0.45
+
+
+def test_a_long_retry_backoff_is_a_durable_timer(make_engine: Callable[..., Engine]) -> None:
+    """A 1.5 s backoff ends the run Suspended("retry s"), holding no worker; a timer resumes it."""
+    engine = make_engine(max_workers=1)
+    calls, failed, at = failing_with_retry(
+        engine, Retry(max_attempts=2, initial_delay=1.5, jitter=False), succeed_on=2
+    )
+    engine.register("quick", lambda ctx: "quick")
+    with engine:
+        inv = engine.invoke("wf")
+        assert failed.wait(PATIENCE)
+        assert inv.wait(timeout=PATIENCE) == Suspended("retry s")
+        # The only worker is free: another workflow runs during the backoff.
+        assert engine.invoke("quick").result(timeout=1) == "quick"
+        assert inv.result(timeout=PATIENCE) == "ok"
+    assert calls.count == 2
+    assert at[1] - at[0] >= 1.4
+
+
+def test_a_durable_backoff_of_exactly_one_second_keeps_counting_attempts() -> None:
+    """1 s is durable (the run suspends), and the attempts go on counting across each wait.
+
+    The engine's clock is the test's: each backoff ends when the test moves
+    the clock and fires the timer, and the third attempt is the last.
+    """
+    engine, now = clocked_engine()
+    calls: list[int] = []
+
+    def flaky() -> None:
+        calls.append(1)
+        raise ConnectionError("down")
+
+    retry = Retry(max_attempts=3, initial_delay=1.0, multiplier=2.0, jitter=False)
+    engine.register("wf", lambda ctx: ctx.step("s").retry(retry).run(flaky))
+    with engine:
+        inv = engine.invoke("wf", instance_id="x")
+        assert inv.wait(timeout=10) == Suspended("retry s")
+        assert len(calls) == 1
+        for attempt, delay in ((2, 1.0), (3, 2.0)):
+            now[0] += delay
+            # This call fires the backoff, or the timer thread did the moment the
+            # clock moved (its sleep to the deadline may end then): 0 or 1.
+            assert engine.fire_due_timers() in (0, 1)
+            until(lambda attempt=attempt: len(calls) == attempt)  # the next attempt ran
+            state = inv.wait(timeout=10)
+        assert state == Failed("step 's' failed after 3 attempts: ConnectionError: down")
+        assert len(calls) == 3
+    engine.close()

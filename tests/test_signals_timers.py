@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from freezegun import freeze_time
-from helpers import T0, dump
+from helpers import PATIENCE, T0, clocked_engine, dump, final_state, wrap_after
 
 from memable import (
     Completed,
@@ -20,10 +23,13 @@ from memable import (
     InstanceFinished,
     InstanceNotFound,
     InvalidKey,
+    Invocation,
     SerializationError,
     SignalRejected,
+    StepRecord,
     StepTimeout,
     Suspended,
+    WorkflowNotFound,
 )
 from memable.testing import advance
 
@@ -346,6 +352,19 @@ def test_a_timeout_must_be_positive(engine: Engine, bad: float | timedelta) -> N
     assert "timeout" in state.message
 
 
+@pytest.mark.parametrize("value", [0, -1, timedelta(0)])
+def test_step_timeouts_of_zero_and_below_get_one_rule(
+    make_engine: Callable[..., Engine], value: object
+) -> None:
+    """timeout(0), timeout(-1) and a zero timedelta all say "> 0 seconds"."""
+    engine = make_engine()
+    engine.register("wf", lambda ctx: ctx.step("k").timeout(value).run(lambda: 1))
+    with engine:
+        state = engine.invoke("wf").wait(timeout=10)
+    assert state.message is not None
+    assert f"step timeout is > 0 seconds, not {value!r}" in state.message
+
+
 # ---------------------------------------------------------------------- other engines
 
 
@@ -488,3 +507,353 @@ def test_bad_signals_raise_and_change_no_row(engine: Engine) -> None:
                 call()
         assert dump(engine) == before
         assert waiting.state == Suspended("go:v1")
+
+
+# ---------------------------------------------------------------------- signals for step keys
+
+
+def record(engine: Engine, name: str, instance_id: str, key: str) -> StepRecord:
+    """The StepRecord of ``key`` in an instance."""
+    [found] = [r for r in engine.steps(name, instance_id) if r.key == key]
+    return found
+
+
+def test_early_signal_for_a_step_key_fails_the_workflow_at_that_step(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """A signal stored early for a key later used as a step fails the run there, body unrun."""
+    ran: list[int] = []
+
+    def wf(ctx: Context) -> str:
+        ctx.suspend("go")
+        return ctx.step("b").run(lambda: ran.append(1) or "stepped")
+
+    engine = make_engine()
+    engine.register("wf", wf)
+    with engine:
+        inv = engine.invoke("wf")
+        assert inv.wait(timeout=PATIENCE) == Suspended("go")
+        engine.signal("wf", inv.instance_id, "b", "signalled").wait(timeout=PATIENCE)
+        state = final_state(engine.signal("wf", inv.instance_id, "go", 1))
+        assert isinstance(state, Failed), state
+        assert "'b'" in str(state.message)
+        assert ran == []
+        assert record(engine, "wf", inv.instance_id, "b").kind == "signal"
+
+
+def test_signal_for_a_step_in_flight_is_rejected(make_engine: Callable[..., Engine]) -> None:
+    """A signal for the key of a step in flight raises SignalRejected; the step's value wins."""
+    inside, release = threading.Event(), threading.Event()
+
+    def body() -> str:
+        inside.set()
+        release.wait(PATIENCE)
+        return "stepped"
+
+    engine = make_engine()
+    engine.register("wf", lambda ctx: ctx.step("s").run(body))
+    with engine:
+        inv = engine.invoke("wf")
+        assert inside.wait(PATIENCE)
+        try:
+            with pytest.raises(SignalRejected):
+                engine.signal("wf", inv.instance_id, "s", 1)
+        finally:
+            release.set()
+        assert final_state(inv) == Completed()
+        assert inv.result(timeout=PATIENCE) == "stepped"
+        assert record(engine, "wf", inv.instance_id, "s").kind == "step"
+
+
+def test_signal_for_a_completed_step_is_rejected(make_engine: Callable[..., Engine]) -> None:
+    """A signal for a key that completed as a step raises SignalRejected and stores nothing."""
+    def wf(ctx: Context) -> str:
+        ctx.step("s").run(lambda: "stepped")
+        return str(ctx.suspend("go"))
+
+    engine = make_engine()
+    engine.register("wf", wf)
+    with engine:
+        inv = engine.invoke("wf")
+        assert inv.wait(timeout=PATIENCE) == Suspended("go")
+        with pytest.raises(SignalRejected):
+            engine.signal("wf", inv.instance_id, "s", 1)
+        s = record(engine, "wf", inv.instance_id, "s")
+        assert (s.kind, s.state, s.result) == ("step", "completed", "stepped")
+
+
+def test_signal_for_a_failed_step_is_rejected(make_engine: Callable[..., Engine]) -> None:
+    """A signal for a key that failed as a step (caught by the workflow) raises SignalRejected."""
+    def boom() -> None:
+        raise ValueError("no")
+
+    def wf(ctx: Context) -> str:
+        with contextlib.suppress(Exception):
+            ctx.step("s").run(boom)
+        return str(ctx.suspend("go"))
+
+    engine = make_engine()
+    engine.register("wf", wf)
+    with engine:
+        inv = engine.invoke("wf")
+        assert inv.wait(timeout=PATIENCE) == Suspended("go")
+        s = record(engine, "wf", inv.instance_id, "s")
+        assert (s.kind, s.state) == ("step", "failed")
+        with pytest.raises(SignalRejected):
+            engine.signal("wf", inv.instance_id, "s", 1)
+        s = record(engine, "wf", inv.instance_id, "s")
+        assert (s.kind, s.state) == ("step", "failed")
+
+
+def test_a_signal_to_an_unknown_workflow_is_workflow_not_found(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """A name neither registered nor stored: WorkflowNotFound; a known name, InstanceNotFound."""
+    engine = make_engine()
+    engine.register("wf", lambda ctx: ctx.suspend("go"))
+    with engine:
+        with pytest.raises(WorkflowNotFound, match="'nope'"):
+            engine.signal("nope", "i-1", "go", 1)
+        with pytest.raises(InstanceNotFound):
+            engine.signal("wf", "i-1", "go", 1)
+
+
+@pytest.mark.parametrize("duration", ["60", float("inf"), 1e12])
+def test_a_bad_timer_fails_the_run_and_stores_no_timer(
+    make_engine: Callable[..., Engine], duration: object
+) -> None:
+    """A timer of a str, infinity or past the year 9999 fails the run naming its key; no
+    timer is armed."""
+    engine = make_engine()
+
+    def wf(ctx: Context) -> None:
+        ctx.timer("far:v1", duration)  # type: ignore[arg-type]
+
+    engine.register("wf", wf)
+    with engine:
+        state = engine.invoke("wf", instance_id="w").wait(timeout=10)
+        assert engine.steps("wf", "w") == []
+    assert state.message is not None
+    assert state.message.startswith("step 'far:v1' failed: ")
+    assert "timer duration of 'far:v1'" in state.message
+
+
+# ---------------------------------------------------------------------- racing the store's writes
+
+
+def _slow_polling_engine(store: str, tmp_path: Path) -> Engine:
+    """An engine in memory or on a file that polls once a minute, its lease far off: only
+    what the test forces can carry an instance on."""
+    options: dict[str, Any] = {"poll_interval": 60, "lease": 600}
+    if store == "memory":
+        return Engine.in_memory(**options)
+    return Engine.open(tmp_path / "db", **options)
+
+
+@pytest.mark.parametrize("store", ["memory", "file"])
+def test_a_signal_after_the_suspension_is_recorded_but_before_the_run_ended_runs_it_again(
+    tmp_path: Path, store: str
+) -> None:
+    """A signal in the window between recording the suspension and the run's end is not lost.
+
+    The signal is sent from inside the store's suspend, right after it
+    committed: the run is still active, so only the re-run at its end (not
+    the poll, once a minute here, nor the heartbeat's look every lease / 3)
+    can carry the instance on.
+    """
+    engine = _slow_polling_engine(store, tmp_path)
+    engine.register("wf", lambda ctx: ctx.suspend("go") + 1)
+    sent: list[str] = []
+
+    def signal_once_waiting(outcome: Any) -> None:
+        if outcome.outcome == "waiting" and not sent:
+            sent.append("go")
+            engine.signal("wf", "x", "go", 41)
+
+    wrap_after(engine._store, "suspend", signal_once_waiting)
+    with engine:
+        assert engine.invoke("wf", instance_id="x").result(timeout=10) == 42
+    engine.close()
+    assert sent == ["go"]
+
+
+@pytest.mark.parametrize("store", ["memory", "file"])
+def test_the_wait_of_a_signal_that_came_as_a_run_ended_follows_the_run_it_caused(
+    tmp_path: Path, store: str
+) -> None:
+    """signal().wait() returns how the run the signal causes ends, not the end of the run
+    that was recording its suspension when the signal came.
+
+    Forced as above: the signal is sent from inside the store's suspend; the
+    run it causes is held before it claims the instance, which the store
+    still shows suspended. The watch must stay active across the hand-over
+    (it went inactive, and wait returned the stored Suspended).
+    """
+    engine = _slow_polling_engine(store, tmp_path)
+    engine.register("wf", lambda ctx: ctx.suspend("go") + 1)
+    signalled: list[Invocation] = []
+    sent, claiming, release = threading.Event(), threading.Event(), threading.Event()
+
+    def signal_once_waiting(outcome: Any) -> None:
+        if outcome.outcome == "waiting" and not signalled:
+            signalled.append(engine.signal("wf", "x", "go", 41))
+            sent.set()
+
+    wrap_after(engine._store, "suspend", signal_once_waiting)
+    begin_run = engine._store.begin_run
+
+    def held_second_claim(*args: Any, **kwargs: Any) -> Any:
+        if sent.is_set():
+            claiming.set()
+            assert release.wait(10)
+        return begin_run(*args, **kwargs)
+
+    engine._store.begin_run = held_second_claim  # type: ignore[method-assign]
+    with engine:
+        engine.invoke("wf", instance_id="x")
+        assert sent.wait(10)
+        assert claiming.wait(10)
+        # The run the signal caused has not claimed the instance yet: still waiting.
+        with pytest.raises(TimeoutError):
+            signalled[0].wait(timeout=0.2)
+        release.set()
+        assert signalled[0].wait(timeout=10) == Completed()
+        assert signalled[0].result(timeout=10) == 42
+    engine.close()
+
+
+def test_a_signal_stored_after_the_run_read_its_steps_refuses_the_step_it_names(
+    tmp_path: Path,
+) -> None:
+    """A signal for b stored after the run read its steps, before b starts: b never runs.
+
+    It is sent right after step a is stored, the run's memo has no b, and b
+    is not yet in flight: the signal is accepted, and the run refuses the key.
+    """
+    engine = Engine.open(tmp_path / "db", poll_interval=60)
+    ran: list[str] = []
+
+    def wf(ctx: Context) -> str:
+        ctx.step("a").run(lambda: ran.append("a"))
+        return str(ctx.step("b").run(lambda: ran.append("b") or "own"))
+
+    engine.register("wf", wf)
+
+    def signal_b_after_a(status: Any) -> None:
+        if ran == ["a"]:
+            ran.append("signal")
+            sender = threading.Thread(target=engine.signal, args=("wf", "x", "b", "s"))
+            sender.start()
+            sender.join(10)
+
+    wrap_after(engine._store, "save_step", signal_b_after_a)
+    with engine:
+        state = engine.invoke("wf", instance_id="x").wait(timeout=10)
+    engine.close()
+    assert ran == ["a", "signal"]
+    assert state.message is not None
+    assert "invalid key 'b' (it holds a signal" in state.message
+
+
+def _before(obj: object, name: str, first: Callable[..., None]) -> None:
+    """Make ``obj.name(...)`` call ``first(*args)`` just before the real method."""
+    real = getattr(obj, name)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        first(*args)
+        return real(*args, **kwargs)
+
+    setattr(obj, name, wrapper)
+
+
+def test_a_suspend_point_reached_after_a_takeover_writes_nothing(tmp_path: Path) -> None:
+    """Another engine takes the instance just before the run records its suspension.
+
+    The suspension's write is fenced like a step's: refused, nothing stored
+    for the key, the instance left to its new owner.
+    """
+    db = tmp_path / "db"
+    engine = Engine.open(db, poll_interval=60)
+    engine.register("wf", lambda ctx: ctx.suspend("approval:v1"))
+
+    def take_over(waiting: Any, *rest: Any) -> None:
+        with closing(sqlite3.connect(db)) as other, other:
+            other.execute("UPDATE instances SET owner = 'another-engine'")
+
+    _before(engine._store, "suspend", take_over)
+    with engine:  # leaving waits for the run here to end
+        engine.invoke("wf", instance_id="x")
+    with closing(sqlite3.connect(db)) as reader:
+        rows = reader.execute("SELECT key FROM steps").fetchall()
+        owner = reader.execute("SELECT status, owner FROM instances").fetchall()
+    engine.close()
+    assert rows == []
+    assert owner == [("running", "another-engine")]
+
+
+def test_a_signal_from_elsewhere_just_before_the_suspension_is_recorded_goes_on_at_once(
+    tmp_path: Path,
+) -> None:
+    """The signal lands after the run read the key and before it records its suspension.
+
+    The suspension sees it and the run goes on in the same thread: no poll
+    (a minute away) nor heartbeat (200 s) is needed.
+    """
+    db = tmp_path / "db"
+    # Neither a poll nor a heartbeat comes within the test.
+    engine = Engine.open(db, poll_interval=60, lease=600)
+    other = Engine.open(db, poll_interval=60, lease=600)  # runs nothing: stores the signal
+    other.start()
+    engine.register("wf", lambda ctx: f"approved by {ctx.suspend('approval:v1')}")
+
+    def signal_first(waiting: Any, *rest: Any) -> None:
+        other.signal("wf", "x", "approval:v1", "ana")
+
+    _before(engine._store, "suspend", signal_first)
+    with engine:
+        assert engine.invoke("wf", instance_id="x").result(timeout=10) == "approved by ana"
+    other.close()
+    engine.close()
+
+
+def test_timers_and_leases_read_the_clock_the_engine_is_given() -> None:
+    """An engine given its own clock fires a timer when that clock says so, without freezegun."""
+    engine, now = clocked_engine()
+    engine.register("wf", lambda ctx: ctx.timer("t", 3600) or "woke")
+    with engine:
+        inv = engine.invoke("wf", instance_id="x")
+        assert str(inv.wait(timeout=10)) == "suspended: timer t"
+        assert engine.fire_due_timers() == 0
+        now[0] += 3600
+        assert engine.fire_due_timers() == 1
+        assert inv.result(timeout=10) == "woke"
+    engine.close()
+
+
+def test_a_run_that_reaches_its_timer_after_the_deadline_but_before_it_fired_goes_on() -> None:
+    """The clock passes the deadline with the timer thread asleep; a resume replays to it.
+
+    The timer row keeps its first deadline (a later run does not move it),
+    and a run that reaches a timer already due fires it itself and goes on.
+    """
+    engine, now = clocked_engine()
+    engine.register("wf", lambda ctx: ctx.timer("t", 3600) or "woke")
+
+    def deadlines() -> list[float]:
+        rows = engine._store.read_rows("timers", "SELECT deadline FROM timers", {})
+        return [row["deadline"] for row in rows]
+
+    with engine:
+        inv = engine.invoke("wf", instance_id="x")
+        assert str(inv.wait(timeout=10)) == "suspended: timer t"
+        assert deadlines() == [now[0] + 3600]
+        now[0] += 1800  # a resume before it is due: suspended again, same deadline
+        assert str(engine.resume("wf", "x").wait(timeout=10)) == "suspended: timer t"
+        assert deadlines() == [now[0] + 1800]
+        now[0] += 3600  # due now, and the timer thread sleeps on
+        assert engine.resume("wf", "x").result(timeout=10) == "woke"
+        assert deadlines() == []
+        [timer] = engine.steps("wf", "x")
+        assert timer.state == "completed"
+        assert timer.completed_at is not None
+    engine.close()

@@ -13,6 +13,7 @@ from uuid import UUID
 
 import attrs
 import pytest
+from helpers import PATIENCE, final_state
 
 from memable import (
     Completed,
@@ -425,3 +426,34 @@ def test_stored_value_that_no_longer_fits_fails_and_keeps_the_row(
         assert calls == []
     finally:
         new.close()
+
+
+# ---------------------------------------------------------------------- a class defined again
+
+
+def make_point_class() -> type[Any]:
+    """A function-local attrs class: each call makes a new class with the same qualified name."""
+    @attrs.frozen
+    class Point:
+        x: int
+
+    return Point
+
+
+def test_a_class_defined_again_under_the_same_name_round_trips(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """Each run rebuilds its value as the class used in that run, not an older same-named one."""
+    first, second = make_point_class(), make_point_class()
+    assert first is not second
+    current: list[type[Any]] = []
+    engine = make_engine()
+    engine.register("wf", lambda ctx: ctx.step("p").run(lambda: current[0](x=1)))
+    with engine:
+        for n, cls in enumerate((first, second), 1):
+            current[:] = [cls]
+            inv = engine.invoke("wf")
+            assert final_state(inv) == Completed(), f"the run with class #{n}"
+            value = inv.result(timeout=PATIENCE)
+            assert type(value) is cls
+            assert value == cls(x=1)
