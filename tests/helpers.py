@@ -339,3 +339,21 @@ def clocked_engine() -> tuple[Engine, list[float]]:
     clock = Clock(wall=lambda: now[0])
     engine = Engine(SQLiteStore(None, "full"), Options(poll_interval=60, lease=600, clock=clock))
     return engine, now
+
+
+def flaky_once(calls: list[str], key: str, value: object, message: str) -> Callable[[], object]:
+    """A step function that logs ``key`` to ``calls`` on every call.
+
+    It raises ``StepError.retryable(message)`` on its first call only, whatever the test
+    later does to ``calls``.
+    """
+    attempts: list[None] = []
+
+    def fn() -> object:
+        calls.append(key)
+        attempts.append(None)
+        if len(attempts) == 1:
+            raise StepError.retryable(message)
+        return value
+
+    return fn

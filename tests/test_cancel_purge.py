@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sqlite3
@@ -407,6 +408,23 @@ def test_a_cancel_from_another_engine_arms_no_timer_and_stops_the_next_step(
     assert timers == []
     assert ran == ["a", "a"]
     assert steps == [("wf", "a", "completed"), ("wf_b", "a", "completed")]
+
+
+def test_a_run_cancelled_in_its_last_step_ends_cancelled_without_an_error_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Its end is not recorded (the instance is cancelled): it reports what the store holds."""
+    engine = Engine.in_memory()
+    entered, release = threading.Event(), threading.Event()
+    engine.register("wf", lambda ctx: ctx.step("s").run(lambda: entered.set() or release.wait(10)))
+    with caplog.at_level(logging.INFO, logger="memable"), engine:
+        inv = engine.invoke("wf", instance_id="x")
+        assert entered.wait(10)
+        engine.cancel("wf", "x")
+        release.set()
+        assert str(inv.wait(timeout=10)) == "cancelled"
+    engine.close()
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 # ---------------------------------------------------------------------- purge

@@ -34,9 +34,13 @@ from memable import (
     NotStarted,
     Retry,
     Started,
+    StorageError,
     WorkflowFailed,
     WorkflowNotFound,
 )
+from memable._clock import Clock
+from memable._run.options import Options
+from memable._sqlite.store import SQLiteStore
 
 
 def engine_threads() -> list[threading.Thread]:
@@ -824,3 +828,229 @@ def test_an_engine_started_before_fork_refuses_work_in_the_child(
     assert code == 0, f"the child's invoke: {outcomes.get(code, code)}"
     assert engine.invoke("wf").result(timeout=PATIENCE) == "ok"
     engine.wait_all()
+
+
+# ---------------------------------------------------------------------- start, stop, wait_all
+
+
+#: Upper bound for any wait in these tests; a healthy run ends in milliseconds.
+TIMEOUT = 10.0
+
+
+def test_invoke_before_start_fails(engine: Engine) -> None:
+    """Ports seed test invoke_before_start_fails.
+
+    Invoking on an engine that was never started raises NotStarted and stores nothing.
+    """
+    runs: list[str] = []
+    engine.register("noop", lambda ctx: runs.append(ctx.instance_id))
+
+    with pytest.raises(NotStarted):
+        engine.invoke("noop")
+
+    assert engine.list_instances("noop") == []
+    assert runs == []
+
+
+def test_invoke_unknown_workflow_fails(engine: Engine) -> None:
+    """Ports seed test invoke_unknown_workflow_fails.
+
+    Invoking a name nobody registered raises WorkflowNotFound naming it, and stores nothing.
+    """
+    engine.start()
+
+    with pytest.raises(WorkflowNotFound, match="nonexistent"):
+        engine.invoke("nonexistent")
+
+    assert engine.list_instances("nonexistent") == []
+
+
+def test_an_engine_whose_start_failed_stops_and_closes_cleanly(tmp_path: Path) -> None:
+    """Registering as an owner fails: start raises it, and stop and close still work."""
+    engine = Engine.open(tmp_path / "db")
+
+    def register_owner(lease: float, now: float, declares: str | None = None) -> None:
+        raise StorageError("cannot register the engine (forced)")
+
+    engine._store.register_owner = register_owner  # type: ignore[method-assign]
+    with pytest.raises(StorageError, match="forced"):
+        engine.start()
+    engine.stop()
+    engine.close()
+    assert not [t for t in threading.enumerate() if t.name == "memable-timers"]
+
+
+def test_stop_leaves_an_engine_stopped_for_good() -> None:
+    """stop() on a new engine or a started one: it says stopped, and it cannot start (again)."""
+    for start_first in (False, True):
+        engine = Engine.in_memory()
+        if start_first:
+            engine.start()
+        engine.stop()
+        assert repr(engine).startswith("<Engine stopped ")
+        with pytest.raises(EngineError):
+            engine.start()
+        engine.close()
+        assert repr(engine).startswith("<Engine closed ")
+
+
+def test_wait_all_waits_for_completion(engine: Engine) -> None:
+    """Ports seed test wait_all_waits_for_completion.
+
+    wait_all blocks while runs are still going and returns once every one of them has ended.
+    """
+    gate = threading.Event()
+    calls: list[str] = []
+
+    def step(instance_id: str) -> int:
+        gate.wait(TIMEOUT)
+        calls.append(instance_id)
+        return 1
+
+    def wf(ctx: Context) -> None:
+        ctx.step("x").run(step, ctx.instance_id)
+
+    engine.register("wf", wf)
+    engine.start()
+
+    ids = [engine.invoke("wf").instance_id for _ in range(3)]
+
+    drained = threading.Event()
+
+    def drain() -> None:
+        engine.wait_all()
+        drained.set()
+
+    waiter = threading.Thread(target=drain, name="test-wait-all")
+    waiter.start()
+    try:
+        # Every run is held at the gate, so wait_all must still be waiting.
+        assert not drained.wait(0.2), "wait_all returned while runs were still active"
+        assert calls == []
+    finally:
+        gate.set()
+        waiter.join(TIMEOUT)
+    assert drained.is_set()
+
+    assert sorted(calls) == sorted(ids)
+    for instance_id in ids:
+        meta = engine.get_metadata("wf", instance_id)
+        assert meta is not None
+        assert meta.status == MetadataStatus.Completed()
+
+
+def test_invoke_after_wait_all_fails(engine: Engine) -> None:
+    """Ports seed test invoke_after_wait_all_fails.
+
+    Once wait_all has drained the engine, invoke raises NotStarted and stores nothing.
+    """
+    runs: list[str] = []
+    engine.register("noop", lambda ctx: runs.append(ctx.instance_id))
+    engine.start()
+
+    engine.wait_all()
+
+    with pytest.raises(NotStarted):
+        engine.invoke("noop")
+    assert engine.list_instances("noop") == []
+    assert runs == []
+
+
+def test_wait_all_with_no_active_tasks(engine: Engine) -> None:
+    """Ports seed test wait_all_with_no_active_tasks.
+
+    wait_all on a started engine with nothing running returns at once and leaves no thread.
+    """
+    before = {t for t in threading.enumerate() if t.name.startswith("memable")}
+    engine.start()
+
+    waiter = threading.Thread(target=engine.wait_all, name="test-wait-all")
+    waiter.start()
+    waiter.join(TIMEOUT)
+
+    assert not waiter.is_alive(), "wait_all did not return with no active runs"
+    assert {t for t in threading.enumerate() if t.name.startswith("memable")} <= before
+    assert engine.list_instances("anything") == []
+
+
+def test_wait_all_waits_for_a_timer_firing_that_another_caller_started() -> None:
+    """Two callers fire timers at once; the one that found nothing ends first. wait_all must
+    still wait for the other, whose run it then drains (it drained nothing and stopped)."""
+    now = [1_800_000_000.0]
+    engine = Engine(
+        SQLiteStore(None, "full"),
+        Options(poll_interval=60, lease=600, clock=Clock(wall=lambda: now[0])),
+    )
+    engine.register("wf", lambda ctx: ctx.timer("t", 3600) or "woke")
+    entered, release = threading.Event(), threading.Event()
+    real = engine._store.fire_due_timers
+
+    def held(*args: Any) -> Any:
+        fired = real(*args)
+        if fired:
+            entered.set()
+            assert release.wait(10)
+        return fired
+
+    engine._store.fire_due_timers = held  # type: ignore[method-assign]
+    engine.start()
+    try:
+        inv = engine.invoke("wf", instance_id="x")
+        assert str(inv.wait(timeout=10)) == "suspended: timer t"
+        now[0] += 3601
+        first = threading.Thread(target=engine.fire_due_timers)
+        first.start()
+        assert entered.wait(10)
+        assert engine.fire_due_timers() == 0  # the second caller: nothing left to fire
+        waiter = threading.Thread(target=engine.wait_all)
+        waiter.start()
+        waiter.join(0.5)
+        assert waiter.is_alive()  # the first caller's firing is still under way
+        release.set()
+        waiter.join(10)
+        first.join(10)
+        assert engine.get_metadata("wf", "x") is not None
+        assert inv.result(timeout=10) == "woke"
+    finally:
+        release.set()
+        engine.close()
+
+
+class _NotingWaits:
+    """A runner's idle condition that says when a caller begins to wait on it."""
+
+    def __init__(self, cond: threading.Condition) -> None:
+        self._cond = cond
+        self.waiting = threading.Event()
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float | None = None) -> bool:
+        self.waiting.set()
+        return self._cond.wait_for(predicate, timeout)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cond, name)
+
+
+def test_wait_all_takes_no_new_work_while_it_drains() -> None:
+    """While wait_all waits for a run held in its step, invoke raises NotStarted; the run it
+    waits for still completes."""
+    engine = Engine.in_memory()
+    entered, release = threading.Event(), threading.Event()
+    engine.register("wf", lambda ctx: ctx.step("s").run(lambda: entered.set() or release.wait(10)))
+    idle = _NotingWaits(engine._runner._idle)
+    engine._runner._idle = idle  # type: ignore[assignment]
+    engine.start()
+    try:
+        inv = engine.invoke("wf", instance_id="x")
+        assert entered.wait(10)
+        drain = threading.Thread(target=engine.wait_all)
+        drain.start()
+        assert idle.waiting.wait(10)
+        with pytest.raises(NotStarted):
+            engine.invoke("wf", instance_id="y")
+        release.set()
+        drain.join(10)
+        assert inv.result(timeout=10) is True
+    finally:
+        release.set()
+        engine.close()

@@ -11,13 +11,14 @@ import logging
 import re
 import socket
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from helpers import killed_in_a_step
 
-from memable import Context, Engine
+from memable import Context, Engine, Failed
 
 WAIT = 30.0
 
@@ -136,3 +137,18 @@ def test_only_the_engine_that_takes_a_dead_owners_instance_logs_its_recovery(
         + re.escape(f"{socket.gethostname()}:{pid}")  # the dead one, by host and pid
         + r", which died(; step 's3' was in flight and runs again)?", recoveries[0],
     ), recoveries
+
+
+def test_only_a_recovered_instance_logs_that_its_owner_died(
+    make_engine: Callable[..., Engine], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Failed instance resumed by its own live engine logs no "owner died" line: that line
+    is for an instance recovered from a dead engine alone."""
+    engine = make_engine()
+    fail = [True]
+    engine.register("wf", lambda ctx: ctx.step("a").run(lambda: 1 / 0 if fail[0] else 1))
+    with caplog.at_level(logging.INFO, logger="memable"), engine:
+        assert isinstance(engine.invoke("wf", instance_id="x").wait(timeout=10), Failed)
+        fail[0] = False
+        assert engine.resume("wf", "x").result(timeout=10) == 1
+    assert not [r for r in caplog.records if "owner died" in r.getMessage()]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
-import threading
 from collections.abc import Callable
 from contextlib import closing
 from datetime import datetime, timedelta, timezone
@@ -26,8 +25,9 @@ from memable import (
     StorageError,
     Suspended,
 )
-from memable._sqlite.group_commit import GroupCommit
 from memable._sqlite.schema import SCHEMA_VERSION, migrate_to_1
+from memable._sqlite.store import SQLiteStore
+from memable._store.protocol import StepWrite
 
 # Several tests look at the engine's own connection (``engine._store._conn``):
 # PRAGMA synchronous is per connection, and the statement trace
@@ -426,75 +426,23 @@ def test_a_version_1_store_is_migrated_and_keeps_its_rows(tmp_path: Path) -> Non
     assert {"instances", "steps", "timers"} <= tables
 
 
-# ---------------------------------------------------------------------- group commit
-
-
-class _Interrupting:
-    """A connection whose ``n``-th COMMIT raises KeyboardInterrupt (as Ctrl-C would)."""
-
-    def __init__(self, conn: sqlite3.Connection, n: int) -> None:
-        self._conn = conn
-        self._commits_left = n
-
-    def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
-        if sql == "COMMIT":
-            self._commits_left -= 1
-            if self._commits_left == 0:
-                raise KeyboardInterrupt
-        return self._conn.execute(sql, *args)
-
-    @property
-    def in_transaction(self) -> bool:
-        return self._conn.in_transaction
-
-
-def test_group_commit_fails_closed_when_the_leader_is_interrupted(tmp_path: Path) -> None:
-    """An interrupt at a batch's COMMIT fails every writer of it and leaves no open transaction.
-
-    Writer A commits alone while B, C and D queue; B leads their batch and
-    its COMMIT is interrupted: B sees the interrupt, C and D a StorageError,
-    none of their rows is stored, and a later write commits on its own.
-    """
-    path = tmp_path / "t.db"
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    conn.execute("CREATE TABLE t (x TEXT)")
-    proxy = _Interrupting(conn, 2)
-    lock = threading.Lock()
-    commits = GroupCommit(lock, str(path), lambda: proxy)  # type: ignore[arg-type,return-value]
-    three_queued = threading.Event()
-    commits.on_queue = lambda n: three_queued.set() if n == 3 else None
-
-    def insert(x: str, wait: bool = False) -> Callable[[sqlite3.Connection], None]:
-        def body(c: sqlite3.Connection) -> None:
-            if wait:
-                assert three_queued.wait(10)
-            c.execute("INSERT INTO t VALUES (?)", (x,))
-
-        return body
-
-    outcomes: dict[str, BaseException | None] = {}
-
-    def write(x: str, wait: bool = False) -> None:
-        try:
-            commits.write("insert", None, None, None, insert(x, wait))
-            outcomes[x] = None
-        except BaseException as exc:
-            outcomes[x] = exc
-
-    a = threading.Thread(target=write, args=("a", True))
-    a.start()
-    others = [threading.Thread(target=write, args=(x,)) for x in "bcd"]
-    for thread in others:
-        thread.start()
-    for thread in [a, *others]:
-        thread.join(10)
-
-    assert outcomes["a"] is None
-    failed = {x: type(outcomes[x]).__name__ for x in "bcd"}
-    assert sorted(failed.values()) == ["KeyboardInterrupt", "StorageError", "StorageError"]
-    assert not conn.in_transaction
-    commits.write("insert", None, None, None, insert("e"))
-    with closing(sqlite3.connect(path)) as reader:
-        rows = sorted(x for (x,) in reader.execute("SELECT x FROM t"))
-    assert rows == ["a", "e"]
-    conn.close()
+@pytest.mark.parametrize("where", ["memory", "file"])
+def test_a_write_after_the_store_closed_fails_naming_it(tmp_path: Path, where: str) -> None:
+    """Not an AttributeError from the closed connection: a StorageError that says why."""
+    store = SQLiteStore(None if where == "memory" else tmp_path / "db", "normal")
+    store.close()
+    write = StepWrite(
+        workflow="wf", instance_id="x", key="k", seq=0, kind="step", state="completed",
+        result="1", result_type=None, status=None, error=None, at="2026-01-01T00:00:00+00:00",
+    )
+    with pytest.raises(StorageError) as raised:
+        store.save_step(write)
+    assert str(raised.value).startswith("cannot store the step in ")
+    assert str(raised.value).endswith(
+        "(the store is closed): workflow 'wf', instance 'x', step 'k'"
+    )
+    with pytest.raises(StorageError) as raised:
+        store.check_run("wf", "x")
+    assert str(raised.value).startswith("cannot check the run in ")
+    assert str(raised.value).endswith("(the store is closed): workflow 'wf', instance 'x'")
+    assert (raised.value.workflow, raised.value.instance_id) == ("wf", "x")

@@ -457,3 +457,70 @@ def test_a_class_defined_again_under_the_same_name_round_trips(
             value = inv.result(timeout=PATIENCE)
             assert type(value) is cls
             assert value == cls(x=1)
+
+
+# ---------------------------------------------------------------------- typed values across runs
+
+
+@attrs.frozen
+class _Order:
+    id: int
+    total: float
+
+
+def test_a_resumed_run_decodes_its_stored_input_with_its_type(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """A resumed run (not the first) reads its input from the store, as the annotated class."""
+    engine = make_engine()
+    fail = [True]
+
+    def wf(ctx: Context, order: _Order) -> str:
+        ctx.step("a").run(lambda: order.id)
+        if fail[0]:
+            ctx.step("b").run(lambda: 1 / 0)
+        return f"{order.id}: {order.total:.2f} ({type(order).__name__})"
+
+    engine.register("wf", wf)
+    with engine:
+        first = engine.invoke("wf", _Order(7, 19.5), instance_id="x")
+        assert isinstance(first.wait(timeout=10), Failed)
+        fail[0] = False
+        assert engine.resume("wf", "x").result(timeout=10) == "7: 19.50 (_Order)"
+
+
+def test_a_step_that_returned_a_class_replays_it_as_that_class(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """The stored type tag, not a hint, rebuilds a step's attrs result on replay."""
+    engine = make_engine()
+    fail = [True]
+
+    def wf(ctx: Context) -> str:
+        order = ctx.step("make").run(lambda: _Order(4, 2.5))
+        ctx.step("check").run(lambda: 1 / 0 if fail[0] else 1)
+        return f"{type(order).__name__} {order.id}"
+
+    engine.register("wf", wf)
+    with engine:
+        assert isinstance(engine.invoke("wf", instance_id="x").wait(timeout=10), Failed)
+        fail[0] = False
+        assert engine.resume("wf", "x").result(timeout=10) == "_Order 4"
+
+
+def test_a_suspend_point_rebuilds_its_signal_as_the_class_it_returns(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """``ctx.suspend(key, returns=C)`` gives the run that goes on a C, not the stored dict,
+    for a payload sent as plain JSON (as the command line sends it)."""
+    engine = make_engine()
+
+    def wf(ctx: Context) -> str:
+        order = ctx.suspend("order", returns=_Order)
+        return f"{type(order).__name__} {order.id}"
+
+    engine.register("wf", wf)
+    with engine:
+        assert str(engine.invoke("wf", instance_id="x").wait(timeout=10)) == "suspended: order"
+        signalled = engine.signal("wf", "x", "order", {"id": 3, "total": 1.5})
+        assert signalled.result(timeout=10) == "_Order 3"
