@@ -838,10 +838,7 @@ TIMEOUT = 10.0
 
 
 def test_invoke_before_start_fails(engine: Engine) -> None:
-    """Ports seed test invoke_before_start_fails.
-
-    Invoking on an engine that was never started raises NotStarted and stores nothing.
-    """
+    """Invoking on an engine that was never started raises NotStarted and stores nothing."""
     runs: list[str] = []
     engine.register("noop", lambda ctx: runs.append(ctx.instance_id))
 
@@ -853,10 +850,7 @@ def test_invoke_before_start_fails(engine: Engine) -> None:
 
 
 def test_invoke_unknown_workflow_fails(engine: Engine) -> None:
-    """Ports seed test invoke_unknown_workflow_fails.
-
-    Invoking a name nobody registered raises WorkflowNotFound naming it, and stores nothing.
-    """
+    """Invoking a name nobody registered raises WorkflowNotFound naming it, and stores nothing."""
     engine.start()
 
     with pytest.raises(WorkflowNotFound, match="nonexistent"):
@@ -895,10 +889,7 @@ def test_stop_leaves_an_engine_stopped_for_good() -> None:
 
 
 def test_wait_all_waits_for_completion(engine: Engine) -> None:
-    """Ports seed test wait_all_waits_for_completion.
-
-    wait_all blocks while runs are still going and returns once every one of them has ended.
-    """
+    """wait_all blocks while runs are still going and returns once every one of them has ended."""
     gate = threading.Event()
     calls: list[str] = []
 
@@ -940,10 +931,7 @@ def test_wait_all_waits_for_completion(engine: Engine) -> None:
 
 
 def test_invoke_after_wait_all_fails(engine: Engine) -> None:
-    """Ports seed test invoke_after_wait_all_fails.
-
-    Once wait_all has drained the engine, invoke raises NotStarted and stores nothing.
-    """
+    """Once wait_all has drained the engine, invoke raises NotStarted and stores nothing."""
     runs: list[str] = []
     engine.register("noop", lambda ctx: runs.append(ctx.instance_id))
     engine.start()
@@ -957,10 +945,7 @@ def test_invoke_after_wait_all_fails(engine: Engine) -> None:
 
 
 def test_wait_all_with_no_active_tasks(engine: Engine) -> None:
-    """Ports seed test wait_all_with_no_active_tasks.
-
-    wait_all on a started engine with nothing running returns at once and leaves no thread.
-    """
+    """wait_all on a started engine with nothing running returns at once and leaves no thread."""
     before = {t for t in threading.enumerate() if t.name.startswith("memable")}
     engine.start()
 

@@ -26,10 +26,7 @@ def _one(ctx: Context) -> None:
 
 
 def test_metadata_completed_on_success(engine: Engine) -> None:
-    """Ports seed test metadata_completed_on_success.
-
-    A completed instance's metadata says Completed and carries a completion time.
-    """
+    """A completed instance's metadata says Completed and carries a completion time."""
     engine.register("wf", _one)
     engine.start()
 
@@ -44,9 +41,7 @@ def test_metadata_completed_on_success(engine: Engine) -> None:
 
 
 def test_metadata_failed_on_error(engine: Engine) -> None:
-    """Ports seed test metadata_failed_on_error.
-
-    A failed instance's metadata says Failed with the step and error, and has a completion
+    """A failed instance's metadata says Failed with the step and error, and has a completion
     time.
     """
 
@@ -73,10 +68,7 @@ def test_metadata_failed_on_error(engine: Engine) -> None:
 
 
 def test_metadata_updated_after_resume(engine: Engine) -> None:
-    """Ports seed test metadata_updated_after_resume.
-
-    Metadata goes from Failed to Completed when a resume finishes the instance.
-    """
+    """Metadata goes from Failed to Completed when a resume finishes the instance."""
     calls: list[str] = []
     s1 = flaky_once(calls, "s1", 1, "transient")
 
@@ -105,10 +97,7 @@ def test_metadata_updated_after_resume(engine: Engine) -> None:
 
 
 def test_get_metadata_returns_none_for_unknown(engine: Engine) -> None:
-    """Ports seed test get_metadata_returns_none_for_unknown.
-
-    get_metadata of an instance that does not exist returns None rather than raising.
-    """
+    """get_metadata of an instance that does not exist returns None rather than raising."""
     engine.start()
 
     assert engine.get_metadata("wf", "no-such-id") is None
@@ -117,9 +106,7 @@ def test_get_metadata_returns_none_for_unknown(engine: Engine) -> None:
 def test_metadata_consistent_after_wait_multi_thread(
     make_engine: Callable[..., Engine],
 ) -> None:
-    """Ports seed test metadata_consistent_after_wait_multi_thread.
-
-    With several workers running instances at once, metadata read right after each wait
+    """With several workers running instances at once, metadata read right after each wait
     already says Completed.
     """
     engine = make_engine(max_workers=4)
@@ -136,10 +123,7 @@ def test_metadata_consistent_after_wait_multi_thread(
 
 
 def test_metadata_correct_after_wait_all(engine: Engine) -> None:
-    """Ports seed test metadata_correct_after_wait_all.
-
-    After wait_all the store, still open for reads, holds every instance as Completed.
-    """
+    """After wait_all the store, still open for reads, holds every instance as Completed."""
     engine.register("wf", _one)
     engine.start()
 
@@ -156,10 +140,7 @@ def test_metadata_correct_after_wait_all(engine: Engine) -> None:
 
 
 def test_list_instances_returns_all(engine: Engine) -> None:
-    """Ports seed test list_instances_returns_all.
-
-    list_instances returns every instance of the workflow, each with its metadata.
-    """
+    """list_instances returns every instance of the workflow, each with its metadata."""
     engine.register("wf", _one)
     engine.start()
 
@@ -175,9 +156,7 @@ def test_list_instances_returns_all(engine: Engine) -> None:
 
 
 def test_list_instances_filters_by_workflow_name(engine: Engine) -> None:
-    """Ports seed test list_instances_filters_by_workflow_name.
-
-    list_instances returns only the instances of the named workflow, none for an unknown name.
+    """list_instances returns only the instances of the named workflow, none for an unknown name.
     """
     engine.register("alpha", _one)
     engine.register("beta", _one)
@@ -198,8 +177,5 @@ def test_list_instances_filters_by_workflow_name(engine: Engine) -> None:
 
 
 def test_list_instances_on_fresh_engine(engine: Engine) -> None:
-    """Ports seed test list_instances_on_fresh_engine.
-
-    A new engine that was never started can be read and lists no instances.
-    """
+    """A new engine that was never started can be read and lists no instances."""
     assert engine.list_instances("anything") == []

@@ -894,9 +894,7 @@ def _metadata_status(engine: Engine, name: str, instance_id: str) -> MetadataSta
 
 
 def test_suspend_then_signal_completes(engine: Engine) -> None:
-    """Ports seed test suspend_then_signal_completes.
-
-    A run reaching an unsignalled suspend point ends Suspended(key); the signal stores the
+    """A run reaching an unsignalled suspend point ends Suspended(key); the signal stores the
     payload as the key's value and a new run returns it from suspend and completes.
     """
     calls: list[str] = []
@@ -935,9 +933,7 @@ def test_suspend_then_signal_completes(engine: Engine) -> None:
 
 
 def test_suspend_with_custom_status(engine: Engine) -> None:
-    """Ports seed test suspend_with_custom_status.
-
-    A suspend with a status ends the run Suspended with that status (stored in the
+    """A suspend with a status ends the run Suspended with that status (stored in the
     metadata too) instead of the key, and the signalled payload reaches the workflow.
     """
 
@@ -964,9 +960,7 @@ def test_suspend_with_custom_status(engine: Engine) -> None:
 
 
 def test_memoised_steps_preserved_across_suspend(engine: Engine) -> None:
-    """Ports seed test memoised_steps_preserved_across_suspend.
-
-    The run a signal starts returns the step completed before the suspend from the store
+    """The run a signal starts returns the step completed before the suspend from the store
     and executes only the step after it.
     """
     calls: list[str] = []
@@ -1005,9 +999,7 @@ def test_memoised_steps_preserved_across_suspend(engine: Engine) -> None:
 
 
 def test_resume_without_signal_stays_suspended(engine: Engine) -> None:
-    """Ports seed test resume_without_signal_stays_suspended.
-
-    Resuming an instance whose suspend point has no signal yet runs it again only to
+    """Resuming an instance whose suspend point has no signal yet runs it again only to
     suspend at the same point, with nothing stored for the key but its waiting mark.
     """
     runs: list[str] = []
@@ -1033,9 +1025,7 @@ def test_resume_without_signal_stays_suspended(engine: Engine) -> None:
 
 
 def test_multiple_suspend_points(engine: Engine) -> None:
-    """Ports seed test multiple_suspend_points.
-
-    Each signal moves the instance to the next suspend point; the second completes it with
+    """Each signal moves the instance to the next suspend point; the second completes it with
     both payloads, each returned at its own suspend.
     """
 
@@ -1068,9 +1058,7 @@ def test_multiple_suspend_points(engine: Engine) -> None:
 
 
 def test_suspend_after_failed_step_on_resume(engine: Engine) -> None:
-    """Ports seed test suspend_after_failed_step_on_resume.
-
-    A step that failed before a suspend point is re-run by resume, which then suspends
+    """A step that failed before a suspend point is re-run by resume, which then suspends
     there; the signal completes the instance without running the step a third time.
     """
     calls: list[str] = []
@@ -1116,9 +1104,7 @@ def test_suspend_after_failed_step_on_resume(engine: Engine) -> None:
 
 
 def test_timer_fires_and_completes_workflow(engine: Engine) -> None:
-    """Ports seed test timer_fires_and_completes_workflow.
-
-    A zero timer ends the run Suspended("timer <key>"); the timer thread fires it by itself
+    """A zero timer ends the run Suspended("timer <key>"); the timer thread fires it by itself
     and the run it starts replays the step before the timer and executes the one after.
     """
     calls: list[str] = []
@@ -1157,9 +1143,7 @@ def test_timer_fires_and_completes_workflow(engine: Engine) -> None:
 
 
 def test_timer_memoised_on_resume(engine: Engine) -> None:
-    """Ports seed test timer_memoised_on_resume.
-
-    Resuming an instance completed past a fired timer replays both the step and the timer
+    """Resuming an instance completed past a fired timer replays both the step and the timer
     from the store: nothing executes and no new timer is armed.
     """
     calls: list[str] = []
@@ -1198,9 +1182,7 @@ def test_timer_memoised_on_resume(engine: Engine) -> None:
 
 
 def test_timer_skipped_when_workflow_not_suspended(engine: Engine) -> None:
-    """Ports seed test timer_skipped_when_workflow_not_suspended.
-
-    A run that fails before its timer arms none; the resume that gets past the failed step
+    """A run that fails before its timer arms none; the resume that gets past the failed step
     arms it, ends Suspended, and the timer thread's firing completes the instance.
     """
     calls: list[str] = []
@@ -1244,9 +1226,7 @@ def test_timer_skipped_when_workflow_not_suspended(engine: Engine) -> None:
 
 
 def test_timer_with_steps_before_and_after(engine: Engine) -> None:
-    """Ports seed test timer_with_steps_before_and_after.
-
-    Two zero timers between three steps each suspend the instance once and are fired by the
+    """Two zero timers between three steps each suspend the instance once and are fired by the
     timer thread; every step executes exactly once, in order.
     """
     calls: list[str] = []
@@ -1305,9 +1285,7 @@ def test_a_fired_timer_records_when_it_completed(tmp_path: Path) -> None:
 
 
 def test_step_with_timeout_completes(engine: Engine) -> None:
-    """Ports seed test step_with_timeout_completes.
-
-    A step that returns well within its timeout is stored and its value reaches the
+    """A step that returns well within its timeout is stored and its value reaches the
     workflow; it ran on a daemon step thread of its own.
     """
     threads: list[threading.Thread] = []
@@ -1337,9 +1315,7 @@ def test_step_with_timeout_completes(engine: Engine) -> None:
 
 
 def test_step_timeout_exceeds_deadline(engine: Engine) -> None:
-    """Ports seed test step_timeout_exceeds_deadline.
-
-    A step still running at its deadline fails the workflow with a StepTimeout naming the
+    """A step still running at its deadline fails the workflow with a StepTimeout naming the
     step and "timed out", without waiting for the hung function.
     """
     release = threading.Event()
@@ -1378,9 +1354,7 @@ def test_step_timeout_exceeds_deadline(engine: Engine) -> None:
 
 
 def test_timed_out_step_not_persisted(engine: Engine) -> None:
-    """Ports seed test timed_out_step_not_persisted.
-
-    A timed-out step is recorded failed and its late result is never stored, even once the
+    """A timed-out step is recorded failed and its late result is never stored, even once the
     function really returns; resume executes it again and stores that second result.
     """
     release = threading.Event()
@@ -1437,9 +1411,7 @@ def test_timed_out_step_not_persisted(engine: Engine) -> None:
 
 
 def test_timeout_skipped_on_cache_hit(engine: Engine) -> None:
-    """Ports seed test timeout_skipped_on_cache_hit.
-
-    A step already stored returns its result at once on resume even with an impossibly
+    """A step already stored returns its result at once on resume even with an impossibly
     short timeout: the function is not called and no step thread is started.
     """
     calls: list[str] = []
@@ -1477,9 +1449,7 @@ def test_timeout_skipped_on_cache_hit(engine: Engine) -> None:
 
 
 def test_timeout_with_borrowing_closure(engine: Engine) -> None:
-    """Ports seed test timeout_with_borrowing_closure.
-
-    A step function with a timeout may be a closure over the workflow's locals: it reads
+    """A step function with a timeout may be a closure over the workflow's locals: it reads
     them from its step thread and leaves them as they were.
     """
     seen: list[tuple[str, str]] = []

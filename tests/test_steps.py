@@ -25,10 +25,7 @@ TIMEOUT = 10.0
 
 
 def test_simple_workflow_completes(engine: Engine) -> None:
-    """Ports seed test simple_workflow_completes.
-
-    A workflow of two steps runs to Completed and its steps' results reach the workflow.
-    """
+    """A workflow of two steps runs to Completed and its steps' results reach the workflow."""
 
     def add(ctx: Context) -> int:
         a: int = ctx.step("a").run(lambda: 1)
@@ -44,9 +41,7 @@ def test_simple_workflow_completes(engine: Engine) -> None:
 
 
 def test_step_error_produces_failed_state(engine: Engine) -> None:
-    """Ports seed test step_error_produces_failed_state.
-
-    A step raising a permanent StepError fails the workflow with a message naming the step
+    """A step raising a permanent StepError fails the workflow with a message naming the step
     and the error.
     """
 
@@ -87,9 +82,7 @@ def test_a_stored_step_keeps_when_its_execution_started(tmp_path: Path) -> None:
 
 
 def test_memoisation_on_resume(engine: Engine) -> None:
-    """Ports seed test memoisation_on_resume.
-
-    Resuming a failed instance returns the completed step from the store and re-runs only
+    """Resuming a failed instance returns the completed step from the store and re-runs only
     the failed one.
     """
     calls: list[str] = []
@@ -123,10 +116,7 @@ def test_memoisation_on_resume(engine: Engine) -> None:
 
 
 def test_different_instances_have_separate_caches(engine: Engine) -> None:
-    """Ports seed test different_instances_have_separate_caches.
-
-    The same step key in two instances of one workflow executes once in each.
-    """
+    """The same step key in two instances of one workflow executes once in each."""
     calls: list[str] = []
 
     def wf(ctx: Context) -> None:
@@ -145,9 +135,7 @@ def test_different_instances_have_separate_caches(engine: Engine) -> None:
 
 
 def test_step_without_status_stores_none(engine: Engine) -> None:
-    """Ports seed test step_without_status_stores_none.
-
-    A step run without any set_status is stored with no status, and a resume replays it
+    """A step run without any set_status is stored with no status, and a resume replays it
     without executing it.
     """
     calls: list[str] = []
@@ -183,9 +171,7 @@ def test_step_without_status_stores_none(engine: Engine) -> None:
 
 
 def test_status_persisted_and_restored_on_resume(engine: Engine) -> None:
-    """Ports seed test status_persisted_and_restored_on_resume.
-
-    The status set before a step is stored with it, and a resume replays that step from the
+    """The status set before a step is stored with it, and a resume replays that step from the
     store and re-runs only the failed one.
     """
     calls: list[str] = []
@@ -229,9 +215,7 @@ def test_status_persisted_and_restored_on_resume(engine: Engine) -> None:
 
 
 def test_subscribers_not_notified_during_replay(engine: Engine) -> None:
-    """Ports seed test subscribers_not_notified_during_replay.
-
-    A resumed run replays its stored steps silently: watchers see only the status current
+    """A resumed run replays its stored steps silently: watchers see only the status current
     when replay ends, then the end state.
     """
     gate = threading.Event()
