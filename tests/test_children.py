@@ -44,6 +44,9 @@ def _approval(ctx: Context, amount: int) -> int:
 def test_a_child_runs_as_its_own_instance_and_its_output_completes_the_parent_step(
     make_engine: Callable[..., Engine],
 ) -> None:
+    """A child runs as its own instance ``parent/key`` linked to its parent, which waits at
+    a ``child`` step until the child completes; the child's output becomes that step's
+    result, and a replay of the parent starts no second child."""
     engine = make_engine(poll_interval=60, lease=600)
     engine.register("approval", _approval)
     engine.register("order", lambda ctx: ctx.child("approve:v1", "approval", 5) + 1)
@@ -91,6 +94,9 @@ def test_a_child_that_ends_while_the_parent_still_runs_is_not_lost(
 def test_a_failed_child_raises_child_failed_and_a_resume_runs_it_again(
     make_engine: Callable[..., Engine],
 ) -> None:
+    """A child whose step raises fails, and the parent sees ``ChildFailed`` naming the child
+    and carrying its failure; resuming the parent resumes the failed child, which succeeds
+    on its second attempt."""
     engine = make_engine()
     attempts: Counter[str] = Counter()
 
@@ -138,6 +144,8 @@ def test_a_failed_child_raises_child_failed_and_a_resume_runs_it_again(
 def test_a_cancelled_child_raises_child_failed_again_on_every_run(
     make_engine: Callable[..., Engine],
 ) -> None:
+    """A child cancelled while it waits raises ``ChildFailed`` in the parent, and raises it
+    again when the parent is resumed: the child stays cancelled and is not restarted."""
     engine = make_engine()
     seen: list[str] = []
 
@@ -164,6 +172,8 @@ def test_a_cancelled_child_raises_child_failed_again_on_every_run(
 def test_cancelling_a_parent_cancels_its_children_and_theirs(
     make_engine: Callable[..., Engine],
 ) -> None:
+    """Cancelling a parent cascades down the line: its suspended child and that child's own
+    suspended child are cancelled too."""
     engine = make_engine()
     engine.register("approval", _approval)
     engine.register("middle", lambda ctx: ctx.child("grand", "approval", 1))
@@ -211,6 +221,8 @@ def test_children_run_side_by_side_and_return_outputs_in_input_order(
 def test_the_parent_of_a_group_waits_until_the_last_child_ends(
     make_engine: Callable[..., Engine],
 ) -> None:
+    """``ctx.children`` keeps the parent suspended while any child of the group still waits,
+    whatever order the children end in, then returns their outputs in index order."""
     engine = make_engine(poll_interval=60, lease=600)
     engine.register("approval", _approval)
     engine.register("parent", lambda ctx: ctx.children("ok", "approval", [1, 2, 3]))
@@ -231,6 +243,9 @@ def test_the_parent_of_a_group_waits_until_the_last_child_ends(
 def test_the_first_failed_child_by_index_raises_once_all_have_ended(
     make_engine: Callable[..., Engine],
 ) -> None:
+    """With two children of a group failing, the parent's ``ChildFailed`` is raised only
+    after every child has ended (the first child is held until the third completes) and
+    names the failed child with the lowest index."""
     engine = make_engine()
     release = threading.Event()
 
@@ -266,6 +281,8 @@ def test_the_first_failed_child_by_index_raises_once_all_have_ended(
 def test_a_child_of_an_unregistered_workflow_fails_the_parent_at_its_key(
     engine: Engine,
 ) -> None:
+    """A child of a workflow no engine registered fails the parent with ``WorkflowNotFound``
+    naming that workflow, and stores no step for it."""
     engine.register("parent", lambda ctx: ctx.child("kid", "nowhere"))
     with engine:
         state = engine.invoke("parent", instance_id="p").wait(TIMEOUT)
@@ -279,6 +296,8 @@ def test_a_child_of_an_unregistered_workflow_fails_the_parent_at_its_key(
 def test_wait_all_waits_for_the_children_and_the_parent(
     make_engine: Callable[..., Engine],
 ) -> None:
+    """``engine.wait_all`` returns only once the parent, which waits on a group of children,
+    has completed."""
     engine = make_engine()
     engine.register("double", lambda ctx, n: n * 2)
     engine.register("parent", lambda ctx: sum(ctx.children("d", "double", range(5))))
@@ -319,6 +338,8 @@ def test_a_parent_killed_after_starting_its_child_gets_one_child_on_recovery(
 def test_an_input_a_child_cannot_store_fails_the_parent_and_starts_nothing(
     engine: Engine, bad: object
 ) -> None:
+    """A child input the store cannot serialise (a bare object, a dict with int keys) fails
+    the parent with ``SerializationError``, starts no child instance and stores no step."""
     engine.register("kid", lambda ctx, value: value)
     engine.register("parent", lambda ctx: ctx.child("kid", "kid", bad))
     with engine:
@@ -385,6 +406,8 @@ def test_a_child_ending_while_its_parent_records_its_wait_is_counted(
 
 
 def test_memable_show_lists_a_parent_and_its_children(tmp_path: Path) -> None:
+    """``memable show`` lists a parent's children with their state, shows a child's parent,
+    and ``--json`` gives the same links."""
     import json
 
     from helpers import cli

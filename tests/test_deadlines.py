@@ -69,6 +69,8 @@ def _approval(ctx: Context) -> str:
 def test_a_signal_before_the_deadline_wins_and_drops_it(
     make_engine: Callable[..., Engine],
 ) -> None:
+    """A signal that arrives before the day's deadline completes the wait and deletes its
+    timer, so moving the clock two days on times nothing out."""
     engine = make_engine(poll_interval=60)
     engine.register("approval", _approval)
     with freeze_time(T0) as clock, engine:
@@ -85,6 +87,9 @@ def test_a_signal_before_the_deadline_wins_and_drops_it(
 def test_no_signal_by_the_deadline_raises_signal_timeout_which_the_workflow_catches(
     make_engine: Callable[..., Engine],
 ) -> None:
+    """With no signal, nothing fires a minute before the deadline; at the deadline the wait
+    raises ``SignalTimeout``, the workflow catches it and escalates, the wait's row says
+    ``timed_out`` and a signal sent afterwards gets ``InstanceFinished``."""
     engine = make_engine(poll_interval=60)
     engine.register("approval", _approval)
     with freeze_time(T0) as clock, engine:
@@ -106,6 +111,9 @@ def test_no_signal_by_the_deadline_raises_signal_timeout_which_the_workflow_catc
 def test_a_signal_after_the_deadline_is_rejected_and_changes_nothing(
     make_engine: Callable[..., Engine],
 ) -> None:
+    """A signal for a wait that has already timed out (while the instance waits on another
+    key) raises ``SignalRejected`` naming the workflow, instance and key, and leaves every
+    row as it was."""
     engine = make_engine(poll_interval=60)
 
     def wf(ctx: Context) -> str:
@@ -131,6 +139,8 @@ def test_a_signal_after_the_deadline_is_rejected_and_changes_nothing(
 def test_an_uncaught_signal_timeout_fails_the_workflow_naming_the_key(
     make_engine: Callable[..., Engine],
 ) -> None:
+    """A ``SignalTimeout`` the workflow does not catch fails the instance with a message
+    naming the wait's key and the instance."""
     engine = make_engine(poll_interval=60)
     engine.register("wf", lambda ctx: ctx.suspend("webhook:v1", timeout=timedelta(days=2)))
     with freeze_time(T0) as clock, engine:
@@ -234,6 +244,8 @@ def test_a_signal_that_arrives_while_the_instance_runs_beats_a_later_deadline(
 def test_a_zero_timeout_times_out_at_once_unless_the_signal_is_there(
     make_engine: Callable[..., Engine],
 ) -> None:
+    """``timeout=0`` with no signal waiting raises ``SignalTimeout`` in the same run,
+    storing a ``timed_out`` row and no timer."""
     engine = make_engine(poll_interval=60)
 
     def wf(ctx: Context) -> str:
@@ -252,6 +264,8 @@ def test_a_zero_timeout_times_out_at_once_unless_the_signal_is_there(
 def test_the_deadline_is_stored_once_and_a_resume_does_not_move_it(
     make_engine: Callable[..., Engine],
 ) -> None:
+    """The deadline is fixed when the wait is first reached: a resume half a day later still
+    times out a day after the first run, not a day after the resume."""
     engine = make_engine(poll_interval=60)
     engine.register("approval", _approval)
     with freeze_time(T0) as clock, engine:
@@ -264,6 +278,8 @@ def test_the_deadline_is_stored_once_and_a_resume_does_not_move_it(
 
 
 def test_cancel_drops_the_deadline(make_engine: Callable[..., Engine]) -> None:
+    """Cancelling a waiting instance deletes its timer: the deadline passing afterwards
+    fires nothing and the wait's row stays ``waiting``."""
     engine = make_engine(poll_interval=60)
     engine.register("approval", _approval)
     with freeze_time(T0) as clock, engine:
@@ -283,6 +299,9 @@ def test_cancel_drops_the_deadline(make_engine: Callable[..., Engine]) -> None:
 def test_a_bad_timeout_fails_the_run_and_stores_no_row(
     engine: Engine, bad: object, error: type[Exception]
 ) -> None:
+    """A negative, NaN, infinite, string or out-of-range timeout fails the run with a
+    ``ValueError`` or ``TypeError`` naming the wait's key, storing neither a step row nor a
+    timer."""
     engine.register("wf", lambda ctx: ctx.suspend("answer", timeout=bad))
     with engine:
         state = engine.invoke("wf", instance_id="w").wait(TIMEOUT)

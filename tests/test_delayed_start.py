@@ -46,6 +46,9 @@ def _status(engine: Engine, workflow: str, instance_id: str) -> MetadataStatus:
 def test_a_delayed_instance_waits_holding_no_thread_and_starts_when_due(
     engine: Engine,
 ) -> None:
+    """``start_at=timedelta(hours=1)`` stores the instance at once as suspended "starts at
+    ..." with no run in flight; its timer fires nothing a minute early and starts it exactly
+    when due."""
     with freeze_time("2026-12-05 10:00:00") as clock:
         inv = engine.invoke("job", 21, instance_id="j", start_at=timedelta(hours=1))
         status = _status(engine, "job", "j")
@@ -62,6 +65,8 @@ def test_a_delayed_instance_waits_holding_no_thread_and_starts_when_due(
 
 
 def test_an_aware_datetime_is_a_start_time(engine: Engine) -> None:
+    """An aware ``datetime`` in another zone is taken as an instant, shown in UTC in the
+    status, and the instance starts when the clock reaches it."""
     at = datetime(2026, 12, 5, 12, 30, tzinfo=timezone(timedelta(hours=2)))
     with freeze_time("2026-12-05 10:00:00") as clock:
         inv = engine.invoke("job", 1, instance_id="j", start_at=at)
@@ -72,6 +77,8 @@ def test_an_aware_datetime_is_a_start_time(engine: Engine) -> None:
 
 
 def test_a_delayed_instance_of_a_queue_goes_onto_it_when_due(engine: Engine) -> None:
+    """A delayed instance of a queued workflow waits suspended, then goes onto its queue and
+    runs once its start time is due."""
     with freeze_time("2026-12-05 10:00:00") as clock:
         inv = engine.invoke("queued_job", 5, instance_id="q", start_at=60)
         assert isinstance(_status(engine, "queued_job", "q"), MetadataStatus.Suspended)
@@ -80,6 +87,8 @@ def test_a_delayed_instance_of_a_queue_goes_onto_it_when_due(engine: Engine) -> 
 
 
 def test_invoking_the_same_id_again_changes_nothing(engine: Engine) -> None:
+    """Invoking a delayed instance's id again with another input and an earlier start
+    changes nothing: it starts at the first start time with the first input."""
     with freeze_time("2026-12-05 10:00:00") as clock:
         engine.invoke("job", 1, instance_id="j", start_at=60)
         again = engine.invoke("job", 2, instance_id="j", start_at=10)
@@ -90,6 +99,8 @@ def test_invoking_the_same_id_again_changes_nothing(engine: Engine) -> None:
 
 
 def test_a_cancelled_delayed_instance_never_starts(engine: Engine) -> None:
+    """A delayed instance cancelled before its start time never runs when the time passes,
+    stays cancelled, and refuses signals with ``InstanceFinished``."""
     with freeze_time("2026-12-05 10:00:00") as clock:
         engine.invoke("job", 1, instance_id="j", start_at=60)
         engine.cancel("job", "j")
@@ -110,6 +121,9 @@ def test_a_cancelled_delayed_instance_never_starts(engine: Engine) -> None:
 def test_a_bad_start_at_is_refused_storing_nothing(
     engine: Engine, start_at: Any, error: type[Exception], says: str
 ) -> None:
+    """A naive datetime, a negative, NaN or string delay, or one past the year 9999 is
+    refused by ``invoke`` with a ``ValueError`` or ``TypeError`` and no instance is
+    stored."""
     with pytest.raises(error, match=says):
         engine.invoke("job", 1, instance_id="j", start_at=start_at)
     assert engine.get_metadata("job", "j") is None

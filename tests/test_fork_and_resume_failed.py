@@ -92,6 +92,8 @@ def engine(make_engine: Callable[..., Engine]) -> Iterator[Engine]:
 
 
 def test_fork_reruns_from_the_key_and_leaves_the_source(engine: Engine) -> None:
+    """``fork(from_key=...)`` copies the steps before that key into a new instance, which
+    executes only the key and those after it; the source's steps stay as they were."""
     engine.invoke("pipeline", 1, instance_id="p").result(TIMEOUT)
     before = engine.steps("pipeline", "p")
     fork = engine.fork("pipeline", "p", from_key="transform:v1", new_instance_id="p2")
@@ -104,6 +106,9 @@ def test_fork_reruns_from_the_key_and_leaves_the_source(engine: Engine) -> None:
 
 
 def test_fork_after_a_fix_finishes_what_failed(engine: Engine) -> None:
+    """A fork of a failed instance without ``from_key`` copies every completed step and,
+    once the fault is gone, executes only the step that failed, under a generated
+    ``<id>.fork-`` id; the source stays failed."""
     BROKEN.add("p")
     with pytest.raises(WorkflowFailed):
         engine.invoke("pipeline", 2, instance_id="p").result(TIMEOUT)
@@ -117,6 +122,8 @@ def test_fork_after_a_fix_finishes_what_failed(engine: Engine) -> None:
 
 
 def test_fork_of_a_queued_workflow_goes_through_its_queue(engine: Engine) -> None:
+    """A fork of an instance of a queued workflow runs through that queue and executes only
+    the steps from its key on."""
     engine.invoke("queued", 3, instance_id="q").result(TIMEOUT)
     fork = engine.fork("queued", "q", from_key="load:v1")
     assert fork.result(TIMEOUT) == 31
@@ -126,6 +133,9 @@ def test_fork_of_a_queued_workflow_goes_through_its_queue(engine: Engine) -> Non
 def test_fork_refuses_a_key_it_never_reached_a_taken_id_and_an_unknown_source(
     engine: Engine,
 ) -> None:
+    """``fork`` refuses a key the source never reached (listing its keys), a new id that is
+    taken, an unknown instance and an unknown workflow, and stores no instance for any of
+    them."""
     engine.invoke("pipeline", 1, instance_id="p").result(TIMEOUT)
     with pytest.raises(ValueError, match=r"its keys: 'extract:v1', 'transform:v1', "
                        r"'load:v1'.*step 'ship:v1'"):
@@ -231,6 +241,9 @@ def _failed(engine: Engine, *ids: str) -> None:
 
 
 def test_resume_failed_resumes_oldest_first_up_to_the_limit(engine: Engine) -> None:
+    """``resume_failed(limit=2)`` resumes the two oldest failures and leaves the third
+    failed; without a workflow it takes the failures of every workflow, and with none left
+    it resumes nothing."""
     _failed(engine, "f-1", "f-2", "f-3")
     BROKEN.clear()  # the fix is deployed
     assert engine.resume_failed("pipeline", limit=2) == 2
@@ -245,6 +258,8 @@ def test_resume_failed_resumes_oldest_first_up_to_the_limit(engine: Engine) -> N
 
 
 def test_resume_failed_since_takes_only_the_later_failures(engine: Engine) -> None:
+    """``resume_failed(since=...)`` resumes only the instances that failed after that
+    instant; an earlier failure stays failed."""
     _failed(engine, "old")
     meta = engine.get_metadata("pipeline", "old")
     assert meta is not None
@@ -327,6 +342,8 @@ def test_memable_resume_failed_with_a_limit_acts_only_on_those_it_counted(
 def test_resume_failed_refuses_bad_arguments(
     engine: Engine, kwargs: dict[str, object], error: type[Exception]
 ) -> None:
+    """``resume_failed`` refuses a limit that is not a positive int, a naive or string
+    ``since`` and an unknown workflow."""
     with pytest.raises(error):
         engine.resume_failed("pipeline", **kwargs)  # type: ignore[arg-type]
     with pytest.raises(WorkflowNotFound):
@@ -361,6 +378,9 @@ def _run(path: Path, *ids: str) -> dict[str, int]:
 
 
 def test_memable_fork_stores_a_fork_an_engine_runs(store: Path) -> None:
+    """``memable fork --from --id`` stores the fork with no engine running, and the next
+    engine on the file runs only its steps from that key; forking again onto a taken id
+    exits 2 and forks nothing."""
     result = cli("fork", store, "pipeline", "p", "--from", "load:v1", "--id", "p2")
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith("forked pipeline/p as p2 from load:v1")
@@ -374,6 +394,8 @@ def test_memable_fork_stores_a_fork_an_engine_runs(store: Path) -> None:
 def test_memable_fork_of_a_key_it_never_reached_exits_2_naming_its_keys(
     store: Path,
 ) -> None:
+    """``memable fork --from`` with a key the source never reached exits 2 listing its keys,
+    and so does forking an unknown instance."""
     result = cli("fork", store, "pipeline", "p", "--from", "ship")
     assert result.exit_code == 2
     assert "its keys: 'extract:v1', 'transform:v1', 'load:v1'" in result.stderr
@@ -381,6 +403,9 @@ def test_memable_fork_of_a_key_it_never_reached_exits_2_naming_its_keys(
 
 
 def test_memable_resume_failed_asks_with_the_count_and_resumes_those(store: Path) -> None:
+    """``memable resume --failed`` asks for confirmation with the count: declining exits 1
+    resuming nothing; confirming resumes both failed instances, which the next engine
+    completes."""
     declined = CliRunner().invoke(main, ["resume", str(store), "pipeline", "--failed"],
                                   input="n\n")
     assert declined.exit_code == 1
@@ -394,6 +419,8 @@ def test_memable_resume_failed_asks_with_the_count_and_resumes_those(store: Path
 
 
 def test_memable_resume_failed_yes_since_and_limit(store: Path) -> None:
+    """``memable resume --failed --yes`` honours ``--since`` (a duration or an instant) and
+    ``--limit``, and says so when nothing is left to resume."""
     result = cli("resume", store, "pipeline", "--failed", "--yes", "--since", "1h",
                  "--limit", "1")
     assert result.exit_code == 0, result.output
@@ -412,6 +439,9 @@ def test_memable_resume_failed_yes_since_and_limit(store: Path) -> None:
 def test_memable_resume_refuses_what_it_cannot_read_with_exit_2(
     store: Path, args: list[str]
 ) -> None:
+    """``memable resume`` exits 2 with an error for an unreadable or naive ``--since``, an
+    id together with ``--failed``, or ``--yes`` without ``--failed``, and changes no
+    instance."""
     result = cli("resume", store, "pipeline", *args)
     assert result.exit_code == 2
     assert result.stderr.startswith("memable: error: ")

@@ -34,6 +34,8 @@ def _rows(engine: Engine, name: str, instance_id: str) -> list[tuple[str, str, s
 
 
 def test_items_are_steps_of_their_own_in_input_order(engine: Engine) -> None:
+    """``map`` stores each item as a step of its own, ``key[i]``, returns the results in
+    input order, and a replay serves every item from the store."""
     engine.register("wf", lambda ctx: ctx.step("sq").map(lambda n: n * n, [3, 1, 2]))
     with engine:
         assert engine.invoke("wf", instance_id="w").result(TIMEOUT) == [9, 1, 4]
@@ -156,6 +158,9 @@ def test_the_first_failed_item_by_index_is_raised_once_all_have_ended(engine: En
 
 
 def test_retry_timeout_and_returns_apply_to_each_item(engine: Engine) -> None:
+    """The step's retry, timeout and ``returns`` apply to each item on its own: a flaky
+    first item completes on its second attempt, while an item still running past the timeout
+    fails the run, its retry refused because the first attempt still runs."""
     attempts: Counter[int] = Counter()
     lock = threading.Lock()
     release = threading.Event()
@@ -195,6 +200,8 @@ def test_retry_timeout_and_returns_apply_to_each_item(engine: Engine) -> None:
 def test_results_are_rebuilt_as_returns_says_on_the_first_run_and_on_replay(
     engine: Engine,
 ) -> None:
+    """With ``.returns(date)``, the items' results come back as ``date`` objects both on the
+    first run and on a replay from the store."""
     def wf(ctx: Context) -> list[str]:
         days = ctx.step("day").returns(date).map(lambda n: date(2026, 1, n), [1, 2])
         assert all(isinstance(d, date) for d in days)
@@ -208,6 +215,7 @@ def test_results_are_rebuilt_as_returns_says_on_the_first_run_and_on_replay(
 
 
 def test_no_items_is_an_empty_list_and_no_record(engine: Engine) -> None:
+    """Mapping over no items returns an empty list and stores no step."""
     engine.register("wf", lambda ctx: ctx.step("k").map(str, []))
     with engine:
         assert engine.invoke("wf", instance_id="w").result(TIMEOUT) == []
@@ -215,6 +223,8 @@ def test_no_items_is_an_empty_list_and_no_record(engine: Engine) -> None:
 
 
 def test_a_key_mapped_twice_in_one_run_is_a_duplicate(engine: Engine) -> None:
+    """Mapping the same key twice in one run fails it with ``DuplicateStepKey`` at the first
+    item's key."""
     def wf(ctx: Context) -> None:
         ctx.step("k").map(str, [1])
         ctx.step("k").map(str, [1])
@@ -232,6 +242,8 @@ def test_a_key_mapped_twice_in_one_run_is_a_duplicate(engine: Engine) -> None:
 def test_a_bad_max_concurrency_fails_the_run_and_stores_nothing(
     engine: Engine, bad: Any, error: str
 ) -> None:
+    """A ``max_concurrency`` of zero, a negative number, a float or a bool fails the run
+    with a message saying it must be a positive int, storing no step."""
     engine.register("wf", lambda ctx: ctx.step("k").map(str, [1], max_concurrency=bad))
     with engine:
         state = engine.invoke("wf", instance_id="w").wait(TIMEOUT)
@@ -244,6 +256,8 @@ def test_a_bad_max_concurrency_fails_the_run_and_stores_nothing(
 def test_a_cancel_stops_the_items_not_started_and_stores_the_one_in_flight(
     make_engine: Callable[..., Engine],
 ) -> None:
+    """A cancel while the first item runs (``max_concurrency=1``, the item held) lets that
+    item finish and store its result but starts none of the others."""
     engine = make_engine()
     started, release = threading.Event(), threading.Event()
     ran: list[int] = []
@@ -267,6 +281,8 @@ def test_a_cancel_stops_the_items_not_started_and_stores_the_one_in_flight(
 
 
 def test_a_signal_for_an_item_in_flight_is_rejected(make_engine: Callable[..., Engine]) -> None:
+    """A signal sent to an item's key while that item runs (held on an event) is rejected as
+    in flight, and the map still completes with every item's own result."""
     engine = make_engine()
     started, release = threading.Event(), threading.Event()
 

@@ -219,6 +219,9 @@ def test_one_claim_counts_what_it_took_and_skips_past_a_full_key(
 def test_a_key_on_a_queue_without_per_key_is_refused_and_nothing_stored(
     make_engine: Callable[..., Engine],
 ) -> None:
+    """A ``concurrency_key`` is refused with a ``ValueError`` saying why when the workflow's
+    queue has no ``per_key`` or the workflow has no queue, and with a ``TypeError`` when it
+    is empty or not a str; no instance is stored."""
     engine = make_engine()
     engine.queue("q", concurrency=2)
     engine.register("held", Held(), queue="q")
@@ -239,6 +242,8 @@ def test_a_key_on_a_queue_without_per_key_is_refused_and_nothing_stored(
 
 @pytest.mark.parametrize("per_key", [0, -1, 1.5, True, "2"])
 def test_a_bad_per_key_is_refused(engine: Engine, per_key: Any) -> None:
+    """``engine.queue(per_key=...)`` refuses zero, a negative number, a float, a bool and a
+    string."""
     with pytest.raises(ValueError, match=f"per_key is a positive int or None, not {per_key!r}"):
         engine.queue("q", per_key=per_key)
 

@@ -85,6 +85,8 @@ def test_an_unreachable_server_raises_naming_host_and_port_without_the_password(
 
 
 def test_import_memable_does_not_import_psycopg() -> None:
+    """``import memable`` in a fresh interpreter imports neither ``psycopg`` nor
+    ``psycopg_pool``: they are needed only for a PostgreSQL store."""
     code = "import sys, memable; print('psycopg' in sys.modules, 'psycopg_pool' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
@@ -108,11 +110,14 @@ def test_a_url_without_the_extra_installed_names_the_extra() -> None:
     ("", ValueError), ("x" * 64, ValueError), ("a\0b", ValueError), (7, TypeError),
 ])
 def test_a_bad_schema_name_is_refused_before_connecting(schema: Any, error: type) -> None:
+    """An empty, over-long, NUL-holding or non-str schema name is refused before any
+    connection is tried (the URL points at a closed port)."""
     with pytest.raises(error, match="schema"):
         Engine.open("postgresql://nobody@127.0.0.1:1/none", schema=schema)
 
 
 def test_a_schema_with_a_sqlite_target_is_a_value_error(tmp_path: Path) -> None:
+    """A ``schema`` given with a SQLite path raises ``ValueError`` and creates no file."""
     with pytest.raises(ValueError, match="schema is for a PostgreSQL URL"):
         Engine.open(tmp_path / "x.db", schema="jobs")
     assert not (tmp_path / "x.db").exists()
@@ -131,6 +136,8 @@ def test_two_schemas_are_two_stores(pg_schema: str, other_schema: str) -> None:
 
 
 def test_a_newer_schema_version_is_refused_and_left_as_it_was(pg_schema: str) -> None:
+    """A store whose stored schema version is newer than this memable's is refused with
+    ``StorageError`` at open and its version row is left unchanged."""
     Engine.open(POSTGRES_URL, schema=pg_schema).close()
     with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
         conn.execute(f'UPDATE "{pg_schema}".schema_version SET version = %s',
@@ -355,6 +362,8 @@ def test_the_command_line_reads_and_acts_on_a_postgresql_store(pg_schema: str) -
 def test_the_command_line_on_a_schema_without_a_store_exits_2_and_creates_nothing(
     pg_schema: str,
 ) -> None:
+    """``list``, ``show``, ``cancel`` and ``purge`` on a PostgreSQL schema that holds no
+    store exit 2 saying so, and create no schema."""
     for args in (["list"], ["show", "wf", "x"], ["cancel", "wf", "x"], ["purge"]):
         command, *rest = args
         extra = ["--older-than", "1d"] if command == "purge" else []

@@ -70,6 +70,8 @@ def test_a_schema_that_is_not_a_plain_identifier_is_refused_at_open(
 
 
 def test_63_bytes_is_the_longest_name(schemas: Callable[[str], str]) -> None:
+    """A schema name of 63 bytes, PostgreSQL's limit, is accepted and created under exactly
+    that name."""
     name = schemas("s" * 53)
     assert len(name) == 63
     Engine.open(POSTGRES_URL, schema=name).close()
@@ -77,6 +79,8 @@ def test_63_bytes_is_the_longest_name(schemas: Callable[[str], str]) -> None:
 
 
 def test_mixed_case_is_a_store_of_its_own(schemas: Callable[[str], str]) -> None:
+    """A mixed-case schema name is quoted, not folded: it and the same name lowercased are
+    two separate stores and two schemas."""
     upper = schemas("Mixed_Case_1_")
     lower = upper.lower()
     schemas("mixed_case_1_")  # the same name lowered: dropped afterwards too

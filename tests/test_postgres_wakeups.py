@@ -98,6 +98,8 @@ def _assert_cancelled(how: str, outcome: Any) -> None:
 def test_a_local_cancel_ends_a_wait_on_the_store_at_once(
     make_engine: Callable[..., Engine], how: str,
 ) -> None:
+    """A cancel made by this engine ends, well before the next 30 s poll, a ``result()`` on
+    a suspended instance or a ``wait()`` on a queued one that is following the store."""
     engine = make_engine(poll_interval=POLL, queues=())
     _register(engine)
     with engine:
