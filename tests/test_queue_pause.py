@@ -74,6 +74,9 @@ def test_a_paused_queue_accepts_invokes_and_starts_nothing_until_resumed(
 def test_a_run_in_flight_when_the_queue_is_paused_finishes(
     make_engine: Callable[..., Engine],
 ) -> None:
+    """A run in flight (held on an event) when its queue is paused finishes; an instance
+    invoked after the pause stays queued while the queue thread looks twice, and runs once
+    the queue is resumed."""
     entered, release = threading.Event(), threading.Event()
     ran: list[str] = []
 
@@ -106,6 +109,8 @@ def test_a_run_in_flight_when_the_queue_is_paused_finishes(
 def test_pausing_twice_and_resuming_a_running_queue_change_nothing(
     make_engine: Callable[..., Engine],
 ) -> None:
+    """Resuming a queue that is not paused does nothing, pausing it twice stores one pause,
+    and after the resume a job runs as before."""
     ran: list[int] = []
     engine = _consumer(make_engine, ran)
     with engine:
@@ -121,6 +126,8 @@ def test_pausing_twice_and_resuming_a_running_queue_change_nothing(
 def test_a_queue_this_engine_does_not_declare_is_refused(
     make_engine: Callable[..., Engine],
 ) -> None:
+    """``pause_queue`` and ``resume_queue`` refuse a queue this engine does not declare and
+    store nothing; a declared queue can be paused before the engine starts."""
     engine = make_engine()
     engine.queue("emails")
     for act in (engine.pause_queue, engine.resume_queue):
@@ -198,6 +205,9 @@ def test_on_postgresql_a_resume_wakes_the_consumers_at_once(pg_schema: str) -> N
 
 
 def test_a_pause_is_stored_and_outlives_the_engine(shared_store: dict[str, Any]) -> None:
+    """A pause made by an engine that then closes is stored: a new engine on the same store
+    keeps the queue's instances queued, ``memable queues --json`` lists it paused with one
+    queued, and it runs them once resumed."""
     first = Engine.open(**shared_store)
     first.queue("q")
     first.pause_queue("q")
@@ -244,6 +254,9 @@ def _refused(store: dict[str, Any], *args: str) -> str:
 def test_memable_queue_pause_and_resume_act_on_the_engines_of_the_store(
     open_shared: Callable[..., Engine], shared_store: dict[str, Any],
 ) -> None:
+    """``memable queue pause`` stops a running engine on the store starting the queue's
+    instances and ``memable queue resume`` lets it start them; each says what it did, and
+    says so when there was nothing to do."""
     ran: list[int] = []
     worker = _consumer(open_shared, ran)
     looks = Looks(worker)
@@ -316,6 +329,8 @@ def test_memable_queues_lists_queued_running_paused_and_limits(
 def test_memable_queues_of_a_store_without_queues_says_so(
     shared_store: dict[str, Any],
 ) -> None:
+    """``memable queues`` on a store with no queue says there are none, and ``--json`` gives
+    an empty list."""
     Engine.open(**shared_store).close()
     assert _ok(shared_store, "queues") == (
         "no queues: no instance is on one, no running engine consumes one, and none is "
@@ -326,6 +341,8 @@ def test_memable_queues_of_a_store_without_queues_says_so(
 def test_a_queue_the_store_does_not_know_is_refused_with_the_closest_name(
     open_shared: Callable[..., Engine], shared_store: dict[str, Any],
 ) -> None:
+    """``memable queue pause`` and ``resume`` of a queue the store does not know are refused
+    suggesting the closest known name, and pause nothing."""
     web = open_shared(queues=())
     web.queue("emails")
     web.register("send", lambda ctx: None, queue="emails")
@@ -339,6 +356,8 @@ def test_a_queue_the_store_does_not_know_is_refused_with_the_closest_name(
 
 
 def test_the_queue_commands_refuse_a_missing_file(tmp_path: Path) -> None:
+    """``memable queues`` and ``memable queue pause|resume`` on a missing file exit 2 naming
+    it and create no file."""
     missing = tmp_path / "nothing.db"
     for args in (["queues", missing], ["queue", "pause", missing, "q"],
                  ["queue", "resume", missing, "q"]):
@@ -351,6 +370,8 @@ def test_the_queue_commands_refuse_a_missing_file(tmp_path: Path) -> None:
 def test_show_of_a_queued_instance_of_a_paused_queue_says_paused(
     open_shared: Callable[..., Engine], shared_store: dict[str, Any],
 ) -> None:
+    """``memable show`` of an instance queued on a paused queue gives the pause, since when,
+    as the reason it waits, in text and in ``--json``."""
     web = open_shared(queues=())
     web.queue("emails")
     web.register("send", lambda ctx: None, queue="emails")
@@ -404,6 +425,9 @@ def consuming(make_engine: Callable[..., Engine]) -> Iterator[tuple[Engine, list
 def test_the_dashboard_pauses_and_resumes_a_queue(
     consuming: tuple[Engine, list[int]],
 ) -> None:
+    """The dashboard with actions allowed pauses a queue from its form (the row says since
+    when, the ``memable_queue_paused`` gauge reads 1, a new instance stays queued) and
+    resumes it (the instance runs, the gauge reads 0)."""
     engine, ran = consuming
     looks = Looks(engine)
     client = Client(app(engine, allow_actions=True))
@@ -436,6 +460,8 @@ def test_the_dashboard_pauses_and_resumes_a_queue(
 def test_a_read_only_dashboard_shows_no_form_and_refuses_to_pause(
     consuming: tuple[Engine, list[int]],
 ) -> None:
+    """A read-only dashboard shows no pause form and answers 403 to a pause or resume post,
+    even with a valid CSRF token; nothing is paused."""
     engine, _ = consuming
     engine.invoke("job", 0).result(TIMEOUT)
     client = Client(app(engine))
@@ -454,6 +480,8 @@ def test_a_read_only_dashboard_shows_no_form_and_refuses_to_pause(
 def test_the_dashboard_refuses_a_bad_pause_and_changes_nothing(
     consuming: tuple[Engine, list[int]],
 ) -> None:
+    """The dashboard refuses a pause without or with a forged CSRF token (403), of an
+    unknown queue (404), without a queue (400) and by GET (405), and pauses nothing."""
     engine, _ = consuming
     engine.invoke("job", 0).result(TIMEOUT)
     client = Client(app(engine, allow_actions=True))

@@ -35,6 +35,8 @@ def _running(engine: Engine, queue: str) -> int:
 def test_an_instance_invoked_onto_a_queue_is_queued_then_run(
     make_engine: Callable[..., Engine],
 ) -> None:
+    """An instance of a workflow registered on a queue is run by the engine that consumes
+    the queue, and ends completed."""
     engine = make_engine()
     engine.queue("q")
     engine.register("double", lambda ctx, n: n * 2, queue="q")
@@ -77,6 +79,9 @@ def _job_of(who: str, ran: list[str]) -> Callable[[Context], str]:
 def test_an_enqueue_only_engine_stores_queued_instances_and_runs_none(
     shared: Callable[..., Engine],
 ) -> None:
+    """An engine that consumes no queue (``queues=()``) stores the instance as queued and
+    never runs it; a second engine on the same file or PostgreSQL store that consumes the
+    queue runs it."""
     ran: list[str] = []
     web = shared(queues=())
     worker = shared(poll_interval=0.05)
@@ -123,6 +128,9 @@ def test_concurrency_caps_the_running_instances_of_a_queue(
 
 
 def test_per_process_caps_what_this_engine_runs(make_engine: Callable[..., Engine]) -> None:
+    """``per_process=1`` lets this engine run one instance of the queue at a time: with the
+    first held on an event, only one is running, and all three complete once it is
+    released."""
     engine = make_engine(poll_interval=60)
     engine.queue("q", per_process=1)
     gate, entered = threading.Event(), threading.Semaphore(0)
@@ -175,6 +183,8 @@ def test_lower_priority_runs_first_then_the_order_of_queueing(
 def test_a_signal_to_a_queued_workflow_queues_its_next_run(
     make_engine: Callable[..., Engine],
 ) -> None:
+    """A suspended instance of a queued workflow holds no slot of its queue, and a signal to
+    it queues its next run, which completes."""
     engine = make_engine()
     engine.queue("q", concurrency=1)
     engine.register("approve", lambda ctx: ctx.suspend("ok") + 1, queue="q")
@@ -187,6 +197,8 @@ def test_a_signal_to_a_queued_workflow_queues_its_next_run(
 
 
 def test_a_cancelled_queued_instance_never_runs(make_engine: Callable[..., Engine]) -> None:
+    """An instance cancelled while it is queued (no engine consumes the queue) ends
+    cancelled and never runs."""
     ran: list[int] = []
     engine = make_engine(queues=())
     engine.queue("q")
@@ -202,6 +214,9 @@ def test_a_cancelled_queued_instance_never_runs(make_engine: Callable[..., Engin
 def test_invoke_can_override_the_queue_or_run_without_one(
     make_engine: Callable[..., Engine],
 ) -> None:
+    """``invoke(queue=...)`` puts an instance on another declared queue than its workflow's,
+    and a workflow with no queue runs directly on the invoking engine; an instance on a
+    queue nobody consumes stays queued."""
     engine = make_engine(queues=("b",))
     engine.queue("a")
     engine.queue("b")
@@ -217,6 +232,8 @@ def test_invoke_can_override_the_queue_or_run_without_one(
 def test_wait_all_waits_for_the_queued_instances_this_engine_runs(
     make_engine: Callable[..., Engine],
 ) -> None:
+    """``engine.wait_all`` returns only once every instance queued onto a queue this engine
+    consumes has completed."""
     engine = make_engine()
     engine.queue("q", concurrency=2)
     engine.register("double", lambda ctx, n: n * 2, queue="q")
@@ -228,6 +245,8 @@ def test_wait_all_waits_for_the_queued_instances_this_engine_runs(
 
 
 def test_children_go_through_their_queue(make_engine: Callable[..., Engine]) -> None:
+    """Children of a workflow registered on a queue run through that queue (three at a time
+    here), and the parent gets every child's result."""
     engine = make_engine()
     engine.queue("resize", concurrency=3)
     engine.register("resize", lambda ctx, n: n + 1, queue="resize")
@@ -278,11 +297,16 @@ def test_a_rate_limit_spaces_the_starts(make_engine: Callable[..., Engine]) -> N
      ({"rate": (5, "1s")}, ValueError), ({"rate": 5}, ValueError)],
 )
 def test_a_bad_limit_is_refused(engine: Engine, limits: dict[str, Any], error: type) -> None:
+    """``engine.queue`` refuses a zero, negative, float or bool limit and a ``rate`` that is
+    not a (positive count, positive seconds) pair."""
     with pytest.raises(error):
         engine.queue("q", **limits)
 
 
 def test_queues_are_declared_before_start_and_by_name(engine: Engine) -> None:
+    """A workflow or an invoke naming an undeclared queue is refused, a queue declared twice
+    is refused, declaring one after start raises ``AlreadyStarted``, and a non-int priority
+    is a ``TypeError``."""
     with pytest.raises(ValueError, match="not declared"):
         engine.register("job", lambda ctx: None, queue="nowhere")
     engine.queue("q")
@@ -301,6 +325,7 @@ def test_queues_are_declared_before_start_and_by_name(engine: Engine) -> None:
 def test_consuming_an_undeclared_queue_is_refused_at_start(
     make_engine: Callable[..., Engine],
 ) -> None:
+    """An engine told to consume a queue nobody declared refuses to start."""
     engine = make_engine(queues=("missing",))
     with pytest.raises(ValueError, match="not declared"):
         engine.start()

@@ -106,6 +106,10 @@ def _bad(engine: Engine, **changes: Any) -> str:
 def test_a_bad_argument_is_a_value_error_naming_it(
     changes: dict[str, Any], named: str
 ) -> None:
+    """``engine.schedule`` refuses a bad cron (out of range, six or four fields, unknown
+    alias, empty, not a str, a date that never comes), an unknown timezone, an unregistered
+    workflow, an undeclared queue, an unknown ``catch_up`` or ``overlap``, a bad name or an
+    input it cannot store, with a ``ValueError`` naming what is wrong."""
     engine = Engine.in_memory()
     engine.register("job", job)
     assert named in _bad(engine, **changes)
@@ -136,6 +140,8 @@ def test_an_input_the_workflow_cannot_take_is_refused_at_declaration() -> None:
 
 
 def test_a_name_declared_twice_is_a_value_error() -> None:
+    """Declaring a schedule name a second time, even with another cron, raises
+    ``ValueError`` saying it is declared already."""
     engine = Engine.in_memory()
     engine.register("job", job)
     engine.schedule("every", "0 * * * *", "job")
@@ -144,6 +150,7 @@ def test_a_name_declared_twice_is_a_value_error() -> None:
 
 
 def test_a_declaration_after_start_raises_already_started() -> None:
+    """Declaring a schedule on an engine already started raises ``AlreadyStarted``."""
     engine = Engine.in_memory()
     engine.register("job", job)
     with engine, pytest.raises(AlreadyStarted):
@@ -157,6 +164,8 @@ def test_a_declaration_after_start_raises_already_started() -> None:
      ("@DAILY", "0 0 * * *")],
 )
 def test_the_aliases_are_their_five_fields(alias: str, fields: str) -> None:
+    """Each ``@`` alias, in any case, parses to its five cron fields (``@annually`` is
+    ``@yearly``)."""
     from memable._schedules.cron import Cron
 
     assert Cron.parse(alias).fields == fields
@@ -166,6 +175,9 @@ def test_the_aliases_are_their_five_fields(alias: str, fields: str) -> None:
 
 
 def test_a_due_tick_runs_once_with_the_tick_as_input(scheduled: Callable[..., Engine]) -> None:
+    """A tick runs once when due, as instance ``every@<time>`` with its time as input;
+    firing again or moving to the next minute starts nothing more, and the next hour's tick
+    runs."""
     engine = scheduled()
     with freeze_time(at(1, 9, 59)) as clock, engine:
         move(clock, engine, at(1, 10))
@@ -192,6 +204,8 @@ def test_fire_due_timers_fires_a_due_tick_before_the_timer_thread_looks(
 
 
 def test_a_given_input_is_each_ticks_input(make_engine: Callable[..., Engine]) -> None:
+    """A schedule declared with ``input=`` passes that input to each tick's run in place of
+    the tick's time."""
     engine = make_engine(poll_interval=60)
     engine.register("job", lambda ctx, region: f"report for {region}")
     engine.schedule("every", "@hourly", "job", input="emea")
@@ -201,6 +215,7 @@ def test_a_given_input_is_each_ticks_input(make_engine: Callable[..., Engine]) -
 
 
 def test_a_workflow_that_takes_no_input_gets_none(make_engine: Callable[..., Engine]) -> None:
+    """A scheduled workflow that takes no argument is run with none."""
     engine = make_engine(poll_interval=60)
     engine.register("job", lambda ctx: "done")
     engine.schedule("every", "@hourly", "job")
@@ -257,6 +272,8 @@ def _down_from_10_to_1305(
 def test_after_downtime_catch_up_latest_runs_the_newest_missed_tick(
     two_engines: Callable[..., Engine],
 ) -> None:
+    """With no engine running from 10:00 to 13:05 and ``catch_up="latest"`` (the default),
+    the next engine runs only the 13:00 tick and counts 11:00 and 12:00 as missed."""
     runs, row = _down_from_10_to_1305(two_engines)
     assert runs == [tick(1, 10), tick(1, 13)]
     assert row.missed == 2  # 11:00 and 12:00
@@ -266,6 +283,8 @@ def test_after_downtime_catch_up_latest_runs_the_newest_missed_tick(
 def test_after_downtime_catch_up_all_runs_each_missed_tick(
     two_engines: Callable[..., Engine],
 ) -> None:
+    """With no engine running from 10:00 to 13:05 and ``catch_up="all"``, the next engine
+    runs the 11:00, 12:00 and 13:00 ticks, missing none."""
     runs, row = _down_from_10_to_1305(two_engines, catch_up="all")
     assert runs == [tick(1, 10), tick(1, 11), tick(1, 12), tick(1, 13)]
     assert row.missed == 0
@@ -274,6 +293,8 @@ def test_after_downtime_catch_up_all_runs_each_missed_tick(
 def test_after_downtime_catch_up_none_runs_no_missed_tick(
     two_engines: Callable[..., Engine],
 ) -> None:
+    """With no engine running from 10:00 to 13:05 and ``catch_up="none"``, the next engine
+    runs none of the ticks it missed and counts three missed."""
     runs, row = _down_from_10_to_1305(two_engines, catch_up="none")
     assert runs == [tick(1, 10)]
     assert row.missed == 3
@@ -416,6 +437,8 @@ def test_two_engines_declaring_one_name_differently_each_warn_naming_both(
 def test_overlap_skip_skips_a_tick_while_an_earlier_one_has_not_ended(
     make_engine: Callable[..., Engine],
 ) -> None:
+    """With ``overlap="skip"``, the 11:00 tick is skipped and counted while the 10:00 run
+    still waits for a signal; once that run ends, the 12:00 tick runs."""
     engine = make_engine(poll_interval=60)
     engine.register("job", lambda ctx, moment: ctx.suspend("done"))
     engine.schedule("every", "0 * * * *", "job", overlap="skip")
@@ -432,6 +455,8 @@ def test_overlap_skip_skips_a_tick_while_an_earlier_one_has_not_ended(
 def test_overlap_allow_runs_a_tick_while_an_earlier_one_has_not_ended(
     make_engine: Callable[..., Engine],
 ) -> None:
+    """With the default overlap, the 11:00 tick runs while the 10:00 run still waits for a
+    signal, and nothing is counted skipped."""
     engine = make_engine(poll_interval=60)
     engine.register("job", lambda ctx, moment: ctx.suspend("done"))
     engine.schedule("every", "0 * * * *", "job")

@@ -90,6 +90,9 @@ def _metadata(engine: Engine, workflow: str, instance_id: str) -> Any:
 
 
 def test_a_suspended_instance_times_out_when_its_deadline_passes(engine: Engine) -> None:
+    """A suspended instance registered with a one-hour timeout is untouched a minute before
+    its deadline and cancelled at it, with the status "timed out after 1h" and its end at
+    the deadline; a later signal gets ``InstanceFinished``."""
     with freeze_time("2026-12-06 10:00:00") as clock:
         inv = engine.invoke("waits_for_approval", instance_id="a")
         assert str(inv.wait(TIMEOUT)) == "suspended: approval:v1"
@@ -158,6 +161,9 @@ def test_time_out_judges_what_it_read_by_a_reading_taken_after(
 
 
 def test_a_running_instance_stops_at_its_next_step_boundary(engine: Engine) -> None:
+    """An instance whose deadline passes while its first step runs (held on an event) is
+    cancelled at once; that step still finishes and is stored, and the next step never
+    starts."""
     with freeze_time("2026-12-06 10:00:00") as clock:
         inv = engine.invoke("two_steps", instance_id="r", timeout=30)
         assert IN_STEP.wait(TIMEOUT)
@@ -172,6 +178,8 @@ def test_a_running_instance_stops_at_its_next_step_boundary(engine: Engine) -> N
 
 
 def test_a_queued_instance_times_out_without_ever_running(engine: Engine) -> None:
+    """An instance still queued behind another that holds the queue's only slot is cancelled
+    when its deadline passes and never runs, while the holder completes."""
     with freeze_time("2026-12-06 10:00:00") as clock:
         holder = engine.invoke("queued_two_steps", instance_id="holder")
         waiting = engine.invoke("queued_two_steps", instance_id="waiting", timeout=60)
@@ -187,6 +195,8 @@ def test_a_queued_instance_times_out_without_ever_running(engine: Engine) -> Non
 
 
 def test_a_timed_out_parent_cancels_its_children(engine: Engine) -> None:
+    """A parent whose timeout passes while it waits for its child is cancelled, and so is
+    the child, as ``cancel`` does."""
     with freeze_time("2026-12-06 10:00:00") as clock:
         inv = engine.invoke("parent", instance_id="p")
         assert str(inv.wait(TIMEOUT)) == "suspended: child child:v1"
@@ -200,6 +210,8 @@ def test_a_timed_out_parent_cancels_its_children(engine: Engine) -> None:
 
 
 def test_a_timed_out_child_fails_its_parents_step(make_engine: Callable[..., Engine]) -> None:
+    """A child cancelled by its own timeout raises ``ChildFailed`` in its parent, which can
+    catch it."""
     engine = make_engine(poll_interval=60)
     engine.register("waits_for_approval", waits_for_approval, timeout=5)
 
@@ -218,6 +230,8 @@ def test_a_timed_out_child_fails_its_parents_step(make_engine: Callable[..., Eng
 
 
 def test_invoke_timeout_overrides_the_registered_one(engine: Engine) -> None:
+    """``invoke(timeout=...)`` replaces the workflow's registered timeout: the instance
+    times out after five minutes, not the registered hour."""
     with freeze_time("2026-12-06 10:00:00") as clock:
         inv = engine.invoke("waits_for_approval", instance_id="a", timeout=timedelta(minutes=5))
         inv.wait(TIMEOUT)
@@ -260,6 +274,8 @@ def test_a_look_with_no_timeout_due_opens_no_transaction(
 
 
 def test_an_instance_that_ended_first_is_left_as_it_ended(engine: Engine) -> None:
+    """An instance that completes before its deadline stays completed when the deadline
+    passes, and no deadline is left armed."""
     with freeze_time("2026-12-06 10:00:00") as clock:
         done = engine.invoke("two_steps", instance_id="done", timeout=10)
         GATE.set()
@@ -271,6 +287,8 @@ def test_an_instance_that_ended_first_is_left_as_it_ended(engine: Engine) -> Non
 
 
 def test_no_timeout_is_armed_unless_asked_for(engine: Engine) -> None:
+    """An instance of a workflow registered and invoked without a timeout stores no timeout
+    and no deadline."""
     engine.invoke("two_steps", instance_id="plain")
     row = engine._store.get_instance("two_steps", "plain")
     assert row is not None
@@ -286,6 +304,8 @@ def test_no_timeout_is_armed_unless_asked_for(engine: Engine) -> None:
 def test_a_bad_timeout_is_refused_storing_nothing(
     engine: Engine, timeout: Any, error: type[Exception]
 ) -> None:
+    """``invoke`` refuses a zero, negative, NaN, infinite, string or out-of-range timeout,
+    naming it, and stores no instance."""
     with pytest.raises(error, match="timeout"):
         engine.invoke("two_steps", instance_id="bad", timeout=timeout)
     assert engine.get_metadata("two_steps", "bad") is None
@@ -293,6 +313,8 @@ def test_a_bad_timeout_is_refused_storing_nothing(
 
 @pytest.mark.parametrize("timeout", [0, -5, "1h"])
 def test_register_refuses_a_bad_timeout_naming_the_workflow(timeout: Any) -> None:
+    """``register`` refuses a zero, negative or string timeout with an error naming the
+    workflow."""
     engine = Engine.in_memory()
     with pytest.raises((ValueError, TypeError), match="timeout of workflow 'w'"):
         engine.register("w", waits_for_approval, timeout=timeout)
@@ -374,6 +396,8 @@ def test_the_timeout_holds_after_the_engine_that_invoked_it_is_killed(
 
 
 def test_memable_show_names_the_timeout_and_the_status(tmp_path: Path) -> None:
+    """``memable show`` and the dashboard's instance page give the timeout and its deadline
+    while the instance waits, and "timed out after 1m 30s" once it has passed."""
     path = tmp_path / "show.db"
     on_file = Engine.open(path, poll_interval=60)
     on_file.register("waits_for_approval", waits_for_approval, timeout=90)
@@ -391,6 +415,9 @@ def test_memable_show_names_the_timeout_and_the_status(tmp_path: Path) -> None:
 
 
 def test_a_fork_times_out_counting_from_its_own_creation(engine: Engine) -> None:
+    """A fork of an instance with a timeout gets the same timeout counted from the fork's
+    creation, not from the source's: when the source's deadline passes the fork still waits,
+    until its own."""
     with freeze_time("2026-12-06 10:00:00") as clock:
         engine.invoke("waits_for_approval", instance_id="a", timeout=60).wait(TIMEOUT)
         advance(engine, clock, 45)
