@@ -58,6 +58,10 @@ def _in_flight(store: dict[str, Any]) -> str | None:
 def test_a_recovered_queued_instance_keeps_its_place_and_is_logged_once(
     store: dict[str, Any], tmp_path: Path, caplog: pytest.LogCaptureFixture,
 ) -> None:
+    """A queued instance whose engine process is SIGKILLed inside step 3, while newer
+    instances queue behind it, is recovered by the next engine ahead of them, logged as
+    recovered once, and ``memable show`` says step s3 was in flight and executed twice
+    because the engine died."""
     log = tmp_path / "log"
     env = {**os.environ, "MEMABLE_PROC_SCHEMA": store.get("schema", "")}
     child = subprocess.Popen(

@@ -23,6 +23,9 @@ TIMEOUT = 10.0
 def test_resume_of_a_failed_instance_waits_queued_for_the_full_queue(
     make_engine: Callable[..., Engine], workers: int,
 ) -> None:
+    """A resume of a failed instance of a queue whose only slot another run holds (held on
+    an event) stores it queued and runs nothing until the slot frees; then the failed step
+    runs again and completes, with one worker or eight."""
     engine = make_engine(max_workers=workers, poll_interval=60)
     engine.queue("q", concurrency=1)
     inside, release = threading.Event(), threading.Event()

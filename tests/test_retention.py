@@ -152,6 +152,8 @@ def bulk_finished(engine: Engine, workflow: str, n: int, *, steps: int = 1,
     (True, TypeError, "retention"),
 ])
 def test_a_bad_retention_is_refused_naming_it(value: object, error: type, phrase: str) -> None:
+    """A zero, negative, NaN, string or bool ``retention`` is refused, naming it, both by
+    ``Engine.in_memory`` and by the builder."""
     with pytest.raises(error, match=phrase):
         Engine.in_memory(retention=value)  # type: ignore[arg-type]
     with pytest.raises(error, match=phrase):
@@ -159,6 +161,8 @@ def test_a_bad_retention_is_refused_naming_it(value: object, error: type, phrase
 
 
 def test_retention_is_kept_as_seconds_and_none_starts_no_thread() -> None:
+    """A ``timedelta`` retention is kept as seconds, and an engine without retention starts
+    no retention thread."""
     engine = Engine.builder().in_memory().retention(timedelta(days=30)).build()
     assert engine._runner.options.retention == 30 * 86400.0
     engine.close()
@@ -728,6 +732,8 @@ def _auto_vacuum(path: Path) -> int:
 
 
 def test_a_new_file_is_made_with_incremental_auto_vacuum(tmp_path: Path) -> None:
+    """A new SQLite file, and a new in-memory SQLite store, are made with incremental auto-
+    vacuum."""
     path = tmp_path / "new.db"
     Engine.open(path).close()
     assert _auto_vacuum(path) == 2  # incremental

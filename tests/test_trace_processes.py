@@ -32,6 +32,10 @@ def spans_of(directory: Path, role: str) -> list[dict[str, Any]]:
 def test_a_request_a_worker_and_a_signaller_make_one_trace(
     shared_store: dict[str, Any], tmp_path: Path,
 ) -> None:
+    """A web process invoking inside a request span, a ``memable worker`` process running
+    the workflow to its wait and on after the signal, and a third process signalling it
+    export spans that all share the request's trace id, each from its own process; the chain
+    is request > invoke > first run, and invoke > signal > second run."""
     env = {
         **os.environ, "MEMABLE_TRACE_DIR": str(tmp_path),
         "MEMABLE_TRACE_DB": str(shared_store["target"]),

@@ -62,6 +62,8 @@ def test_a_queue_no_running_engine_consumes_is_named(
 def test_a_consumer_without_the_workflow_is_named(
     open_shared: Callable[..., Engine], shared_store: dict[str, Any],
 ) -> None:
+    """An instance waits because the only running engine that consumes its queue does not
+    register its workflow, and ``memable show`` says so, naming both."""
     web = _declaring(open_shared, "emails", "send", queues=())
     worker = _declaring(open_shared, "emails", "other")
     with web, worker:
@@ -106,6 +108,9 @@ def test_a_full_queue_says_so_and_gives_each_its_position(
 def test_a_rate_limit_says_so(
     open_shared: Callable[..., Engine], shared_store: dict[str, Any],
 ) -> None:
+    """An instance queued behind a rate limit of one start per 600 s, reached by the one
+    before it, is shown waiting because of the rate limit, with the count started and the
+    window."""
     worker = open_shared()
     worker.queue("q", rate=(1, 600))
     worker.register("job", lambda ctx: ctx.instance_id, queue="q")
