@@ -212,6 +212,7 @@ class _Sized:
 def store_scale(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
     """W11: list of one workflow's failed, the overview's counts and a purge of a tenth, at
     each of ``sizes`` instances; each one's cost per unit and how it grows."""
+    from memable._clock import SYSTEM_CLOCK
     from memable._inspect import list_instances
     from memable.web.pages import overview
 
@@ -229,7 +230,8 @@ def store_scale(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
             n: {"instances": n, "steps": s.step_count, "fill_s": s.fill_s}
             for n, s in made.items()}
         for n, (timing, answers) in _turns(
-                {n: partial(list_instances, s.store, FILTER_WORKFLOW, "failed")
+                {n: partial(list_instances, s.store, FILTER_WORKFLOW, "failed",
+                         clock=SYSTEM_CLOCK)
                  for n, s in made.items()}, reps).items():
             for answer in answers:
                 made[n].check_listed(answer)
@@ -240,7 +242,8 @@ def store_scale(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
                 made[n].check_counts(got)
             figures[n]["overview"] = _figure(timing, n)
         for n, (timing, pages) in _turns(
-                {n: partial(overview, s.store) for n, s in made.items()}, reps).items():
+                {n: partial(overview, s.store, SYSTEM_CLOCK) for n, s in made.items()},
+                reps).items():
             for page in pages:
                 made[n].check_overview(page)
             figures[n]["overview page"] = _figure(timing, n)

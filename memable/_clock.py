@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from datetime import datetime, timezone
 
 import attrs
 
@@ -46,7 +47,36 @@ class Clock:
     monotonic: Callable[[], float] = monotonic
 
 
+#: The system's clocks: what an engine reads unless given another, and what the
+#: operator paths with no engine (the command line, the dashboard) name explicitly.
 SYSTEM_CLOCK = Clock()
+
+
+def utc(clock: Clock) -> datetime:
+    """``clock``'s wall time as an aware UTC datetime: how memable dates what it stores.
+
+    >>> utc(Clock(wall=lambda: 0.5)).isoformat()
+    '1970-01-01T00:00:00.500000+00:00'
+    """
+    return datetime.fromtimestamp(clock.wall(), timezone.utc)
+
+
+def iso_utc(seconds: float) -> str:
+    """Epoch ``seconds`` as stored: ISO 8601 in UTC, with ``+00:00`` (never local time).
+
+    >>> iso_utc(1767225600.0)
+    '2026-01-01T00:00:00+00:00'
+    """
+    return datetime.fromtimestamp(seconds, timezone.utc).isoformat()
+
+
+def utc_text(clock: Clock) -> str:
+    """``clock``'s wall time as stored: ISO 8601 in UTC, with ``+00:00``.
+
+    >>> utc_text(Clock(wall=lambda: 1767225600.0))
+    '2026-01-01T00:00:00+00:00'
+    """
+    return utc(clock).isoformat()
 
 
 #: Seconds an engine's wall clock may differ from its database's before it says so.

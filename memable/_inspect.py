@@ -6,7 +6,9 @@ Plain reads, through the store's operator reads (``Store.list_view``,
 ``memable._store.sql.reads``), on a store opened by
 ``open_existing``, file or PostgreSQL; nothing here writes. The views are
 JSON-ready dicts (stored JSON values decoded, times as stored ISO text) so
-``--json`` prints them as they are and the tables format them.
+``--json`` prints them as they are and the tables format them. Ages and
+liveness are judged at the ``clock`` each read is given (the command line and
+the dashboard give ``SYSTEM_CLOCK``).
 """
 
 from __future__ import annotations
@@ -14,10 +16,10 @@ from __future__ import annotations
 import difflib
 import json
 import os
-import time
 from datetime import datetime, timezone
 from typing import Any, NoReturn
 
+from ._clock import Clock, utc
 from ._engine.targets import open_store, resolve_target
 from ._errors import InstanceNotFound, StorageError, WorkflowNotFound
 from ._postgres.schema import is_url
@@ -67,16 +69,17 @@ def _decoded(text: str | None) -> Any:
 
 def list_instances(
     store: Store, workflow: str | None = None, status: str | None = None,
-    schedule: str | None = None,
+    schedule: str | None = None, *, clock: Clock,
 ) -> list[dict[str, Any]]:
     """Instances, oldest first, optionally of one workflow, in one status, and the ticks of
     one schedule."""
-    now = datetime.now(timezone.utc)
+    now = utc(clock)
     listed = []
     for row, owner in store.list_view(workflow, status, schedule):
         age = now - datetime.fromisoformat(row.created_at)
         judged = (
-            _owner(row.owner, owner) if row.status == "running" and row.owner else None
+            _owner(row.owner, owner, now.timestamp())
+            if row.status == "running" and row.owner else None
         )
         listed.append({
             "workflow": row.workflow, "instance_id": row.instance_id, "status": row.status,
@@ -92,7 +95,7 @@ def list_instances(
     return listed
 
 
-def list_schedules(store: Store) -> tuple[list[dict[str, Any]], list[str]]:
+def list_schedules(store: Store, *, clock: Clock) -> tuple[list[dict[str, Any]], list[str]]:
     """Every schedule the store knows, by name, and a note for each whose next tick cannot
     be told here.
 
@@ -105,7 +108,7 @@ def list_schedules(store: Store) -> tuple[list[dict[str, Any]], list[str]]:
     until one does.
     """
     rows = store.schedules()  # before the owners: an engine stores its owner row first
-    now = time.time()
+    now = clock.wall()
     engines: dict[str, int] = {}
     for owner in store.live_owners(now):
         declared = Declarations.from_json(owner.declares)
@@ -146,7 +149,7 @@ def _seconds_between(start: str | None, end: str | None) -> float | None:
 
 
 def show_instance(
-    store: Store, workflow: str, instance_id: str, *, full: bool = False
+    store: Store, workflow: str, instance_id: str, *, full: bool = False, clock: Clock,
 ) -> dict[str, Any]:
     """One instance: its row, owner, step in flight, steps, pending timers, awaited signals,
     parent and children.
@@ -155,7 +158,8 @@ def show_instance(
     the view holds the first ``CUT`` characters of their JSON text instead,
     and ``view["cut"]`` maps each one's place to its whole length.
     """
-    found = store.inspect(workflow, instance_id)
+    now = clock.wall()
+    found = store.inspect(workflow, instance_id, now)
     if found is None:
         raise_unknown(store, workflow, instance_id)
     row = found.instance
@@ -173,7 +177,7 @@ def show_instance(
         step["result"] = _decoded(step["result"])
     view["steps"] = steps
     running = row.status == "running"
-    view["owner"] = _owner(row.owner, found.owner) if running and row.owner else None
+    view["owner"] = _owner(row.owner, found.owner, now) if running and row.owner else None
     done = {s["key"] for s in steps if s["state"] == "completed" and s["kind"] == "step"}
     view["in_flight"] = (
         {"key": row.step_key, "since": row.step_started}
@@ -277,10 +281,10 @@ def declared_queues(store: Store, now: float) -> dict[str, tuple[QueueSpec, int]
     return found
 
 
-def known_queues(store: Store) -> list[str]:
+def known_queues(store: Store, *, clock: Clock) -> list[str]:
     """The names of the queues the store knows, in order: those it has instances of,
     those a running engine consumes, and those stored as paused."""
-    return _queue_names(store, declared_queues(store, time.time()), store.paused_queues())
+    return _queue_names(store, declared_queues(store, clock.wall()), store.paused_queues())
 
 
 def _queue_names(
@@ -290,7 +294,7 @@ def _queue_names(
     return sorted(set(store.queue_names()) | set(declared) | set(paused))
 
 
-def list_queues(store: Store) -> list[dict[str, Any]]:
+def list_queues(store: Store, *, clock: Clock) -> list[dict[str, Any]]:
     """Every queue the store knows, by name: those it has instances of, those a running
     engine consumes, and those stored as paused.
 
@@ -299,7 +303,7 @@ def list_queues(store: Store) -> list[dict[str, Any]]:
     limits as the running engines that consume it declare them (None: no running
     engine consumes it) and how many such engines there are.
     """
-    now = time.time()
+    now = clock.wall()
     declared = declared_queues(store, now)
     paused = store.paused_queues()
     listed = []
@@ -359,16 +363,16 @@ def _due(deadline: float) -> str:
         return f"{deadline} s after 1970-01-01 (past the calendar)"
 
 
-def _owner(owner_id: str, row: OwnerRow | None) -> dict[str, Any]:
+def _owner(owner_id: str, row: OwnerRow | None, now: float) -> dict[str, Any]:
     """Who runs the instance, and whether it lives: judged by pid where this process can
-    see it (same host, boot and PID namespace), else by its lease."""
+    see it (same host, boot and PID namespace), else by its lease at ``now``."""
     if row is None:  # its engine stopped, or another took its instances over
         return {"id": owner_id, "host": None, "pid": None, "alive": False, "judged_by": "gone"}
     lease_ends = row.heartbeat + row.lease
     if _liveness.same_pid_space(_liveness.current(), row.host, row.boot_id, row.pid_ns):
         alive, judged_by = _liveness.pid_alive(row.pid, row.proc_start), "pid"
     else:
-        alive, judged_by = time.time() < lease_ends, "lease"
+        alive, judged_by = now < lease_ends, "lease"
     return {
         "id": owner_id, "host": row.host, "pid": row.pid, "alive": alive,
         "judged_by": judged_by,

@@ -232,7 +232,8 @@ def _timers(engine: Engine, instances: set[tuple[str, str]]) -> dict[_TimerId, f
     the instance ends), by (workflow, id, key)."""
     armed: dict[_TimerId, float] = {}
     for name, instance_id in sorted(instances):
-        view = engine._store.inspect(name, instance_id)
+        view = engine._store.inspect(name, instance_id,
+                                    engine._runner.clock.wall())
         if view is not None:  # else purged meanwhile
             armed.update({(name, instance_id, key): deadline for key, deadline in view.timers})
             row = view.instance

@@ -336,15 +336,16 @@ def test_generated_ids_are_time_ordered_and_a_forked_child_draws_its_own() -> No
     next id: the random part differs."""
     code = (
         "import os\n"
+        "from memable._clock import SYSTEM_CLOCK\n"
         "from memable._run.run import new_instance_id\n"
-        "new_instance_id()\n"
+        "new_instance_id(SYSTEM_CLOCK)\n"
         "r, w = os.pipe()\n"
         "pid = os.fork()\n"
         "if pid == 0:\n"
-        "    os.write(w, new_instance_id().encode())\n"
+        "    os.write(w, new_instance_id(SYSTEM_CLOCK).encode())\n"
         "    os._exit(0)\n"
         "os.waitpid(pid, 0)\n"
-        "print(os.read(r, 100).decode(), new_instance_id())\n"
+        "print(os.read(r, 100).decode(), new_instance_id(SYSTEM_CLOCK))\n"
     )
     ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=60)
@@ -359,12 +360,13 @@ def test_an_applications_random_seed_does_not_repeat_generated_ids() -> None:
     still draw different ids: memable draws them from a generator of its own."""
     import random
 
+    from memable._clock import SYSTEM_CLOCK
     from memable._run.run import new_instance_id
 
     random.seed(0)
-    first = new_instance_id()
+    first = new_instance_id(SYSTEM_CLOCK)
     random.seed(0)
-    second = new_instance_id()
+    second = new_instance_id(SYSTEM_CLOCK)
     assert first.split("-")[1] != second.split("-")[1]
 
 

@@ -15,6 +15,7 @@ from memable import (
     InvalidKey,
     WorkflowFailed,
 )
+from memable._clock import SYSTEM_CLOCK
 from memable._errors import StepNotFound
 from memable._store import admin
 from memable._store.protocol import Store
@@ -93,7 +94,7 @@ def test_resume_failed_resumes_the_oldest_first_up_to_the_limit(engine: Engine) 
     leaves the next one failed; the running engine then runs the resumed ones again."""
     for i in (1, 2, 3):
         engine.invoke("two", -i, instance_id=f"bad-{i}").wait(TIMEOUT)
-    resumed = admin.resume_failed(_store(engine), "two", limit=2)
+    resumed = admin.resume_failed(_store(engine), "two", limit=2, clock=SYSTEM_CLOCK)
     assert resumed == [("two", "bad-1"), ("two", "bad-2")]
     statuses = {i: type(m.status).__name__ for i, m in engine.list_instances("two")}
     assert statuses["bad-3"] == "Failed"
@@ -111,7 +112,7 @@ def test_fork_from_a_key_copies_the_completed_steps_before_it(engine: Engine) ->
     engine.invoke("two", 1, instance_id="t").result(TIMEOUT)
     source = {s.key: s for s in engine.steps("two", "t")}
     store = _store(engine)
-    new_id, made = admin.fork_instance(store, "two", "t", "two", "t-fork")
+    new_id, made = admin.fork_instance(store, "two", "t", "two", "t-fork", clock=SYSTEM_CLOCK)
     assert (new_id, made) == ("t-fork", True)
     assert engine.invocation("two", "t-fork").result(TIMEOUT) == 2
     forked = {s.key: s for s in engine.steps("two", "t-fork")}
@@ -121,9 +122,10 @@ def test_fork_from_a_key_copies_the_completed_steps_before_it(engine: Engine) ->
     assert source["two"].completed_at is not None
     assert forked["two"].completed_at > source["two"].completed_at
     # The same id again writes nothing; with no key every completed step is copied.
-    assert admin.fork_instance(store, "two", "t", "one", "t-fork") == ("t-fork", False)
+    assert (admin.fork_instance(store, "two", "t", "one", "t-fork", clock=SYSTEM_CLOCK)
+            == ("t-fork", False))
     assert [s.key for s in engine.steps("two", "t-fork")] == ["one", "two"]
-    whole, made = admin.fork_instance(store, "two", "t")
+    whole, made = admin.fork_instance(store, "two", "t", clock=SYSTEM_CLOCK)
     assert made
     assert whole.startswith("t.fork-")
     assert [s.key for s in engine.steps("two", whole)] == ["one", "two"]
@@ -135,7 +137,7 @@ def test_a_fork_of_a_failed_step_reruns_it_and_the_source_stays(engine: Engine) 
     again here); the source's steps and its failed status stay as they were."""
     engine.invoke("two", -1, instance_id="bad").wait(TIMEOUT)
     before = engine.steps("two", "bad")
-    admin.fork_instance(_store(engine), "two", "bad", "two", "again")
+    admin.fork_instance(_store(engine), "two", "bad", "two", "again", clock=SYSTEM_CLOCK)
     with pytest.raises(WorkflowFailed):  # the running engine takes the fork at its look
         engine.invocation("two", "again").result(TIMEOUT)
     forked = engine.steps("two", "again")
@@ -153,7 +155,8 @@ def test_a_fork_onto_a_queue_runs_through_its_queue(engine: Engine) -> None:
     """A fork of an instance of a queued workflow is stored on that queue and runs through
     it."""
     engine.invoke("mailed", instance_id="m").result(TIMEOUT)
-    new_id, _ = admin.fork_instance(_store(engine), "mailed", "m", None, "m2")
+    new_id, _ = admin.fork_instance(_store(engine), "mailed", "m", None, "m2",
+                                    clock=SYSTEM_CLOCK)
     assert engine.invocation("mailed", new_id).result(TIMEOUT) is None
     row = _store(engine).get_instance("mailed", "m2")
     assert row is not None
@@ -167,12 +170,12 @@ def test_fork_refuses_what_it_cannot_do_writing_nothing(engine: Engine) -> None:
     engine.invoke("two", 1, instance_id="t").result(TIMEOUT)
     store = _store(engine)
     with pytest.raises(StepNotFound, match=r"its keys: 'one', 'two'.*step 'three'") as err:
-        admin.fork_instance(store, "two", "t", "three", "x")
+        admin.fork_instance(store, "two", "t", "three", "x", clock=SYSTEM_CLOCK)
     assert err.value.keys == ["one", "two"]
     with pytest.raises(InstanceNotFound):
-        admin.fork_instance(store, "two", "nope", None, "x")
+        admin.fork_instance(store, "two", "nope", None, "x", clock=SYSTEM_CLOCK)
     with pytest.raises(InvalidKey):
-        admin.fork_instance(store, "two", "t", None, "")
+        admin.fork_instance(store, "two", "t", None, "", clock=SYSTEM_CLOCK)
     with pytest.raises(InvalidKey):
-        admin.fork_instance(store, "two", "t", 42, "x")  # type: ignore[arg-type]
+        admin.fork_instance(store, "two", "t", 42, "x", clock=SYSTEM_CLOCK)  # type: ignore[arg-type]
     assert [i for i, _ in engine.list_instances("two")] == ["t"]

@@ -22,6 +22,7 @@ from memable import (
     Engine,
     EngineError,
 )
+from memable._clock import SYSTEM_CLOCK
 from memable._store import admin
 from memable._store.control import LostInstance
 from memable._store.protocol import InstanceRow, StepWrite
@@ -83,7 +84,7 @@ def test_placing_a_signal_is_the_owners_alone(two_engines: tuple[Engine, Engine]
     a, b = two_engines
     _instance(a, "i")
     for key in ("k1", "k2"):
-        admin.store_signal(a._store, "wf", "i", key, key)
+        admin.store_signal(a._store, "wf", "i", key, key, clock=SYSTEM_CLOCK)
 
     def seqs() -> list[int | None]:
         rows = [b._store.read_step("wf", "i", key) for key in ("k1", "k2")]

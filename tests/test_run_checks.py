@@ -25,10 +25,10 @@ from pathlib import Path
 import pytest
 
 from memable import Cancelled, Context, Engine
+from memable._clock import SYSTEM_CLOCK, utc_text
 from memable._sqlite import watch as sqlite_watch
 from memable._sqlite.store import SQLiteStore
 from memable._store.protocol import InstanceRow, StepWrite
-from memable._store.rows import utcnow
 
 WAIT = 60.0
 
@@ -50,7 +50,7 @@ def reads(statements: list[str]) -> int:
 
 def start(store: SQLiteStore, instance_id: str) -> None:
     """Create ``wf/<instance_id>`` running and claim it."""
-    now = utcnow().isoformat()
+    now = utc_text(SYSTEM_CLOCK)
     store.create_instance(
         InstanceRow("wf", instance_id, "running", None, "null", None, None, None, now, now, None)
     )
@@ -59,7 +59,7 @@ def start(store: SQLiteStore, instance_id: str) -> None:
 
 def queue(store: SQLiteStore, instance_id: str) -> None:
     """Store ``wf/<instance_id>`` queued on ``q`` and claim it through the queue."""
-    now = utcnow().isoformat()
+    now = utc_text(SYSTEM_CLOCK)
     store.create_instance(InstanceRow(
         "wf", instance_id, "queued", None, "null", None, None, None, now, now, None,
         queue="q", priority=0, queued_at=now))
@@ -77,7 +77,7 @@ def running_store(path: Path | None) -> SQLiteStore:
 
 
 def step(key: str) -> StepWrite:
-    at = utcnow().isoformat()
+    at = utc_text(SYSTEM_CLOCK)
     return StepWrite(
         workflow="wf", instance_id="x", key=key, seq=0, kind="step", state="completed",
         result="1", result_type=None, status=None, error=None, at=at, started=at,
@@ -127,7 +127,7 @@ def test_the_stores_own_cancel_is_read_at_the_next_check(tmp_path: Path, where: 
         assert store.check_run("wf", "x") == "running"
         assert store.check_run("wf", "x") == "running"
         assert reads(seen) == 1
-        store.cancel("wf", "x", now=utcnow().isoformat())
+        store.cancel("wf", "x", now=utc_text(SYSTEM_CLOCK))
         assert store.check_run("wf", "x") == "cancelled"
     store.close()
 

@@ -20,12 +20,12 @@ import difflib
 from collections.abc import Callable
 from datetime import datetime
 
-from .._clock import Clock
+from .._clock import Clock, utc_text
 from .._log import log
 from .._observe.base import Telemetry
 from .._queues import Declarations, QueueSpec
 from .._store.protocol import Store
-from .._store.rows import RunSnapshot, utcnow
+from .._store.rows import RunSnapshot
 from .loop import LoopThread
 
 #: Claim what may start now; seconds until a rate window has room again, or None.
@@ -112,7 +112,7 @@ class QueueConsumer:
             claimed = self._store.claim_queued(
                 queue.name, self._workflows, concurrency=queue.concurrency,
                 per_process=queue.per_process, rate=queue.rate, clock=self._clock.wall,
-                at=utcnow().isoformat(), batch=min(free, BATCH), per_key=queue.per_key,
+                at=utc_text(self._clock), batch=min(free, BATCH), per_key=queue.per_key,
             )
             now = self._clock.wall()
             for snapshot in claimed.snapshots:

@@ -20,6 +20,7 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
+from .._clock import SYSTEM_CLOCK, utc, utc_text
 from .._errors import EngineError, InstanceNotFound, StorageError
 from .._inspect import (
     CUT,
@@ -49,6 +50,10 @@ from .demo import run_demo
 from .worker import load_engine, run_worker
 
 T = TypeVar("T")
+
+#: The command line runs no engine: it dates what it writes, and judges ages and
+#: liveness, by the system's clocks (an engine uses its own, ``Options.clock``).
+CLOCK = SYSTEM_CLOCK
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 #: Every command that takes a store takes --schema after its name.
 _SCHEMA = click.option(
@@ -151,7 +156,7 @@ def list_command(
 ) -> None:
     """List the instances in the store DB, oldest first."""
     with _store(db, schema) as store:
-        found = list_instances(store, workflow, status, schedule)
+        found = list_instances(store, workflow, status, schedule, clock=CLOCK)
         names = store.workflows() if workflow is not None and not found else []
         known = [s.name for s in store.schedules()] if schedule is not None and not found else []
     if workflow is not None and not found and workflow not in names:
@@ -185,7 +190,7 @@ def schedules(db: str, as_json: bool, schema: str | None) -> None:
     """List the schedules in the store DB: cron, zone, workflow, last and next tick, ticks
     skipped and missed, and whether a running engine declares each."""
     with _store(db, schema) as store:
-        found, notes = list_schedules(store)
+        found, notes = list_schedules(store, clock=CLOCK)
     for note in notes:
         _note(note)
     if as_json:
@@ -222,7 +227,7 @@ def queues_command(db: str, as_json: bool, schema: str | None) -> None:
     """List the queues of the store DB: queued and running instances, whether each is
     paused, its limits and how many running engines consume it."""
     with _store(db, schema) as store:
-        found = list_queues(store)
+        found = list_queues(store, clock=CLOCK)
     if as_json:
         click.echo(_json(found))
         return
@@ -251,7 +256,7 @@ def queue_group() -> None:
 def _known_queue(store: Store, name: str) -> None:
     """Exit 2, naming the closest, unless the store knows the queue ``name``: an instance
     is on it, a running engine consumes it, or it is paused."""
-    names = known_queues(store)
+    names = known_queues(store, clock=CLOCK)
     if name not in names:
         hint = did_you_mean(name, names)
         _fail(f"the store knows no queue {name!r} (no instance is on it, no running engine "
@@ -267,7 +272,7 @@ def queue_pause(db: str, name: str, schema: str | None) -> None:
     it is resumed. Invokes onto it are still stored queued; runs in flight finish."""
     with _store(db, schema) as store:
         _known_queue(store, name)
-        changed = pause_queue(store, name)
+        changed = pause_queue(store, name, clock=CLOCK)
     if changed:
         click.echo(f"queue {name} paused: no engine starts another of its instances until "
                    f"'memable queue resume' (runs in flight finish)")
@@ -284,7 +289,7 @@ def queue_resume(db: str, name: str, schema: str | None) -> None:
     instances again, in their order."""
     with _store(db, schema) as store:
         _known_queue(store, name)
-        changed = resume_queue(store, name)
+        changed = resume_queue(store, name, clock=CLOCK)
     if changed:
         click.echo(f"queue {name} resumed: the engines that consume it start its queued "
                    "instances (on PostgreSQL at once, on a file within their poll interval)")
@@ -424,7 +429,7 @@ def show(
     """Show one instance: status, owner, step in flight, input, output, steps, timers,
     awaited signals and the traceback of a failure."""
     with _store(db, schema) as store:
-        view = show_instance(store, workflow, instance_id, full=full)
+        view = show_instance(store, workflow, instance_id, full=full, clock=CLOCK)
     click.echo(_json(view) if as_json else _show_text(view))
 
 
@@ -447,7 +452,7 @@ def signal(
 
     def deliver(store: Store) -> list[str]:
         awaited = store.awaited_signals(workflow, instance_id)
-        store_signal(store, workflow, instance_id, key, value)
+        store_signal(store, workflow, instance_id, key, value, clock=CLOCK)
         return awaited
 
     awaited = _act_on(db, schema, workflow, instance_id, deliver)
@@ -469,7 +474,7 @@ def signal(
 def cancel(db: str, workflow: str, instance_id: str, schema: str | None) -> None:
     """Cancel an instance: it ends Cancelled at its next step boundary."""
     _act_on(db, schema, workflow, instance_id,
-            lambda store: cancel_instance(store, workflow, instance_id))
+            lambda store: cancel_instance(store, workflow, instance_id, clock=CLOCK))
     click.echo(f"cancelled {workflow}/{instance_id}")
 
 
@@ -503,7 +508,7 @@ def resume(
         _fail("give the ID of the instance to resume, or --failed (--since and --yes are "
               "for --failed)")
     was = _act_on(db, schema, workflow, instance_id,
-                  lambda store: resume_instance(store, workflow, instance_id))
+                  lambda store: resume_instance(store, workflow, instance_id, clock=CLOCK))
     if was == "running":
         click.echo(f"{workflow}/{instance_id} is running: nothing to resume")
     elif was == "queued":
@@ -519,7 +524,7 @@ def _since(text: str | None) -> str | None:
     if text is None:
         return None
     try:
-        return (datetime.now(timezone.utc) - timedelta(seconds=_duration(text))).isoformat()
+        return (utc(CLOCK) - timedelta(seconds=_duration(text))).isoformat()
     except click.BadParameter:
         pass
     try:
@@ -540,7 +545,7 @@ def _resume_failed(
     with _store(db, schema) as store:
         if workflow not in store.workflows():
             raise_unknown(store, workflow, "")
-        until = datetime.now(timezone.utc).isoformat()
+        until = utc_text(CLOCK)
         found = store.failed_instances(workflow, since=since, until=until, limit=limit)
         if not found:
             click.echo(f"no failed instance of {workflow!r}" + (
@@ -551,7 +556,7 @@ def _resume_failed(
         if not yes and not click.confirm(f"resume {what}?", err=True):
             click.echo("nothing resumed", err=True)
             sys.exit(1)
-        resumed = resume_failed(store, workflow, limit=limit, counted=found)
+        resumed = resume_failed(store, workflow, limit=limit, counted=found, clock=CLOCK)
     click.echo(f"resumed {len(resumed)} of {what}: an engine that runs {workflow!r} "
                "takes them within its poll interval")
 
@@ -573,7 +578,7 @@ def fork(
     KEY copied: it re-runs KEY and what follows (in an engine that runs WORKFLOW)."""
     made_id, made = _act_on(db, schema, workflow, instance_id,
                             lambda store: fork_instance(store, workflow, instance_id,
-                                                        from_key, new_id))
+                                                        from_key, new_id, clock=CLOCK))
     if not made:
         _fail(f"{workflow}/{made_id} exists: nothing was forked")
     click.echo(f"forked {workflow}/{instance_id} as {made_id}" + (
@@ -598,7 +603,7 @@ def purge(db: str, older_than: str, schema: str | None) -> None:
     except click.BadParameter as exc:
         _fail(f"--older-than: {exc.message}")
     with _store(db, schema) as store:
-        deleted = purge_finished(store, seconds)
+        deleted = purge_finished(store, seconds, clock=CLOCK)
     click.echo(f"purged {deleted} finished instance{'' if deleted == 1 else 's'}")
 
 

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 import attrs
 
+from .._clock import Clock
 from .._errors import InstanceFinished, InstanceNotFound, SerializationError, WorkflowNotFound
 from .._log import log, where
 from .._observe import telemetry
@@ -269,7 +270,7 @@ class Engine:
         if spec.queue is not None and spec.queue not in self._runner.queues:
             raise ValueError(f"queue {queue!r} of schedule {name!r} is not declared "
                              "(engine.queue(name, ...))")
-        _check_tick_input(spec, registered, self._runner.queues)
+        _check_tick_input(spec, registered, self._runner.queues, self._runner.clock)
         with self._runner.declaring():
             self._schedules.add(spec)
 
@@ -486,7 +487,7 @@ class Engine:
         starts = None if start_at is None else _start_deadline(start_at, self._runner.clock.wall())
         row, value = new_instance(workflow, input, instance_id, queue, priority,
                                   self._runner.queues, timeout=timeout,
-                                  concurrency_key=concurrency_key)
+                                  concurrency_key=concurrency_key, clock=self._runner.clock)
         instance_id = row.instance_id
         if starts is not None:  # nobody's, waiting on its start timer
             when = datetime.fromtimestamp(starts, dt_timezone.utc).isoformat()
@@ -577,7 +578,7 @@ class Engine:
         self._runner.require_accepting(name)  # and not in a forked child
         with self._runner.taking():  # made, then registered: the poll waits for both
             new_id, made = admin.fork_instance(self._store, name, instance_id, from_key,
-                                               new_instance_id)
+                                               new_instance_id, clock=self._runner.clock)
             if not made:
                 raise ValueError(
                     f"new_instance_id {new_id!r} is taken: workflow {name!r} has an instance "
@@ -620,7 +621,8 @@ class Engine:
         if since is not None and (not isinstance(since, datetime) or since.tzinfo is None):
             raise ValueError(f"since must be an aware datetime, not {since!r}")
         at = None if since is None else since.astimezone(dt_timezone.utc).isoformat()
-        resumed = admin.resume_failed(self._store, name, since=at, limit=limit)
+        resumed = admin.resume_failed(self._store, name, since=at, limit=limit,
+                                      clock=self._runner.clock)
         for workflow, instance_id in resumed:
             log.info("resumed (failed)", extra=where(workflow, instance_id))
         self._runner.kick()  # this engine's look takes those it runs, now
@@ -662,7 +664,8 @@ class Engine:
         try:
             with (self._telemetry.producing(name, stored, instance_id) as traceparent,
                   self._runner.signalling(name, instance_id, key)):
-                store_signal(self._store, name, instance_id, key, payload, traceparent)
+                store_signal(self._store, name, instance_id, key, payload, traceparent,
+                             clock=self._runner.clock)
         except InstanceNotFound:
             if name not in self._runner.workflows and not self._store.list_instances(name):
                 raise WorkflowNotFound(name) from None
@@ -728,7 +731,8 @@ class Engine:
         """
         self._runner.check_fork()
         self._runner.ended_by_cancel(name, instance_id,
-                                     cancel_instance(self._store, name, instance_id))
+                                     cancel_instance(self._store, name, instance_id,
+                                                     clock=self._runner.clock))
         log.info("cancelled", extra=where(name, instance_id))
 
     def purge(self, older_than: float | timedelta) -> int:
@@ -751,7 +755,7 @@ class Engine:
         1
         """
         self._runner.check_fork()
-        deleted = purge_finished(self._store, older_than)
+        deleted = purge_finished(self._store, older_than, clock=self._runner.clock)
         log.info("purged %d finished instances", deleted)
         return deleted
 
@@ -781,7 +785,7 @@ class Engine:
         """
         self._runner.check_fork()
         self._declared_queue(name)
-        if admin.pause_queue(self._store, name):
+        if admin.pause_queue(self._store, name, clock=self._runner.clock):
             log.info("queue %r paused", name)
 
     def resume_queue(self, name: str) -> None:
@@ -810,7 +814,7 @@ class Engine:
         """
         self._runner.check_fork()
         self._declared_queue(name)
-        if admin.resume_queue(self._store, name):
+        if admin.resume_queue(self._store, name, clock=self._runner.clock):
             log.info("queue %r resumed", name)
         self._runner.kick()  # this engine's queue thread looks now
 
@@ -912,7 +916,7 @@ class Engine:
 
 
 def _check_tick_input(
-    spec: ScheduleSpec, workflow: Workflow, queues: dict[str, QueueSpec]
+    spec: ScheduleSpec, workflow: Workflow, queues: dict[str, QueueSpec], clock: Clock,
 ) -> None:
     """A tick's instance could be stored: the input given, or the tick, fits the workflow."""
     sample = datetime(2000, 1, 1, tzinfo=dt_timezone.utc)
@@ -920,7 +924,8 @@ def _check_tick_input(
     if value is None:
         value = sample if workflow.takes_input else NO_INPUT
     try:
-        new_instance(workflow, value, f"{spec.name}@{tick_id(sample)}", spec.queue, 0, queues)
+        new_instance(workflow, value, f"{spec.name}@{tick_id(sample)}", spec.queue, 0, queues,
+                     clock=clock)
     except TypeError as exc:  # an input it does not take, or none where it needs one
         raise ValueError(f"input of schedule {spec.name!r}: {exc}") from None
     except SerializationError:

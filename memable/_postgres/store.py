@@ -16,13 +16,13 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from datetime import datetime
 from typing import Any
 
 import attrs
 import psycopg
 from psycopg.rows import dict_row
 
+from .._clock import iso_utc
 from .._errors import InstanceFinished, InstanceNotFound, SignalRejected, key_taken
 from .._records import StatusName, StepRecord
 from .._store import liveness as _liveness
@@ -478,8 +478,7 @@ class PostgresStore(OperatorReads):
     ) -> float | None:
         me = _liveness.current()
         values = (self.owner, me.host, me.pid, lease,
-                  datetime.fromtimestamp(now).astimezone().isoformat(),
-                  me.boot_id, me.pid_ns, me.started, declares)
+                  iso_utc(now), me.boot_id, me.pid_ns, me.started, declares)
         sent = time.monotonic()  # the lease runs from no earlier than this
         server = self._run("register the engine as an owner",
                            lambda conn: _server_time(conn.execute(sql.REGISTER_OWNER, values)),

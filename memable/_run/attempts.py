@@ -16,13 +16,13 @@ from typing import Any, Protocol
 
 import attrs
 
-from .._clock import Clock
+from .._clock import Clock, utc_text
 from .._errors import InvalidKey, StepTimeout, key_taken
 from .._observe.base import RunTrace, Telemetry
 from .._retry import Retry
 from .._store.control import RunCancelled
 from .._store.protocol import Store
-from .._store.rows import StepWrite, StoredStep, utcnow
+from .._store.rows import StepWrite, StoredStep
 from .._store.serde import store_form
 from .control import EngineStopping, Suspension
 
@@ -140,7 +140,7 @@ class Attempts:
         attempt = int(stored.result or 0) if stored is not None and waited else 0
         while True:
             attempt += 1
-            started = utcnow().isoformat()
+            started = utc_text(self._clock)
             with self.flight_lock:  # against a signal to the key (Engine.signal)
                 self.in_flight[key] = started
             try:
@@ -305,7 +305,7 @@ class Attempts:
             result_type=tag,
             status=status,
             error=None if error is None else f"{type(error).__name__}: {error}",
-            at=utcnow().isoformat(),
+            at=utc_text(self._clock),
             started=started,
             traceback=None if error is None else traceback_of(error),
         )

@@ -14,11 +14,12 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Protocol
 
+from .._clock import Clock, utc
 from .._errors import WorkflowNotFound
 from .._observe.base import Telemetry
 from .._queues import QueueSpec
 from .._store.protocol import Store
-from .._store.rows import InstanceRow, StepWrite, utcnow
+from .._store.rows import InstanceRow, StepWrite
 from .workflow import Workflow
 
 
@@ -63,7 +64,8 @@ class Children:
 
     >>> from memable._sqlite.store import SQLiteStore
     >>> store = SQLiteStore(None, "full")
-    >>> host = Children({}, store, lambda workflow, instance_id, fresh: None)
+    >>> from memable._clock import SYSTEM_CLOCK
+    >>> host = Children({}, store, lambda workflow, instance_id, fresh: None, SYSTEM_CLOCK)
     >>> host.workflow("resize")
     Traceback (most recent call last):
     ...
@@ -76,6 +78,7 @@ class Children:
         workflows: dict[str, Workflow],
         store: Store,
         submit: Submit,
+        clock: Clock,
         queues: dict[str, QueueSpec] | None = None,
         kick: Callable[[], None] | None = None,
         telemetry: Telemetry | None = None,
@@ -89,6 +92,7 @@ class Children:
         self._queues = queues if queues is not None else {}
         self._store = store
         self._submit = submit
+        self._clock = clock  # the engine's: dates the children and their waits
         self._kick = kick  # the queue thread looks now
 
     def workflow(self, name: str) -> Workflow:
@@ -110,7 +114,7 @@ class Children:
         queue: str | None = None,
     ) -> None:
         parent = waits[0]
-        started = utcnow()
+        started = utc(self._clock)
         now = started.isoformat()
         # Each child's own workflow timeout, if its workflow was registered with one.
         timeout_at = None if workflow.timeout is None else started.timestamp() + workflow.timeout

@@ -5,8 +5,9 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+from .._clock import Clock, utc
 from .._queues import QueueSpec, check_priority
-from .._store.rows import InstanceRow, utcnow
+from .._store.rows import InstanceRow
 from .._store.serde import store_form
 from .._validate import check_deadline, check_key, positive_seconds
 from .run import new_instance_id
@@ -33,29 +34,33 @@ def new_instance(
     *,
     timeout: float | timedelta | None = None,
     concurrency_key: str | None = None,
+    clock: Clock,
 ) -> tuple[InstanceRow, Any]:
     """The row of a new instance (running here, or queued) and its input as runs see it.
 
-    ``timeout`` (None: the workflow's) arms its deadline from now;
+    Its times are ``clock``'s (the engine's). ``timeout`` (None: the workflow's) arms
+    its deadline from now;
     ``concurrency_key`` needs a queue declared with ``per_key``.
     Raise ``TypeError`` for an input the workflow does not take (or a missing
     one it needs), ``ValueError`` for a queue not declared, a bad timeout or a
     key its queue has no ``per_key`` for, ``InvalidKey`` for a bad id,
     ``SerializationError`` for an input that cannot be stored.
 
+    >>> from memable._clock import SYSTEM_CLOCK
     >>> wf = Workflow.of("double", lambda ctx, n: n * 2)
-    >>> row, value = new_instance(wf, 21, "d-1", None, 0, {})
+    >>> row, value = new_instance(wf, 21, "d-1", None, 0, {}, clock=SYSTEM_CLOCK)
     >>> row.status, row.input, value
     ('running', '21', 21)
-    >>> new_instance(wf, 21, "d-2", "q", 0, {})
+    >>> new_instance(wf, 21, "d-2", "q", 0, {}, clock=SYSTEM_CLOCK)
     Traceback (most recent call last):
     ...
     ValueError: queue 'q' is not declared (engine.queue(name, ...))
     >>> from datetime import datetime
-    >>> row, _ = new_instance(wf, 21, "d-3", None, 0, {}, timeout=30)
+    >>> row, _ = new_instance(wf, 21, "d-3", None, 0, {}, timeout=30, clock=SYSTEM_CLOCK)
     >>> row.timeout, row.timeout_at - datetime.fromisoformat(row.created_at).timestamp()
     (30.0, 30.0)
-    >>> new_instance(wf, 21, "d-4", None, 0, {}, concurrency_key="tenant-1")
+    >>> new_instance(wf, 21, "d-4", None, 0, {}, concurrency_key="tenant-1",
+    ...              clock=SYSTEM_CLOCK)
     Traceback (most recent call last):
     ...
     ValueError: concurrency_key 'tenant-1' of workflow 'double' instance 'd-4' needs a queue ...
@@ -66,7 +71,7 @@ def new_instance(
         raise ValueError(f"queue {queue!r} is not declared (engine.queue(name, ...))")
     priority = check_priority(priority)
     if instance_id is None:
-        instance_id = new_instance_id()
+        instance_id = new_instance_id(clock)
     else:
         check_key(instance_id, name, instance_id)
     if input is NO_INPUT:
@@ -82,7 +87,7 @@ def new_instance(
     seconds = (workflow.timeout if timeout is None
                else positive_seconds(timeout, f"timeout of workflow {name!r}"))
     text, tag, value = store_form(name, instance_id, "input", input, workflow.input_hint)
-    created = utcnow()
+    created = utc(clock)
     now = created.isoformat()
     deadline = None if seconds is None else check_deadline(
         created.timestamp() + seconds, "timeout", timeout)

@@ -5,16 +5,16 @@ from __future__ import annotations
 import os
 import random
 import threading
-import time
 from typing import Any
 
 import attrs
 
+from .._clock import Clock, utc_text
 from .._log import log, where
 from .._observe.base import RunReason
 from .._states import Failed, Suspended, WorkflowState
 from .._store.protocol import Store
-from .._store.rows import Claim, RunEnd, RunSnapshot, utcnow
+from .._store.rows import Claim, RunEnd, RunSnapshot
 from .context import Context
 from .control import Suspension
 from .invocation import Watch, state_of
@@ -75,17 +75,17 @@ _ID_BITS = random.Random()
 os.register_at_fork(after_in_child=_ID_BITS.seed)
 
 
-def new_instance_id() -> str:
-    """A time-ordered, random instance id (lists read oldest first).
+def new_instance_id(clock: Clock) -> str:
+    """A time-ordered (by ``clock``), random instance id (lists read oldest first).
 
     The 48 random bits come from ``_ID_BITS``, not from ``os.urandom``: a
     system call per id hands the interpreter lock to another thread and waits
     to win it back, on the path of every invoke. An id needs to be unique, not
     secret."""
-    return f"{int(time.time() * 1000):013d}-{_ID_BITS.getrandbits(48):012x}"
+    return f"{int(clock.wall() * 1000):013d}-{_ID_BITS.getrandbits(48):012x}"
 
 
-def release(store: Store, run: Run) -> WorkflowState | None:
+def release(store: Store, run: Run, clock: Clock) -> WorkflowState | None:
     """The engine stopped before a run could go on past a satisfied wait: let go.
 
     The instance is stored suspended on that key, which is complete, and
@@ -95,7 +95,7 @@ def release(store: Store, run: Run) -> WorkflowState | None:
     assert waited is not None
     try:
         store.finish(run.workflow.name, run.instance_id, RunEnd(
-            "suspended", utcnow().isoformat(), waited.message, waiting_for=waited.key,
+            "suspended", utc_text(clock), waited.message, waiting_for=waited.key,
         ))
     except BaseException:
         log.exception("could not release the instance",

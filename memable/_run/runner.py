@@ -20,7 +20,7 @@ import attrs
 from .._background.queues import Dispatcher, QueueConsumer
 from .._background.retention import Purger
 from .._background.timers import BackgroundThread
-from .._clock import Skew
+from .._clock import Skew, utc_text
 from .._errors import (
     AlreadyStarted,
     InstanceNotFound,
@@ -46,7 +46,6 @@ from .._store.rows import (
     RunEnd,
     RunSnapshot,
     StepWrite,
-    utcnow,
     waited,
 )
 from .._store.serde import decode_for, store_form
@@ -132,8 +131,8 @@ class Runner:
         #: Parts the timer thread looks with too (fixed once started; under _lock until then).
         self._tickers: list[Ticker] = []
         #: What runs need to start and follow children.
-        self.children = Children(self.workflows, store, self.submit, self.queues, self.kick,
-                                 self.telemetry, self.taking)
+        self.children = Children(self.workflows, store, self.submit, self.clock, self.queues,
+                                 self.kick, self.telemetry, self.taking)
 
     # ------------------------------------------------------------------ guards
 
@@ -392,7 +391,7 @@ class Runner:
             run = self._register(workflow, instance_id, None, "resume", None, reason="resume")
         try:
             run.snapshot = self.store.begin_run(
-                workflow.name, instance_id, now=utcnow().isoformat(), claim="resume"
+                workflow.name, instance_id, now=utc_text(self.clock), claim="resume"
             )
         except BaseException:
             self._ended(run, None)  # nothing claimed: the caller gets the error
@@ -500,7 +499,7 @@ class Runner:
                 self._executor.submit(self._execute, run)
                 return
         # Stopping: back in the queue, in its place, for the next engine.
-        self.store.finish(name, instance_id, RunEnd("queued", utcnow().isoformat()))
+        self.store.finish(name, instance_id, RunEnd("queued", utc_text(self.clock)))
 
     def submit(
         self, workflow: Workflow, instance_id: str, fresh_input: tuple[Any] | None,
@@ -607,7 +606,7 @@ class Runner:
                 # A signal or timer arrived while it ran: go on right away.
                 self._submit(run.workflow, run.instance_id, None, "wake")
         if release:
-            state = release_instance(self.store, run)
+            state = release_instance(self.store, run, self.clock)
         run.watch.finish(state, run.output)
         with self._lock:
             if not self._active and not self._firing:
@@ -626,7 +625,7 @@ class Runner:
             snapshot = run.snapshot
             if snapshot is None and not run.claimed:
                 snapshot = self.store.begin_run(
-                    name, instance_id, now=utcnow().isoformat(), claim=run.claim
+                    name, instance_id, now=utc_text(self.clock), claim=run.claim
                 )
                 if snapshot is not None:
                     _log_recovery(snapshot.instance)
@@ -760,7 +759,7 @@ class Runner:
     ) -> WorkflowState | None:
         """Record how the run ended; if the instance is no longer ours, report what is stored."""
         ended = self.store.finish(run.workflow.name, run.instance_id, RunEnd(
-            status, utcnow().isoformat(), message, output, traceback=traceback,
+            status, utc_text(self.clock), message, output, traceback=traceback,
         ))
         if not ended.recorded:
             return stored_state(self.store, run)
@@ -801,7 +800,7 @@ class Runner:
         try:
             # Read here, not higher up: see BackgroundThread on freezegun.
             now = self.clock.wall()
-            fired = self.store.fire_due_timers(self.clock.wall, utcnow().isoformat())
+            fired = self.store.fire_due_timers(self.clock.wall, utc_text(self.clock))
             for name, instance_id, key, deadline in fired:
                 log.info("timer fired: %s", key, extra=where(name, instance_id, key))
                 self.telemetry.timer_fired(now - deadline)
@@ -809,7 +808,7 @@ class Runner:
             count, until = len(fired), None
             # The clock, not ``now``: the store reads it after the instances it judges
             # (``Store.time_out``), as a frozen test clock may have gone back since.
-            for out in self.store.time_out(self.clock.wall, utcnow().isoformat()):
+            for out in self.store.time_out(self.clock.wall, utc_text(self.clock)):
                 log.warning("%s", out.message, extra=where(out.workflow, out.instance_id))
                 self.ended_by_cancel(out.workflow, out.instance_id, out.ended)
                 count += 1
@@ -907,7 +906,7 @@ class Runner:
             # alone), so its queue's slot is free and the queue thread looks.
             log.warning("letting go of a cancelled instance whose run here did not record "
                         "its end", extra=where(name, instance_id))
-            self.store.finish(name, instance_id, RunEnd("cancelled", utcnow().isoformat()))
+            self.store.finish(name, instance_id, RunEnd("cancelled", utc_text(self.clock)))
             self.kick()
 
 

@@ -256,7 +256,7 @@ class Scheduler:
             value = tick if workflow.takes_input else NO_INPUT
         instance_id = f"{spec.name}@{tick_id(tick)}"
         row, value = new_instance(workflow, value, instance_id, spec.queue, 0,
-                                  self._runner.queues)
+                                  self._runner.queues, clock=self._runner.clock)
         return attrs.evolve(row, schedule=spec.name), value
 
     def _seen(self, row: ScheduleRow, at: datetime) -> None:

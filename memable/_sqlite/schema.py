@@ -74,6 +74,8 @@ OWNER_COLUMNS: dict[str, type] = {
     "pid": int,
     "heartbeat": float,  # wall clock of the last heartbeat
     "lease": float,  # seconds the owner counts as alive after a heartbeat
+    # When the engine registered, ISO 8601 in UTC (_clock.iso_utc). Rows an older memable
+    # wrote hold local time with its offset: the same instant; nothing reads it back.
     "started_at": str,
     # v5: where the pid is valid (see memable._store.liveness), and when that process started
     "boot_id": str,

@@ -27,7 +27,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from datetime import datetime
 from typing import Any, TypeVar
 
 import attrs
@@ -548,8 +547,7 @@ class SQLiteStore(OperatorReads):
                 "INSERT OR REPLACE INTO owners (id, host, pid, heartbeat, lease, started_at, "
                 "boot_id, pid_ns, proc_start, declares) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (self.owner, me.host, me.pid, now, lease,
-                 datetime.fromtimestamp(now).astimezone().isoformat(),
-                 me.boot_id, me.pid_ns, me.started, declares),
+                 _clock.iso_utc(now), me.boot_id, me.pid_ns, me.started, declares),
             )
         self._lease, self._declares = lease, declares
         return None  # leases are judged by the engines' clocks, ``now``

@@ -5,6 +5,9 @@ Each is one transaction on the store (a purge, or a bulk resume, one per
 batch or instance) and needs no running engine: the
 engine calls them and then wakes its own runs; the command line calls them
 on a store that an engine elsewhere acts on within its poll interval.
+
+Each dates what it writes by the ``clock`` its caller gives: an engine its own
+(``Options.clock``), the command line and the dashboard ``SYSTEM_CLOCK``.
 """
 
 from __future__ import annotations
@@ -14,17 +17,18 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
+from .._clock import Clock, utc, utc_text
 from .._errors import InvalidKey
 from .._queues import check_queue_name
 from .._validate import check_key, seconds_of
 from .protocol import Store
-from .rows import Ended, StepWrite, utcnow
+from .rows import Ended, StepWrite
 from .serde import store_form
 
 
 def store_signal(
     store: Store, workflow: str, instance_id: str, key: str, payload: Any,
-    traceparent: str | None = None,
+    traceparent: str | None = None, *, clock: Clock,
 ) -> None:
     """Store ``payload`` as the value of the suspend point ``key`` (with the trace context
     its next run continues, if given).
@@ -38,23 +42,23 @@ def store_signal(
         StepWrite(
             workflow=workflow, instance_id=instance_id, key=key, seq=0, kind="signal",
             state="completed", result=text, result_type=tag, status=None, error=None,
-            at=utcnow().isoformat(),
+            at=utc_text(clock),
         ),
         traceparent,
     )
 
 
-def resume_instance(store: Store, workflow: str, instance_id: str) -> str:
+def resume_instance(store: Store, workflow: str, instance_id: str, *, clock: Clock) -> str:
     """Mark a failed, suspended or completed instance to run again, for an engine on the
     store that runs its workflow; return the status it had (a running or queued one is
     left as it is). ``InstanceNotFound``; ``InstanceFinished`` for a Cancelled one."""
-    return store.mark_resumable(workflow, instance_id, utcnow().isoformat())
+    return store.mark_resumable(workflow, instance_id, utc_text(clock))
 
 
 def resume_failed(
     store: Store, workflow: str | None, *, id_prefix: str | None = None,
     since: str | None = None, until: str | None = None, limit: int = 1000,
-    counted: list[tuple[str, str, str]] | None = None,
+    counted: list[tuple[str, str, str]] | None = None, clock: Clock,
 ) -> list[tuple[str, str]]:
     """Resume the failed instances of a filter (see ``Store.failed_instances``: a child
     whose failure was handled is not one), oldest failure first, each as
@@ -69,14 +73,14 @@ def resume_failed(
     if counted is None:
         counted = store.failed_instances(
             workflow, id_prefix=id_prefix, since=since, until=until, limit=limit)
-    now = utcnow().isoformat()
+    now = utc_text(clock)
     return [(name, instance_id) for name, instance_id, failed_at in counted[:limit]
             if store.resume_failure(name, instance_id, failed_at, now)]
 
 
 def fork_instance(
     store: Store, workflow: str, instance_id: str, from_key: str | None = None,
-    new_instance_id: str | None = None,
+    new_instance_id: str | None = None, *, clock: Clock,
 ) -> tuple[str, bool]:
     """Fork the instance from ``from_key`` (see ``Store.fork_instance``) as
     ``new_instance_id`` (None: ``"{id}.fork-{8 hex digits}"``, so a search by the
@@ -91,14 +95,14 @@ def fork_instance(
     new_id = (f"{instance_id}.fork-{uuid.uuid4().hex[:8]}" if new_instance_id is None
               else new_instance_id)
     check_key(new_id, workflow, instance_id)
-    made = store.fork_instance(workflow, instance_id, new_id, from_key, utcnow().isoformat())
+    made = store.fork_instance(workflow, instance_id, new_id, from_key, utc_text(clock))
     return new_id, made
 
 
-def cancel_instance(store: Store, workflow: str, instance_id: str) -> Ended:
+def cancel_instance(store: Store, workflow: str, instance_id: str, *, clock: Clock) -> Ended:
     """Mark the instance and its descendants Cancelled and drop their timers
     (``InstanceFinished`` if it ended)."""
-    return store.cancel(workflow, instance_id, now=utcnow().isoformat())
+    return store.cancel(workflow, instance_id, now=utc_text(clock))
 
 
 #: Most instances one purge transaction deletes (retention's and a one-off purge's).
@@ -127,11 +131,11 @@ def purge_batches(
             return
 
 
-def purge_finished(store: Store, older_than: float | timedelta) -> int:
-    """Delete instances that finished more than ``older_than`` ago, in batches of one
-    transaction each; return how many."""
+def purge_finished(store: Store, older_than: float | timedelta, *, clock: Clock) -> int:
+    """Delete instances that finished more than ``older_than`` before ``clock``'s now, in
+    batches of one transaction each; return how many."""
     seconds = seconds_of(older_than, "purge age")
-    now = utcnow()
+    now = utc(clock)
     try:
         # An instance completed this very microsecond counts as older than 0 s.
         cutoff = now - timedelta(seconds=seconds) + timedelta(microseconds=1)
@@ -140,16 +144,16 @@ def purge_finished(store: Store, older_than: float | timedelta) -> int:
     return sum(purge_batches(store, cutoff.isoformat(), now.timestamp()))
 
 
-def pause_queue(store: Store, queue: str) -> bool:
+def pause_queue(store: Store, queue: str, *, clock: Clock) -> bool:
     """Store ``queue`` as paused: from now on no engine on the store starts another of its
     instances (invokes onto it are still stored queued; runs in flight finish) until
     ``resume_queue``. Return whether it was running (False: paused already, and nothing
     was written). ``ValueError`` for a name that is not a non-empty str."""
-    return store.set_queue_paused(check_queue_name(queue), True, utcnow().isoformat())
+    return store.set_queue_paused(check_queue_name(queue), True, utc_text(clock))
 
 
-def resume_queue(store: Store, queue: str) -> bool:
+def resume_queue(store: Store, queue: str, *, clock: Clock) -> bool:
     """Store ``queue`` as not paused: its consumers start its queued instances again, in
     their order (at once on PostgreSQL; on a file at their next poll). Return whether it
     was paused (False: nothing was written)."""
-    return store.set_queue_paused(check_queue_name(queue), False, utcnow().isoformat())
+    return store.set_queue_paused(check_queue_name(queue), False, utc_text(clock))

@@ -358,8 +358,9 @@ class Store(Protocol):
         """Instances oldest first, optionally of one workflow, in one status, the ticks of
         one schedule, each with its owner's row while it runs."""
 
-    def inspect(self, workflow: str, instance_id: str) -> InstanceView | None:
-        """One instance with its owner, steps, timers and awaited signals; None if unknown."""
+    def inspect(self, workflow: str, instance_id: str, now: float) -> InstanceView | None:
+        """One instance with its owner, steps, timers and awaited signals (a queued one's
+        place judged at ``now``, epoch seconds); None if unknown."""
 
     def workflows(self) -> list[str]:
         """The names of the workflows the store has instances of."""

@@ -8,7 +8,7 @@ protocol's (``memable._store.protocol``).
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any, Literal
 
 import attrs
@@ -22,11 +22,6 @@ from .._records import (
     StepState,
     WorkflowMetadata,
 )
-
-
-def utcnow() -> datetime:
-    """The wall clock as an aware UTC datetime (freezegun moves it in tests)."""
-    return datetime.now(timezone.utc)
 
 
 def waited(since: str | None, now: float) -> float | None:

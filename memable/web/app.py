@@ -19,6 +19,7 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
+from .._clock import SYSTEM_CLOCK, Clock
 from .._engine.engine import Engine
 from .._errors import (
     EngineError,
@@ -92,12 +93,13 @@ def app(
     if isinstance(target, Engine):
         if schema is not None:
             raise ValueError("schema is for a PostgreSQL URL, not an Engine")
+        # An engine's dashboard reads its engine's clock; one on a store alone, the system's.
         return Dashboard(target._store, allow_actions=allow_actions, token=token, owned=False,
-                         loopback_only=loopback_only)
+                         loopback_only=loopback_only, clock=target._runner.clock)
     if not isinstance(target, (str, os.PathLike)):
         raise TypeError(f"app() takes a path, a postgresql:// URL or an Engine, not {target!r}")
     return Dashboard(open_existing(os.fspath(target), schema), allow_actions=allow_actions,
-                     token=token, owned=True, loopback_only=loopback_only)
+                     token=token, owned=True, loopback_only=loopback_only, clock=SYSTEM_CLOCK)
 
 
 class Dashboard:
@@ -106,11 +108,12 @@ class Dashboard:
 
     def __init__(
         self, store: Store, *, allow_actions: bool, token: str | None, owned: bool,
-        loopback_only: bool = False,
+        loopback_only: bool = False, clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         if token is not None and (not isinstance(token, str) or not token):
             raise ValueError("token must be a non-empty str, or None")
         self.store = store
+        self.clock = clock  # dates its actions, judges ages and liveness
         self.allow_actions = allow_actions
         self._token = token
         self._owned = owned
@@ -223,6 +226,7 @@ class _Page:
     def __init__(self, dashboard: Dashboard, request: Request, urls: Any, csrf: str) -> None:
         self.dashboard = dashboard
         self.store = dashboard.store
+        self.clock = dashboard.clock
         self.request = request
         self.urls = urls
         self.csrf = csrf
@@ -275,7 +279,7 @@ class _Page:
 
     def do_overview(self) -> Response:
         done = DONE.get(self.request.args.get("done", ""))
-        return self.render("overview.html", view=pages.overview(self.store), done=done)
+        return self.render("overview.html", view=pages.overview(self.store, self.clock), done=done)
 
     def do_instances(self) -> Response:
         args = self.request.args
@@ -286,16 +290,17 @@ class _Page:
     def do_instance(self) -> Response:
         workflow, instance_id = self._instance_args(self.request.args)
         done = DONE.get(self.request.args.get("done", ""))
-        view = pages.detail(self.store, workflow, instance_id)
+        view = pages.detail(self.store, workflow, instance_id, self.clock)
         return self.render("instance.html", view=view, done=done,
                            fork_id=f"{instance_id}.fork-{secrets.token_hex(4)}")
 
     def do_live(self) -> Response:
         workflow, instance_id = self._instance_args(self.request.args)
-        return self.render("live.html", view=pages.detail(self.store, workflow, instance_id))
+        return self.render("live.html", view=pages.detail(self.store, workflow, instance_id,
+                                                                   self.clock))
 
     def do_metrics(self) -> Response:
-        return Response(metrics.scrape(self.store), content_type=metrics.CONTENT_TYPE)
+        return Response(metrics.scrape(self.store, self.clock), content_type=metrics.CONTENT_TYPE)
 
     def do_static(self, name: str) -> Response:
         if name not in _STATIC:
@@ -315,17 +320,17 @@ class _Page:
             raise pages.BadRequest(f"the payload is not JSON ({exc}); nothing was sent: "
                                    f"workflow {workflow!r}, instance {instance_id!r}, "
                                    f"step {key!r}") from None
-        admin.store_signal(self.store, workflow, instance_id, key, payload)
+        admin.store_signal(self.store, workflow, instance_id, key, payload, clock=self.clock)
         return self.redirect(self._detail_url(workflow, instance_id, "signal"))
 
     def do_cancel(self) -> Response:
         workflow, instance_id = self._instance_args(self.request.form)
-        admin.cancel_instance(self.store, workflow, instance_id)
+        admin.cancel_instance(self.store, workflow, instance_id, clock=self.clock)
         return self.redirect(self._detail_url(workflow, instance_id, "cancel"))
 
     def do_resume(self) -> Response:
         workflow, instance_id = self._instance_args(self.request.form)
-        admin.resume_instance(self.store, workflow, instance_id)
+        admin.resume_instance(self.store, workflow, instance_id, clock=self.clock)
         return self.redirect(self._detail_url(workflow, instance_id, "resume"))
 
     def do_fork(self) -> Response:
@@ -333,7 +338,7 @@ class _Page:
         workflow, instance_id = self._instance_args(form)
         new_id, made = admin.fork_instance(
             self.store, workflow, instance_id, form.get("from_key") or None,
-            form.get("new_id") or None,
+            form.get("new_id") or None, clock=self.clock,
         )
         if not made:  # the form sent twice, or an id someone took: say so, fork nothing
             return self.error(409, f"an instance {new_id!r} of workflow {workflow!r} exists "
@@ -346,16 +351,16 @@ class _Page:
         name = self.request.form.get("queue")
         if not name:
             raise pages.BadRequest("a queue name is needed")
-        if name not in known_queues(self.store):
+        if name not in known_queues(self.store, clock=self.clock):
             raise pages.NotFound(f"the store knows no queue {name!r}")
         return str(name)
 
     def do_pause_queue(self) -> Response:
-        admin.pause_queue(self.store, self._queue_arg())
+        admin.pause_queue(self.store, self._queue_arg(), clock=self.clock)
         return self.redirect(self.url("overview", done="pause-queue") + "#queues")
 
     def do_resume_queue(self) -> Response:
-        admin.resume_queue(self.store, self._queue_arg())
+        admin.resume_queue(self.store, self._queue_arg(), clock=self.clock)
         return self.redirect(self.url("overview", done="resume-queue") + "#queues")
 
     def do_resume_failed(self) -> Response:
@@ -365,10 +370,10 @@ class _Page:
         source = self.request.form if self.request.method == "POST" else self.request.args
         workflow, id_prefix = source.get("workflow") or None, source.get("id") or None
         if self.request.method == "GET":
-            view = pages.bulk_resume(self.store, workflow, id_prefix)
+            view = pages.bulk_resume(self.store, workflow, id_prefix, clock=self.clock)
             return self.render("resume_failed.html", view=view)
         until = pages.confirmed_time(source.get("until"))
         resumed = admin.resume_failed(self.store, workflow, id_prefix=id_prefix,
-                                      until=until, limit=pages.BULK_LIMIT)
+                                      until=until, limit=pages.BULK_LIMIT, clock=self.clock)
         return self.render("resumed.html", resumed=resumed, workflow=workflow,
                            id_prefix=id_prefix, until=until)

@@ -26,8 +26,7 @@ memable_queue_paused{queue="mail"} 1
 
 from __future__ import annotations
 
-import time
-
+from .._clock import Clock
 from .._store.protocol import Store
 from .._store.rows import waited
 
@@ -67,9 +66,9 @@ def exposition(
     return "\n".join(lines) + "\n"
 
 
-def scrape(store: Store) -> str:
-    """The store's counts now, as ``exposition`` writes them."""
-    now = time.time()
+def scrape(store: Store, clock: Clock) -> str:
+    """The store's counts at ``clock``'s now, as ``exposition`` writes them."""
+    now = clock.wall()
     queues = []
     paused = store.paused_queues()
     for name in sorted(set(store.queue_names()) | set(paused)):

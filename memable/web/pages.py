@@ -10,10 +10,10 @@ and asks each queue for its numbers, the list reads one page newest first
 from __future__ import annotations
 
 import json
-import time
 from datetime import datetime, timezone
 from typing import Any
 
+from .._clock import Clock, utc_text
 from .._inspect import STATUSES, limits_text, list_queues, list_schedules, show_instance
 from .._store.protocol import Store
 from .._store.rows import TERMINAL, waited
@@ -26,21 +26,21 @@ BULK_LIMIT = 1000
 PREVIEW = 200
 
 
-def overview(store: Store) -> dict[str, Any]:
+def overview(store: Store, clock: Clock) -> dict[str, Any]:
     """Counts per workflow and status, the queues with their numbers and limits, and the
     schedules with their last and next tick."""
     counts: dict[str, dict[str, int]] = {}
     for workflow, status, n in store.status_counts():
         counts.setdefault(workflow, {})[status] = n
     totals = {s: sum(c.get(s, 0) for c in counts.values()) for s in STATUSES}
-    now = time.time()
+    now = clock.wall()
     queues = [{
         "name": q["name"], "queued": q["queued"], "running": q["running"],
         "oldest_age": waited(q["oldest_queued_at"], now),
         "consumers": q["engines"], "limits": limits_text(q["limits"]),
         "paused": q["paused"], "paused_at": q["paused_at"],
-    } for q in list_queues(store)]
-    schedules, notes = list_schedules(store)
+    } for q in list_queues(store, clock=clock)]
+    schedules, notes = list_schedules(store, clock=clock)
     return {
         "statuses": STATUSES,
         "workflows": [{"name": w, "counts": c, "total": sum(c.values())}
@@ -141,10 +141,10 @@ def instances(store: Store, chosen: dict[str, str | None], page: int) -> dict[st
     }
 
 
-def detail(store: Store, workflow: str, instance_id: str) -> dict[str, Any]:
+def detail(store: Store, workflow: str, instance_id: str, clock: Clock) -> dict[str, Any]:
     """One instance as ``memable show`` reads it, values as JSON text cut to a preview
     where long, and whether it has ended; ``InstanceNotFound``/``WorkflowNotFound``."""
-    view = show_instance(store, workflow, instance_id)
+    view = show_instance(store, workflow, instance_id, clock=clock)
     view["terminal"] = view["status"] in TERMINAL
     for name in ("input", "output"):
         view[name] = _json_text(view[name])
@@ -165,11 +165,12 @@ def _preview(text: str | None) -> str | None:
 
 
 def bulk_resume(
-    store: Store, workflow: str | None, id_prefix: str | None, until: str | None = None
+    store: Store, workflow: str | None, id_prefix: str | None, until: str | None = None,
+    *, clock: Clock,
 ) -> dict[str, Any]:
     """What a bulk resume of the failed instances of a filter would act on: the filter,
     the time it is judged at (failures after it are not included), and how many."""
-    until = until or datetime.now(timezone.utc).isoformat()
+    until = until or utc_text(clock)
     found = store.failed_instances(workflow, id_prefix=id_prefix, until=until,
                                    limit=BULK_LIMIT + 1)
     return {"workflow": workflow, "id": id_prefix, "until": until,

@@ -10,7 +10,6 @@ these only through the store's methods (``Store.list_view``,
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -61,9 +60,11 @@ def list_view(
     return [(_instance(row), _owner(row)) for row in rows]
 
 
-def inspect(read: ReadRows, workflow: str, instance_id: str) -> InstanceView | None:
+def inspect(
+    read: ReadRows, workflow: str, instance_id: str, now: float
+) -> InstanceView | None:
     """One instance with its owner row, steps, pending timers, awaited signals and
-    children."""
+    children (a queued one's place in its queue judged at ``now``)."""
     where = {"workflow": workflow, "instance_id": instance_id}
     found = read(
         "read the instance",
@@ -104,12 +105,13 @@ def inspect(read: ReadRows, workflow: str, instance_id: str) -> InstanceView | N
         timers=[(t["key"], float(t["deadline"])) for t in timers],
         awaiting=awaited_signals(read, workflow, instance_id),
         children=[(c["workflow"], c["instance_id"], c["status"]) for c in children],
-        queue=queue_look(read, instance) if instance.status == "queued" else None,
+        queue=queue_look(read, instance, now) if instance.status == "queued" else None,
     )
 
 
-def queue_look(read: ReadRows, row: InstanceRow) -> QueueLook | None:
-    """Where the queued instance ``row`` stands in its queue, and who could run it."""
+def queue_look(read: ReadRows, row: InstanceRow, now: float) -> QueueLook | None:
+    """Where the queued instance ``row`` stands in its queue, and who could run it, at
+    ``now`` (epoch seconds)."""
     if row.queue is None:
         return None
     where = {"queue": row.queue, "priority": row.priority or 0,
@@ -121,7 +123,6 @@ def queue_look(read: ReadRows, row: InstanceRow) -> QueueLook | None:
         "OR (queued_at = :queued_at AND instance_id < :instance_id))))",
         where,
     )
-    now = time.time()
     running = read(
         "count the queue's running instances",
         f"SELECT owner, count(*) AS n FROM instances WHERE queue = :queue AND {HOLDS_SLOT} "
@@ -306,8 +307,8 @@ class OperatorReads:
     ) -> list[tuple[InstanceRow, OwnerRow | None]]:
         return list_view(self.read_rows, workflow, status, schedule)
 
-    def inspect(self, workflow: str, instance_id: str) -> InstanceView | None:
-        return inspect(self.read_rows, workflow, instance_id)
+    def inspect(self, workflow: str, instance_id: str, now: float) -> InstanceView | None:
+        return inspect(self.read_rows, workflow, instance_id, now)
 
     def workflows(self) -> list[str]:
         return workflows(self.read_rows)
