@@ -4,7 +4,10 @@
 freezegun moves it in tests. ``monotonic()`` measures how long a caller has
 waited: it reads the OS clock directly where it can, so a frozen test still
 times out. An engine reads both through its ``Clock``; a test may give it
-another one (``Options.clock``) instead of patching call stacks.
+another one (``Options.clock``) instead of patching call stacks. Every time
+an engine stores comes from its clock, as ISO 8601 in UTC (``utc_text``); the
+operator paths with no engine (the command line, a dashboard on a store alone)
+name ``SYSTEM_CLOCK`` where they start.
 
 A PostgreSQL store judges leases by the server's clock instead; ``Skew``
 says when an engine's wall clock differs from it by more than a second
