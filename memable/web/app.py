@@ -108,7 +108,7 @@ class Dashboard:
 
     def __init__(
         self, store: Store, *, allow_actions: bool, token: str | None, owned: bool,
-        loopback_only: bool = False, clock: Clock,
+        loopback_only: bool = False, clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         if token is not None and (not isinstance(token, str) or not token):
             raise ValueError("token must be a non-empty str, or None")
