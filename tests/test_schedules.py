@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -20,6 +21,7 @@ from freezegun.api import FrozenDateTimeFactory
 
 from memable import AlreadyStarted, Completed, Context, Engine, Queued, StorageError
 from memable._clock import Clock
+from memable._engine.builder import EngineBuilder
 from memable._run.options import Options
 from memable._sqlite.store import SQLiteStore
 from memable.testing import advance
@@ -224,14 +226,29 @@ def test_a_workflow_that_takes_no_input_gets_none(make_engine: Callable[..., Eng
         assert engine.invocation("job", tick(1, 10)).result(TIMEOUT) == "done"
 
 
-def test_the_timer_thread_fires_a_tick_on_its_own(make_engine: Callable[..., Engine]) -> None:
-    """No fire_due_timers(): the tick is a deadline the timer thread sleeps until."""
-    engine = make_engine(poll_interval=60)
+def test_the_timer_thread_fires_a_tick_on_its_own(store_target: dict[str, Any]) -> None:
+    """No fire_due_timers(): the tick is a deadline the timer thread sleeps until. Its
+    polls (and heartbeats) are a minute apart, so only that deadline wakes it in time.
+    The engine's wall clock runs in real time but starts 5 s before a minute, so the
+    tick of ``* * * * *`` is 5 s away instead of up to a minute."""
+    offset = [0.0]
+    clock = Clock(wall=lambda: time.time() + offset[0])
+    engine = EngineBuilder(
+        path=store_target.get("target"), memory=not store_target,
+        schema=store_target.get("schema"), factory=Engine,
+        options=Options(poll_interval=60, lease=600, clock=clock),
+    ).build()
     fired = threading.Event()
     engine.register("job", lambda ctx, moment: fired.set())
     engine.schedule("every", "* * * * *", "job")
-    with engine:
-        assert fired.wait(65)
+    now = time.time()
+    offset[0] = (-now - 5.0) % 60  # now + offset is 5 s before a minute
+    try:
+        with engine:
+            # Started at once, it looks at the store on start and next in 60 s.
+            assert fired.wait(40)
+    finally:
+        engine.close()
 
 
 # ---------------------------------------------------------------------- downtime
