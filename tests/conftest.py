@@ -159,3 +159,54 @@ settings.register_profile(
     deadline=None,
     suppress_health_check=_STATEFUL_HEALTH,
 )
+
+
+#: The tests that take longest (real-time waits, processes, servers), by node id or a
+#: prefix of it, longest first: measured with ``pytest -n 4 -m "not browser"
+#: --durations=40`` on 2 cores. ``pytest_collection_modifyitems`` puts them at the front
+#: of the collection, so that under ``pytest -n`` they start first, each on a worker of
+#: its own, instead of forming the run's tail. Order only: each still runs as it would.
+SLOWEST_FIRST = (
+    "tests/test_benchmarks.py::test_quick_benchmark_checks_its_results_and_exits_zero",
+    "tests/test_stateful.py",
+    "tests/test_schedule_processes.py::test_ticks_missed_while_the_engine_is_stopped",
+    "tests/test_postgres_faults.py::test_four_processes_on_one_database_and_a_kill",
+    "tests/test_schedule_processes.py::test_three_engines_run_each_tick_once",
+    "tests/test_postgres.py::test_twenty_processes_opening_a_new_schema_at_once",
+    "tests/test_processes.py::test_sigkill_inside_a_step_loses_no_completed_step",
+    "tests/test_processes.py::test_processes_creating_one_new_file_at_once_all_open_it",
+    "tests/test_queue_processes.py::test_four_processes_never_pass_the_queues_limits",
+    "tests/test_howto.py::test_every_command_of_the_inspect_page_runs_on_a_demo_store",
+    "tests/test_postgres_faults.py::test_connections_killed_by_the_server_mid_workload",
+    "tests/test_cancel_queue_slot.py",
+    "tests/test_queue_pause.py::test_a_worker_process_starts_nothing_of_a_paused_queue",
+    "tests/test_worker.py::test_sigterm_with_the_server_unreachable_exits_within_the_lease",
+    "tests/test_cancel_purge.py::test_purge_of_more_than_a_batch_takes_them_all_in_one_call",
+    "tests/test_queues.py::test_a_queue_nobody_consumes_is_named_once",
+    "tests/test_postgres_durability.py",
+    "tests/test_postgres_faults.py",
+    "tests/test_per_key_concurrency.py::test_worker_processes_never_run_two_of_one_key",
+    "tests/test_schedules.py::test_the_timer_thread_fires_a_tick_on_its_own",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Move the tests of ``SLOWEST_FIRST`` to the front, in its order (the rest keep
+    theirs)."""
+
+    def rank(item: pytest.Item) -> int:
+        for at, prefix in enumerate(SLOWEST_FIRST):
+            if item.nodeid.startswith(prefix):
+                return at
+        return len(SLOWEST_FIRST)
+
+    items.sort(key=rank)  # stable
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under ``pytest -n`` (xdist's default ``--dist load``), hand each worker one test
+    at a time (``--maxschedchunk 1``) unless told otherwise: by default a worker takes
+    about a sixteenth of the collection at once, so the slowest tests, first in it,
+    would queue behind one another on one worker."""
+    if getattr(config.option, "maxschedchunk", False) is None:
+        config.option.maxschedchunk = 1
