@@ -110,18 +110,33 @@ class _TracedPool:
 
 
 @contextmanager
+def traced_sqlite(store: SQLiteStore) -> Iterator[list[str]]:
+    """The statements a SQLite store's connection runs meanwhile.
+
+    The callback is set and cleared under the store's lock: ``sqlite3_trace_v2``
+    waits for the connection's mutex while the caller holds the interpreter lock, and
+    a thread of the engine inside a statement holds that mutex while its trace
+    callback waits for the interpreter lock (a deadlock, seen hanging CI)."""
+    statements: list[str] = []
+    with store._lock:
+        store._conn.set_trace_callback(statements.append)
+    try:
+        yield statements
+    finally:
+        with store._lock:
+            store._conn.set_trace_callback(None)
+
+
+@contextmanager
 def traced(engine: Engine) -> Iterator[list[str]]:
     """The statements the engine's store sends meanwhile (PostgreSQL: with BEGIN and
     COMMIT around each transaction; a statement outside one commits on its own)."""
     store = engine._store
-    statements: list[str] = []
     if isinstance(store, SQLiteStore):
-        store._conn.set_trace_callback(statements.append)
-        try:
+        with traced_sqlite(store) as statements:
             yield statements
-        finally:
-            store._conn.set_trace_callback(None)
         return
+    statements: list[str] = []
     pool = store._db._pool  # type: ignore[attr-defined]
     store._db._pool = _TracedPool(pool, statements)  # type: ignore[attr-defined]
     try:

@@ -18,11 +18,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import closing, contextmanager
+from contextlib import closing
 from pathlib import Path
 
 import pytest
+from helpers import traced_sqlite
 
 from memable import Cancelled, Context, Engine
 from memable._clock import SYSTEM_CLOCK, utc_text
@@ -31,17 +31,6 @@ from memable._sqlite.store import SQLiteStore
 from memable._store.protocol import InstanceRow, StepWrite
 
 WAIT = 60.0
-
-
-@contextmanager
-def traced(store: SQLiteStore) -> Iterator[list[str]]:
-    """The statements the store's connection runs meanwhile."""
-    statements: list[str] = []
-    store._conn.set_trace_callback(statements.append)
-    try:
-        yield statements
-    finally:
-        store._conn.set_trace_callback(None)
 
 
 def reads(statements: list[str]) -> int:
@@ -92,7 +81,7 @@ def test_a_file_store_reads_again_only_after_another_commit(tmp_path: Path) -> N
     db = tmp_path / "db"
     store = running_store(db)
     assert store._checks is not None, "the WAL counter was not found: every check reads"
-    with closing(sqlite3.connect(db, isolation_level=None)) as other, traced(store) as seen:
+    with closing(sqlite3.connect(db, isolation_level=None)) as other, traced_sqlite(store) as seen:
         assert store.check_run("wf", "x") == "running"
         assert reads(seen) == 1
         store.save_step(step("a"))  # its own step write: nothing to read again
@@ -123,7 +112,7 @@ def test_the_stores_own_cancel_is_read_at_the_next_check(tmp_path: Path, where: 
     """On an in-memory store and a file, a cancel made through the store itself is seen at the
     next check, though the checks before it skipped the read."""
     store = running_store(None if where == "memory" else tmp_path / "db")
-    with traced(store) as seen:
+    with traced_sqlite(store) as seen:
         assert store.check_run("wf", "x") == "running"
         assert store.check_run("wf", "x") == "running"
         assert reads(seen) == 1
@@ -139,7 +128,7 @@ def test_a_store_that_cannot_see_the_counter_reads_every_time(
     monkeypatch.setattr(sqlite_watch, "_sqlite_descriptor", lambda shm: None)
     store = running_store(tmp_path / "db")
     assert store._checks is None
-    with traced(store) as seen:
+    with traced_sqlite(store) as seen:
         for _ in range(3):
             assert store.check_run("wf", "x") == "running"
         assert reads(seen) == 3
@@ -208,7 +197,7 @@ def shm_maps(db: Path) -> int:
 def test_a_write_that_changed_no_row_keeps_the_instances_known(tmp_path: Path) -> None:
     """No row changed: no commit, so the counter is expected where it was."""
     store = running_store(tmp_path / "db")
-    with traced(store) as seen:
+    with traced_sqlite(store) as seen:
         assert store.check_run("wf", "x") == "running"
         store.record_in_flight([("wf", "no-such-instance", "k", "t")])
         store.save_step(step("a"))
