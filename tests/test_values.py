@@ -184,6 +184,20 @@ def test_annotated_input_and_output_round_trip(engine: Engine) -> None:
     assert type(replayed) is Order
 
 
+def _moment_or_none(ctx: Context, moment: Any = None) -> Any:
+    return moment
+
+
+def test_an_input_annotated_any_with_a_none_default_keeps_its_type(engine: Engine) -> None:
+    """``fn(ctx, moment: Any = None)`` invoked with a datetime gets the datetime back:
+    Python 3.10 resolves that annotation to ``Optional[Any]``, which the store took for a
+    type to rebuild by and refused the value (a schedule's tick could not be its input)."""
+    moment = datetime(2041, 3, 4, 5, 6, tzinfo=timezone.utc)
+    engine.register("moment", _moment_or_none)
+    engine.start()
+    assert engine.invoke("moment", moment).result(timeout=10) == moment
+
+
 def test_returns_overrides_the_annotation(engine: Engine) -> None:
     """``.returns(T)`` rebuilds the stored result as T, over the function's annotation."""
     seen: list[Any] = []

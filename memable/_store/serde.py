@@ -136,7 +136,7 @@ _builders: dict[Any, Callable[[Any], Any]] = {}
 def decode(text: str, tag: str | None, hint: Any = None) -> Any:
     """Rebuild a stored value: by ``hint`` when given, else by its tag."""
     data = _scan(text, 0)[0]
-    if hint is None or hint is Any or hint is object:  # no type to go by: use the tag
+    if hint is None or hint is Any or hint is object or _holds_any(hint):  # use the tag
         if tag is None:
             return data
         hint = _type_for_tag(tag)
@@ -149,6 +149,12 @@ def decode(text: str, tag: str | None, hint: Any = None) -> Any:
     except TypeError:  # an unhashable hint: no cache
         return converter.structure(data, hint)
     return build(data)
+
+
+def _holds_any(hint: Any) -> bool:
+    """A union one of whose members is ``Any``: no type to go by either (Python 3.10
+    resolves ``x: Any = None`` to ``Optional[Any]``; 3.11 and later to ``Any``)."""
+    return typing.get_origin(hint) is typing.Union and Any in typing.get_args(hint)
 
 
 def _where(key: str) -> dict[str, str]:
