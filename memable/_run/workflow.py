@@ -76,7 +76,10 @@ def _holds(hint: Any, context: type) -> bool:
 
 def _named(hint: Any) -> str:
     """A type annotation as written: ``int``, ``dict[str, int]``."""
-    return hint.__qualname__ if isinstance(hint, type) else repr(hint)
+    # dict[str, int] passes isinstance(..., type) on Python 3.10: its origin says it is
+    # a parametrised alias, to be shown whole.
+    plain = isinstance(hint, type) and typing.get_origin(hint) is None
+    return hint.__qualname__ if plain else repr(hint)
 
 
 @attrs.frozen
