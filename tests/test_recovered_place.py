@@ -149,8 +149,11 @@ def _recover(store: dict[str, Any], log: Path, caplog: pytest.LogCaptureFixture)
 def _shown(store: dict[str, Any], line: str) -> None:
     """``memable show`` and the dashboard's instance page both show ``line``."""
     assert line in _show(store).stdout
-    dashboard = Client(app(store["target"], schema=store.get("schema")))
-    page = dashboard.get("/instance?workflow=ten&id=crash")
+    served = app(store["target"], schema=store.get("schema"))
+    try:
+        page = Client(served).get("/instance?workflow=ten&id=crash")
+    finally:
+        served.close()  # it opened the store: its connection is closed here, not by GC
     assert page.status_code == 200
     assert line in page.text
 
