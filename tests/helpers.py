@@ -66,28 +66,50 @@ def dump(engine: Engine) -> list[str]:
 
 class _TracedConnection:
     """A pooled psycopg connection that notes each statement, and BEGIN/COMMIT around
-    transactions, as SQLite's trace callback would."""
+    transactions, as SQLite's trace callback would. A transaction's statements are noted
+    together when it ends, so transactions of several threads never interleave."""
 
     def __init__(self, conn: Any, statements: list[str]) -> None:
         self._conn, self._statements = conn, statements
+        self._open: list[str] | None = None  # the statements of the open transaction
+
+    def _note(self, sql: str) -> None:
+        word = sql.split(None, 1)[0].upper().rstrip(";")
+        if word == "BEGIN":
+            self._open = [sql]
+        elif self._open is None:
+            self._statements.append(sql)
+        else:
+            self._open.append(sql)
+            if word in ("COMMIT", "ROLLBACK"):
+                self._statements.extend(self._open)
+                self._open = None
 
     def execute(self, sql: str, *args: Any) -> Any:
-        self._statements.append(sql.strip())
-        return self._conn.execute(sql, *args)
+        self._note(sql.strip())
+        try:
+            return self._conn.execute(sql, *args)
+        except BaseException:
+            if self._open is not None and self._conn.info.transaction_status == 3:  # INERROR
+                self._note("ROLLBACK")
+            raise
 
     def cursor(self, *args: Any, **kwargs: Any) -> Any:
         return self._conn.cursor(*args, **kwargs)
 
+    def __getattr__(self, name: str) -> Any:  # closed, info: as the connection's
+        return getattr(self._conn, name)
+
     @contextmanager
     def transaction(self) -> Iterator[None]:
-        self._statements.append("BEGIN")
+        self._note("BEGIN")
         try:
             with self._conn.transaction():
                 yield
         except BaseException:
-            self._statements.append("ROLLBACK")
+            self._note("ROLLBACK")
             raise
-        self._statements.append("COMMIT")
+        self._note("COMMIT")
 
 
 class _TracedPool:

@@ -62,7 +62,7 @@ def _transactions(statements: list[str]) -> list[list[str]]:
     transactions: list[list[str]] = []
     current: list[str] | None = None
     for sql in statements:
-        word = sql.split(None, 1)[0].upper()
+        word = sql.split(None, 1)[0].upper().rstrip(";")
         if word == "BEGIN":
             current = []
         elif word in ("COMMIT", "END"):

@@ -2,14 +2,23 @@
 
 Connections come from a ``psycopg_pool`` pool, in autocommit mode: a
 one-statement operation is its own transaction (one round trip), a several-
-statement one runs in ``conn.transaction()``. Inside ``session()`` (one run,
+statement one runs between a ``BEGIN`` and a ``COMMIT`` of its own. Inside ``session()`` (one run,
 on its worker thread) every operation of the thread uses the one connection
 it took first, and gives it back at the end: no pool hand-over per step.
 An operation that meets a lost connection, a serialization failure or a
 deadlock is tried again on a fresh connection, with backoff, for up to
-``RETRY_FOR`` seconds. A write whose commit outcome is unknown (the
-connection went before the answer came) first reads back whether it
-committed (its ``read_back``), so a retry never stores a second outcome.
+``RETRY_FOR`` seconds.
+
+The commit outcome of a write whose connection went during its ``COMMIT`` is
+unknown; one rule decides it, here. A transaction learns its id and its
+server process with its ``BEGIN`` (the same round trip); after a lost
+``COMMIT``, that process is ended if it is still there and the server says
+whether the id committed (``txid_status``): if it did, the answer the
+transaction computed is the operation's, else the operation runs again. A
+connection lost before the ``COMMIT`` was sent ended the transaction
+uncommitted: it runs again. A one-statement operation (``transaction=False``)
+is a read, or a write whose second run writes and answers as the first did
+(a fenced upsert): it simply runs again.
 Every message names the server by ``schema.describe``: never the
 URL's password.
 
@@ -30,6 +39,7 @@ outage (one per try) are demoted to DEBUG.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import sys
@@ -52,8 +62,16 @@ T = TypeVar("T")
 Connection = psycopg.Connection[Any]
 #: Seconds an operation is tried again across lost connections before it fails.
 RETRY_FOR = 30.0
-#: ``read_back`` found the write not committed: run it (again).
-NOT_DONE = object()
+#: Opens a transaction and learns its id and server process, in one round trip.
+_BEGIN = "BEGIN; SELECT txid_current(), pg_backend_pid()"
+
+
+class _LostCommit(Exception):
+    """A transaction's ``COMMIT`` went unanswered: the server decides whether it happened."""
+
+    def __init__(self, xid: int, pid: int, answer: object, cause: psycopg.Error) -> None:
+        super().__init__(str(cause))
+        self.xid, self.pid, self.answer, self.cause = xid, pid, answer, cause
 #: Longest wait for a pooled connection, and longest backoff between tries: the pool
 #: gives up a connect that fails without waking its waiters, and connects again when
 #: asked, so each wait that ends (and is tried again) asks it to.
@@ -263,13 +281,12 @@ class Connections:
         key: str | None = None,
         *,
         transaction: bool = True,
-        read_back: Callable[[Connection], object] | None = None,
     ) -> T:
         """Run ``fn`` on a pooled connection (in a transaction unless told not to).
 
-        On a retryable error try again with backoff; a write whose commit
-        outcome is unknown runs ``read_back`` first (its answer, unless
-        ``NOT_DONE``, is the write's). A lost connection is retried for
+        On a retryable error try again with backoff; a transaction whose
+        commit went unanswered is decided first (the module docstring). A
+        lost connection is retried for
         ``RETRY_FOR`` seconds, and no longer than this engine's lease is known
         held; in a run's ``session``, until then, whatever ``RETRY_FOR`` says,
         and then ``LeaseLost`` is raised instead of ``StorageError``.
@@ -277,7 +294,7 @@ class Connections:
         in_run = bool(getattr(self._held, "active", False))
         deadline = time.monotonic() + RETRY_FOR  # for a serialization failure or deadlock
         delay = 0.05
-        unknown = False
+        lost_commit: _LostCommit | None = None
         quiet, _INSIDE.quiet = getattr(_INSIDE, "quiet", False), True
         try:
             while True:
@@ -298,12 +315,22 @@ class Connections:
                 try:
                     held = self._take(wait)
                     if held is not None:
-                        done = self._attempt(held, fn, transaction, unknown, read_back)
+                        done = self._attempt(held, fn, transaction, lost_commit)
                     else:
                         with self._pool.connection(wait) as conn:
-                            done = self._attempt(conn, fn, transaction, unknown, read_back)
+                            done = self._attempt(conn, fn, transaction, lost_commit)
                     self._answered()
                     return done
+                except _LostCommit as exc:
+                    lost_commit = exc
+                    self._give_back()
+                    self._went_down(exc.cause)
+                    if time.monotonic() + delay > lost_deadline:
+                        raise StorageError(
+                            f"cannot {what} in {self.where} ({self._redact(exc.cause)}): "
+                            "whether it was stored is not known",
+                            workflow=workflow, instance_id=instance_id, key=key,
+                        ) from None
                 except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
                     if isinstance(exc, psycopg.OperationalError):
                         self._give_back()
@@ -323,10 +350,6 @@ class Connections:
                             f"cannot {what} in {self.where} ({self._redact(exc)})",
                             workflow=workflow, instance_id=instance_id, key=key,
                         ) from None
-                    # A serialization failure or deadlock rolled back; else the
-                    # connection went, and the commit may or may not have happened.
-                    unknown = unknown or not isinstance(
-                        exc, psycopg.errors.TransactionRollback)
                 # A wait between attempts that close() ends at once.
                 self._closing.wait(delay)
                 delay = min(delay * 2, OUTAGE_WAIT)
@@ -338,15 +361,44 @@ class Connections:
         conn: Connection,
         fn: Callable[[Connection], T],
         transaction: bool,
-        unknown: bool,
-        read_back: Callable[[Connection], object] | None,
+        lost_commit: _LostCommit | None,
     ) -> T:
-        """One try of an operation on ``conn``: read back first if a commit went unanswered."""
-        if unknown and read_back is not None:
-            done = read_back(conn)
-            if done is not NOT_DONE:
-                return done  # type: ignore[return-value]
+        """One try of an operation on ``conn``; a lost commit's outcome decided first."""
+        if lost_commit is not None and _committed(conn, lost_commit):
+            return lost_commit.answer  # type: ignore[return-value]
         if not transaction:
             return fn(conn)
-        with conn.transaction():
-            return fn(conn)
+        cursor = conn.execute(_BEGIN)
+        cursor.nextset()
+        xid, pid = cursor.fetchone()  # type: ignore[misc]
+        try:
+            answer = fn(conn)
+        except BaseException:
+            if not conn.closed and conn.info.transaction_status != _IDLE:
+                # If the connection went, the server ends the transaction.
+                with contextlib.suppress(psycopg.Error):
+                    conn.execute("ROLLBACK")
+            raise
+        try:
+            conn.execute("COMMIT")
+        except psycopg.OperationalError as exc:
+            if isinstance(exc, psycopg.errors.TransactionRollback):
+                raise  # refused at commit (serialization): rolled back, tried again
+            raise _LostCommit(xid, pid, answer, exc) from exc
+        return answer
+
+
+_IDLE = psycopg.pq.TransactionStatus.IDLE
+
+
+def _committed(conn: Connection, lost: _LostCommit) -> bool:
+    """Whether the transaction whose ``COMMIT`` went unanswered committed, asked on another
+    connection ``conn``: its server process is ended first if it is still there, so the
+    answer is final."""
+    while True:
+        status = conn.execute("SELECT txid_status(%s)", (lost.xid,)).fetchone()[0]  # type: ignore[index]
+        if status != "in progress":
+            return status == "committed"  # type: ignore[no-any-return]
+        # The server has not seen the connection go: end its process (waiting up to 5 s
+        # for it to end), then ask again.
+        conn.execute("SELECT pg_terminate_backend(%s, 5000)", (lost.pid,))

@@ -1,12 +1,11 @@
 """The PostgreSQL store: several hosts on one database, with the file store's guarantees.
 
 Each operation is one function run on a pooled connection by
-``connections.Connections``, which retries it across lost connections
-(a write with an unknown commit outcome reads back first, by the
-``read_back`` given here). Every write of a run is fenced by its instance
-row's lock (see ``sql``). Claims of due timers, and wake-ups and
-recoveries of instances, skip rows another transaction holds. Leases are
-judged by the server's clock. The transactions that store a signal, a
+``connections.Connections``, which retries it across lost connections (a
+write whose commit outcome is unknown is decided there, by one rule). Every
+write of a run is fenced by its instance row's lock (see ``sql``). Claims
+of due timers, and wake-ups and recoveries of instances, skip rows another
+transaction holds. Leases are judged by the server's clock. The transactions that store a signal, a
 cancel or a timer NOTIFY the other engines (``listener``).
 """
 
@@ -53,12 +52,14 @@ from .._store.sql import owners as owners_sql
 from .._store.sql import queues as queue_sql
 from .._store.sql import retention as retention_sql
 from .._store.sql import schedules as schedules_sql
+from .._store.sql import steps
 from .._store.sql.execute import Execute, pg
 from .._store.sql.reads import OperatorReads
 from . import schema as schema_
 from . import sql
-from .connections import NOT_DONE, Connections
+from .connections import Connections
 from .listener import Changed, Listener, payload
+from .transaction import PostgresTransaction
 
 
 def _server_time(cursor: Any) -> float | None:
@@ -146,15 +147,7 @@ class PostgresStore(OperatorReads):
                 self._notify(conn, payload("timer", self.owner, row.workflow, row.instance_id))
             return created
 
-        def read_back(conn: psycopg.Connection[Any]) -> object:
-            found = conn.execute(sql.SELECT_INSTANCE, (row.workflow, row.instance_id)).fetchone()
-            if found is None:
-                return NOT_DONE
-            stored = InstanceRow(*found)
-            return stored.created_at == row.created_at and stored.input == row.input
-
-        return self._run("create the instance", insert, row.workflow, row.instance_id,
-                         transaction=start_at is not None, read_back=read_back)
+        return self._run("create the instance", insert, row.workflow, row.instance_id)
 
     def begin_run(
         self, workflow: str, instance_id: str, *, now: str, claim: Claim
@@ -170,82 +163,34 @@ class PostgresStore(OperatorReads):
                 self._notify(conn, payload("queued", self.owner, workflow, instance_id))
             return snapshot
 
-        def read_back(conn: psycopg.Connection[Any]) -> object:
-            found = conn.execute(sql.SELECT_INSTANCE, (workflow, instance_id)).fetchone()
-            row = None if found is None else InstanceRow(*found)
-            if row is None or row.owner != self.owner or row.updated_at != now:
-                return NOT_DONE
-            steps = conn.execute(sql.SELECT_RUN_STEPS, (workflow, instance_id)).fetchall()
-            return RunSnapshot(row, {s[0]: StoredStep(*s) for s in steps})
+        return self._run("start a run", claim_it, workflow, instance_id)
 
-        return self._run("start a run", claim_it, workflow, instance_id,
-                         transaction=False, read_back=read_back)
+    def _tx(self, conn: psycopg.Connection[Any]) -> PostgresTransaction:
+        return PostgresTransaction(conn, self.owner, self.channel)
 
     def save_step(self, write: StepWrite) -> None:
-        params = step_params(write, self.owner)
-
-        def store(conn: psycopg.Connection[Any]) -> None:
-            if conn.execute(sql.UPSERT_STEP, params).rowcount == 0:
-                self._refused(conn, write)
-
-        def read_back(conn: psycopg.Connection[Any]) -> object:
-            row = conn.execute(
-                "SELECT state, started_at, result, error FROM steps WHERE workflow = %s "
-                "AND instance_id = %s AND key = %s",
-                (write.workflow, write.instance_id, write.key),
-            ).fetchone()
-            mine = (write.state, write.started, write.result, write.error)
-            return None if row is not None and tuple(row) == mine else NOT_DONE
-
-        self._run("store the step", store, write.workflow, write.instance_id, write.key,
-                  transaction=False, read_back=read_back)
-
-    def _refused(self, conn: psycopg.Connection[Any], write: StepWrite) -> None:
-        """Say why a step write matched nothing: the instance is lost, or the key taken."""
-        if not self._owns(conn, write.workflow, write.instance_id):
-            raise LostInstance(write.workflow, write.instance_id)
-        row = conn.execute(sql.SELECT_STEP, (write.workflow, write.instance_id, write.key))
-        found = row.fetchone()
-        step = None if found is None else StoredStep(*found)
-        if step is not None and step.kind != write.kind:
-            raise key_taken(write.workflow, write.instance_id, write.key, step.kind, write.kind)
-        # Else the key completed meanwhile (a timer fired): that row stands.
+        self._run("store the step", lambda conn: steps.save(self._tx(conn), write),
+                  write.workflow, write.instance_id, write.key, transaction=False)
 
     def check_run(self, workflow: str, instance_id: str) -> StatusName:
-        def check(conn: psycopg.Connection[Any]) -> StatusName:
-            row = conn.execute(sql.CHECK_RUN, (workflow, instance_id)).fetchone()
-            if row is None or row[1] != self.owner:
-                raise LostInstance(workflow, instance_id)
-            return row[0]  # type: ignore[no-any-return]
-
-        return self._run("check the run", check, workflow, instance_id, transaction=False)
+        return self._run("check the run",
+                         lambda conn: steps.check_run(self._tx(conn), workflow, instance_id),
+                         workflow, instance_id, transaction=False)
 
     def set_status(self, workflow: str, instance_id: str, message: str) -> None:
-        def store(conn: psycopg.Connection[Any]) -> None:
-            where = (message, workflow, instance_id, self.owner)
-            if conn.execute(sql.SET_STATUS, where).rowcount == 0:
-                raise LostInstance(workflow, instance_id)
+        self._run("store the status message",
+                  lambda conn: steps.set_status(self._tx(conn), workflow, instance_id, message),
+                  workflow, instance_id, transaction=False)
 
-        self._run("store the status message", store, workflow, instance_id, transaction=False)
-
-    def record_in_flight(self, steps: list[tuple[str, str, str, str]]) -> None:
-        if not steps:
-            return
-
-        def store(conn: psycopg.Connection[Any]) -> None:
-            with conn.cursor() as cursor:
-                cursor.executemany(
-                    sql.SET_IN_FLIGHT, [(k, t, w, i, self.owner) for w, i, k, t in steps]
-                )
-
-        self._run("record the steps in flight", store)
+    def record_in_flight(self, steps_: list[tuple[str, str, str, str]]) -> None:
+        if steps_:
+            self._run("record the steps in flight",
+                      lambda conn: steps.record_in_flight(self._tx(conn), steps_))
 
     def read_step(self, workflow: str, instance_id: str, key: str) -> StoredStep | None:
-        def read(conn: psycopg.Connection[Any]) -> StoredStep | None:
-            row = conn.execute(sql.SELECT_STEP, (workflow, instance_id, key)).fetchone()
-            return None if row is None else StoredStep(*row)
-
-        return self._run("read the step", read, workflow, instance_id, key, transaction=False)
+        return self._run(
+            "read the step", lambda conn: steps.read(self._tx(conn), workflow, instance_id, key),
+            workflow, instance_id, key, transaction=False)
 
     def suspend(
         self, waiting: StepWrite, message: str, deadline: float | None, now: float
@@ -267,19 +212,7 @@ class PostgresStore(OperatorReads):
                 return Suspend("ready", snapshot=_snapshot_of(instance, steps))
             return Suspend(outcome, deadline=armed)
 
-        def read_back(conn: psycopg.Connection[Any]) -> object:
-            row = conn.execute(sql.SELECT_INSTANCE, (workflow, instance_id)).fetchone()
-            found = None if row is None else InstanceRow(*row)
-            if found is None or found.status != "suspended" or found.updated_at != waiting.at:
-                return NOT_DONE
-            timer = conn.execute(
-                "SELECT deadline FROM timers WHERE workflow = %s AND instance_id = %s "
-                "AND key = %s", (workflow, instance_id, key),
-            ).fetchone()
-            return Suspend("waiting", deadline=None if timer is None else float(timer[0]))
-
-        return self._run("record the suspension", record, workflow, instance_id, key,
-                         transaction=False, read_back=read_back)
+        return self._run("record the suspension", record, workflow, instance_id, key)
 
     def finish(self, workflow: str, instance_id: str, end: RunEnd) -> Ended:
         params = shared.finish_params(workflow, instance_id, self.owner, end)
@@ -290,11 +223,6 @@ class PostgresStore(OperatorReads):
             return conn.execute(
                 sql.FINISH_TOP_LEVEL, {**params, "channel": self.channel, "told": told}
             ).fetchone() is not None
-
-        def read_back_alone(conn: psycopg.Connection[Any]) -> object:
-            # As ``read_back``, answered as ``record_alone`` answers: recorded or not.
-            recorded = read_back(conn)
-            return recorded if recorded is NOT_DONE else recorded == Ended()
 
         def record(conn: psycopg.Connection[Any]) -> Ended:
             # A child's end then locks its parent's row: a cancel that cascades
@@ -317,22 +245,11 @@ class PostgresStore(OperatorReads):
                 self._notify(conn, payload("signal", self.owner, *wake))
             return Ended(wake=wake)
 
-        def read_back(conn: psycopg.Connection[Any]) -> object:
-            row = conn.execute(sql.SELECT_INSTANCE, (workflow, instance_id)).fetchone()
-            found = None if row is None else InstanceRow(*row)
-            if found is None or found.owner == self.owner:
-                return NOT_DONE
-            if found.status != end.status or found.updated_at != end.at:
-                return Ended(recorded=False)
-            # Recorded; whether it made its parent ready is not known: the poll finds that.
-            return Ended()
-
         what = f"record the run as {end.status}"
-        if self._run(what, record_alone, workflow, instance_id, transaction=False,
-                     read_back=read_back_alone):
+        if self._run(what, record_alone, workflow, instance_id):
             return Ended()
         # A parent to settle, or cancelled meanwhile: nothing was written yet.
-        return self._run(what, record, workflow, instance_id, read_back=read_back)
+        return self._run(what, record, workflow, instance_id)
 
     # ------------------------------------------------------------------ from outside a run
 
@@ -379,14 +296,7 @@ class PostgresStore(OperatorReads):
                 self._notify(conn, payload("signal", self.owner, workflow, new_id))
             return made
 
-        def read_back(conn: psycopg.Connection[Any]) -> object:
-            found = conn.execute(sql.SELECT_INSTANCE, (workflow, new_id)).fetchone()
-            if found is None or InstanceRow(*found).created_at != now:
-                return NOT_DONE  # not made by this call: try again, and learn which
-            return True
-
-        return self._run("fork the instance", fork_it, workflow, instance_id,
-                         read_back=read_back)
+        return self._run("fork the instance", fork_it, workflow, instance_id)
 
     def place_signal(self, workflow: str, instance_id: str, key: str, seq: int) -> None:
         params = {"workflow": workflow, "instance_id": instance_id, "key": key, "seq": seq,
@@ -428,16 +338,7 @@ class PostgresStore(OperatorReads):
                                                    "instance_id": instance_id,
                                                    "traceparent": traceparent})
 
-        def read_back(conn: psycopg.Connection[Any]) -> object:
-            row = conn.execute(
-                "SELECT state, result, completed_at FROM steps WHERE workflow = %s "
-                "AND instance_id = %s AND key = %s", (workflow, instance_id, key),
-            ).fetchone()
-            mine = ("completed", write.result, write.at)
-            return None if row is not None and tuple(row) == mine else NOT_DONE
-
-        self._run("deliver the signal", deliver, workflow, instance_id, key,
-                  transaction=traceparent is not None, read_back=read_back)
+        self._run("deliver the signal", deliver, workflow, instance_id, key)
 
     def fire_due_timers(
         self, clock: Callable[[], float], at: str
@@ -532,14 +433,8 @@ class PostgresStore(OperatorReads):
                 raise InstanceFinished(workflow, instance_id, f"it is {found[0]}")
             return self._cancel_in(conn, workflow, instance_id, now)
 
-        def read_back(conn: psycopg.Connection[Any]) -> object:
-            row = conn.execute(sql.SELECT_INSTANCE, (workflow, instance_id)).fetchone()
-            found = None if row is None else InstanceRow(*row)
-            done = found is not None and found.status == "cancelled" and found.updated_at == now
-            return Ended() if done else NOT_DONE
-
         return self._db.run(
-            "cancel the instance", cancel_it, workflow, instance_id, read_back=read_back
+            "cancel the instance", cancel_it, workflow, instance_id
         )
 
     def _cancel_in(
@@ -588,9 +483,7 @@ class PostgresStore(OperatorReads):
                 lambda workflow, instance_id: self._cancel_in(conn, workflow, instance_id, at),
             )
 
-        # A commit whose outcome was lost is run again: what it did is no longer due.
-        return self._run("time out instances", time_them_out,
-                         read_back=lambda conn: NOT_DONE)
+        return self._run("time out instances", time_them_out)
 
     def claim_queued(
         self, queue: str, workflows: list[str], *, concurrency: int | None,
@@ -615,13 +508,7 @@ class PostgresStore(OperatorReads):
             return Claimed([_snapshot_of(instance, steps) for instance, steps in claimed],
                            retry_in)
 
-        def read_back(conn: psycopg.Connection[Any]) -> object:
-            # What a lost commit claimed is this engine's, running and not run here:
-            # the poll's look at "mine" runs it again.
-            return Claimed()
-
-        return self._db.run("claim queued instances", take, transaction=False,
-                            read_back=read_back)
+        return self._db.run("claim queued instances", take)
 
     def queued(self, queue: str, workflows: list[str]) -> int:
         text = pg(queue_sql.COUNT_QUEUED.format(
@@ -646,14 +533,8 @@ class PostgresStore(OperatorReads):
                 self._notify(conn, payload("queued", self.owner, None, queue))
             return changed
 
-        def read_back(conn: psycopg.Connection[Any]) -> object:
-            # A commit whose answer was lost: the state as asked is taken as this
-            # call's change (a resume's NOTIFY may be lost with it: the poll finds it).
-            found = conn.execute(pg(queue_sql.PAUSED), {"queue": queue}).fetchone()
-            return True if (found is not None) == paused else NOT_DONE
-
         what = f"{'pause' if paused else 'resume'} the queue {queue!r}"
-        return self._db.run(what, store, read_back=read_back)
+        return self._db.run(what, store)
 
     def start_children(self, waits: list[StepWrite], rows: list[InstanceRow]) -> list[str]:
         if not rows:
@@ -695,15 +576,8 @@ class PostgresStore(OperatorReads):
                 self._notify(conn, payload("queued", self.owner, workflow, instance_id))
             return [child_id for (child_id,) in created]
 
-        def read_back(conn: psycopg.Connection[Any]) -> object:
-            # The children a lost commit created cannot be told from ones that were
-            # there: none is started here, and recovery runs them (their owner is us,
-            # running, and the poll's "mine, not running here" finds them).
-            return []
-
         return self._db.run(
             "start the children", start, workflow, instance_id, waits[0].key,
-            read_back=read_back,
         )
 
     def set_traceparent(self, workflow: str, instance_id: str, traceparent: str) -> None:
@@ -733,19 +607,7 @@ class PostgresStore(OperatorReads):
 
             return schedules_sql.fire(self._pg_execute(conn), name, last, firing, insert)
 
-        def read_back(conn: psycopg.Connection[Any]) -> object:
-            stored = conn.execute(pg(schedules_sql.SELECT), {"name": name}).fetchone()
-            if stored is None or ScheduleRow(*stored).last_tick != firing.last_tick:
-                return NOT_DONE
-            created = []
-            for row in firing.rows:
-                found = conn.execute(sql.SELECT_INSTANCE, (row.workflow, row.instance_id))
-                instance = found.fetchone()
-                if instance is not None and InstanceRow(*instance).created_at == row.created_at:
-                    created.append(row.instance_id)
-            return TicksFired(won=True, created=created)
-
-        return self._run(f"fire the schedule {name!r}", fire, read_back=read_back)
+        return self._run(f"fire the schedule {name!r}", fire)
 
     # ------------------------------------------------------------------ reads
 

@@ -72,10 +72,12 @@ from .._store.sql import owners as owners_sql
 from .._store.sql import queues as queue_sql
 from .._store.sql import retention as retention_sql
 from .._store.sql import schedules as schedules_sql
+from .._store.sql import steps
 from .._store.sql.reads import OperatorReads
 from . import sql
 from .group_commit import GroupCommit
 from .schema import open_store, return_free_pages
+from .transaction import SQLiteTransaction
 from .watch import run_checks
 
 T = TypeVar("T")
@@ -202,25 +204,11 @@ class SQLiteStore(OperatorReads):
         )
 
     def save_step(self, write: StepWrite) -> None:
-        params = step_params(write, self.owner)
-
         def store(conn: sqlite3.Connection) -> None:
-            if conn.execute(sql.UPSERT_STEP, params).rowcount == 0:
-                self._refused(conn, write)
+            steps.save(SQLiteTransaction(conn, self.owner), write)
 
         where = (write.workflow, write.instance_id, write.key)
         self._grouped("store the step", *where, store, single=True, changes="none")
-
-    def _refused(self, conn: sqlite3.Connection, write: StepWrite) -> None:
-        """Say why a step write matched nothing: the instance is lost, or the key taken."""
-        if not self._owns(conn, write.workflow, write.instance_id):
-            raise LostInstance(write.workflow, write.instance_id)
-        where = (write.workflow, write.instance_id, write.key)
-        row = conn.execute(sql.SELECT_STEP, where).fetchone()
-        step = None if row is None else StoredStep(*row)
-        if step is not None and step.kind != write.kind:
-            raise key_taken(write.workflow, write.instance_id, write.key, step.kind, write.kind)
-        # Else the key completed meanwhile (a timer fired): that row stands.
 
     def check_run(self, workflow: str, instance_id: str) -> StatusName:
         # Before every executed step: the lock and one statement, without the
@@ -235,41 +223,36 @@ class SQLiteStore(OperatorReads):
             try:
                 if self._closed:
                     raise sqlite3.ProgrammingError("the store is closed")
-                row = self._conn.execute(sql.CHECK_RUN, (workflow, instance_id)).fetchone()
+                status = steps.check_run(SQLiteTransaction(self._conn, self.owner),
+                                         workflow, instance_id)
             except sqlite3.Error as exc:
                 raise StorageError(
                     f"cannot check the run in {self._where} ({exc})",
                     workflow=workflow, instance_id=instance_id,
                 ) from exc
-            if row is None or row[1] != self.owner:
-                raise LostInstance(workflow, instance_id)
-            if checks is not None and row[0] == "running":
+            if checks is not None and status == "running":
                 checks.saw_running(workflow, instance_id)
-        return row[0]  # type: ignore[no-any-return]
+        return status
 
     def set_status(self, workflow: str, instance_id: str, message: str) -> None:
         def store(conn: sqlite3.Connection) -> None:
-            where = (message, workflow, instance_id, self.owner)
-            if conn.execute(sql.SET_STATUS, where).rowcount == 0:
-                raise LostInstance(workflow, instance_id)
+            steps.set_status(SQLiteTransaction(conn, self.owner), workflow, instance_id, message)
 
         where = (workflow, instance_id, None)
         self._grouped("store the status message", *where, store, single=True, changes="none")
 
-    def record_in_flight(self, steps: list[tuple[str, str, str, str]]) -> None:
-        if not steps:
+    def record_in_flight(self, steps_: list[tuple[str, str, str, str]]) -> None:
+        if not steps_:
             return
 
         def store(conn: sqlite3.Connection) -> None:
-            for workflow, instance_id, key, started in steps:
-                conn.execute(sql.SET_IN_FLIGHT, (key, started, workflow, instance_id, self.owner))
+            steps.record_in_flight(SQLiteTransaction(conn, self.owner), steps_)
 
         self._grouped("record the steps in flight", None, None, None, store, changes="none")
 
     def read_step(self, workflow: str, instance_id: str, key: str) -> StoredStep | None:
         with self._using("read the step", workflow, instance_id, key) as conn:
-            row = conn.execute(sql.SELECT_STEP, (workflow, instance_id, key)).fetchone()
-        return None if row is None else StoredStep(*row)
+            return steps.read(SQLiteTransaction(conn, self.owner), workflow, instance_id, key)
 
     def suspend(
         self, waiting: StepWrite, message: str, deadline: float | None, now: float
