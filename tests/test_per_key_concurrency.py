@@ -188,32 +188,37 @@ def test_one_claim_counts_what_it_took_and_skips_past_a_full_key(
     queue's order; a second claim takes nothing more.
 
     The test claims in the engine's name, as its queue thread would, so it says so
-    (``taking``): else the engine's poll finds instances owned here and not running and
+    (``start_made``): else the engine's poll finds instances owned here and not running and
     runs them again as lost. One poll is let in after the first claim."""
     engine = make_engine(queues=(), poll_interval=0.01)  # enqueues only: the test claims
     engine.queue("q", per_key=2)
     engine.register("held", Held(), queue="q")
     polls = Looks(engine, "look_around")
-    with engine._runner.taking(), engine:
-        for i in range(4):
-            _invoke(engine, f"a-{i}", "a", priority=-1)
-        for i in range(2):
-            _invoke(engine, f"b-{i}", "b")
-            _invoke(engine, f"n-{i}", None)
 
-        def claim(batch: int) -> list[str]:
-            claimed = engine._store.claim_queued(
-                "q", ["held"], concurrency=None, per_process=None, rate=None,
-                clock=lambda: 0.0, at="2026-01-01T00:00:00+00:00", batch=batch, per_key=2,
-            )
-            return [s.instance.instance_id for s in claimed.snapshots]
+    def claims() -> list[Any]:  # made ours, run by nobody: the poll leaves them be
+        with engine:
+            for i in range(4):
+                _invoke(engine, f"a-{i}", "a", priority=-1)
+            for i in range(2):
+                _invoke(engine, f"b-{i}", "b")
+                _invoke(engine, f"n-{i}", None)
 
-        assert claim(3) == ["a-0", "a-1", "b-0"]
-        polls.twice_more()
-        assert claim(64) == ["n-0", "b-1", "n-1"]
-        assert claim(64) == []
-        assert {i: str(engine.invocation("held", i).state) for i in ("a-2", "a-3")} == {
-            "a-2": "queued", "a-3": "queued"}
+            def claim(batch: int) -> list[str]:
+                claimed = engine._store.claim_queued(
+                    "q", ["held"], concurrency=None, per_process=None, rate=None,
+                    clock=lambda: 0.0, at="2026-01-01T00:00:00+00:00", batch=batch, per_key=2,
+                )
+                return [s.instance.instance_id for s in claimed.snapshots]
+
+            assert claim(3) == ["a-0", "a-1", "b-0"]
+            polls.twice_more()
+            assert claim(64) == ["n-0", "b-1", "n-1"]
+            assert claim(64) == []
+            assert {i: str(engine.invocation("held", i).state) for i in ("a-2", "a-3")} == {
+                "a-2": "queued", "a-3": "queued"}
+        return []
+
+    engine._runner.start_made(claims)
 
 
 def test_a_key_on_a_queue_without_per_key_is_refused_and_nothing_stored(

@@ -23,7 +23,7 @@ from .._run.invocation import Invocation
 from .._run.invoking import NO_INPUT, new_instance
 from .._run.options import Options
 from .._run.runner import Runner
-from .._run.workflow import Workflow
+from .._run.workflow import Made, Workflow
 from .._schedules.cron import tick_id
 from .._schedules.scheduler import Scheduler
 from .._schedules.spec import CatchUp, Overlap, ScheduleSpec
@@ -493,21 +493,26 @@ class Engine:
             when = datetime.fromtimestamp(starts, dt_timezone.utc).isoformat()
             row = attrs.evolve(row, status="suspended", message=f"starts at {when}",
                                waiting_for=START_KEY, queued_at=None)
-        with self._runner.taking():  # made ours, then registered: the poll waits for both
+        created = False
+
+        def make() -> list[Made]:
+            nonlocal created, row
             with self._telemetry.producing(name, instance_id=instance_id) as traceparent:
                 row = attrs.evolve(row, traceparent=traceparent)
-                if not self._store.create_instance(row, starts):
-                    return self.invocation(name, instance_id)
-            log.debug("invoked", extra=where(name, instance_id))
-            if starts is not None or row.timeout_at is not None:  # a new deadline: the
-                self._runner.armed()  # timer thread looks at its deadlines again
-            if starts is not None:
-                return Invocation(self, self._runner.watch(name, instance_id))
-            if row.queue is not None:  # an engine that consumes the queue runs it
-                self._runner.kick()
-                return Invocation(self, self._runner.watch(name, instance_id))
-            return Invocation(self, self._runner.start_run(workflow, instance_id, (value,),
-                                                           traceparent=traceparent))
+                created = self._store.create_instance(row, starts)
+            if not created or starts is not None or row.queue is not None:
+                return []  # not made, or it waits: for its start, or a slot of its queue
+            return [(workflow, instance_id, (value,), traceparent, None)]
+
+        watches = self._runner.start_made(make, asked=True)
+        if not created:
+            return self.invocation(name, instance_id)
+        log.debug("invoked", extra=where(name, instance_id))
+        if starts is not None or row.timeout_at is not None:  # a new deadline: the
+            self._runner.armed()  # timer thread looks at its deadlines again
+        if row.queue is not None and starts is None:  # an engine that consumes it runs it
+            self._runner.kick()
+        return Invocation(self, watches[0] if watches else self._runner.watch(name, instance_id))
 
     def resume(self, name: str, instance_id: str) -> Invocation:
         """Run an instance again: stored steps return their results, the rest execute.
@@ -576,7 +581,10 @@ class Engine:
         """
         workflow = self._runner.workflow(name)
         self._runner.require_accepting(name)  # and not in a forked child
-        with self._runner.taking():  # made, then registered: the poll waits for both
+        new_id = ""
+
+        def make() -> list[Made]:
+            nonlocal new_id
             new_id, made = admin.fork_instance(self._store, name, instance_id, from_key,
                                                new_instance_id, clock=self._runner.clock)
             if not made:
@@ -585,8 +593,10 @@ class Engine:
                     "with that id (nothing was forked)")
             log.info("forked %s from %r", new_id, from_key, extra=where(name, instance_id))
             self._continue_trace(name, new_id, None)
-            watch = self._runner.start_run(workflow, new_id, None, claim="resume")
-        return Invocation(self, watch)
+            return [(workflow, new_id, None, None, None)]
+
+        watches = self._runner.start_made(make, asked=True)
+        return Invocation(self, watches[0] if watches else self._runner.watch(name, new_id))
 
     def resume_failed(
         self, name: str | None = None, *, since: datetime | None = None, limit: int = 1000

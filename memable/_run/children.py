@@ -10,8 +10,7 @@ child ends (see ``memable._store.sql.children``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from .._clock import Clock, utc
@@ -20,7 +19,7 @@ from .._observe.base import Telemetry
 from .._queues import QueueSpec
 from .._store.protocol import Store
 from .._store.rows import InstanceRow, StepWrite
-from .workflow import Workflow
+from .workflow import Made, Workflow
 
 
 class Submit(Protocol):
@@ -82,11 +81,11 @@ class Children:
         queues: dict[str, QueueSpec] | None = None,
         kick: Callable[[], None] | None = None,
         telemetry: Telemetry | None = None,
-        taking: Callable[[], AbstractContextManager[None]] | None = None,
+        start_made: Callable[[Callable[[], Iterable[Made]]], object] | None = None,
     ) -> None:
         self._telemetry = telemetry or Telemetry()  # a span for each child started
-        # Around making children owned here and submitting them (Runner.taking).
-        self._taking = taking or nullcontext
+        # Makes children owned here and starts their runs, as one call (Runner.start_made).
+        self._start_made = start_made or self._submit_made
         # The runner's registry and declared queues: fixed once the engine started.
         self._workflows = workflows
         self._queues = queues if queues is not None else {}
@@ -132,15 +131,22 @@ class Children:
                     queued_at=None if queue is None else now, traceparent=traceparent,
                     timeout=workflow.timeout, timeout_at=timeout_at,
                 ))
-        with self._taking():
+        def make() -> list[Made]:
             created = set(self._store.start_children(waits, rows))
             if queue is not None:  # they wait for slots; whichever engine consumes it runs them
                 if created and self._kick is not None:
                     self._kick()
-                return
-            for row, (child_id, _, _, value) in zip(rows, children, strict=True):
-                if child_id in created:
-                    self._submit(workflow, child_id, (value,), traceparent=row.traceparent)
+                return []
+            return [(workflow, child_id, (value,), row.traceparent, None)
+                    for row, (child_id, _, _, value) in zip(rows, children, strict=True)
+                    if child_id in created]
+
+        self._start_made(make)
+
+    def _submit_made(self, make: Callable[[], Iterable[Made]]) -> None:
+        """Without a runner's ``start_made``: submit each run ``make`` made."""
+        for workflow, child_id, fresh_input, traceparent, _ in make():
+            self._submit(workflow, child_id, fresh_input, traceparent=traceparent)
 
     def resume(self, workflow: Workflow, child_id: str) -> None:
         self._submit(workflow, child_id, None)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, Literal, Protocol
@@ -58,7 +58,7 @@ from .invocation import Watch, state_of
 from .options import Options
 from .run import Run, stored_state
 from .run import release as release_instance
-from .workflow import Workflow
+from .workflow import Made, Workflow
 
 Phase = Literal["new", "started", "stopped", "closed"]
 
@@ -132,7 +132,7 @@ class Runner:
         self._tickers: list[Ticker] = []
         #: What runs need to start and follow children.
         self.children = Children(self.workflows, store, self.submit, self.clock, self.queues,
-                                 self.kick, self.telemetry, self.taking)
+                                 self.kick, self.telemetry, self.start_made)
 
     # ------------------------------------------------------------------ guards
 
@@ -452,15 +452,29 @@ class Runner:
         watch.begin(claimed=fresh_input is not None or snapshot is not None)
         return run
 
-    @contextmanager
-    def taking(self) -> Iterator[None]:
-        """Around making instances this engine owns and submitting their runs (an invoke,
-        children started, a schedule's ticks): the poll does not take one of them, stored
-        as ours and not yet registered, for a run whose end was lost."""
+    def start_made(
+        self, make: Callable[[], Iterable[Made]], *, asked: bool = False
+    ) -> list[Watch]:
+        """Store instances this engine runs and start their runs, as one call: ``make``
+        stores them (one store call) and returns those it made to run here; this starts
+        their runs (``asked``: as ``start_run`` does for a user's call, which needs the
+        engine accepting; else while it is started, as ``submit``: children, ticks).
+        Until they are registered, the poll does not take one of them, stored as ours and
+        not yet active, for a run whose end was lost."""
         with self._lock:
             self._claiming += 1
         try:
-            yield
+            watches = []
+            for workflow, instance_id, fresh_input, traceparent, reason in make():
+                if asked:
+                    watches.append(self.start_run(workflow, instance_id, fresh_input,
+                                                  traceparent=traceparent))
+                    continue
+                with self._lock:
+                    if self.phase == "started":
+                        watches.append(self._submit(workflow, instance_id, fresh_input,
+                                                    "resume", traceparent, reason))
+            return watches
         finally:
             with self._lock:
                 self._claiming -= 1

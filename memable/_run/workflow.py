@@ -11,6 +11,7 @@ from typing import Any
 
 import attrs
 
+from .._observe.base import RunReason
 from .._store.serde import hints_of, return_hint
 
 #: The code flags of a function whose call makes a coroutine or an async generator.
@@ -166,3 +167,9 @@ to take an input, make it fn(ctx, n))
             f"parameter, {self.ctx_name!r}, receives the Context; to take an input, make it "
             f"fn(ctx, {'value' if self.ctx_name == 'ctx' else self.ctx_name}))"
         )
+
+
+#: A run to start of an instance just made here (``Runner.start_made``): its workflow,
+#: id, input (its value, in a tuple; None: read from the store), trace context, and why
+#: it starts (None: judged from the instance).
+Made = tuple[Workflow, str, "tuple[Any] | None", "str | None", "RunReason | None"]

@@ -27,6 +27,7 @@ from .._log import log, where
 from .._queues import Declarations
 from .._run.invoking import NO_INPUT, new_instance
 from .._run.runner import Runner
+from .._run.workflow import Made
 from .._store.rows import InstanceRow, ScheduleRow, TickFiring
 from .cron import Cron, parse_tick, tick_id
 from .spec import CatchUp, ScheduleSpec
@@ -174,11 +175,19 @@ class Scheduler:
 
     def _fire(self, spec: ScheduleSpec, at: datetime) -> int:
         """Fire what is due of ``spec`` at ``at``; how many instances that created."""
-        # Made ours, then registered as runs: the poll waits for both (Runner.taking).
-        with self._runner.taking():
-            return self._fire_taking(spec, at)
+        fired = 0
 
-    def _fire_taking(self, spec: ScheduleSpec, at: datetime) -> int:
+        def make() -> list[Made]:
+            nonlocal fired
+            fired, made = self._fire_ticks(spec, at)
+            return made
+
+        self._runner.start_made(make)  # made ours and started: one call
+        return fired
+
+    def _fire_ticks(self, spec: ScheduleSpec, at: datetime) -> tuple[int, list[Made]]:
+        """Fire what is due of ``spec`` at ``at``: how many instances that created, and
+        those to run here."""
         # Another engine may fire between this one's last read and its firing: then plan
         # again from what that engine stored (twice at most; the next look tries again).
         for _ in range(2):
@@ -186,7 +195,7 @@ class Scheduler:
             ticks = plan(spec.cron, spec.catch_up, _start(stored), at)
             if ticks is None:
                 self._next[spec.name] = spec.cron.after(at)
-                return 0
+                return 0, []
             # Each tick's span is ended only if its instance is made here: a tick another
             # engine fired, or one skipped, leaves no lone span.
             spans = [self._runner.telemetry.produce(spec.workflow, f"{spec.name}@{tick_id(t)}")
@@ -205,7 +214,7 @@ class Scheduler:
                     self._differs(spec, now_stored.cron, now_stored.timezone,
                                   "the store (another engine)")
         else:
-            return 0
+            return 0, []
         self._seen(attrs.evolve(stored, last_tick=firing.last_tick), at)
         if fired.declared is not None:
             self._differs(spec, *fired.declared, "the store (another engine)")
@@ -225,6 +234,7 @@ class Scheduler:
                      "ended", spec.name, fired.skipped, "" if fired.skipped == 1 else "s")
         created = set(fired.created)
         workflow = self._runner.workflow(spec.workflow)
+        made: list[Made] = []
         for (row, value), span in zip(rows, spans, strict=True):
             if row.instance_id not in created:
                 continue
@@ -232,11 +242,10 @@ class Scheduler:
             log.info("schedule %r fired", spec.name,
                      extra=where(spec.workflow, row.instance_id))
             if row.queue is None:
-                self._runner.submit(workflow, row.instance_id, (value,),
-                                    traceparent=row.traceparent, reason="schedule")
+                made.append((workflow, row.instance_id, (value,), row.traceparent, "schedule"))
         if any(row.queue is not None for row, _ in rows):
             self._runner.kick()
-        return len(created)
+        return len(created), made
 
     def _differs(self, spec: ScheduleSpec, cron: str, zone: str, where: str) -> None:
         """One WARNING per other declaration of the schedule seen, naming both."""
