@@ -27,7 +27,6 @@ from datetime import date, timedelta
 from pathlib import Path
 
 import attrs
-
 from memable import Context, Engine, MetadataStatus, WorkflowFailed
 
 WORKFLOW = "nightly-report"
