@@ -134,12 +134,14 @@ def test_a_look_under_way_when_the_clock_is_frozen_in_the_past_times_nothing_out
 
 
 def test_time_out_judges_what_it_read_by_a_reading_taken_after(
-    make_engine: Callable[..., Engine],
+    make_engine: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Store.time_out judges the instances it read by a reading of the clock taken after
     the read, never by the one it chose them by: forced with a clock that reads a day past
-    the deadline until the store has read the due instances (SQLite once, PostgreSQL a
-    second time in its transaction), and the true time after. The instance is left."""
+    the deadline until the store has read the due instances (a look outside a transaction,
+    then a second time in its transaction, on either store), and the true time after. The
+    instance is left. The reads are counted as the transaction body runs them (a traced
+    PostgreSQL connection notes a transaction's statements only when it ends)."""
     engine = make_engine(poll_interval=60)
     engine.register("waits_for_approval", waits_for_approval, timeout=timedelta(hours=1))
     with freeze_time(T0):
@@ -148,13 +150,27 @@ def test_time_out_judges_what_it_read_by_a_reading_taken_after(
             "suspended: approval:v1")
         engine.stop()  # the store stays open; no look of the engine's own runs meanwhile
     store, deadline = engine._store, T0.timestamp() + 3600
-    reads = 1 if isinstance(store, SQLiteStore) else 2
-    with traced(engine) as statements:
-        def clock() -> float:
-            read = sum("timeout_at <= " in statement for statement in statements)
-            return deadline + 86400 if read < reads else deadline - 1
+    if isinstance(store, SQLiteStore):
+        from memable._sqlite.transaction import SQLiteTransaction as transaction
+    else:
+        from memable._postgres.transaction import (  # type: ignore[assignment]
+            PostgresTransaction as transaction,
+        )
+    statements: list[str] = []
+    execute = transaction.execute
 
-        assert store.time_out(clock, T0.isoformat()) == []
+    def noted(self: Any, template: str, params: Any = None) -> Any:
+        statements.append(template)
+        return execute(self, template, params)
+
+    monkeypatch.setattr(transaction, "execute", noted)
+
+    def clock() -> float:
+        read = sum("timeout_at <= " in statement for statement in statements)
+        return deadline + 86400 if read < 2 else deadline - 1
+
+    assert store.time_out(clock, T0.isoformat()) == []
+    monkeypatch.undo()
     assert str(engine.invocation("waits_for_approval", "a").state) == "suspended: approval:v1"
     timed_out = store.time_out(lambda: deadline, T0.isoformat())
     assert [t.instance_id for t in timed_out] == ["a"]

@@ -96,15 +96,6 @@ WHERE steps.state <> 'completed' AND steps.kind = excluded.kind
 LOCK_INSTANCE = (
     "SELECT status, owner FROM instances WHERE workflow = %s AND instance_id = %s FOR UPDATE"
 )
-FINISH = pg(shared.FINISH)
-#: The end of a run of an instance without a parent, and the "queued" notice of its
-#: queue's freed slot, in one statement (autocommit: one round trip). No row: it has a
-#: parent, or was cancelled meanwhile, and nothing was written.
-FINISH_TOP_LEVEL = (
-    f"WITH done AS ({pg(shared.FINISH_TOP_LEVEL)}) SELECT CASE WHEN queue IS NOT NULL "
-    "THEN pg_notify(%(channel)s, %(told)s) END FROM done"
-)
-RELEASE = pg(shared.RELEASE)
 #: The timers due by ``%s``, the ones a call fires at most (``FIRE_DUE`` claims them).
 DUE_TIMERS = (
     "SELECT workflow, instance_id, key, deadline FROM timers WHERE deadline <= %s "
@@ -127,11 +118,6 @@ fired AS (
     AND steps.key = due.key AND {shared.FIRE_KEY_WHERE})
 SELECT workflow, instance_id, key, deadline FROM due
 """
-CANCEL = (
-    "UPDATE instances SET status = 'cancelled', message = NULL, waiting_for = NULL, "
-    "children_pending = NULL, updated_at = %s, completed_at = %s "
-    "WHERE workflow = %s AND instance_id = %s"
-)
 SET_STATUS = (
     "UPDATE instances SET status_message = %s WHERE workflow = %s AND instance_id = %s "
     "AND owner = %s"
@@ -153,6 +139,4 @@ RETURNING heartbeat
 HEARTBEAT = f"UPDATE owners SET heartbeat = {NOW_EPOCH} WHERE id = %s RETURNING heartbeat"
 #: The workflows a look names (as the array parameter ``workflows``).
 WORKFLOWS = "SELECT unnest(:workflows::text[])"
-# ``memable resume``: ready for the next look of an engine that runs it (as on SQLite).
-MARK_RESUMABLE = pg(shared.MARK_RESUMABLE)
 SET_TRACEPARENT = pg(shared.SET_TRACEPARENT)

@@ -45,6 +45,7 @@ from .._store.rows import (
     step_params,
     step_record,
 )
+from .._store.sql import cancel as cancel_sql
 from .._store.sql import children as children_sql
 from .._store.sql import forks as forks_sql
 from .._store.sql import instances as shared
@@ -215,75 +216,26 @@ class PostgresStore(OperatorReads):
         return self._run("record the suspension", record, workflow, instance_id, key)
 
     def finish(self, workflow: str, instance_id: str, end: RunEnd) -> Ended:
-        params = shared.finish_params(workflow, instance_id, self.owner, end)
-        told = payload("queued", self.owner, workflow, instance_id)
-
-        def record_alone(conn: psycopg.Connection[Any]) -> bool:
-            # Most runs have no parent: their end, and the notice, in one round trip.
-            return conn.execute(
-                sql.FINISH_TOP_LEVEL, {**params, "channel": self.channel, "told": told}
-            ).fetchone() is not None
-
-        def record(conn: psycopg.Connection[Any]) -> Ended:
-            # A child's end then locks its parent's row: a cancel that cascades
-            # locks them the other way round, and one of the two is retried.
-            found = conn.execute(sql.FINISH, params).fetchone()
-            if found is None:  # cancelled meanwhile: let go of it all the same
-                released = conn.execute(sql.RELEASE, params).fetchone()
-                if released is not None and released[0] is not None:
-                    # The slot the cancelled run held is free: tell the queue's consumers.
-                    self._notify(conn, told)
-                return Ended(recorded=False)
-            *parent, queue = found
-            if queue is not None:  # a slot is free: tell the queue's consumers
-                self._notify(conn, told)
-            wake = children_sql.settle_parent(
-                self._pg_execute(conn), tuple(parent), status=end.status, message=end.message,
-                output=end.output, at=end.at, lock=children_sql.LOCK_PARENT,
-            )
-            if wake is not None:
-                self._notify(conn, payload("signal", self.owner, *wake))
-            return Ended(wake=wake)
-
-        what = f"record the run as {end.status}"
-        if self._run(what, record_alone, workflow, instance_id):
-            return Ended()
-        # A parent to settle, or cancelled meanwhile: nothing was written yet.
-        return self._run(what, record, workflow, instance_id)
+        return self._run(f"record the run as {end.status}",
+                         lambda conn: shared.finish(self._tx(conn), workflow, instance_id, end),
+                         workflow, instance_id)
 
     # ------------------------------------------------------------------ from outside a run
 
     def mark_resumable(self, workflow: str, instance_id: str, now: str) -> str:
-        where = {"workflow": workflow, "instance_id": instance_id, "at": now}
-
-        def mark(conn: psycopg.Connection[Any]) -> str:
-            found = conn.execute(sql.LOCK_INSTANCE, (workflow, instance_id)).fetchone()
-            if found is None:
-                raise InstanceNotFound(workflow, instance_id)
-            status = str(found[0])
-            if status == "cancelled":
-                raise InstanceFinished(workflow, instance_id, "it is cancelled")
-            if conn.execute(sql.MARK_RESUMABLE, where).rowcount:
-                # An engine that runs it takes it now, not at its next poll.
-                self._notify(conn, payload("signal", self.owner, workflow, instance_id))
-            return status
-
-        return self._run("mark the instance to resume", mark, workflow, instance_id)
+        return self._run(
+            "mark the instance to resume",
+            lambda conn: shared.mark_resumable(self._tx(conn), workflow, instance_id, now),
+            workflow, instance_id)
 
     def resume_failure(
         self, workflow: str, instance_id: str, failed_at: str, now: str
     ) -> bool:
-        params = {"workflow": workflow, "instance_id": instance_id, "failed_at": failed_at,
-                  "at": now}
-
-        def resume(conn: psycopg.Connection[Any]) -> bool:
-            if not conn.execute(pg(shared.RESUME_FAILURE), params).rowcount:
-                return False
-            # An engine that runs it takes it now, not at its next poll.
-            self._notify(conn, payload("signal", self.owner, workflow, instance_id))
-            return True
-
-        return self._run("resume the failed instance", resume, workflow, instance_id)
+        return self._run(
+            "resume the failed instance",
+            lambda conn: shared.resume_failure(self._tx(conn), workflow, instance_id,
+                                               failed_at, now),
+            workflow, instance_id)
 
     def fork_instance(
         self, workflow: str, instance_id: str, new_id: str, from_key: str | None, now: str
@@ -425,65 +377,19 @@ class PostgresStore(OperatorReads):
         return lambda text, params: conn.execute(pg(text), params)
 
     def cancel(self, workflow: str, instance_id: str, *, now: str) -> Ended:
-        def cancel_it(conn: psycopg.Connection[Any]) -> Ended:
-            found = conn.execute(sql.LOCK_INSTANCE, (workflow, instance_id)).fetchone()
-            if found is None:
-                raise InstanceNotFound(workflow, instance_id)
-            if found[0] in ("completed", "cancelled"):
-                raise InstanceFinished(workflow, instance_id, f"it is {found[0]}")
-            return self._cancel_in(conn, workflow, instance_id, now)
-
-        return self._db.run(
-            "cancel the instance", cancel_it, workflow, instance_id
-        )
-
-    def _cancel_in(
-        self, conn: psycopg.Connection[Any], workflow: str, instance_id: str, now: str
-    ) -> Ended:
-        """Cancel the instance (locked by the caller) and its descendants in the caller's
-        transaction, telling the other engines."""
-        execute = self._pg_execute(conn)
-        where = {"workflow": workflow, "instance_id": instance_id}
-        descendants = [(w, i) for w, i in execute(children_sql.DESCENDANTS, where)]
-        # The owners stay: a run in flight stores its current step, then stops.
-        for w, i in [(workflow, instance_id), *descendants]:
-            conn.execute(sql.CANCEL, (now, now, w, i))
-            conn.execute(
-                "DELETE FROM timers WHERE workflow = %s AND instance_id = %s", (w, i)
-            )
-            self._notify(conn, payload("cancel", self.owner, w, i))
-        parent = execute(children_sql.PARENT_OF, where).fetchone()
-        wake = children_sql.settle_parent(
-            execute, tuple(parent), status="cancelled", message="cancelled", output=None,
-            at=now, lock=children_sql.LOCK_PARENT,
-        )
-        if wake is not None:
-            self._notify(conn, payload("signal", self.owner, *wake))
-        return Ended(wake=wake, cancelled=descendants)
+        return self._run(
+            "cancel the instance",
+            lambda conn: cancel_sql.cancel(self._tx(conn), workflow, instance_id, now),
+            workflow, instance_id)
 
     def time_out(self, clock: Callable[[], float], at: str) -> list[TimedOut]:
         # Most looks find none due: one read answers those, outside a transaction.
-        any_due = self._run(
-            "look for timed-out instances",
-            lambda conn: self._pg_execute(conn)(shared.DUE_TIMEOUTS,
-                                                {"now": clock()}).fetchone(),
-            transaction=False,
-        )
-        if any_due is None:
+        if not self._run("look for timed-out instances",
+                         lambda conn: shared.any_timeout_due(self._tx(conn), clock()),
+                         transaction=False):
             return []
-
-        def time_them_out(conn: psycopg.Connection[Any]) -> list[TimedOut]:
-            execute = self._pg_execute(conn)
-            # The due ones are locked as they are read, skipping those another engine is
-            # timing out (or a run writes); one left is found again by the next look.
-            due = execute(shared.DUE_TIMEOUTS + " FOR UPDATE SKIP LOCKED",
-                          {"now": clock()}).fetchall()
-            return shared.time_out_due(
-                execute, [(w, i) for w, i in due], clock,
-                lambda workflow, instance_id: self._cancel_in(conn, workflow, instance_id, at),
-            )
-
-        return self._run("time out instances", time_them_out)
+        return self._run("time out instances",
+                         lambda conn: shared.time_out_due(self._tx(conn), clock, at))
 
     def claim_queued(
         self, queue: str, workflows: list[str], *, concurrency: int | None,
@@ -581,10 +487,10 @@ class PostgresStore(OperatorReads):
         )
 
     def set_traceparent(self, workflow: str, instance_id: str, traceparent: str) -> None:
-        params = {"workflow": workflow, "instance_id": instance_id, "traceparent": traceparent}
         self._run("store the trace context",
-                  lambda conn: conn.execute(sql.SET_TRACEPARENT, params), workflow, instance_id,
-                  transaction=False)
+                  lambda conn: shared.set_traceparent(self._tx(conn), workflow, instance_id,
+                                                      traceparent),
+                  workflow, instance_id, transaction=False)
 
     # ------------------------------------------------------------------ schedules
 

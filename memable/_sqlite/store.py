@@ -65,6 +65,7 @@ from .._store.rows import (
     step_params,
     step_record,
 )
+from .._store.sql import cancel as cancel_sql
 from .._store.sql import children as children_sql
 from .._store.sql import forks as forks_sql
 from .._store.sql import instances as shared
@@ -360,19 +361,10 @@ class SQLiteStore(OperatorReads):
             )
 
     def finish(self, workflow: str, instance_id: str, end: RunEnd) -> Ended:
-        params = shared.finish_params(workflow, instance_id, self.owner, end)
-
         def record(conn: sqlite3.Connection) -> Ended:
-            found = conn.execute(shared.FINISH, params).fetchone()
-            if found is None:  # cancelled meanwhile: let go of it all the same
-                conn.execute(shared.RELEASE, params).fetchall()
-                return Ended(recorded=False)
-            *parent, _ = found  # its queue: this engine's queue thread looks when the run ends
-            wake = children_sql.settle_parent(
-                conn.execute, tuple(parent), status=end.status, message=end.message,
-                output=end.output, at=end.at,
-            )
-            return Ended(wake=wake)
+            # Its queue: this engine's queue thread looks when the run ends.
+            return shared.finish(SQLiteTransaction(conn, self.owner), workflow, instance_id,
+                                 end)
 
         return self._grouped(
             f"record the run as {end.status}", workflow, instance_id, None, record,
@@ -383,12 +375,8 @@ class SQLiteStore(OperatorReads):
 
     def mark_resumable(self, workflow: str, instance_id: str, now: str) -> str:
         def mark(conn: sqlite3.Connection) -> str:
-            status = sql.status_of(conn, workflow, instance_id)  # InstanceNotFound
-            if status == "cancelled":
-                raise InstanceFinished(workflow, instance_id, "it is cancelled")
-            conn.execute(shared.MARK_RESUMABLE,
-                         {"workflow": workflow, "instance_id": instance_id, "at": now})
-            return status
+            return shared.mark_resumable(SQLiteTransaction(conn, self.owner), workflow,
+                                         instance_id, now)
 
         return self._grouped("mark the instance to resume", workflow, instance_id, None, mark,
                              changes="instance")
@@ -407,11 +395,9 @@ class SQLiteStore(OperatorReads):
     def resume_failure(
         self, workflow: str, instance_id: str, failed_at: str, now: str
     ) -> bool:
-        params = {"workflow": workflow, "instance_id": instance_id, "failed_at": failed_at,
-                  "at": now}
-
         def resume(conn: sqlite3.Connection) -> bool:
-            return bool(conn.execute(shared.RESUME_FAILURE, params).rowcount)
+            return shared.resume_failure(SQLiteTransaction(conn, self.owner), workflow,
+                                         instance_id, failed_at, now)
 
         return self._grouped("resume the failed instance", workflow, instance_id, None,
                              resume, changes="instance")
@@ -560,51 +546,21 @@ class SQLiteStore(OperatorReads):
 
     def cancel(self, workflow: str, instance_id: str, *, now: str) -> Ended:
         def cancel_it(conn: sqlite3.Connection) -> Ended:
-            status = sql.status_of(conn, workflow, instance_id)
-            if status in ("completed", "cancelled"):
-                raise InstanceFinished(workflow, instance_id, f"it is {status}")
-            return self._cancel_in(conn, workflow, instance_id, now)
+            return cancel_sql.cancel(SQLiteTransaction(conn, self.owner), workflow, instance_id,
+                                     now)
 
         return self._commits.write(
             "cancel the instance", workflow, instance_id, None, cancel_it, changes="any"
         )
 
-    def _cancel_in(
-        self, conn: sqlite3.Connection, workflow: str, instance_id: str, now: str
-    ) -> Ended:
-        """Cancel the instance and its descendants in the caller's transaction."""
-        where = {"workflow": workflow, "instance_id": instance_id}
-        descendants = [
-            (w, i) for w, i in conn.execute(children_sql.DESCENDANTS, where).fetchall()
-        ]
-        # The owners stay: a run in flight stores its current step, then stops.
-        for w, i in [(workflow, instance_id), *descendants]:
-            conn.execute(
-                "UPDATE instances SET status = 'cancelled', message = NULL, "
-                "waiting_for = NULL, children_pending = NULL, updated_at = ?, "
-                "completed_at = ? WHERE workflow = ? AND instance_id = ?",
-                (now, now, w, i),
-            )
-            conn.execute("DELETE FROM timers WHERE workflow = ? AND instance_id = ?", (w, i))
-        parent = conn.execute(children_sql.PARENT_OF, where).fetchone()
-        wake = children_sql.settle_parent(
-            conn.execute, tuple(parent), status="cancelled", message="cancelled",
-            output=None, at=now,
-        )
-        return Ended(wake=wake, cancelled=descendants)
-
     def time_out(self, clock: Callable[[], float], at: str) -> list[TimedOut]:
         with self._using("look for timed-out instances") as conn:
             # Most looks find none due: answer those without taking the write lock.
-            due = conn.execute(shared.DUE_TIMEOUTS, {"now": clock()}).fetchall()
-        if not due:
-            return []
+            if not shared.any_timeout_due(SQLiteTransaction(conn, self.owner), clock()):
+                return []
 
         def time_them_out(conn: sqlite3.Connection) -> list[TimedOut]:
-            return shared.time_out_due(
-                conn.execute, [(w, i) for w, i in due], clock,
-                lambda workflow, instance_id: self._cancel_in(conn, workflow, instance_id, at),
-            )
+            return shared.time_out_due(SQLiteTransaction(conn, self.owner), clock, at)
 
         return self._commits.write(
             "time out instances", None, None, None, time_them_out, changes="any"
@@ -698,10 +654,12 @@ class SQLiteStore(OperatorReads):
         )
 
     def set_traceparent(self, workflow: str, instance_id: str, traceparent: str) -> None:
-        params = {"workflow": workflow, "instance_id": instance_id, "traceparent": traceparent}
-        self._grouped("store the trace context", workflow, instance_id, None,
-                      lambda conn: conn.execute(shared.SET_TRACEPARENT, params), single=True,
-                      changes="none")
+        def store(conn: sqlite3.Connection) -> None:
+            shared.set_traceparent(SQLiteTransaction(conn, self.owner), workflow, instance_id,
+                                   traceparent)
+
+        self._grouped("store the trace context", workflow, instance_id, None, store,
+                      single=True, changes="none")
 
     # ------------------------------------------------------------------ schedules
 

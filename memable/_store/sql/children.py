@@ -14,17 +14,13 @@ from __future__ import annotations
 from typing import Any
 
 from ..._errors import ChildIdTaken
+from ..transaction import Transaction
 from .execute import Execute
 
 #: A child instance: its parent's columns, read before the parent's row is locked.
 PARENT_OF = (
     "SELECT parent_workflow, parent_id, parent_key, parent_group FROM instances "
     "WHERE workflow = :workflow AND instance_id = :instance_id"
-)
-#: Locks the parent's row until the child's end commits (PostgreSQL).
-LOCK_PARENT = (
-    "SELECT 1 FROM instances WHERE workflow = :parent_workflow AND instance_id = :parent_id "
-    "FOR UPDATE"
 )
 #: The state of the parent's step for a child (None if the parent has no such row).
 PARENT_STEP = (
@@ -90,40 +86,39 @@ def refuse_taken(
 
 
 def settle_parent(
-    execute: Execute,
+    tx: Transaction,
     parent: tuple[Any, Any, Any, Any],
     *,
     status: str,
     message: str | None,
     output: tuple[str, str | None] | None,
     at: str,
-    lock: str | None = None,
 ) -> tuple[str, str] | None:
-    """Write a child's end (``status``) into its parent's step; the parent to wake, if any.
+    """Write a child's end (``status``) into its parent's step; the parent to wake, if any
+    (told of it: a ``"signal"`` notice).
 
     ``parent`` is the child's (parent_workflow, parent_id, parent_key,
     parent_group), all None for an instance that is no child. Only a step
     that waited counts: the parent is ready when it waits on this key, or
     when this was the last pending child of the group it waits on.
 
-    ``lock`` locks the parent's row first, where the database does not lock
-    it whole (PostgreSQL: ``LOCK_PARENT``): a parent recording its suspension
-    holds that lock while it counts what it waits for, so either it sees this
-    end, or this end sees it suspended and counts itself down.
+    The parent's row is locked first (``tx.lock_instance``): a parent
+    recording its suspension holds that lock while it counts what it waits
+    for, so either it sees this end, or this end sees it suspended and counts
+    itself down.
     """
     parent_workflow, parent_id, parent_key, parent_group = parent
     if parent_workflow is None or status not in ("completed", "failed", "cancelled"):
         return None
     where = {"parent_workflow": parent_workflow, "parent_id": parent_id,
              "parent_key": parent_key, "parent_group": parent_group}
-    if lock is not None:
-        execute(lock, where)
-    before = execute(PARENT_STEP, where).fetchone()
+    tx.lock_instance(parent_workflow, parent_id)
+    before = tx.execute(PARENT_STEP, where).fetchone()
     if before is None or before[0] == "completed":
         return None
     text, tag = output if output is not None else (None, None)
     done = status == "completed"
-    execute(SETTLE_PARENT_STEP, {
+    tx.execute(SETTLE_PARENT_STEP, {
         **where, "state": "completed" if done else "failed", "result": text if done else None,
         "result_type": tag if done else None, "completed_at": at if done else None,
         "error": None if done else (message or status),
@@ -131,8 +126,11 @@ def settle_parent(
     if before[0] != "waiting":
         return None
     if parent_group is not None:
-        left = execute(COUNT_DOWN, where).fetchone()
+        left = tx.execute(COUNT_DOWN, where).fetchone()
         ready = left is not None and left[0] == 0
     else:
-        ready = execute(WAITS_ON_KEY, where).fetchone() is not None
-    return (parent_workflow, parent_id) if ready else None
+        ready = tx.execute(WAITS_ON_KEY, where).fetchone() is not None
+    if not ready:
+        return None
+    tx.notify("signal", parent_workflow, parent_id)
+    return (parent_workflow, parent_id)

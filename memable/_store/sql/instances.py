@@ -3,7 +3,10 @@ PostgreSQL store rewrites them with ``children.pg``, or fills in its own marks).
 
 What a claim writes, a step's waiting row, what firing a due timer does to
 its key, which suspended instances are ready to go on, and ``memable
-resume``'s mark: the same rules, written once, on either store.
+resume``'s mark: the same rules, written once, on either store. The
+transaction bodies of a run's end (``finish``), of a resume
+(``mark_resumable``, ``resume_failure``), of the trace context a run
+continues (``set_traceparent``) and of workflow timeouts (``time_out_due``).
 """
 
 from __future__ import annotations
@@ -11,10 +14,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..._errors import InstanceFinished, InstanceNotFound
 from ..liveness import OWNER_SUFFIX
 from ..rows import TERMINAL, UNREACHED, Ended, RunEnd, TimedOut
+from ..transaction import Transaction
+from . import children
+from .cancel import cancel_in
 from .children import TOLD
-from .execute import Execute
 
 #: The columns of an instance row, in ``InstanceRow``'s order, with their types.
 INSTANCE_COLUMNS: dict[str, type] = {
@@ -190,17 +196,15 @@ WAKE = f"""instances.status = 'suspended' AND (instances.children_pending = 0 OR
 #: The end of a run, recorded if the instance is still this engine's and running; it
 #: names the parent (of a child) and the queue (whose slot it frees). A run released
 #: at a wait it may go past (the engine stopped) is left ready, for the poll.
-_FINISH = """
+FINISH = """
 UPDATE instances SET status = :status, message = :message, output = :output,
     output_type = :output_type, waiting_for = :waiting_for, owner = NULL, updated_at = :at,
     completed_at = :completed_at, traceback = :traceback, step_key = NULL, step_started = NULL,
     children_pending = CASE WHEN :status = 'suspended' THEN 0 END
 WHERE workflow = :workflow AND instance_id = :instance_id AND owner = :me
 AND status = 'running'
+RETURNING parent_workflow, parent_id, parent_key, parent_group, queue
 """
-FINISH = _FINISH + "RETURNING parent_workflow, parent_id, parent_key, parent_group, queue\n"
-#: ``FINISH`` of an instance that has no parent to settle: no row for one that has one.
-FINISH_TOP_LEVEL = _FINISH + "AND parent_id IS NULL RETURNING queue\n"
 #: A run that stopped on a cancel lets go of its instance (and of its queue's slot).
 RELEASE = """
 UPDATE instances SET owner = NULL
@@ -223,6 +227,39 @@ def finish_params(workflow: str, instance_id: str, owner: str, end: RunEnd) -> d
         "waiting_for": end.waiting_for, "at": end.at, "traceback": end.traceback,
         "completed_at": end.at if end.status in TERMINAL else None,
     }
+
+
+def finish(tx: Transaction, workflow: str, instance_id: str, end: RunEnd) -> Ended:
+    """Record the end of this engine's run of the instance (``end``: completed, failed,
+    suspended, or released at a wait), if the instance is still this engine's and running,
+    and let go of it; settle its parent's step if it is a child (``children.settle_parent``:
+    the parent to wake, told of it). A queue's consumers are told its slot is free
+    (``"queued"``).
+
+    Cancelled meanwhile: the end is not recorded (``Ended(recorded=False)``), but the run
+    lets go of the instance all the same (and of its queue's slot). Not this engine's any
+    more: nothing is written.
+
+    The ``UPDATE`` locks the instance's row first; a child's end then locks its parent's
+    row: a cancel that cascades locks them the other way round, and one of the two is
+    retried. Not idempotent (a second run finds the run ended): it runs as a transaction.
+    """
+    params = finish_params(workflow, instance_id, tx.owner, end)
+    found = tx.execute(FINISH, params).fetchone()
+    if found is None:  # cancelled meanwhile: let go of it all the same
+        released = tx.execute(RELEASE, params).fetchall()
+        if released and released[0][0] is not None:
+            # The slot the cancelled run held is free: tell the queue's consumers.
+            tx.notify("queued", workflow, instance_id)
+        return Ended(recorded=False)
+    *parent, queue = found
+    if queue is not None:  # a slot is free: tell the queue's consumers
+        tx.notify("queued", workflow, instance_id)
+    wake = children.settle_parent(
+        tx, (parent[0], parent[1], parent[2], parent[3]), status=end.status,
+        message=end.message, output=end.output, at=end.at,
+    )
+    return Ended(wake=wake)
 
 
 #: The trace context a signal or a resume leaves for the instance's next run.
@@ -262,6 +299,49 @@ HANDLED_CHILD = f"""(instances.parent_id IS NOT NULL AND (
 RESUME_FAILURE = (
     _RESUME + f"AND status = 'failed' AND completed_at = :failed_at AND NOT {HANDLED_CHILD}"
 )
+
+
+def mark_resumable(tx: Transaction, workflow: str, instance_id: str, now: str) -> str:
+    """``memable resume``: make a failed, suspended or completed instance ready for the
+    next look of an engine that runs it (told of it now: a ``"signal"`` notice); a running
+    or queued one is left as it is. Its row is locked first: a resume waits its turn.
+
+    The status it had; ``InstanceNotFound`` when there is none, ``InstanceFinished`` when
+    it is cancelled (a cancel is for good).
+    """
+    found = tx.lock_instance(workflow, instance_id)
+    if found is None:
+        raise InstanceNotFound(workflow, instance_id)
+    status = str(found[0])
+    if status == "cancelled":
+        raise InstanceFinished(workflow, instance_id, "it is cancelled")
+    where = {"workflow": workflow, "instance_id": instance_id, "at": now}
+    if tx.execute(MARK_RESUMABLE, where).rowcount:
+        # An engine that runs it takes it now, not at its next poll.
+        tx.notify("signal", workflow, instance_id)
+    return status
+
+
+def resume_failure(
+    tx: Transaction, workflow: str, instance_id: str, failed_at: str, now: str
+) -> bool:
+    """A bulk resume's one instance: ready to run again (as ``mark_resumable``) only if it
+    still holds the failure counted (failed at ``failed_at``) and is no handled child's
+    (``HANDLED_CHILD``); whether it was."""
+    params = {"workflow": workflow, "instance_id": instance_id, "failed_at": failed_at,
+              "at": now}
+    if not tx.execute(RESUME_FAILURE, params).rowcount:
+        return False
+    # An engine that runs it takes it now, not at its next poll.
+    tx.notify("signal", workflow, instance_id)
+    return True
+
+
+def set_traceparent(tx: Transaction, workflow: str, instance_id: str, traceparent: str) -> None:
+    """Leave the trace context ``traceparent`` for the instance's next run (one statement:
+    run again, it writes the same)."""
+    tx.execute(SET_TRACEPARENT, {"workflow": workflow, "instance_id": instance_id,
+                                 "traceparent": traceparent})
 
 
 #: The key of a delayed start (``invoke(start_at=)``): an engine's timer step, waited on
@@ -313,32 +393,39 @@ SET_TIMED_OUT = (
 )
 
 
-def time_out_due(
-    execute: Execute, due: list[tuple[str, str]], clock: Callable[[], float],
-    cancel: Callable[[str, str], Ended],
-) -> list[TimedOut]:
-    """In the caller's transaction, cancel (with ``cancel``, the store's own, children
-    too) each of the ``due`` instances still due now and not ended, and give it its
-    "timed out after" status; one that ended meanwhile, or that another engine timed
-    out, is left as it is.
+def any_timeout_due(tx: Transaction, now: float) -> bool:
+    """Whether an instance's workflow timeout passed by ``now``: most looks find none, and
+    a read outside a write transaction answers them."""
+    return tx.execute(DUE_TIMEOUTS, {"now": now}).fetchone() is not None
 
-    "Now" is read from ``clock`` here, after the caller read ``due`` from the store:
+
+def time_out_due(tx: Transaction, clock: Callable[[], float], at: str) -> list[TimedOut]:
+    """Cancel (``cancel.cancel_in``, children too) each instance whose workflow timeout
+    passed and that has not ended, and give it its "timed out after" status, at ``at``.
+
+    The due ones are locked as they are read, skipping those another engine is timing
+    out (or a run writes): one left is found again by the next look. Each is read
+    again before it is cancelled: one that ended meanwhile, or that another engine
+    timed out, is left as it is.
+
+    "Now" is read from ``clock`` again, after the due ones were read from the store:
     each of them was created, its deadline counted from the clock, before that read.
-    A reading taken before it (the one the caller chose ``due`` by) may be later than
+    A reading taken before it (the one the due ones were chosen by) may be later than
     the clock that created one of them, if the clock went back in between (a frozen
     test clock started while a look was under way): judged by it, an instance would
     time out the moment it was created.
     """
+    due = tx.execute(DUE_TIMEOUTS + "{skip_locked}", {"now": clock()}).fetchall()
     now = clock()
     out = []
     for workflow, instance_id in due:
         where = {"workflow": workflow, "instance_id": instance_id}
-        found = execute(STILL_DUE, {**where, "now": now}).fetchone()
+        found = tx.execute(STILL_DUE, {**where, "now": now}).fetchone()
         if found is None:
             continue
-        ended = cancel(workflow, instance_id)
+        ended = cancel_in(tx, workflow, instance_id, at)
         message = timed_out_message(float(found[0]))
-        execute(SET_TIMED_OUT, {**where, "message": message})
+        tx.execute(SET_TIMED_OUT, {**where, "message": message})
         out.append(TimedOut(workflow, instance_id, message, ended))
     return out
 

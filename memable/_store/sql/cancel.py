@@ -1,0 +1,63 @@
+"""Cancelling an instance: it, and every descendant that has not ended, stop for good.
+
+A cancel (the operator's, or a workflow timeout's: ``instances.time_out_due``)
+marks the instance and its descendants cancelled and drops their timers in
+one transaction, tells the engines running them (a ``"cancel"`` notice each),
+and settles the parent's step of a cancelled child, waking the parent if it
+waited for it. The owners stay: a run in flight stores its current step, then
+stops.
+"""
+
+from __future__ import annotations
+
+from ..._errors import InstanceFinished, InstanceNotFound
+from ..rows import Ended
+from ..transaction import Transaction
+from . import children
+
+#: One instance cancelled: it ends, waits for nothing more.
+CANCEL = (
+    "UPDATE instances SET status = 'cancelled', message = NULL, waiting_for = NULL, "
+    "children_pending = NULL, updated_at = :at, completed_at = :at "
+    "WHERE workflow = :workflow AND instance_id = :instance_id"
+)
+#: A cancelled instance's timers: none of them fires any more.
+DROP_TIMERS = "DELETE FROM timers WHERE workflow = :workflow AND instance_id = :instance_id"
+
+
+def cancel(tx: Transaction, workflow: str, instance_id: str, now: str) -> Ended:
+    """Cancel the instance (its row locked first) and its descendants, at ``now``.
+
+    ``InstanceNotFound`` when there is no such instance, ``InstanceFinished`` when it
+    completed or was cancelled already; a failed instance is cancelled (it ends for good).
+    """
+    found = tx.lock_instance(workflow, instance_id)
+    if found is None:
+        raise InstanceNotFound(workflow, instance_id)
+    if found[0] in ("completed", "cancelled"):
+        raise InstanceFinished(workflow, instance_id, f"it is {found[0]}")
+    return cancel_in(tx, workflow, instance_id, now)
+
+
+def cancel_in(tx: Transaction, workflow: str, instance_id: str, now: str) -> Ended:
+    """Cancel the instance (locked by the caller) and every descendant of it that has not
+    ended, telling the engines that run them; settle its parent's step, if it is a child.
+
+    The rows are locked top down (the instance, its descendants, then its own parent);
+    a child's end (``instances.finish``) locks its row, then its parent's: where the two
+    meet, one of them is refused as a deadlock, and retried.
+    """
+    where = {"workflow": workflow, "instance_id": instance_id}
+    descendants = [(str(w), str(i)) for w, i in
+                   tx.execute(children.DESCENDANTS, where).fetchall()]
+    # The owners stay: a run in flight stores its current step, then stops.
+    for w, i in [(workflow, instance_id), *descendants]:
+        one = {"workflow": w, "instance_id": i}
+        tx.execute(CANCEL, {**one, "at": now})
+        tx.execute(DROP_TIMERS, one)
+        tx.notify("cancel", w, i)
+    parent = tx.execute(children.PARENT_OF, where).fetchone()
+    wake = children.settle_parent(
+        tx, tuple(parent), status="cancelled", message="cancelled", output=None, at=now,
+    )
+    return Ended(wake=wake, cancelled=descendants)
