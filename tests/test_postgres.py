@@ -382,7 +382,7 @@ def _waiting_for_a_lock(conn: psycopg.Connection[Any], schema: str) -> None:
     deadline = time.monotonic() + 30
     while conn.execute(
         "SELECT 1 FROM pg_stat_activity WHERE application_name = 'memable' "
-        "AND wait_event_type = 'Lock' AND query LIKE '%%memable_claim_queued%%'"
+        "AND wait_event_type = 'Lock' AND query LIKE '%%pg_advisory_xact_lock%%'"
     ).fetchone() is None:
         assert time.monotonic() < deadline, "no claim of the queue ever waited for its lock"
         time.sleep(0.01)  # a condition on the server, looked at again

@@ -27,7 +27,7 @@ from helpers import FailsThenWaits, query, until, write
 
 from memable import ChildFailed, Context, Engine, MetadataStatus, WorkflowFailed
 from memable._background.retention import BATCH, Purger
-from memable._postgres.store import PostgresStore
+from memable._postgres.transaction import PostgresTransaction
 from memable._sqlite.schema import MIGRATIONS, SCHEMA_VERSION, switch_to_incremental_vacuum
 from memable._sqlite.store import SQLiteStore
 from memable._states import Cancelled, Completed, Failed, Suspended
@@ -389,21 +389,16 @@ class PurgeHold:
                  done: Callable[[], bool] = lambda: False) -> None:
         self.held = threading.Event()
         self.errors: list[BaseException] = []
-        execute_of = PostgresStore._pg_execute
+        execute = PostgresTransaction.execute
 
-        def hold_once(conn: Any) -> Any:
-            execute = execute_of(conn)
+        def run(tx: PostgresTransaction, text: str, params: Any = None) -> Any:
+            cursor = execute(tx, text, params)
+            if at(text) and not self.held.is_set():
+                self.held.set()
+                self._hold(tx._conn.info.backend_pid, meanwhile, done)
+            return cursor
 
-            def run(text: str, params: dict[str, Any]) -> Any:
-                cursor = execute(text, params)
-                if at(text) and not self.held.is_set():
-                    self.held.set()
-                    self._hold(conn.info.backend_pid, meanwhile, done)
-                return cursor
-
-            return run
-
-        monkeypatch.setattr(PostgresStore, "_pg_execute", staticmethod(hold_once))
+        monkeypatch.setattr(PostgresTransaction, "execute", run)
 
     def _hold(self, pid: int, meanwhile: Callable[[], object], done: Callable[[], bool]
               ) -> None:
@@ -464,7 +459,7 @@ def test_postgres_a_purge_keeps_a_child_whose_parent_takes_it_back_after_the_cho
     try:
         with engine:
             start()
-            hold = PurgeHold(monkeypatch, lambda text: retention_sql.SKIP_LOCKED in text,
+            hold = PurgeHold(monkeypatch, lambda text: text == retention_sql.CHOOSE,
                              lambda: engine.signal("parent", "p", "retry", None))
             assert engine.purge(older_than=0) == 0
             assert hold.held.is_set()
@@ -526,7 +521,7 @@ def test_postgres_a_purge_keeps_a_failed_parent_whose_child_is_resumed_after_the
                 meta = engine.get_metadata("child", "p/kid")
                 return meta is not None and not isinstance(meta.status, MetadataStatus.Failed)
 
-            hold = PurgeHold(monkeypatch, lambda text: retention_sql.SKIP_LOCKED in text,
+            hold = PurgeHold(monkeypatch, lambda text: text == retention_sql.CHOOSE,
                              lambda: engine.resume("child", "p/kid"), done=resumed)
             assert engine.purge(older_than=HOUR) == 0
             assert hold.held.is_set()

@@ -3,15 +3,14 @@ statements.
 
 A network round trip costs as much as a primary-key read, so the store's
 branching operations (deliver a signal, record a suspension, claim an
-instance, claim a batch of a queue's instances within its limits) run as
-PL/pgSQL functions, created with the tables. Each is one
+instance) run as PL/pgSQL functions, created with the tables. Each is one
 statement, so one transaction: it locks the instance row first, decides and
 writes, and its caller maps the answer to the engine's outcome or error.
 
-Durability: every claim (a resume's, a wake-up's, a recovery's, a queue's)
-commits at the session's ``synchronous_commit``, as every other write does:
-its run acts on it at once, and a step's side effect must never rest on a
-claim a server crash can undo (the instance would be queued, or suspended and
+Durability: every claim (a resume's, a wake-up's, a recovery's; a queue's,
+``memable._store.sql.queues``) commits at the session's ``synchronous_commit``,
+as every other write does: its run acts on it at once, and a step's side effect
+must never rest on a claim a server crash can undo (the instance would be queued, or suspended and
 ready, again, and run a second time beside the step still running). Only a
 suspension that goes on at once (its key completed) commits with
 ``synchronous_commit`` off: it changes no owner or status, the instance stays
@@ -24,7 +23,6 @@ from __future__ import annotations
 import re
 
 from .._store.rows import UNREACHED
-from .._store.sql import queues as queue_sql
 from .._store.sql.instances import CLAIM_SET, COUNT_LOST, FIRE_KEY, FIRE_KEY_WHERE, WAKE
 from .sql import OWNER_FREE
 
@@ -37,15 +35,6 @@ def _plpgsql(text: str, **names: str) -> str:
     """
     return re.sub(r":([a-z_]+)\b", lambda m: names[m[1]], text)
 
-
-#: The queue-claim statements (``memable._store.sql.queues``, as SQLite runs them), with
-#: the function's arguments and variables for their parameters.
-_Q = {"queue": "p_queue", "now": "v_now", "me": "p_me", "per_key": "p_per_key",
-      "key": "v_next.concurrency_key"}
-_RUNNING = _plpgsql(queue_sql.RUNNING, **_Q)
-_RUNNING_MINE = _plpgsql(queue_sql.RUNNING_MINE, **_Q)
-_KEY_HOLDS = _plpgsql(queue_sql.KEY_HOLDS, **_Q)
-_SATURATED_KEYS = _plpgsql(queue_sql.SATURATED_KEYS, **_Q)
 
 #: What a claim writes (as on SQLite).
 _CLAIM_SET = CLAIM_SET.replace(":me", "p_me").replace(":at", "p_at").replace(
@@ -95,81 +84,6 @@ BEGIN
     -- A statement of its own, after the claim took the row: it sees every step
     -- the previous owner committed, and that owner can write no more.
     steps := {_STEPS};
-END $fn$;
-
-CREATE OR REPLACE FUNCTION memable_claim_queued(
-    p_queue text, p_workflows text[], p_me text, p_concurrency integer,
-    p_per_process integer, p_per_key integer, p_rate_count integer,
-    p_rate_period double precision, p_at text, p_batch integer, p_lock text,
-    OUT claimed json, OUT retry_in double precision)
-LANGUAGE plpgsql AS $fn$
-DECLARE
-    v_now double precision; v_room integer; v_taken integer := 0; v_round integer;
-    v_next record; v_instance json; v_out json[] := '{{}}';
-BEGIN
-    claimed := '[]'::json;
-    -- Most looks find nothing queued: answered before the lock.
-    PERFORM 1 FROM instances WHERE status = 'queued' AND queue = p_queue LIMIT 1;
-    IF NOT FOUND THEN RETURN; END IF;
-    -- One claimer of the queue at a time, across every engine on the server, from its
-    -- count to its claim (a pause takes this lock too); limits by the server's clock.
-    PERFORM pg_advisory_xact_lock(hashtextextended(p_lock, 0));
-    PERFORM 1 FROM queue_states WHERE queue = p_queue AND paused = 1;
-    IF FOUND THEN RETURN; END IF;
-    -- The claim commits at the session's durability: its runs act on it at once.
-    v_now := extract(epoch FROM clock_timestamp());
-    v_room := p_batch;
-    IF p_concurrency IS NOT NULL THEN
-        v_room := least(v_room, p_concurrency - ({_RUNNING}));
-    END IF;
-    IF p_per_process IS NOT NULL THEN
-        v_room := least(v_room, p_per_process - ({_RUNNING_MINE}));
-    END IF;
-    IF p_rate_count IS NOT NULL THEN
-        DELETE FROM queue_starts WHERE queue = p_queue AND at <= v_now - p_rate_period;
-        v_room := least(v_room, p_rate_count
-                        - (SELECT count(*) FROM queue_starts WHERE queue = p_queue));
-    END IF;
-    -- Rounds, as on SQLite (``queues.claim``): each takes the next ones in the queue's
-    -- order, none of a key at its limit, recounting a key before each take.
-    WHILE v_taken < v_room LOOP
-        v_round := 0;
-        FOR v_next IN
-            SELECT workflow, instance_id, concurrency_key FROM instances
-            WHERE queue = p_queue AND status = 'queued' AND workflow = ANY (p_workflows)
-            AND (p_per_key IS NULL OR concurrency_key IS NULL
-                 OR concurrency_key NOT IN ({_SATURATED_KEYS}))
-            ORDER BY priority, queued_at, instance_id LIMIT v_room - v_taken
-            FOR UPDATE SKIP LOCKED
-        LOOP
-            CONTINUE WHEN p_per_key IS NOT NULL AND v_next.concurrency_key IS NOT NULL
-                AND ({_KEY_HOLDS}) >= p_per_key;
-            UPDATE instances SET status = 'running', owner = p_me, updated_at = p_at,
-                message = NULL, waiting_for = NULL, completed_at = NULL, traceback = NULL,
-                step_key = NULL, step_started = NULL, children_pending = NULL
-            WHERE workflow = v_next.workflow AND instance_id = v_next.instance_id
-            AND status = 'queued'
-            RETURNING row_to_json(instances.*) INTO v_instance;
-            CONTINUE WHEN v_instance IS NULL;
-            v_out := v_out || json_build_array(v_instance, (
-                SELECT COALESCE(json_agg(json_build_array(
-                    key, seq, kind, state, result, result_type, status, attempts)), '[]'::json)
-                FROM steps WHERE workflow = v_next.workflow
-                AND instance_id = v_next.instance_id));
-            IF p_rate_count IS NOT NULL THEN  -- only a rate counts starts
-                INSERT INTO queue_starts (queue, at) VALUES (p_queue, v_now);
-            END IF;
-            v_taken := v_taken + 1;
-            v_round := v_round + 1;
-        END LOOP;
-        EXIT WHEN p_per_key IS NULL OR v_round = 0;
-    END LOOP;
-    claimed := array_to_json(v_out);
-    IF p_rate_count IS NOT NULL THEN
-        -- Room again once the oldest of the last ``count`` starts leaves the window.
-        SELECT greatest(0, at + p_rate_period - v_now) INTO retry_in FROM queue_starts
-        WHERE queue = p_queue ORDER BY at DESC OFFSET p_rate_count - 1 LIMIT 1;
-    END IF;
 END $fn$;
 
 CREATE OR REPLACE FUNCTION memable_deliver_signal(

@@ -27,11 +27,6 @@ OWNER_FREE = f"""(
 INSTANCE_RETURNING = ", ".join(INSTANCE_COLUMNS)
 # The server-side functions (``functions``), one round trip each.
 CLAIM = "SELECT instance, steps FROM memable_claim(%s, %s, %s, %s, %s)"
-CLAIM_QUEUED = (
-    "SELECT claimed, retry_in FROM memable_claim_queued("
-    "%s, %s::text[], %s, %s::integer, %s::integer, %s::integer, %s::integer, "
-    "%s::double precision, %s, %s, %s)"
-)
 DELIVER_SIGNAL = "SELECT memable_deliver_signal(%s, %s, %s, %s, %s, %s, %s, %s)"
 SUSPEND_RUN = (
     "SELECT outcome, armed, instance, steps FROM memable_suspend("
@@ -43,9 +38,6 @@ SELECT_RUN_STEPS = (
     "FROM steps WHERE workflow = %s AND instance_id = %s"
 )
 SELECT_STEP = SELECT_RUN_STEPS + " AND key = %s"
-SELECT_INSTANCE = (
-    f"SELECT {INSTANCE_RETURNING} FROM instances WHERE workflow = %s AND instance_id = %s"
-)
 INSERT_INSTANCE = (
     f"INSERT INTO instances ({INSTANCE_RETURNING}) "
     f"VALUES ({', '.join(['%s'] * len(INSTANCE_COLUMNS))}) ON CONFLICT DO NOTHING"
@@ -126,17 +118,4 @@ SET_IN_FLIGHT = (
     "UPDATE instances SET step_key = %s, step_started = %s WHERE workflow = %s "
     "AND instance_id = %s AND owner = %s AND status = 'running'"
 )
-REGISTER_OWNER = f"""
-INSERT INTO owners (id, host, pid, heartbeat, lease, started_at, boot_id, pid_ns, proc_start,
-                    declares)
-VALUES (%s, %s, %s, {NOW_EPOCH}, %s, %s, %s, %s, %s, %s)
-ON CONFLICT (id) DO UPDATE SET heartbeat = excluded.heartbeat, lease = excluded.lease,
-    declares = excluded.declares
-RETURNING heartbeat
-"""
-#: Renew the lease; the server's clock it was renewed at (what the engine compares its
-#: own with: see ``_clock.Skew``), no row if the owner row was reaped.
-HEARTBEAT = f"UPDATE owners SET heartbeat = {NOW_EPOCH} WHERE id = %s RETURNING heartbeat"
-#: The workflows a look names (as the array parameter ``workflows``).
-WORKFLOWS = "SELECT unnest(:workflows::text[])"
 SET_TRACEPARENT = pg(shared.SET_TRACEPARENT)

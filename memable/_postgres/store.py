@@ -19,9 +19,7 @@ from typing import Any
 
 import attrs
 import psycopg
-from psycopg.rows import dict_row
 
-from .._clock import iso_utc
 from .._errors import InstanceFinished, InstanceNotFound, SignalRejected, key_taken
 from .._records import StatusName, StepRecord
 from .._store import liveness as _liveness
@@ -43,7 +41,6 @@ from .._store.rows import (
     TicksFired,
     TimedOut,
     step_params,
-    step_record,
 )
 from .._store.sql import cancel as cancel_sql
 from .._store.sql import children as children_sql
@@ -51,9 +48,9 @@ from .._store.sql import forks as forks_sql
 from .._store.sql import instances as shared
 from .._store.sql import owners as owners_sql
 from .._store.sql import queues as queue_sql
+from .._store.sql import reads, steps
 from .._store.sql import retention as retention_sql
 from .._store.sql import schedules as schedules_sql
-from .._store.sql import steps
 from .._store.sql.execute import Execute, pg
 from .._store.sql.reads import OperatorReads
 from . import schema as schema_
@@ -61,13 +58,6 @@ from . import sql
 from .connections import Connections
 from .listener import Changed, Listener, payload
 from .transaction import PostgresTransaction
-
-
-def _server_time(cursor: Any) -> float | None:
-    """The server's clock an owner row was written at (``RETURNING heartbeat``); None
-    when no row was (a heartbeat's owner row was reaped)."""
-    row = cursor.fetchone()
-    return None if row is None else float(row[0])
 
 
 def _snapshot_of(instance: dict[str, Any], steps: list[list[Any]]) -> RunSnapshot:
@@ -319,8 +309,7 @@ class PostgresStore(OperatorReads):
         # retry after a lost commit purges the next batch, or finds this one gone:
         # either is fine. Leases are judged by the server's clock.
         def purge_them(conn: psycopg.Connection[Any]) -> int:
-            return retention_sql.purge_batch(self._pg_execute(conn), completed_before, limit,
-                                             now, now_sql=sql.NOW_EPOCH, row_locks=True)
+            return retention_sql.purge_batch(self._tx(conn), completed_before, limit, now)
 
         return self._run("purge a batch of finished instances", purge_them)
 
@@ -329,24 +318,20 @@ class PostgresStore(OperatorReads):
     def register_owner(
         self, lease: float, now: float, declares: str | None = None
     ) -> float | None:
-        me = _liveness.current()
-        values = (self.owner, me.host, me.pid, lease,
-                  iso_utc(now), me.boot_id, me.pid_ns, me.started, declares)
         sent = time.monotonic()  # the lease runs from no earlier than this
-        server = self._run("register the engine as an owner",
-                           lambda conn: _server_time(conn.execute(sql.REGISTER_OWNER, values)),
-                           transaction=False)
+        server = self._run(
+            "register the engine as an owner",
+            lambda conn: owners_sql.register(self._tx(conn), lease, now, declares),
+            transaction=False)
         self._lease, self._declares = lease, declares
         self._db.renewed(sent, lease)
         return server
 
     def heartbeat(self, now: float) -> float | None:
         sent = time.monotonic()
-        server = self._run(
-            "renew the engine's lease",
-            lambda conn: _server_time(conn.execute(sql.HEARTBEAT, (self.owner,))),
-            transaction=False,
-        )
+        server = self._run("renew the engine's lease",
+                           lambda conn: owners_sql.heartbeat(self._tx(conn), now),
+                           transaction=False)
         if server is None:  # reaped while stalled: come back (its runs are lost already)
             return self.register_owner(self._lease, now, self._declares)
         self._db.renewed(sent, self._lease)
@@ -356,18 +341,14 @@ class PostgresStore(OperatorReads):
         # Tried until the lease is known lost at the latest (see Connections.run): an
         # unreachable server leaves the row for the lease to expire.
         self._run("remove the engine's owner row",
-                  lambda conn: conn.execute("DELETE FROM owners WHERE id = %s", (self.owner,)),
-                  transaction=False)
+                  lambda conn: owners_sql.drop(self._tx(conn)), transaction=False)
         self._db.renewed(None, self._lease)
 
     def look_around(self, workflows: list[str], now: float) -> Look:
-        def look(conn: psycopg.Connection[Any]) -> Look:
-            return owners_sql.look_around(
-                self._pg_execute(conn), self.owner, workflows, marks=sql.WORKFLOWS,
-                owner_free=sql.OWNER_FREE, params={"workflows": workflows, "me": self.owner},
-            )
-
-        return self._run("look at the store", look, transaction=False)
+        return self._run(
+            "look at the store",
+            lambda conn: owners_sql.look_around(self._tx(conn), workflows, now),
+            transaction=False)
 
     # ------------------------------------------------------------------ several instances at once
 
@@ -400,47 +381,30 @@ class PostgresStore(OperatorReads):
     ) -> Claimed:
         if not workflows:
             return Claimed()
-        lock = f"memable-queue:{self.schema}:{queue}"
-        count, period = rate if rate is not None else (None, None)
-        params = (queue, workflows, self.owner, concurrency, per_process, per_key, count,
-                  period, at, batch, lock)
+        # Most looks find nothing queued: one read answers those, outside a transaction.
+        if not self._db.run("look at the queue",
+                            lambda conn: queue_sql.any_queued(self._tx(conn), queue),
+                            transaction=False):
+            return Claimed()
 
         def take(conn: psycopg.Connection[Any]) -> Claimed:
-            # One round trip: the look, the queue's lock, the pause, the limits and the
-            # claim of each instance with its steps (``memable_claim_queued``).
-            found = conn.execute(sql.CLAIM_QUEUED, params).fetchone()
-            assert found is not None
-            claimed, retry_in = found
-            return Claimed([_snapshot_of(instance, steps) for instance, steps in claimed],
-                           retry_in)
+            return queue_sql.claim(
+                self._tx(conn), queue=queue, workflows=workflows, concurrency=concurrency,
+                per_process=per_process, rate=rate, clock=clock, at=at, batch=batch,
+                per_key=per_key)
 
         return self._db.run("claim queued instances", take)
 
     def queued(self, queue: str, workflows: list[str]) -> int:
-        text = pg(queue_sql.COUNT_QUEUED.format(
-            workflows="SELECT unnest(%(workflows)s::text[])"))
-
-        def count(conn: psycopg.Connection[Any]) -> int:
-            row = conn.execute(text, {"queue": queue, "workflows": workflows}).fetchone()
-            return 0 if row is None else int(row[0])
-
-        return self._db.run("count the queued instances", count, transaction=False)
+        return self._db.run(
+            "count the queued instances",
+            lambda conn: queue_sql.queued(self._tx(conn), queue, workflows),
+            transaction=False)
 
     def set_queue_paused(self, queue: str, paused: bool, at: str) -> bool:
-        lock = f"memable-queue:{self.schema}:{queue}"
-        text = pg(queue_sql.PAUSE if paused else queue_sql.RESUME)
-
-        def store(conn: psycopg.Connection[Any]) -> bool:
-            # The claims' lock: a claim under way commits first, and every later one
-            # reads the new state.
-            conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (lock,))
-            changed = conn.execute(text, {"queue": queue, "at": at}).rowcount == 1
-            if changed and not paused:  # its consumers look now, as after an enqueue
-                self._notify(conn, payload("queued", self.owner, None, queue))
-            return changed
-
         what = f"{'pause' if paused else 'resume'} the queue {queue!r}"
-        return self._db.run(what, store)
+        return self._db.run(
+            what, lambda conn: queue_sql.set_paused(self._tx(conn), queue, paused, at))
 
     def start_children(self, waits: list[StepWrite], rows: list[InstanceRow]) -> list[str]:
         if not rows:
@@ -527,48 +491,29 @@ class PostgresStore(OperatorReads):
         return min(deadlines) if deadlines else None
 
     def get_instance(self, workflow: str, instance_id: str) -> InstanceRow | None:
-        row = self._run(
+        return self._run(
             "read the instance",
-            lambda conn: conn.execute(sql.SELECT_INSTANCE, (workflow, instance_id)).fetchone(),
-            workflow, instance_id, transaction=False,
-        )
-        return None if row is None else InstanceRow(*row)
+            lambda conn: reads.get_instance(self._tx(conn), workflow, instance_id),
+            workflow, instance_id, transaction=False)
 
     def list_instances(self, workflow: str) -> list[InstanceRow]:
-        rows = self._run(
-            "list instances",
-            lambda conn: conn.execute(
-                f"SELECT {sql.INSTANCE_RETURNING} FROM instances WHERE workflow = %s "
-                "ORDER BY created_at, instance_id", (workflow,),
-            ).fetchall(),
-            workflow, transaction=False,
-        )
-        return [InstanceRow(*row) for row in rows]
+        return self._run("list instances",
+                         lambda conn: reads.list_instances(self._tx(conn), workflow),
+                         workflow, transaction=False)
 
     def list_steps(self, workflow: str, instance_id: str) -> list[StepRecord]:
-        def read(conn: psycopg.Connection[Any]) -> list[dict[str, Any]]:
-            with conn.cursor(row_factory=dict_row) as cursor:
-                cursor.execute(
-                    "SELECT * FROM steps WHERE workflow = %s AND instance_id = %s "
-                    "ORDER BY seq", (workflow, instance_id),
-                )
-                return cursor.fetchall()
-
-        rows = self._run("read the steps", read, workflow, instance_id, transaction=False)
-        return [step_record(row) for row in rows]
+        return self._run(
+            "read the steps",
+            lambda conn: reads.list_steps(self._tx(conn), workflow, instance_id),
+            workflow, instance_id, transaction=False)
 
     # ------------------------------------------------------------------ an operator's reads
 
     def read_rows(self, what: str, sql_text: str, params: dict[str, Any]
                   ) -> list[dict[str, Any]]:
         """Rows of one read-only query with ``:name`` parameters, as dicts (``sql.reads``)."""
-        query = pg(sql_text)
-
-        def read(conn: psycopg.Connection[Any]) -> list[dict[str, Any]]:
-            with conn.cursor(row_factory=dict_row) as cursor:
-                return cursor.execute(query, params).fetchall()
-
-        return self._run(what, read, transaction=False)
+        return self._run(what, lambda conn: reads.read_rows(self._tx(conn), sql_text, params),
+                         transaction=False)
 
     def session(self) -> AbstractContextManager[None]:
         return self._db.session()

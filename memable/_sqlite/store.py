@@ -43,7 +43,6 @@ from .._store import liveness as _liveness
 from .._store.control import LostInstance, RunCancelled
 from .._store.protocol import Synchronous
 from .._store.rows import (
-    ROWS,
     TERMINAL,
     UNREACHED,
     Claim,
@@ -63,7 +62,6 @@ from .._store.rows import (
     fired_now,
     settled,
     step_params,
-    step_record,
 )
 from .._store.sql import cancel as cancel_sql
 from .._store.sql import children as children_sql
@@ -71,9 +69,9 @@ from .._store.sql import forks as forks_sql
 from .._store.sql import instances as shared
 from .._store.sql import owners as owners_sql
 from .._store.sql import queues as queue_sql
+from .._store.sql import reads, steps
 from .._store.sql import retention as retention_sql
 from .._store.sql import schedules as schedules_sql
-from .._store.sql import steps
 from .._store.sql.reads import OperatorReads
 from . import sql
 from .group_commit import GroupCommit
@@ -485,12 +483,13 @@ class SQLiteStore(OperatorReads):
     def purge_batch(self, completed_before: str, limit: int, now: float) -> int:
         with self._using("look for finished instances to purge") as conn:
             # Most looks find nothing to purge: answer those without taking the write lock.
-            params = {"before": completed_before, "limit": 1, "now": now}
-            if conn.execute(retention_sql.purgeable(":now"), params).fetchone() is None:
+            tx = SQLiteTransaction(conn, self.owner)
+            if not retention_sql.any_purgeable(tx, completed_before, now):
                 return 0
 
         def purge_them(conn: sqlite3.Connection) -> int:
-            deleted = retention_sql.purge_batch(conn.execute, completed_before, limit, now)
+            tx = SQLiteTransaction(conn, self.owner)
+            deleted = retention_sql.purge_batch(tx, completed_before, limit, now)
             if deleted:
                 return_free_pages(conn)
             return deleted
@@ -510,37 +509,25 @@ class SQLiteStore(OperatorReads):
     def register_owner(
         self, lease: float, now: float, declares: str | None = None
     ) -> float | None:
-        me = _liveness.current()
         with self._using("register the engine as an owner") as conn:
-            conn.execute(
-                "INSERT OR REPLACE INTO owners (id, host, pid, heartbeat, lease, started_at, "
-                "boot_id, pid_ns, proc_start, declares) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (self.owner, me.host, me.pid, now, lease,
-                 _clock.iso_utc(now), me.boot_id, me.pid_ns, me.started, declares),
-            )
+            owners_sql.register(SQLiteTransaction(conn, self.owner), lease, now, declares)
         self._lease, self._declares = lease, declares
         return None  # leases are judged by the engines' clocks, ``now``
 
     def heartbeat(self, now: float) -> float | None:
         with self._using("renew the engine's lease") as conn:
-            renewed = conn.execute(
-                "UPDATE owners SET heartbeat = ? WHERE id = ?", (now, self.owner)
-            ).rowcount
-        if not renewed:  # reaped while stalled: come back (its runs are lost already)
+            renewed = owners_sql.heartbeat(SQLiteTransaction(conn, self.owner), now)
+        if renewed is None:  # reaped while stalled: come back (its runs are lost already)
             self.register_owner(self._lease, now, self._declares)
         return None
 
     def drop_owner(self) -> None:
         with self._using("remove the engine's owner row") as conn:
-            conn.execute("DELETE FROM owners WHERE id = ?", (self.owner,))
+            owners_sql.drop(SQLiteTransaction(conn, self.owner))
 
     def look_around(self, workflows: list[str], now: float) -> Look:
-        marks = ", ".join(f":w{i}" for i in range(len(workflows)))
-        params: dict[str, Any] = {f"w{i}": w for i, w in enumerate(workflows)}
-        params.update(me=self.owner, now=now)
         with self._using("look at the store") as conn:
-            return owners_sql.look_around(conn.execute, self.owner, workflows, marks=marks,
-                                          owner_free=shared.OWNER_FREE, params=params)
+            return owners_sql.look_around(SQLiteTransaction(conn, self.owner), workflows, now)
 
     # ------------------------------------------------------------------ several instances at once
 
@@ -577,17 +564,15 @@ class SQLiteStore(OperatorReads):
             return Claimed()
         with self._using("look at the queue") as conn:
             # Most looks find nothing queued: answer those without the write lock.
-            if conn.execute(queue_sql.ANY_QUEUED, {"queue": queue}).fetchone() is None:
+            if not queue_sql.any_queued(SQLiteTransaction(conn, self.owner), queue):
                 return Claimed()
 
         def take(conn: sqlite3.Connection) -> Claimed:
+            # The clock is read under the write lock: claims record their starts in order.
             claimed = queue_sql.claim(
-                conn.execute, queue=queue, workflows=workflows, me=self.owner,
-                concurrency=concurrency, per_process=per_process, rate=rate, per_key=per_key,
-                # Read under the write lock: claims then record their starts in order.
-                now=clock(), at=at,
-                batch=batch, columns=sql.INSTANCE_RETURNING,
-                workflow_marks=", ".join(f":w{i}" for i in range(len(workflows))),
+                SQLiteTransaction(conn, self.owner), queue=queue, workflows=workflows,
+                concurrency=concurrency, per_process=per_process, rate=rate, clock=clock,
+                at=at, batch=batch, per_key=per_key,
             )
             for snapshot in claimed.snapshots:
                 if self._checks is not None:
@@ -600,21 +585,14 @@ class SQLiteStore(OperatorReads):
                                    changes="none")
 
     def queued(self, queue: str, workflows: list[str]) -> int:
-        if not workflows:
-            return 0
-        marks = ", ".join(f":w{i}" for i in range(len(workflows)))
-        params: dict[str, Any] = {f"w{i}": w for i, w in enumerate(workflows)}
         with self._using("count the queued instances") as conn:
-            row = conn.execute(queue_sql.COUNT_QUEUED.format(workflows=marks),
-                               {**params, "queue": queue}).fetchone()
-        return int(row[0])
+            return queue_sql.queued(SQLiteTransaction(conn, self.owner), queue, workflows)
 
     def set_queue_paused(self, queue: str, paused: bool, at: str) -> bool:
         # One write transaction: a claim's, which reads the state, is before or after it.
         # The engines on the file find a resume at their queue thread's next poll.
         def store(conn: sqlite3.Connection) -> bool:
-            text = queue_sql.PAUSE if paused else queue_sql.RESUME
-            return int(conn.execute(text, {"queue": queue, "at": at}).rowcount) == 1
+            return queue_sql.set_paused(SQLiteTransaction(conn, self.owner), queue, paused, at)
 
         what = f"{'pause' if paused else 'resume'} the queue {queue!r}"
         return self._grouped(what, None, None, None, store, single=True, changes="none")
@@ -696,26 +674,15 @@ class SQLiteStore(OperatorReads):
     def get_instance(self, workflow: str, instance_id: str) -> InstanceRow | None:
         # Fixed SQL: Invocation.state and result() read this on every look.
         with self._using("read the instance", workflow, instance_id) as conn:
-            row = conn.execute(sql.SELECT_INSTANCE, (workflow, instance_id)).fetchone()
-        return None if row is None else InstanceRow(*row)
+            return reads.get_instance(SQLiteTransaction(conn, self.owner), workflow, instance_id)
 
     def list_instances(self, workflow: str) -> list[InstanceRow]:
-        with self._using("list instances", workflow):
-            rows = list(
-                self._db["instances"].rows_where(
-                    "workflow = ?", [workflow], order_by="created_at, instance_id"
-                )
-            )
-        return [ROWS.structure(row, InstanceRow) for row in rows]
+        with self._using("list instances", workflow) as conn:
+            return reads.list_instances(SQLiteTransaction(conn, self.owner), workflow)
 
     def list_steps(self, workflow: str, instance_id: str) -> list[StepRecord]:
-        with self._using("read the steps", workflow, instance_id):
-            rows = list(
-                self._db["steps"].rows_where(
-                    "workflow = ? AND instance_id = ?", [workflow, instance_id], order_by="seq"
-                )
-            )
-        return [step_record(row) for row in rows]
+        with self._using("read the steps", workflow, instance_id) as conn:
+            return reads.list_steps(SQLiteTransaction(conn, self.owner), workflow, instance_id)
 
     # ------------------------------------------------------------------ an operator's reads
 
@@ -724,9 +691,7 @@ class SQLiteStore(OperatorReads):
     ) -> list[dict[str, Any]]:
         """Rows of one read-only query, as dicts (``memable._store.sql.reads``)."""
         with self._using(what) as conn:
-            cursor = conn.execute(sql, params)
-            names = [d[0] for d in cursor.description]
-            return [dict(zip(names, row, strict=True)) for row in cursor]
+            return reads.read_rows(SQLiteTransaction(conn, self.owner), sql, params)
 
     def listen(self, changed: Callable[[str, str | None, str | None], None] | None) -> None:
         """Nothing to listen to: engines on one file find each other's writes by the poll."""

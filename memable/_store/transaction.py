@@ -60,6 +60,10 @@ class Dialect:
     #: How a statement writes its named parameter ``name``: ``%s`` formats the name.
     parameter: str = ":%s"
     _spelled: dict[str, str] = attrs.field(factory=dict, eq=False, repr=False)
+    #: Whether the database locks rows, not the whole store (PostgreSQL): a body
+    #: locks what it decides by, and what it cannot know before it reads (a queue's
+    #: next instances) by a lock of its own. SQLite serialises writers database-wide.
+    row_locks: bool = False
 
     def spell(self, template: str) -> str:
         """``template`` in this dialect: its ``{word}`` spelled, its parameters named.
@@ -84,7 +88,7 @@ POSTGRESQL = Dialect(
     "postgresql", for_update=" FOR UPDATE", for_share=" FOR SHARE",
     skip_locked=" FOR UPDATE SKIP LOCKED", share_skip_locked=" FOR SHARE SKIP LOCKED",
     now_epoch="extract(epoch FROM clock_timestamp())::double precision",
-    parameter="%%(%s)s",
+    parameter="%%(%s)s", row_locks=True,
 )
 
 
@@ -97,6 +101,11 @@ class Cursor(Protocol):
     def fetchone(self) -> Any: ...
 
     def fetchall(self) -> list[Any]: ...
+
+    @property
+    def description(self) -> Any:
+        """The columns of the rows read: each a sequence whose first item is the name."""
+        ...
 
 
 class Transaction(Protocol):

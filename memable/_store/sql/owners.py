@@ -1,4 +1,10 @@
-"""What a poll of the store finds, written once for both stores (``:name`` parameters).
+"""Owners and leases, and what a poll of the store finds, written once for both stores.
+
+Each engine is an owner: a row in ``owners`` with a heartbeat and a lease,
+both judged by the store's clock (``{now_epoch}``: the engine's on SQLite,
+the server's on PostgreSQL, so hosts whose clocks differ agree). An engine
+registers its row at start, renews its lease by its heartbeat (and registers
+again if someone reaped its row meanwhile), and drops its row at stop.
 
 An engine's poll reaps the owners on this host whose process is gone, and
 finds what is left to do: the suspended instances of its workflows that are
@@ -10,11 +16,25 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..._clock import iso_utc
 from .. import liveness
 from ..rows import Look
-from .execute import Execute
-from .instances import LOOK_READY
+from ..transaction import Cursor, Transaction
+from .instances import LOOK_READY, OWNER_FREE
 
+#: Record the owner ``:me`` alive for ``:lease`` seconds from the store's clock (a row it
+#: had is renewed: its lease, what it declares); the clock it was written at.
+REGISTER = """
+INSERT INTO owners (id, host, pid, heartbeat, lease, started_at, boot_id, pid_ns, proc_start,
+                    declares)
+VALUES (:me, :host, :pid, {now_epoch}, :lease, :started_at, :boot_id, :pid_ns, :proc_start,
+        :declares)
+ON CONFLICT (id) DO UPDATE SET heartbeat = excluded.heartbeat, lease = excluded.lease,
+    declares = excluded.declares
+RETURNING heartbeat
+"""
+#: Renew the lease of ``:me``; the clock it was renewed at, no row if its row was reaped.
+HEARTBEAT = "UPDATE owners SET heartbeat = {now_epoch} WHERE id = :me RETURNING heartbeat"
 LOCAL_OWNERS = (
     "SELECT id, pid, host, boot_id, pid_ns, proc_start FROM owners "
     "WHERE host = :host AND id <> :me"
@@ -27,37 +47,61 @@ CANCELLED_MINE = (
     "SELECT workflow, instance_id FROM instances WHERE status = 'cancelled' AND owner = :me"
 )
 #: Running instances of the workflows ``{marks}`` names whose owner is not this
-#: engine and is free to claim by ``{owner_free}`` (its lease ran out).
-ORPHANED = """
+#: engine and is free to claim (its lease ran out by the store's clock).
+_OWNER_FREE = OWNER_FREE.replace(":now", "{now_epoch}")
+ORPHANED = f"""
 SELECT workflow, instance_id FROM instances WHERE status = 'running'
-AND (owner IS NULL OR owner <> :me) AND {owner_free} AND workflow IN ({marks})
+AND (owner IS NULL OR owner <> :me) AND {_OWNER_FREE} AND workflow IN ({{marks}})
 """
 
 
-def look_around(
-    execute: Execute, owner: str, workflows: list[str], *, marks: str, owner_free: str,
-    params: dict[str, Any],
-) -> Look:
-    """Reap this host's dead owners and find what other processes left to do.
+def register(tx: Transaction, lease: float, now: float, declares: str | None) -> float:
+    """Record this engine (``tx.owner``, this process) as an owner alive for ``lease``
+    seconds from the store's clock, started at ``now``, with what it ``declares`` it
+    runs; the store's clock as it wrote the row (SQLite: ``now``)."""
+    me = liveness.current()
+    row = tx.execute(REGISTER, {
+        "me": tx.owner, "host": me.host, "pid": me.pid, "lease": lease,
+        "started_at": iso_utc(now), "boot_id": me.boot_id, "pid_ns": me.pid_ns,
+        "proc_start": me.started, "declares": declares, "now": now,
+    }).fetchone()
+    return float(row[0])
 
-    ``marks`` names the workflows in SQL (bound by ``params``, with ``:me``
-    and what ``owner_free`` needs), as each store binds a list.
-    """
+
+def heartbeat(tx: Transaction, now: float) -> float | None:
+    """Renew this engine's lease from the store's clock (``now`` on SQLite); that clock
+    as it did, or None when its owner row is gone (reaped while it stalled: its runs
+    are lost already, and it registers again)."""
+    row = tx.execute(HEARTBEAT, {"me": tx.owner, "now": now}).fetchone()
+    return None if row is None else float(row[0])
+
+
+def drop(tx: Transaction) -> None:
+    """Remove this engine's owner row (at stop: it runs nothing any more)."""
+    tx.execute(DROP_OWNER, {"me": tx.owner})
+
+
+def look_around(tx: Transaction, workflows: list[str], now: float) -> Look:
+    """Reap this host's dead owners and find what other processes left to do, for
+    ``workflows``; leases judged by the store's clock (``now`` on SQLite)."""
     me = liveness.current()
     # An owner in this PID namespace whose process is gone is dead at once.
-    local = execute(LOCAL_OWNERS, {"host": me.host, "me": owner}).fetchall()
+    local = tx.execute(LOCAL_OWNERS, {"host": me.host, "me": tx.owner}).fetchall()
     for dead in liveness.dead_here(me, local):
-        execute(DROP_OWNER, {"me": dead})
-    mine = _pairs(execute(RUNNING_MINE, {"me": owner}))
+        tx.execute(DROP_OWNER, {"me": dead})
+    mine = _pairs(tx.execute(RUNNING_MINE, {"me": tx.owner}))
     if not workflows:
         return Look(mine=mine)
+    marks = ", ".join(f":w{i}" for i in range(len(workflows)))
+    params: dict[str, Any] = {f"w{i}": w for i, w in enumerate(workflows)}
+    params.update(me=tx.owner, now=now)
     return Look(
-        ready=_pairs(execute(LOOK_READY.format(marks=marks), params)),
-        orphaned=_pairs(execute(ORPHANED.format(owner_free=owner_free, marks=marks), params)),
-        cancelled=_pairs(execute(CANCELLED_MINE, {"me": owner})),
+        ready=_pairs(tx.execute(LOOK_READY.replace("{marks}", marks), params)),
+        orphaned=_pairs(tx.execute(ORPHANED.replace("{marks}", marks), params)),
+        cancelled=_pairs(tx.execute(CANCELLED_MINE, {"me": tx.owner})),
         mine=mine,
     )
 
 
-def _pairs(cursor: Any) -> list[tuple[str, str]]:
+def _pairs(cursor: Cursor) -> list[tuple[str, str]]:
     return [(workflow, instance_id) for workflow, instance_id in cursor.fetchall()]

@@ -19,10 +19,13 @@ so one key's backlog at the head of the queue does not hold up the other keys.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ..rows import Claimed, InstanceRow, RunSnapshot, StoredStep
-from .execute import Execute
+from ..transaction import Transaction
+from .instances import INSTANCE_COLUMNS
+from .steps import SELECT_RUN_STEPS
 
 # A cancelled instance whose run has not stopped yet (a cancel leaves the owner;
 # the run's end clears it) holds its slot, unless that owner is dead (its lease ran
@@ -68,10 +71,12 @@ RUNNING_MINE = (
 )
 FORGET_STARTS = "DELETE FROM queue_starts WHERE queue = :queue AND at <= :since"
 STARTS = "SELECT at FROM queue_starts WHERE queue = :queue ORDER BY at"
+#: The next ones (up to ``:n``) of ``:queue`` a claim takes, in the queue's order, each
+#: locked as it is read, passing over those another transaction holds.
 NEXT = """
 SELECT workflow, instance_id FROM instances
 WHERE queue = :queue AND status = 'queued' AND workflow IN ({workflows})
-ORDER BY priority, queued_at, instance_id LIMIT :n
+ORDER BY priority, queued_at, instance_id LIMIT :n{skip_locked}
 """
 #: The keys of ``:queue`` whose instances hold ``:per_key`` slots or more (``HOLDS_SLOT``,
 # read as ``RUNNING`` reads them: the (queue, status) index, not every keyed instance the
@@ -90,7 +95,7 @@ NEXT_KEYED = f"""
 SELECT workflow, instance_id, concurrency_key FROM instances
 WHERE queue = :queue AND status = 'queued' AND workflow IN ({{workflows}})
 AND (concurrency_key IS NULL OR concurrency_key NOT IN ({SATURATED_KEYS}))
-ORDER BY priority, queued_at, instance_id LIMIT :n
+ORDER BY priority, queued_at, instance_id LIMIT :n{{skip_locked}}
 """
 #: How many of ``:queue``'s instances with the concurrency key ``:key`` hold a slot
 #: (``HOLDS_SLOT`` at ``:now``; each an index range read of (queue, key, status)).
@@ -100,93 +105,118 @@ SELECT (SELECT count(*) FROM instances
     + (SELECT count(*) FROM instances
        WHERE queue = :queue AND concurrency_key = :key AND {_CANCELLED_HOLDING}) AS n
 """
-TAKE = """
+TAKE = f"""
 UPDATE instances SET status = 'running', owner = :me, updated_at = :at, message = NULL,
     waiting_for = NULL, completed_at = NULL, traceback = NULL, step_key = NULL,
     step_started = NULL, children_pending = NULL
 WHERE workflow = :workflow AND instance_id = :instance_id AND status = 'queued'
-RETURNING {columns}
+RETURNING {', '.join(INSTANCE_COLUMNS)}
 """
-STEPS = (
-    "SELECT key, seq, kind, state, result, result_type, status, attempts "
-    "FROM steps WHERE workflow = :workflow AND instance_id = :instance_id"
-)
 STARTED = "INSERT INTO queue_starts (queue, at) VALUES (:queue, :now)"
+#: One claimer (or pauser) of ``:queue`` at a time, across every engine on the server,
+#: until the transaction ends: where the database locks rows (PostgreSQL), a claim
+#: cannot lock the rows it will count before it reads them. Named by the store's schema.
+LOCK_QUEUE = (
+    "SELECT pg_advisory_xact_lock(hashtextextended("
+    "'memable-queue:' || current_schema() || ':' || :queue, 0))"
+)
+#: The clock a claim judges by, read once after its lock: the engine's (``:now``) on
+#: SQLite, the server's on PostgreSQL.
+_NOW = "SELECT {now_epoch}"
+
+
+def _listing(template: str, workflows: list[str]) -> tuple[str, dict[str, Any]]:
+    """``template`` with its ``{workflows}`` the marks of ``workflows``, and their
+    parameters."""
+    marks = ", ".join(f":w{i}" for i in range(len(workflows)))
+    return template.replace("{workflows}", marks), {f"w{i}": w for i, w in enumerate(workflows)}
+
+
+def _lock(tx: Transaction, queue: str) -> None:
+    """Keep every other claim and pause of ``queue`` out until ``tx`` ends (``LOCK_QUEUE``;
+    SQLite's write transaction does already)."""
+    if tx.dialect.row_locks:
+        tx.execute(LOCK_QUEUE, {"queue": queue})
+
+
+def any_queued(tx: Transaction, queue: str) -> bool:
+    """Whether ``queue`` has a queued instance: most looks find none, and are answered
+    by this read, before any lock."""
+    return tx.execute(ANY_QUEUED, {"queue": queue}).fetchone() is not None
 
 
 def claim(
-    execute: Execute,
+    tx: Transaction,
     *,
     queue: str,
     workflows: list[str],
-    me: str,
     concurrency: int | None,
     per_process: int | None,
     rate: tuple[int, float] | None,
-    now: float,
+    clock: Callable[[], float],
     at: str,
     batch: int,
-    columns: str,
-    workflow_marks: str,
     per_key: int | None = None,
 ) -> Claimed:
-    """Claim up to ``batch`` queued instances of ``queue`` (of ``workflows``) within its limits;
-    none while the queue is paused.
+    """Claim up to ``batch`` queued instances of ``queue`` (of ``workflows``) within its limits
+    for this engine, each with its steps; none while the queue is paused.
 
-    The SQLite store's claim, run under its write lock, which keeps other
-    claimers of the queue out until its commit; PostgreSQL runs the same steps
-    with these statements in one server-side function
-    (``memable._postgres.functions``, ``memable_claim_queued``): one round trip.
-    ``now`` is the clock a rate limit and the leases of cancelled runs' owners
-    are judged by; ``workflow_marks`` the SQL list of the ``workflows``
-    parameters (``:w0, :w1``). ``per_key``: no instance of a concurrency key
-    that holds that many slots (with those this claim took) is taken; the
-    next ones of other keys are.
+    One claimer of the queue at a time, from its count to its claim (``_lock``);
+    the instances taken are locked as they are read, passing over any another
+    transaction holds. The limits are judged by the store's clock, read once
+    after the lock (``clock`` on SQLite). ``concurrency``: slots of the queue
+    (``RUNNING``); ``per_process``: slots of this engine; ``rate``: ``(count,
+    period)``, starts per period (each claim a row of ``queue_starts``, the rows
+    older than the period forgotten); ``per_key``: no instance of a
+    concurrency key that holds that many slots (with those this claim took) is
+    taken; the next ones of other keys are. The claim commits at the store's
+    durability: its runs act on it at once.
     """
-    where = {"queue": queue, "me": me}
-    if execute(PAUSED, where).fetchone() is not None:  # paused: nothing starts
+    where = {"queue": queue, "me": tx.owner}
+    _lock(tx, queue)
+    if tx.execute(PAUSED, where).fetchone() is not None:  # paused: nothing starts
         return Claimed()
+    now = float(tx.execute(_NOW, {"now": clock()}).fetchone()[0])
     room = batch
     if concurrency is not None:
-        held = execute(RUNNING, {**where, "now": now}).fetchone()[0]
+        held = tx.execute(RUNNING, {**where, "now": now}).fetchone()[0]
         room = min(room, concurrency - int(held))
     if per_process is not None:
-        room = min(room, per_process - int(execute(RUNNING_MINE, where).fetchone()[0]))
+        room = min(room, per_process - int(tx.execute(RUNNING_MINE, where).fetchone()[0]))
     starts: list[float] = []
     if rate is not None:
         count, period = rate
-        execute(FORGET_STARTS, {**where, "since": now - period})
-        starts = [float(row[0]) for row in execute(STARTS, where).fetchall()]
+        tx.execute(FORGET_STARTS, {**where, "since": now - period})
+        starts = [float(row[0]) for row in tx.execute(STARTS, where).fetchall()]
         room = min(room, count - len(starts))
     taken: list[RunSnapshot] = []
 
     def take(workflow: str, instance_id: str) -> None:
         one = {**where, "workflow": workflow, "instance_id": instance_id, "at": at}
-        row = execute(TAKE.format(columns=columns), one).fetchone()
+        row = tx.execute(TAKE, one).fetchone()
         if row is None:
             return
-        steps = execute(STEPS, one).fetchall()
-        taken.append(RunSnapshot(InstanceRow(*row), {s[0]: StoredStep(*s) for s in steps}))
+        found = tx.execute(SELECT_RUN_STEPS, one).fetchall()
+        taken.append(RunSnapshot(InstanceRow(*row), {s[0]: StoredStep(*s) for s in found}))
         if rate is not None:  # only a rate counts starts (and forgets old ones)
-            execute(STARTED, {**where, "now": now})
+            tx.execute(STARTED, {**where, "now": now})
             starts.append(now)
 
-    params: dict[str, Any] = {**where, "n": room, "now": now, "per_key": per_key}
-    params.update({f"w{i}": name for i, name in enumerate(workflows)})
-    params["workflows"] = workflows
+    text, params = _listing(NEXT, workflows)
+    params.update(where, n=room, now=now, per_key=per_key)
     if room > 0 and per_key is None:
-        found = execute(NEXT.format(workflows=workflow_marks), params).fetchall()
-        for workflow, instance_id in found:
+        for workflow, instance_id in tx.execute(text, params).fetchall():
             take(workflow, instance_id)
     # Rounds: each finds the next ones of the keys below their limit, and takes each
     # whose key is still below it (this round's takes, running already, are counted).
     # A round that takes nothing found nothing more to take.
+    text = _listing(NEXT_KEYED, workflows)[0]
     while per_key is not None and len(taken) < room:
         params["n"] = room - len(taken)
-        found = execute(NEXT_KEYED.format(workflows=workflow_marks), params).fetchall()
+        found = tx.execute(text, params).fetchall()
         before = len(taken)
         for workflow, instance_id, key in found:
-            if key is not None and int(execute(
+            if key is not None and int(tx.execute(
                 KEY_HOLDS, {**where, "key": key, "now": now}
             ).fetchone()[0]) >= per_key:
                 continue
@@ -198,6 +228,31 @@ def claim(
         # Room again once the oldest of the last ``count`` starts leaves the window.
         retry_in = max(0.0, sorted(starts)[len(starts) - rate[0]] + rate[1] - now)
     return Claimed(taken, retry_in)
+
+
+def queued(tx: Transaction, queue: str, workflows: list[str]) -> int:
+    """How many instances of ``workflows`` a claim of ``queue`` could take now, limits
+    aside: none while it is paused."""
+    if not workflows:
+        return 0
+    text, params = _listing(COUNT_QUEUED, workflows)
+    row = tx.execute(text, {**params, "queue": queue}).fetchone()
+    return 0 if row is None else int(row[0])
+
+
+def set_paused(tx: Transaction, queue: str, paused: bool, at: str) -> bool:
+    """Pause ``queue`` (at ``at``) or resume it; whether that changed its state.
+
+    Under the claims' lock (``_lock``): a claim under way commits first, and
+    every later one reads the new state. A resume tells the queue's consumers,
+    who look now, as after an enqueue (on SQLite they find it at their next poll).
+    """
+    _lock(tx, queue)
+    text = PAUSE if paused else RESUME
+    changed = tx.execute(text, {"queue": queue, "at": at}).rowcount == 1
+    if changed and not paused:
+        tx.notify("queued", None, queue)
+    return changed
 
 
 #: What the queue gauges show of ``:queue``: its runnable instances, the ones holding a

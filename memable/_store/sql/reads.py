@@ -1,4 +1,6 @@
-"""The reads an operator makes of a store (``memable list`` and ``show``), for every store.
+"""The reads of a store: the plain reads of the API (an instance, a workflow's instances,
+an instance's steps) as transaction bodies, and the reads an operator makes
+(``memable list`` and ``show``), for every store.
 
 Plain SQL that SQLite and PostgreSQL both run, with ``:name`` parameters;
 each store runs it through its own ``read_rows`` (PostgreSQL's turns the
@@ -13,7 +15,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..rows import UNREACHED, InstanceRow, InstanceView, OwnerRow, QueueLook, ScheduleRow
+from ..._records import StepRecord
+from ..rows import (
+    UNREACHED,
+    InstanceRow,
+    InstanceView,
+    OwnerRow,
+    QueueLook,
+    ScheduleRow,
+    step_record,
+)
+from ..transaction import Cursor, Transaction
 from . import schedules as schedules_sql
 from .instances import HANDLED_CHILD, INSTANCE_COLUMNS
 from .queues import HOLDS_SLOT, KEY_HOLDS, PAUSED, PAUSED_ALL, STARTS
@@ -21,6 +33,50 @@ from .queues import STATS as QUEUE_STATS
 
 #: ``read_rows(what, sql, params)``: the rows of one read, as dicts of their columns.
 ReadRows = Callable[[str, str, dict[str, Any]], list[dict[str, Any]]]
+
+SELECT_INSTANCE = (
+    f"SELECT {', '.join(INSTANCE_COLUMNS)} FROM instances "
+    "WHERE workflow = :workflow AND instance_id = :instance_id"
+)
+LIST_INSTANCES = (
+    f"SELECT {', '.join(INSTANCE_COLUMNS)} FROM instances WHERE workflow = :workflow "
+    "ORDER BY created_at, instance_id"
+)
+LIST_STEPS = (
+    "SELECT * FROM steps WHERE workflow = :workflow AND instance_id = :instance_id "
+    "ORDER BY seq"
+)
+
+
+def get_instance(tx: Transaction, workflow: str, instance_id: str) -> InstanceRow | None:
+    """The instance's row, or None."""
+    row = tx.execute(SELECT_INSTANCE, {"workflow": workflow, "instance_id": instance_id})
+    found = row.fetchone()
+    return None if found is None else InstanceRow(*found)
+
+
+def list_instances(tx: Transaction, workflow: str) -> list[InstanceRow]:
+    """Every instance of ``workflow``, oldest first."""
+    rows = tx.execute(LIST_INSTANCES, {"workflow": workflow}).fetchall()
+    return [InstanceRow(*row) for row in rows]
+
+
+def list_steps(tx: Transaction, workflow: str, instance_id: str) -> list[StepRecord]:
+    """The instance's stored keys, in the order first reached."""
+    cursor = tx.execute(LIST_STEPS, {"workflow": workflow, "instance_id": instance_id})
+    return [step_record(row) for row in _dicts(cursor)]
+
+
+def read_rows(tx: Transaction, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows of one read-only query (``:name`` parameters), as dicts of their columns:
+    what a store's ``read_rows`` answers (``ReadRows``)."""
+    return _dicts(tx.execute(sql, params))
+
+
+def _dicts(cursor: Cursor) -> list[dict[str, Any]]:
+    names = [column[0] for column in cursor.description]
+    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
 
 _OWNER_COLUMNS = (
     "id", "host", "pid", "heartbeat", "lease", "boot_id", "pid_ns", "proc_start", "declares",

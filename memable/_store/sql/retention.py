@@ -1,5 +1,4 @@
-"""Retention: the SQL of purging finished instances in batches, shared by both stores
-(``:name`` parameters; the PostgreSQL store rewrites them with ``execute.pg``).
+"""Retention: purging finished instances in batches, written once for both stores.
 
 An instance may go when it is terminal (completed, failed, cancelled), has no
 run in flight or to come (owned by nobody, or by a dead owner: a cancel keeps
@@ -16,7 +15,7 @@ primary keys' order: workflow, then the ids of a batch as one IN list).
 
 On SQLite the batch's transaction holds the write lock from the choice to
 the commit. On PostgreSQL the chosen rows are locked as they are chosen
-(``SKIP_LOCKED``), but the rules read their parents and children in the
+(``CHOOSE``), but the rules read their parents and children in the
 statement's snapshot: a parent's run may take its failed child back, or an
 operator resume a failed parent's child, just after. So the batch then locks
 those parents and children (``FOR SHARE``, passing over rows another
@@ -29,36 +28,36 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .execute import Execute
+from ..transaction import Transaction
 
 _TERMINAL = "('completed', 'failed', 'cancelled')"
 
 
-def _in_a_run(row: str, now: str) -> str:
+def _in_a_run(row: str) -> str:
     """SQL: the instance ``row`` has a run in flight or to come: it is owned, and has not
-    ended (a run of a dead owner is recovered) or its owner's lease holds at ``now``
-    (a cancelled run still storing its step)."""
+    ended (a run of a dead owner is recovered) or its owner's lease holds by the store's
+    clock (a cancelled run still storing its step)."""
     return (f"({row}.owner IS NOT NULL AND ({row}.status NOT IN {_TERMINAL} OR EXISTS ("
             f"SELECT 1 FROM owners AS o WHERE o.id = {row}.owner "
-            f"AND o.heartbeat + o.lease >= {now})))")
+            f"AND o.heartbeat + o.lease >= {{now_epoch}})))")
 
 
-def purgeable(now: str, only: str = "") -> str:
+def purgeable(only: str = "") -> str:
     """The instances a batch may purge (no order: a sort would read every old one), with
-    their parents' keys; ``now`` is the SQL of the time leases are judged at (SQLite:
-    ``:now``, the engine's wall clock; PostgreSQL: the server's), ``only`` more terms."""
+    their parents' keys; leases judged by the store's clock (``{now_epoch}``: SQLite's
+    ``:now``, the engine's wall clock; PostgreSQL's server clock), ``only`` more terms."""
     return f"""
 SELECT i.workflow, i.instance_id, i.parent_workflow, i.parent_id FROM instances AS i
-WHERE i.completed_at < :before AND i.status IN {_TERMINAL} AND NOT {_in_a_run("i", now)}
+WHERE i.completed_at < :before AND i.status IN {_TERMINAL} AND NOT {_in_a_run("i")}
 {only}
 AND NOT EXISTS (
     SELECT 1 FROM instances AS c
     WHERE c.parent_workflow = i.workflow AND c.parent_id = i.instance_id
-    AND (c.status NOT IN {_TERMINAL} OR {_in_a_run("c", now)}))
+    AND (c.status NOT IN {_TERMINAL} OR {_in_a_run("c")}))
 AND NOT (i.parent_id IS NOT NULL AND EXISTS (
     SELECT 1 FROM instances AS p
     WHERE p.workflow = i.parent_workflow AND p.instance_id = i.parent_id
-    AND ({_in_a_run("p", now)} OR (p.status NOT IN {_TERMINAL} AND EXISTS (
+    AND ({_in_a_run("p")} OR (p.status NOT IN {_TERMINAL} AND EXISTS (
         SELECT 1 FROM steps AS s
         WHERE s.workflow = p.workflow AND s.instance_id = p.instance_id
         AND s.key = i.parent_key AND s.kind = 'child' AND s.state = 'waiting')))))
@@ -66,9 +65,10 @@ LIMIT :limit
 """
 
 
-#: PostgreSQL's lock clause of the choice: the batch's rows are this transaction's until
-#: it commits, and rows another transaction holds are passed over, never waited for.
-SKIP_LOCKED = "FOR UPDATE OF i SKIP LOCKED"
+#: A batch's choice: the rows are this transaction's until it commits (PostgreSQL), rows
+#: another transaction holds passed over, never waited for. (The choice reads one table,
+#: ``i``: the lock is of its rows.)
+CHOOSE = purgeable() + "{skip_locked}"
 #: The children of some of one workflow's instances (``{ids}``), with their parents.
 CHILDREN = (
     "SELECT c.workflow, c.instance_id, c.parent_workflow, c.parent_id FROM instances AS c "
@@ -86,20 +86,27 @@ _CHUNK = 500
 Row = tuple[str, str, str | None, str | None]
 
 
-def purge_batch(execute: Execute, before: str, limit: int, now: float, *,
-                now_sql: str = ":now", row_locks: bool = False) -> int:
-    """Delete at most ``limit`` purgeable instances completed before ``before`` (ISO
-    8601 text), with their timers and steps, in the caller's transaction; how many.
+def any_purgeable(tx: Transaction, before: str, now: float) -> bool:
+    """Whether an instance completed before ``before`` may be purged (leases judged at
+    ``now`` on SQLite): most looks find none, and are answered by this read."""
+    params = {"before": before, "limit": 1, "now": now}
+    return tx.execute(purgeable(), params).fetchone() is not None
 
-    ``now`` (epoch seconds) judges the owners' leases where ``now_sql`` is
-    ``:now``. ``row_locks``: the database locks rows, not the whole store
-    (PostgreSQL): the choice locks its rows, then their parents and children,
-    and the rules are read again (see the module's docstring).
+
+def purge_batch(tx: Transaction, before: str, limit: int, now: float) -> int:
+    """Delete at most ``limit`` purgeable instances completed before ``before`` (ISO
+    8601 text), with their timers and steps, in ``tx``; how many.
+
+    Leases are judged by the store's clock (``now`` on SQLite). Where the
+    database locks rows, not the whole store (PostgreSQL), the choice locks
+    its rows, then their parents and children, and the rules are read again
+    (see the module's docstring).
 
     Timers go first, then steps, then the rows: the order a timer's firing takes
     them in (timers, then steps), so the two never wait for each other in a ring.
 
     >>> import sqlite3
+    >>> from memable._sqlite.transaction import SQLiteTransaction
     >>> conn = sqlite3.connect(":memory:")
     >>> conn.executescript(
     ...     "CREATE TABLE instances (workflow, instance_id, status, owner, completed_at,"
@@ -115,7 +122,7 @@ def purge_batch(execute: Execute, before: str, limit: int, now: float, *,
     ...     "INSERT INTO owners VALUES ('e1', 100.0, 30.0), ('e2', 10.0, 30.0);"
     ...     "INSERT INTO steps VALUES ('wf', 'old', 'a', 'step', 'completed'),"
     ...     " ('wf', 'new', 'a', 'step', 'completed');") and None
-    >>> purge_batch(conn.execute, "2026-02-01", 500, now=110.0)
+    >>> purge_batch(SQLiteTransaction(conn, "me"), "2026-02-01", 500, now=110.0)
     2
     >>> conn.execute("SELECT instance_id FROM instances ORDER BY 1").fetchall()
     [('held',), ('held/c',), ('new',)]
@@ -124,49 +131,48 @@ def purge_batch(execute: Execute, before: str, limit: int, now: float, *,
     >>> conn.close()
     """
     params = {"before": before, "limit": limit, "now": now}
-    text = purgeable(now_sql) + (SKIP_LOCKED if row_locks else "")
-    chosen: list[Row] = [tuple(row) for row in execute(text, params).fetchall()]
-    if row_locks and chosen:
-        chosen = _judged_again(execute, chosen, params, now_sql)
+    chosen: list[Row] = [tuple(row) for row in tx.execute(CHOOSE, params).fetchall()]
+    if tx.dialect.row_locks and chosen:
+        chosen = _judged_again(tx, chosen, params)
     deleted = 0
     for workflow, ids in _by_workflow(chosen):
         where, marks = _where(workflow, ids)
-        execute(f"DELETE FROM timers WHERE workflow = :workflow AND instance_id IN ({marks})",
-                where)
-        execute(f"DELETE FROM steps WHERE workflow = :workflow AND instance_id IN ({marks})",
-                where)
-        deleted += int(execute(
+        tx.execute(f"DELETE FROM timers WHERE workflow = :workflow AND instance_id IN ({marks})",
+                   where)
+        tx.execute(f"DELETE FROM steps WHERE workflow = :workflow AND instance_id IN ({marks})",
+                   where)
+        deleted += int(tx.execute(
             f"DELETE FROM instances WHERE workflow = :workflow AND instance_id IN ({marks})",
             where).rowcount)
     return deleted
 
 
-def _judged_again(execute: Execute, chosen: list[Row], params: dict[str, object],
-                  now_sql: str) -> list[Row]:
+def _judged_again(tx: Transaction, chosen: list[Row], params: dict[str, object]) -> list[Row]:
     """Of the ``chosen`` (locked), those still purgeable once their children and parents
     are locked too (``FOR SHARE``, passing over rows another transaction holds: the
     instances whose kin could not all be locked stay), judged in a new snapshot.
 
     An instance with neither parent nor child is not judged again: its own row is
     locked (a run that would start a child claims it first), and PostgreSQL reads
-    a locked row's terms again on its newest version."""
+    a locked row's terms again on its newest version. (Each of these statements
+    reads one table, ``c`` or ``p``: the share lock is of its rows.)"""
     rows = {(row[0], row[1]): row for row in chosen}
     kept: list[Row] = []
-    share = " FOR SHARE OF {} SKIP LOCKED"
+    share = "{share_skip_locked}"
     for workflow, ids in _by_workflow(chosen):
         where, marks = _where(workflow, ids)
-        children = execute(CHILDREN.format(ids=marks), where).fetchall()
+        children = tx.execute(CHILDREN.format(ids=marks), where).fetchall()
         with_parent = [i for i in ids if rows[(workflow, i)][3] is not None]
         kin = {(row[2], row[3]) for row in children} | {(workflow, i) for i in with_parent}
         stay: set[tuple[str | None, str | None]] = set()
         if children:  # a child another transaction holds may be changing: keep its parent
-            held = {tuple(r) for r in execute(CHILDREN.format(ids=marks) + share.format("c"),
-                                               where).fetchall()}
+            held = {tuple(r) for r in tx.execute(CHILDREN.format(ids=marks) + share,
+                                                  where).fetchall()}
             stay |= {(row[2], row[3]) for row in children if tuple(row) not in held}
         if with_parent:  # and a parent so held: keep its child
             text = PARENTS.format(ids=marks)
-            parents = {tuple(r) for r in execute(text, where).fetchall()}
-            held = {tuple(r) for r in execute(text + share.format("p"), where).fetchall()}
+            parents = {tuple(r) for r in tx.execute(text, where).fetchall()}
+            held = {tuple(r) for r in tx.execute(text + share, where).fetchall()}
             stay |= {(workflow, i) for i in with_parent
                      if tuple(rows[(workflow, i)][2:]) in parents - held}
         kept.extend(rows[(workflow, i)] for i in ids if (workflow, i) not in kin)
@@ -175,7 +181,7 @@ def _judged_again(execute: Execute, chosen: list[Row], params: dict[str, object]
             continue
         where, marks = _where(workflow, judged)
         only = f"AND i.workflow = :workflow AND i.instance_id IN ({marks})"
-        again = execute(purgeable(now_sql, only), {**params, **where, "limit": len(judged)})
+        again = tx.execute(purgeable(only), {**params, **where, "limit": len(judged)})
         kept.extend(tuple(row) for row in again.fetchall())
     return kept
 
