@@ -60,20 +60,21 @@ def register(tx: Transaction, lease: float, now: float, declares: str | None) ->
     seconds from the store's clock, started at ``now``, with what it ``declares`` it
     runs; the store's clock as it wrote the row (SQLite: ``now``)."""
     me = liveness.current()
-    row = tx.execute(REGISTER, {
+    # Every row read: on SQLite a statement ends (and its autocommit commits) once read.
+    [(heartbeat,)] = tx.execute(REGISTER, {
         "me": tx.owner, "host": me.host, "pid": me.pid, "lease": lease,
         "started_at": iso_utc(now), "boot_id": me.boot_id, "pid_ns": me.pid_ns,
         "proc_start": me.started, "declares": declares, "now": now,
-    }).fetchone()
-    return float(row[0])
+    }).fetchall()
+    return float(heartbeat)
 
 
 def heartbeat(tx: Transaction, now: float) -> float | None:
     """Renew this engine's lease from the store's clock (``now`` on SQLite); that clock
     as it did, or None when its owner row is gone (reaped while it stalled: its runs
     are lost already, and it registers again)."""
-    row = tx.execute(HEARTBEAT, {"me": tx.owner, "now": now}).fetchone()
-    return None if row is None else float(row[0])
+    rows = tx.execute(HEARTBEAT, {"me": tx.owner, "now": now}).fetchall()
+    return float(rows[0][0]) if rows else None
 
 
 def drop(tx: Transaction) -> None:

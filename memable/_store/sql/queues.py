@@ -1,4 +1,4 @@
-"""The SQL of queues, shared by both stores (``:name`` parameters; see ``execute.pg``).
+"""Queues: their claims, counts and pauses, written once for both stores.
 
 A queued instance has ``status = 'queued'``, no owner, its ``queue``,
 ``priority`` and ``queued_at`` (when it became runnable). Claiming takes the
