@@ -30,9 +30,10 @@ from memable import (
     SignalTimeout,
     Suspended,
 )
-from memable._postgres.sql import DUE_TIMERS, FIRE_DUE
 from memable._postgres.store import PostgresStore
-from memable._sqlite.store import SQLiteStore
+from memable._postgres.transaction import PostgresTransaction
+from memable._store.rows import StepWrite
+from memable._store.sql import signals, timers
 from memable.testing import advance
 
 TIMEOUT = 10.0
@@ -41,10 +42,8 @@ TIMEOUT = 10.0
 def _fire_due(conn: psycopg.Connection[Any], now: float, at: str) -> list[Any]:
     """What the PostgreSQL store's firing does, in the caller's transaction on ``conn``:
     read the timers due at ``now``, then claim and fire them."""
-    due = conn.execute(DUE_TIMERS, (now,)).fetchall()
-    workflows, ids, keys = ([row[n] for row in due] for n in range(3))
-    return conn.execute(FIRE_DUE, {"now": now, "at": at, "workflows": workflows, "ids": ids,
-                                   "keys": keys}).fetchall()
+    tx = PostgresTransaction(conn, "test", "unused")
+    return timers.fire(tx, timers.due(tx, lambda: now), at)
 
 
 def _rows(engine: Engine, name: str, instance_id: str) -> list[tuple[str, str, str, Any]]:
@@ -322,7 +321,8 @@ def _waiting_on_a_lock(schema: str) -> bool:
         found = conn.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
             "AND wait_event_type = 'Lock' AND query LIKE %s",
-            ("%memable_deliver_signal%",),
+            # The signal's first statement after its instance's lock: its deadline's drop.
+            ("%DELETE FROM timers WHERE workflow%",),
         ).fetchone()
     return bool(found and found[0])
 
@@ -371,13 +371,12 @@ def test_a_firing_skips_a_deadline_a_signal_holds_and_the_signal_wins(pg_schema:
             inv = engine.invoke("approval", instance_id="a")
             assert inv.wait(TIMEOUT) == Suspended("waiting for a manager")
             with psycopg.connect(POSTGRES_URL, options=f"-c search_path={pg_schema}") as signal:
-                answer = signal.execute(
-                    "SELECT memable_deliver_signal(%s, %s, %s, %s, %s, %s, %s, %s)",
-                    ("approval", "a", "approval:v1", "true", None, "2026-01-02T00:00:00+00:00",
-                     store.channel, "poll"),
-                ).fetchone()
-                assert answer is not None
-                assert answer[0] == "ok"
+                # The store's delivery, in a transaction left open; it raises if refused.
+                signals.deliver(
+                    PostgresTransaction(signal, store.owner, store.channel),
+                    StepWrite("approval", "a", "approval:v1", 0, "signal", "completed", "true",
+                              None, None, None, "2026-01-02T00:00:00+00:00"),
+                )
                 fired: list[object] = []
                 a_day_on = T0.timestamp() + 86400
                 firing = threading.Thread(
@@ -426,8 +425,8 @@ def test_fire_due_timers_judges_what_it_read_by_a_reading_taken_after(
 ) -> None:
     """Store.fire_due_timers judges the timers it read by a reading of the clock taken
     after the read, never by the one it chose them by: forced with a clock that reads a
-    day past the deadline until the store has read the due timers (SQLite a gate and then
-    the rows, PostgreSQL the rows), and the true time after. The timer is left."""
+    day past the deadline until the store has read the due timers, and the true time
+    after. The timer is left."""
     engine = make_engine(poll_interval=60)
     engine.register("wf", lambda ctx: ctx.timer("pause:v1", timedelta(hours=1)) or "woke")
     with freeze_time(T0):
@@ -436,7 +435,7 @@ def test_fire_due_timers_judges_what_it_read_by_a_reading_taken_after(
             "suspended: timer pause:v1")
         engine.stop()  # the store stays open; no look of the engine's own runs meanwhile
     store, deadline = engine._store, T0.timestamp() + 3600
-    reads = 2 if isinstance(store, SQLiteStore) else 1
+    reads = 1
     with traced(engine) as statements:
         def clock() -> float:
             read = sum("FROM timers WHERE deadline <=" in statement for statement in statements)

@@ -27,12 +27,6 @@ OWNER_FREE = f"""(
 INSTANCE_RETURNING = ", ".join(INSTANCE_COLUMNS)
 # The server-side functions (``functions``), one round trip each.
 CLAIM = "SELECT instance, steps FROM memable_claim(%s, %s, %s, %s, %s)"
-DELIVER_SIGNAL = "SELECT memable_deliver_signal(%s, %s, %s, %s, %s, %s, %s, %s)"
-SUSPEND_RUN = (
-    "SELECT outcome, armed, instance, steps FROM memable_suspend("
-    "%s, %s, %s, %s, %s, %s, %s, %s, %s, "
-    "%s::double precision, %s::double precision, %s, %s, %s)"
-)
 SELECT_RUN_STEPS = (
     "SELECT key, seq, kind, state, result, result_type, status, attempts "
     "FROM steps WHERE workflow = %s AND instance_id = %s"
@@ -88,28 +82,6 @@ WHERE steps.state <> 'completed' AND steps.kind = excluded.kind
 LOCK_INSTANCE = (
     "SELECT status, owner FROM instances WHERE workflow = %s AND instance_id = %s FOR UPDATE"
 )
-#: The timers due by ``%s``, the ones a call fires at most (``FIRE_DUE`` claims them).
-DUE_TIMERS = (
-    "SELECT workflow, instance_id, key, deadline FROM timers WHERE deadline <= %s "
-    "ORDER BY deadline LIMIT 500"
-)
-# Claims the due timers of those ``DUE_TIMERS`` read (the arrays ``workflows``, ``ids``,
-# ``keys``; judged by a clock read after it): rows another engine is firing (or a signal
-# is dropping) are skipped, not waited for. What it does to each key: ``shared.FIRE_KEY``.
-FIRE_DUE = f"""
-WITH due AS (
-    DELETE FROM timers WHERE (workflow, instance_id, key) IN (
-        SELECT workflow, instance_id, key FROM timers WHERE deadline <= %(now)s
-        AND (workflow, instance_id, key) IN (
-            SELECT * FROM unnest(%(workflows)s::text[], %(ids)s::text[], %(keys)s::text[]))
-        ORDER BY deadline LIMIT 500 FOR UPDATE SKIP LOCKED)
-    RETURNING workflow, instance_id, key, deadline),
-fired AS (
-    UPDATE steps SET {shared.FIRE_KEY.format(at="%(at)s")}
-    FROM due WHERE steps.workflow = due.workflow AND steps.instance_id = due.instance_id
-    AND steps.key = due.key AND {shared.FIRE_KEY_WHERE})
-SELECT workflow, instance_id, key, deadline FROM due
-"""
 SET_STATUS = (
     "UPDATE instances SET status_message = %s WHERE workflow = %s AND instance_id = %s "
     "AND owner = %s"

@@ -20,7 +20,6 @@ from typing import Any
 import attrs
 import psycopg
 
-from .._errors import InstanceFinished, InstanceNotFound, SignalRejected, key_taken
 from .._records import StatusName, StepRecord
 from .._store import liveness as _liveness
 from .._store.control import LostInstance, RunCancelled
@@ -48,7 +47,7 @@ from .._store.sql import forks as forks_sql
 from .._store.sql import instances as shared
 from .._store.sql import owners as owners_sql
 from .._store.sql import queues as queue_sql
-from .._store.sql import reads, steps
+from .._store.sql import reads, signals, steps, suspensions, timers
 from .._store.sql import retention as retention_sql
 from .._store.sql import schedules as schedules_sql
 from .._store.sql.execute import Execute, pg
@@ -186,24 +185,10 @@ class PostgresStore(OperatorReads):
     def suspend(
         self, waiting: StepWrite, message: str, deadline: float | None, now: float
     ) -> Suspend:
-        workflow, instance_id, key = waiting.workflow, waiting.instance_id, waiting.key
-        args = (workflow, instance_id, key, waiting.seq, waiting.kind, waiting.result,
-                waiting.status, message, waiting.at, deadline, now, self.owner, self.channel,
-                payload("timer", self.owner, workflow, instance_id))
-
-        def record(conn: psycopg.Connection[Any]) -> Suspend:
-            found = conn.execute(sql.SUSPEND_RUN, args).fetchone()
-            assert found is not None  # a function's one row
-            outcome, armed, instance, steps = found
-            if outcome == "lost":
-                raise LostInstance(workflow, instance_id)
-            if outcome.startswith("kind "):
-                raise key_taken(workflow, instance_id, key, outcome[5:], waiting.kind)
-            if outcome == "ready":  # the instance stays running, and ours
-                return Suspend("ready", snapshot=_snapshot_of(instance, steps))
-            return Suspend(outcome, deadline=armed)
-
-        return self._run("record the suspension", record, workflow, instance_id, key)
+        return self._run(
+            "record the suspension",
+            lambda conn: suspensions.suspend(self._tx(conn), waiting, message, deadline, now),
+            waiting.workflow, waiting.instance_id, waiting.key)
 
     def finish(self, workflow: str, instance_id: str, end: RunEnd) -> Ended:
         return self._run(f"record the run as {end.status}",
@@ -241,65 +226,25 @@ class PostgresStore(OperatorReads):
         return self._run("fork the instance", fork_it, workflow, instance_id)
 
     def place_signal(self, workflow: str, instance_id: str, key: str, seq: int) -> None:
-        params = {"workflow": workflow, "instance_id": instance_id, "key": key, "seq": seq,
-                  "me": self.owner}
-
-        def place(conn: psycopg.Connection[Any]) -> None:
-            if conn.execute(pg(shared.PLACE_SIGNAL), params).rowcount == 0:
-                raise LostInstance(workflow, instance_id)
-
-        self._run("place the signal", place, workflow, instance_id, key, transaction=False)
+        # One statement, which writes and answers alike if run again.
+        self._run("place the signal",
+                  lambda conn: signals.place(self._tx(conn), workflow, instance_id, key, seq),
+                  workflow, instance_id, key, transaction=False)
 
     def deliver_signal(self, write: StepWrite, traceparent: str | None = None) -> None:
-        workflow, instance_id, key = write.workflow, write.instance_id, write.key
-
-        args = (workflow, instance_id, key, write.result, write.result_type, write.at,
-                self.channel, payload("signal", self.owner, workflow, instance_id))
-
-        def deliver(conn: psycopg.Connection[Any]) -> None:
-            found = conn.execute(sql.DELIVER_SIGNAL, args).fetchone()
-            answer = "missing" if found is None else str(found[0])
-            if answer == "missing":
-                raise InstanceNotFound(workflow, instance_id)
-            if answer.startswith("finished "):
-                status = answer[9:]
-                raise InstanceFinished(
-                    workflow, instance_id,
-                    f"it is {status}" + ("; resume it instead" if status == "failed" else ""),
-                )
-            if answer.startswith("kind "):
-                why = f"the key is a {answer[5:]}, not a suspend point"
-                raise SignalRejected(workflow, instance_id, key, why)
-            if answer == "holds":
-                raise SignalRejected(workflow, instance_id, key, "the key already holds a value")
-            if answer == "timed out":
-                why = "the suspend point timed out before it"
-                raise SignalRejected(workflow, instance_id, key, why)
-            if traceparent is not None:  # in the signal's transaction: before its NOTIFY
-                conn.execute(sql.SET_TRACEPARENT, {"workflow": workflow,
-                                                   "instance_id": instance_id,
-                                                   "traceparent": traceparent})
-
-        self._run("deliver the signal", deliver, workflow, instance_id, key)
+        self._run("deliver the signal",
+                  lambda conn: signals.deliver(self._tx(conn), write, traceparent),
+                  write.workflow, write.instance_id, write.key)
 
     def fire_due_timers(
         self, clock: Callable[[], float], at: str
     ) -> list[tuple[str, str, str, float]]:
-        # Deleting the rows claims them: of several engines, one fires each timer.
-        def fire(conn: psycopg.Connection[Any]) -> list[tuple[str, str, str, float]]:
-            # Most looks find nothing due: a read answers those, without a write.
-            read = conn.execute(sql.DUE_TIMERS, (clock(),)).fetchall()
-            due = shared.due_after_read(read, clock)  # FIRE_DUE claims only these
-            if not due:
-                return []
-            rows = conn.execute(sql.FIRE_DUE, {
-                "now": max(row[3] for row in due), "at": at,
-                "workflows": [row[0] for row in due],
-                "ids": [row[1] for row in due], "keys": [row[2] for row in due],
-            }).fetchall()
-            return [(w, i, k, float(d)) for w, i, k, d in rows]
-
-        return self._run("fire due timers", fire, transaction=False)
+        # Most looks find nothing due: a read answers those, without a transaction.
+        due = self._run("look for due timers", lambda conn: timers.due(self._tx(conn), clock),
+                        transaction=False)
+        if not due:
+            return []
+        return self._run("fire due timers", lambda conn: timers.fire(self._tx(conn), due, at))
 
     def purge_batch(self, completed_before: str, limit: int, now: float) -> int:
         # The batch's rows are locked as they are chosen, skipping those another
@@ -482,13 +427,8 @@ class PostgresStore(OperatorReads):
     # ------------------------------------------------------------------ reads
 
     def next_deadline(self) -> float | None:
-        row = self._run("read the next timer deadline",
-                        lambda conn: conn.execute(
-                            f"SELECT (SELECT MIN(deadline) FROM timers), ({shared.NEXT_TIMEOUT})"
-                        ).fetchone(),
-                        transaction=False)
-        deadlines = [float(d) for d in (row or ()) if d is not None]
-        return min(deadlines) if deadlines else None
+        return self._run("read the next timer deadline",
+                         lambda conn: timers.next_deadline(self._tx(conn)), transaction=False)
 
     def get_instance(self, workflow: str, instance_id: str) -> InstanceRow | None:
         return self._run(

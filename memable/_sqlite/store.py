@@ -32,19 +32,12 @@ from typing import Any, TypeVar
 import attrs
 
 from .. import _clock
-from .._errors import (
-    InstanceFinished,
-    SignalRejected,
-    StorageError,
-    key_taken,
-)
+from .._errors import StorageError
 from .._records import StatusName, StepRecord
 from .._store import liveness as _liveness
 from .._store.control import LostInstance, RunCancelled
 from .._store.protocol import Synchronous
 from .._store.rows import (
-    TERMINAL,
-    UNREACHED,
     Claim,
     Claimed,
     Ended,
@@ -59,8 +52,6 @@ from .._store.rows import (
     TickFiring,
     TicksFired,
     TimedOut,
-    fired_now,
-    settled,
     step_params,
 )
 from .._store.sql import cancel as cancel_sql
@@ -69,7 +60,7 @@ from .._store.sql import forks as forks_sql
 from .._store.sql import instances as shared
 from .._store.sql import owners as owners_sql
 from .._store.sql import queues as queue_sql
-from .._store.sql import reads, steps
+from .._store.sql import reads, signals, steps, suspensions, timers
 from .._store.sql import retention as retention_sql
 from .._store.sql import schedules as schedules_sql
 from .._store.sql.reads import OperatorReads
@@ -256,107 +247,12 @@ class SQLiteStore(OperatorReads):
     def suspend(
         self, waiting: StepWrite, message: str, deadline: float | None, now: float
     ) -> Suspend:
-        workflow, instance_id, key = waiting.workflow, waiting.instance_id, waiting.key
-
         def record(conn: sqlite3.Connection) -> Suspend:
-            state = conn.execute(
-                "SELECT status, owner FROM instances WHERE workflow = ? AND instance_id = ?",
-                (workflow, instance_id),
-            ).fetchone()
-            if state is None or state[1] != self.owner:
-                raise LostInstance(workflow, instance_id)
-            if state[0] != "running":  # cancelled meanwhile: arm nothing, write nothing
-                return Suspend("stopped")
-            if waiting.kind == "children":  # a group: no row of its own, a count
-                return self._suspend_on_group(conn, waiting, message)
-            stored = conn.execute(sql.SELECT_STEP, (workflow, instance_id, key)).fetchone()
-            step = None if stored is None else StoredStep(*stored)
-            if step is not None and step.kind != waiting.kind:
-                raise key_taken(workflow, instance_id, key, step.kind, waiting.kind)
-            armed = None
-            if waiting.kind == "step":  # a retry backoff: the failed row turns waiting
-                conn.execute(shared.INSERT_WAITING, step_params(waiting, self.owner))
-            ready = step is not None and settled(step.kind, step.state)
-            if not ready and deadline is not None:
-                # The first arming sets the deadline; runs after it do not move it.
-                row = conn.execute(
-                    "SELECT deadline FROM timers WHERE workflow = ? AND instance_id = ? "
-                    "AND key = ?",
-                    (workflow, instance_id, key),
-                ).fetchone()
-                armed = deadline if row is None else float(row[0])
-                if armed <= now:  # due already: fire it here, no timer thread needed
-                    if row is not None:
-                        self._fire(conn, [(workflow, instance_id, key)], waiting.at)
-                    elif waiting.kind == "step":
-                        pass  # a backoff already over: the next attempt goes on now
-                    else:  # never armed: store it fired, without touching the timers
-                        fired = step_params(fired_now(waiting), self.owner)
-                        conn.execute(sql.UPSERT_STEP, fired)
-                    ready = True
-                elif row is None:
-                    conn.execute(
-                        "INSERT INTO timers (workflow, instance_id, key, deadline) "
-                        "VALUES (?, ?, ?, ?)",
-                        (workflow, instance_id, key, deadline),
-                    )
-            if not ready and waiting.kind != "step":
-                conn.execute(shared.INSERT_WAITING, step_params(waiting, self.owner))
-            if ready:  # go on at once: the instance stays running, and ours
-                return self._go_on(conn, workflow, instance_id)
-            return self._suspended(conn, waiting, message, None, armed)
+            return suspensions.suspend(SQLiteTransaction(conn, self.owner), waiting, message,
+                                       deadline, now)
 
-        return self._grouped(
-            "record the suspension", workflow, instance_id, key, record, changes="instance"
-        )
-
-    def _suspend_on_group(
-        self, conn: sqlite3.Connection, waiting: StepWrite, message: str
-    ) -> Suspend:
-        """Suspend on the children of group ``waiting.key``, unless none is pending."""
-        workflow, instance_id = waiting.workflow, waiting.instance_id
-        prefix = f"{waiting.key}["
-        pending = conn.execute(children_sql.PENDING_IN_GROUP, {
-            "workflow": workflow, "instance_id": instance_id, "n": len(prefix),
-            "prefix": prefix,
-        }).fetchone()[0]
-        if not pending:
-            return self._go_on(conn, workflow, instance_id)
-        return self._suspended(conn, waiting, message, int(pending), None)
-
-    def _go_on(self, conn: sqlite3.Connection, workflow: str, instance_id: str) -> Suspend:
-        steps = conn.execute(sql.SELECT_RUN_STEPS, (workflow, instance_id)).fetchall()
-        instance = conn.execute(sql.SELECT_INSTANCE, (workflow, instance_id)).fetchone()
-        memo = {s[0]: StoredStep(*s) for s in steps}
-        return Suspend("ready", snapshot=RunSnapshot(InstanceRow(*instance), memo))
-
-    def _suspended(
-        self, conn: sqlite3.Connection, waiting: StepWrite, message: str,
-        pending: int | None, armed: float | None,
-    ) -> Suspend:
-        suspended = conn.execute(
-            "UPDATE instances SET status = 'suspended', message = ?, waiting_for = ?, "
-            "children_pending = ?, owner = NULL, updated_at = ? WHERE workflow = ? "
-            "AND instance_id = ? AND owner = ? AND status = 'running'",
-            (message, waiting.key, pending, waiting.at, waiting.workflow, waiting.instance_id,
-             self.owner),
-        ).rowcount
-        if not suspended:  # cancelled meanwhile
-            return Suspend("stopped")
-        return Suspend("waiting", deadline=armed)
-
-    def _fire(self, conn: sqlite3.Connection, due: list[tuple[str, str, str]], at: str) -> None:
-        for workflow, instance_id, key in due:
-            conn.execute(
-                "DELETE FROM timers WHERE workflow = ? AND instance_id = ? AND key = ?",
-                (workflow, instance_id, key),
-            )
-            conn.execute(
-                f"UPDATE steps SET {shared.FIRE_KEY.format(at=':at')} "
-                "WHERE workflow = :workflow AND instance_id = :instance_id AND key = :key "
-                f"AND {shared.FIRE_KEY_WHERE}",
-                {"at": at, "workflow": workflow, "instance_id": instance_id, "key": key},
-            )
+        return self._grouped("record the suspension", waiting.workflow, waiting.instance_id,
+                             waiting.key, record, changes="instance")
 
     def finish(self, workflow: str, instance_id: str, end: RunEnd) -> Ended:
         def record(conn: sqlite3.Connection) -> Ended:
@@ -380,12 +276,8 @@ class SQLiteStore(OperatorReads):
                              changes="instance")
 
     def place_signal(self, workflow: str, instance_id: str, key: str, seq: int) -> None:
-        params = {"workflow": workflow, "instance_id": instance_id, "key": key, "seq": seq,
-                  "me": self.owner}
-
         def place(conn: sqlite3.Connection) -> None:
-            if conn.execute(shared.PLACE_SIGNAL, params).rowcount == 0:
-                raise LostInstance(workflow, instance_id)
+            signals.place(SQLiteTransaction(conn, self.owner), workflow, instance_id, key, seq)
 
         self._grouped("place the signal", workflow, instance_id, key, place, single=True,
                       changes="none")
@@ -401,72 +293,23 @@ class SQLiteStore(OperatorReads):
                              resume, changes="instance")
 
     def deliver_signal(self, write: StepWrite, traceparent: str | None = None) -> None:
-        workflow, instance_id, key = write.workflow, write.instance_id, write.key
-
         def deliver(conn: sqlite3.Connection) -> None:
-            status = sql.status_of(conn, workflow, instance_id)
-            if status in TERMINAL:
-                raise InstanceFinished(
-                    workflow, instance_id,
-                    f"it is {status}" + ("; resume it instead" if status == "failed" else ""),
-                )
-            stored = conn.execute(sql.SELECT_STEP, (workflow, instance_id, key)).fetchone()
-            if stored is not None:
-                step = StoredStep(*stored)
-                if step.kind != "signal":
-                    why = f"the key is a {step.kind}, not a suspend point"
-                    raise SignalRejected(workflow, instance_id, key, why)
-                if step.state == "completed":
-                    why = "the key already holds a value"
-                    raise SignalRejected(workflow, instance_id, key, why)
-                if step.state == "timed_out":
-                    why = "the suspend point timed out before it"
-                    raise SignalRejected(workflow, instance_id, key, why)
-                seq = step.seq
-            else:  # not reached yet: after every step until the run reaches it
-                seq = UNREACHED
-            conn.execute(
-                "INSERT INTO steps (workflow, instance_id, key, seq, kind, state, result, "
-                "result_type, attempts, completed_at) "
-                "VALUES (?, ?, ?, ?, 'signal', 'completed', ?, ?, 1, ?) "
-                "ON CONFLICT (workflow, instance_id, key) DO UPDATE SET state = 'completed', "
-                "result = excluded.result, result_type = excluded.result_type, "
-                "attempts = 1, completed_at = excluded.completed_at",
-                (workflow, instance_id, key, seq, write.result, write.result_type, write.at),
-            )
-            # The signal came first: its suspend point's deadline, if any, is dropped.
-            conn.execute(
-                "DELETE FROM timers WHERE workflow = ? AND instance_id = ? AND key = ?",
-                (workflow, instance_id, key),
-            )
-            if traceparent is not None:
-                conn.execute(shared.SET_TRACEPARENT, {
-                    "workflow": workflow, "instance_id": instance_id, "traceparent": traceparent,
-                })
+            signals.deliver(SQLiteTransaction(conn, self.owner), write, traceparent)
 
-        self._grouped(
-            "deliver the signal", workflow, instance_id, key, deliver, changes="instance"
-        )
+        self._grouped("deliver the signal", write.workflow, write.instance_id, write.key,
+                      deliver, changes="instance")
 
     def fire_due_timers(
         self, clock: Callable[[], float], at: str
     ) -> list[tuple[str, str, str, float]]:
+        # Most looks find nothing due: a read answers those, without the write lock.
         with self._using("look for due timers") as conn:
-            # Most looks find nothing due: answer those without taking the write lock.
-            any_due = conn.execute("SELECT 1 FROM timers WHERE deadline <= ? LIMIT 1",
-                                   (clock(),))
-            if any_due.fetchone() is None:
-                return []
-        # Deleting the rows claims them: of several processes, one fires each timer.
+            due = timers.due(SQLiteTransaction(conn, self.owner), clock)
+        if not due:
+            return []
 
         def fire(conn: sqlite3.Connection) -> list[tuple[str, str, str, float]]:
-            read = conn.execute(
-                "SELECT workflow, instance_id, key, deadline FROM timers WHERE deadline <= ?",
-                (clock(),),
-            ).fetchall()
-            due = shared.due_after_read(read, clock)
-            self._fire(conn, [(w, i, k) for w, i, k, _ in due], at)
-            return due
+            return timers.fire(SQLiteTransaction(conn, self.owner), due, at)
 
         return self._grouped("fire due timers", None, None, None, fire)
 
@@ -666,10 +509,7 @@ class SQLiteStore(OperatorReads):
 
     def next_deadline(self) -> float | None:
         with self._using("read the next timer deadline") as conn:
-            timer = conn.execute("SELECT MIN(deadline) FROM timers").fetchone()[0]
-            timeout = conn.execute(shared.NEXT_TIMEOUT).fetchone()[0]
-        deadlines = [float(d) for d in (timer, timeout) if d is not None]
-        return min(deadlines) if deadlines else None
+            return timers.next_deadline(SQLiteTransaction(conn, self.owner))
 
     def get_instance(self, workflow: str, instance_id: str) -> InstanceRow | None:
         # Fixed SQL: Invocation.state and result() read this on every look.

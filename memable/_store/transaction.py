@@ -64,6 +64,11 @@ class Dialect:
     #: locks what it decides by, and what it cannot know before it reads (a queue's
     #: next instances) by a lock of its own. SQLite serialises writers database-wide.
     row_locks: bool = False
+    #: A statement that lets the transaction commit without waiting for its flush to
+    #: disk (empty: none), for a write that a crash may undo without harm: only a
+    #: suspension that goes on at once (it changes no owner or status; the run's next
+    #: write commits durably and, the log being one sequence, makes it durable too).
+    relaxed_commit: str = ""
 
     def spell(self, template: str) -> str:
         """``template`` in this dialect: its ``{word}`` spelled, its parameters named.
@@ -89,6 +94,7 @@ POSTGRESQL = Dialect(
     skip_locked=" FOR UPDATE SKIP LOCKED", share_skip_locked=" FOR SHARE SKIP LOCKED",
     now_epoch="extract(epoch FROM clock_timestamp())::double precision",
     parameter="%%(%s)s", row_locks=True,
+    relaxed_commit="SELECT set_config('synchronous_commit', 'off', true)",
 )
 
 

@@ -1,7 +1,8 @@
 """The SQL both stores run, written once with ``:name`` parameters.
 
-Instances and their keys (``instances``: claims, waiting rows, firing a
-timer, readiness), queues (``queues``), children (``children``, with ``pg``,
+Instances and their keys (``instances``: claims, waiting rows, readiness),
+a run's suspension (``suspensions``), signals (``signals``), timers
+(``timers``), queues (``queues``), children (``children``, with ``pg``,
 which rewrites ``:name`` parameters for PostgreSQL) and the reads an operator
 makes (``reads``). Text and row conversions only: the stores execute it.
 

@@ -1,9 +1,9 @@
 """The SQL of instances and their keys that both stores run (``:name`` parameters; the
 PostgreSQL store rewrites them with ``children.pg``, or fills in its own marks).
 
-What a claim writes, a step's waiting row, what firing a due timer does to
-its key, which suspended instances are ready to go on, and ``memable
-resume``'s mark: the same rules, written once, on either store. The
+What a claim writes, a step's waiting row, which suspended instances are
+ready to go on, and ``memable resume``'s mark: the same rules, written once,
+on either store (what firing a due timer does to its key: ``timers``). The
 transaction bodies of a run's end (``finish``), of a resume
 (``mark_resumable``, ``resume_failure``), of the trace context a run
 continues (``set_traceparent``) and of workflow timeouts (``time_out_due``).
@@ -150,16 +150,6 @@ ON CONFLICT (workflow, instance_id, key) DO UPDATE SET
 WHERE steps.state = 'failed' AND steps.kind = excluded.kind
 """
 
-# What firing a due timer row does to its key: a timer completes; a suspend
-# point's deadline times it out, unless a signal completed it first; a step's
-# retry backoff only ends (the run makes the next attempt). ``{at}`` is the
-# parameter holding the time.
-FIRE_KEY = """state = CASE kind WHEN 'timer' THEN 'completed' ELSE 'timed_out' END,
-    result = CASE kind WHEN 'timer' THEN 'null' END, result_type = NULL,
-    attempts = CASE kind WHEN 'timer' THEN attempts + 1 ELSE attempts END,
-    completed_at = CASE kind WHEN 'timer' THEN {at} END"""
-FIRE_KEY_WHERE = "state NOT IN ('completed', 'timed_out') AND kind IN ('timer', 'signal')"
-
 #: A key whose wait is over (as ``memable._store.rows.settled`` says): a value, a deadline
 #: passed, a child that ended failed.
 SETTLED = (
@@ -266,13 +256,6 @@ def finish(tx: Transaction, workflow: str, instance_id: str, end: RunEnd) -> End
 SET_TRACEPARENT = """
 UPDATE instances SET traceparent = :traceparent
 WHERE workflow = :workflow AND instance_id = :instance_id
-"""
-#: A signal stored before the run reached its key, placed where the run reached it (by
-#: the owner alone; again, alike, if a lost commit is retried).
-PLACE_SIGNAL = f"""
-UPDATE steps SET seq = :seq
-WHERE workflow = :workflow AND instance_id = :instance_id AND key = :key AND kind = 'signal'
-AND {OWNED}
 """
 # ``memable resume``: ready for the next poll of an engine that runs it (see
 # Store.mark_resumable); a running or queued instance is left as it is.

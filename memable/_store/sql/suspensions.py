@@ -1,0 +1,139 @@
+"""A run's suspension: the end of this engine's run at a key it waits on, or going on.
+
+A run that reaches a suspend point, a timer, a retry backoff or a group of
+children marks the key waiting (arming its deadline once) and its instance
+suspended and nobody's, in one transaction, fenced by the instance's row:
+unless the wait is over already (the key has its outcome, or its deadline
+is due, which fires it here), when the instance stays running and this
+engine's, and the run goes on with the steps stored.
+"""
+
+from __future__ import annotations
+
+from ..._errors import key_taken
+from ..control import LostInstance
+from ..rows import (
+    InstanceRow,
+    RunSnapshot,
+    StepWrite,
+    StoredStep,
+    Suspend,
+    fired_now,
+    settled,
+    step_params,
+)
+from ..transaction import Transaction
+from . import timers
+from .children import PENDING_IN_GROUP
+from .instances import INSERT_WAITING, INSTANCE_COLUMNS
+from .steps import SELECT_RUN_STEPS, SELECT_STEP, UPSERT_STEP
+
+_SELECT_INSTANCE = (
+    f"SELECT {', '.join(INSTANCE_COLUMNS)} FROM instances "
+    "WHERE workflow = :workflow AND instance_id = :instance_id"
+)
+#: The instance suspended on its key (and, for a group, how many children it waits for),
+#: and nobody's: only while it is still this engine's and running.
+_SUSPENDED = """
+UPDATE instances SET status = 'suspended', message = :message, waiting_for = :key,
+    children_pending = :pending, owner = NULL, updated_at = :at
+WHERE workflow = :workflow AND instance_id = :instance_id AND owner = :me
+AND status = 'running'
+"""
+
+
+def suspend(
+    tx: Transaction, waiting: StepWrite, message: str, deadline: float | None, now: float
+) -> Suspend:
+    """End this engine's run at a suspend point, timer or retry backoff ``waiting``.
+
+    The instance's row is locked first: only if owned (else ``LostInstance``)
+    and still running; a cancelled instance gets no waiting row and no timer
+    ("stopped"). A key stored as another kind raises ``InvalidKey``, writing
+    nothing. Else the key is marked waiting (its ``deadline`` armed once:
+    runs after the first do not move it; arming tells the engines watching
+    the store, "timer") and the instance suspended and nobody's ("waiting",
+    with the deadline armed). If the key has its outcome meanwhile (a signal
+    arrived, or its deadline is due at ``now``, which fires it here: a timer
+    completes, a deadline times the key out, a retry backoff ends), the
+    instance stays running and this engine's instead ("ready", with the
+    steps to go on with). A retry backoff's failed row turns waiting either
+    way (the next attempt overwrites it). A group of children
+    (``waiting.kind`` "children") has no row of its own: it waits for as
+    many children of the group as are still waiting, and goes on at once if
+    none is.
+    """
+    workflow, instance_id, key = waiting.workflow, waiting.instance_id, waiting.key
+    state = tx.lock_instance(workflow, instance_id)
+    if state is None or state[1] != tx.owner:
+        raise LostInstance(workflow, instance_id)
+    if state[0] != "running":  # cancelled meanwhile: arm nothing, write nothing
+        return Suspend("stopped")
+    if waiting.kind == "children":  # a group: no row of its own, a count
+        prefix = f"{key}["
+        pending = tx.execute(PENDING_IN_GROUP, {
+            "workflow": workflow, "instance_id": instance_id, "n": len(prefix),
+            "prefix": prefix,
+        }).fetchone()[0]
+        if not pending:
+            return _go_on(tx, workflow, instance_id)
+        return _suspended(tx, waiting, message, int(pending), None)
+    where = {"workflow": workflow, "instance_id": instance_id, "key": key}
+    stored = tx.execute(SELECT_STEP, where).fetchone()
+    step = None if stored is None else StoredStep(*stored)
+    if step is not None and step.kind != waiting.kind:
+        raise key_taken(workflow, instance_id, key, step.kind, waiting.kind)
+    ready = step is not None and settled(step.kind, step.state)
+    armed = None
+    if not ready and deadline is not None:
+        # The first arming sets the deadline; runs after it do not move it.
+        row = tx.execute(timers.ARMED, where).fetchone()
+        armed = deadline if row is None else float(row[0])
+        if armed <= now:  # due already: fire it here, no timer thread needed
+            if row is not None:
+                timers.fire_key(tx, workflow, instance_id, key, waiting.at)
+            elif waiting.kind != "step":  # never armed: store it fired (or timed out)
+                tx.execute(UPSERT_STEP, step_params(fired_now(waiting), tx.owner))
+            # (a retry backoff already over: the next attempt goes on now)
+            ready = True
+        elif row is None:
+            timers.arm(tx, workflow, instance_id, key, deadline)
+    # The key is reached: a suspend point or timer waits, unless it goes on at once; a
+    # retry backoff's failed row turns waiting either way. The timer statements above
+    # touch no row of another kind than a timer's or a suspend point's.
+    if waiting.kind == "step" or not ready:
+        tx.execute(INSERT_WAITING, step_params(waiting, tx.owner))
+    if ready:  # go on at once: the instance stays running, and ours
+        return _go_on(tx, workflow, instance_id)
+    return _suspended(tx, waiting, message, None, armed)
+
+
+def _go_on(tx: Transaction, workflow: str, instance_id: str) -> Suspend:
+    """The run goes on at once: its instance and steps as they are now ("ready").
+
+    Nothing here changes an owner or a status: the instance stays running and
+    this engine's. So the transaction may commit without waiting for its flush
+    (``Dialect.relaxed_commit``): the run's next write commits durably and
+    makes this durable too.
+    """
+    if tx.dialect.relaxed_commit:
+        tx.execute(tx.dialect.relaxed_commit)
+    where = {"workflow": workflow, "instance_id": instance_id}
+    instance = tx.execute(_SELECT_INSTANCE, where).fetchone()
+    memo = {s[0]: StoredStep(*s) for s in tx.execute(SELECT_RUN_STEPS, where).fetchall()}
+    return Suspend("ready", snapshot=RunSnapshot(InstanceRow(*instance), memo))
+
+
+def _suspended(
+    tx: Transaction, waiting: StepWrite, message: str, pending: int | None,
+    armed: float | None,
+) -> Suspend:
+    """The instance suspended on ``waiting.key`` and nobody's ("waiting", with the
+    deadline ``armed``); "stopped" if it is no longer this engine's running one."""
+    suspended = tx.execute(_SUSPENDED, {
+        "message": message, "key": waiting.key, "pending": pending, "at": waiting.at,
+        "workflow": waiting.workflow, "instance_id": waiting.instance_id, "me": tx.owner,
+    }).rowcount
+    if not suspended:  # cancelled meanwhile
+        return Suspend("stopped")
+    return Suspend("waiting", deadline=armed)
