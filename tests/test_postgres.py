@@ -33,7 +33,9 @@ from memable._postgres.schema import SCHEMA_VERSION, parse
 from memable._postgres.store import PostgresStore
 from memable._run.options import Options
 from memable._sqlite.store import SQLiteStore
-from memable._store.protocol import RunSnapshot
+from memable._store.control import LostInstance
+from memable._store.protocol import InstanceRow, RunSnapshot, StepWrite
+from memable._store.rows import UNREACHED
 from memable._store.sql import queues as queue_sql
 from memable._store.sql.execute import pg
 
@@ -465,3 +467,52 @@ def test_an_engine_whose_clock_is_an_hour_ahead_of_the_server_says_so_once(
         beats.twice_more()
     on_file.close()
     assert len(_skews(caplog)) == 2
+
+
+def test_placing_a_signal_waits_for_a_takeover_under_way_and_then_is_refused(
+    pg_schema: str,
+) -> None:
+    """Another engine's claim of the instance is in progress (its UPDATE of the owner done,
+    not committed): this engine's placement of an early signal waits for it (the owned
+    row is share-locked, not read from the snapshot before the takeover) and, once it
+    commits, raises LostInstance and leaves the signal where it was. (Without the lock the
+    placement wrote beside the takeover: a write of an engine that had lost the run.)"""
+    store = PostgresStore(f"{POSTGRES_URL}?application_name=memable", "full", schema=pg_schema)
+    try:
+        now = "2026-12-07T00:00:00+00:00"
+        assert store.create_instance(InstanceRow(
+            "wf", "i", "running", None, "null", None, None, None, now, now, None))
+        write = StepWrite("wf", "i", "k", UNREACHED, "signal", "completed", '"v"', None,
+                          None, None, now, now)
+        store.deliver_signal(write)
+        with psycopg.connect(POSTGRES_URL, options=f"-c search_path={pg_schema}") as other:
+            other.execute("UPDATE instances SET owner = 'another' WHERE instance_id = 'i'")
+            outcome: list[BaseException | None] = []
+
+            def place() -> None:
+                try:
+                    store.place_signal("wf", "i", "k", 3)
+                    outcome.append(None)
+                except BaseException as exc:  # what the placement did, whatever it is
+                    outcome.append(exc)
+
+            placing = threading.Thread(target=place, name="test-place-signal")
+            placing.start()
+            with psycopg.connect(POSTGRES_URL, autocommit=True) as watcher:
+                deadline = time.monotonic() + 30
+                while watcher.execute(
+                    "SELECT 1 FROM pg_stat_activity WHERE application_name = 'memable' "
+                    "AND wait_event_type = 'Lock' AND query LIKE '%%UPDATE steps SET seq%%'"
+                ).fetchone() is None:
+                    assert not outcome, f"the placement did not wait: {outcome}"
+                    assert time.monotonic() < deadline, "the placement never waited"
+                    time.sleep(0.01)  # a condition on the server, looked at again
+            other.commit()
+            placing.join(30)
+        assert len(outcome) == 1
+        assert isinstance(outcome[0], LostInstance)
+        stored = store.read_step("wf", "i", "k")
+        assert stored is not None
+        assert stored.seq == UNREACHED
+    finally:
+        store.close()

@@ -135,7 +135,7 @@ WHERE steps.state <> 'completed' AND steps.kind = 'step'
 """
 OWNED = (
     "EXISTS (SELECT 1 FROM instances WHERE workflow = :workflow "
-    "AND instance_id = :instance_id AND owner = :me)"
+    "AND instance_id = :instance_id AND owner = :me{for_share})"
 )
 
 # A waiting row marks a suspend point or timer reached, or a step waiting out a
