@@ -209,20 +209,22 @@ def test_a_purge_between_the_forks_statements_passes_its_source_over(
     engine.invoke("pipeline", 1, instance_id="p").result(TIMEOUT)
     purger = make_engine()
     store: Any = engine._store
-    real = store._pg_execute
+    real = store._tx
     purged: list[int] = []
 
-    def hooked(conn: Any) -> Any:
-        execute = real(conn)
+    class Hooked:  # the fork's transaction, purging just before ``before`` runs
+        def __init__(self, tx: Any) -> None:
+            self.tx = tx
 
-        def run(text: str, params: dict[str, Any]) -> Any:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.tx, name)
+
+        def execute(self, text: str, params: Any = None) -> Any:
             if text == before:
                 purged.append(purger.purge(0))
-            return execute(text, params)
+            return self.tx.execute(text, params)
 
-        return run
-
-    monkeypatch.setattr(store, "_pg_execute", hooked)
+    monkeypatch.setattr(store, "_tx", lambda conn: Hooked(real(conn)))
     fork = engine.fork("pipeline", "p", from_key="load:v1", new_instance_id="p2")
     assert purged == [0]  # the source was the fork's: passed over
     assert fork.result(TIMEOUT) == 11

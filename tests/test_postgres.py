@@ -152,8 +152,8 @@ def test_a_newer_schema_version_is_refused_and_left_as_it_was(pg_schema: str) ->
 
 
 def test_a_version_1_schema_is_migrated_in_place_and_keeps_its_rows(pg_schema: str) -> None:
-    """A store made before child workflows (version 1) gains the parent columns and the
-    functions of this code when opened; its instances stay as they were."""
+    """A store made before child workflows (version 1) gains the parent columns when
+    opened; its instances stay as they were."""
     engine = Engine.open(POSTGRES_URL, schema=pg_schema)
     engine.register("one", _one_step)
     with engine:

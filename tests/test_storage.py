@@ -38,10 +38,8 @@ from memable._store.protocol import StepWrite
 _STEPS_WRITE = re.compile(
     r"^\s*(WITH\b.*?)?\b(INSERT|REPLACE|UPDATE|DELETE)\b[^;]*?\b[\[\"`]?steps\b", re.I | re.S
 )
-# A read of steps; on PostgreSQL the claim function reads them in its one statement.
-_STEPS_READ = re.compile(
-    r"^\s*SELECT\b.*(\bFROM\s+[\[\"`]?steps\b|\bmemable_claim\()", re.I | re.S
-)
+# A read of steps.
+_STEPS_READ = re.compile(r"^\s*SELECT\b.*\bFROM\s+[\[\"`]?steps\b", re.I | re.S)
 _WRITE = re.compile(r"^\s*(WITH\b.*?)?\b(INSERT|REPLACE|UPDATE|DELETE)\b", re.I | re.S)
 
 

@@ -19,11 +19,10 @@ from typing import Any
 from .._errors import StorageError
 from .._store.protocol import Synchronous
 from .._store.sql.instances import CONCURRENCY_KEY_INDEX, TIMEOUTS_INDEX
-from .functions import FUNCTIONS
 
 #: The schema version this code writes (the SQLite store's columns, in PostgreSQL).
-#: Version 9 also replaces a function (``memable_deliver_signal`` stores a signal for a
-#: key not reached yet at ``rows.UNREACHED``); every migration replaces the functions.
+#: Versions before it also created PL/pgSQL functions (``memable_claim`` and others);
+#: this code calls none, and a store keeps those it has, unused.
 SCHEMA_VERSION = 9
 #: Seconds to wait for the server unless the URL's ``connect_timeout`` says.
 CONNECT_TIMEOUT = 10
@@ -301,7 +300,6 @@ def prepare(conn: Any, schema: str, where: str, *, create: bool) -> None:
                 raise StorageError(f"{where} has no memable store in schema {schema!r}")
             conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(schema)}")
             conn.execute(_TABLES)
-            conn.execute(FUNCTIONS)
             conn.execute("INSERT INTO schema_version (version) VALUES (%s)", (SCHEMA_VERSION,))
             return
         row = conn.execute("SELECT max(version) FROM schema_version").fetchone()
@@ -311,7 +309,7 @@ def prepare(conn: Any, schema: str, where: str, *, create: bool) -> None:
                 f"{where} schema {schema!r} has memable schema version {version}, newer than "
                 f"this memable understands ({SCHEMA_VERSION}); upgrade memable to open it"
             )
-        if version < SCHEMA_VERSION:  # migrate, and replace the functions with this code's
+        if version < SCHEMA_VERSION:  # migrate
             conn.execute(_V2)
             conn.execute(_V3)
             conn.execute(_V4)
@@ -320,5 +318,4 @@ def prepare(conn: Any, schema: str, where: str, *, create: bool) -> None:
             conn.execute(_V7)
             conn.execute(_V8)
             conn.execute(_V9)
-            conn.execute(FUNCTIONS)
             conn.execute("UPDATE schema_version SET version = %s", (SCHEMA_VERSION,))

@@ -17,12 +17,10 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
-import attrs
 import psycopg
 
 from .._records import StatusName, StepRecord
 from .._store import liveness as _liveness
-from .._store.control import LostInstance, RunCancelled
 from .._store.protocol import Synchronous
 from .._store.rows import (
     Claim,
@@ -39,15 +37,13 @@ from .._store.rows import (
     TickFiring,
     TicksFired,
     TimedOut,
-    step_params,
 )
 from .._store.sql import cancel as cancel_sql
-from .._store.sql import children as children_sql
+from .._store.sql import claims, reads, signals, steps, suspensions, timers
 from .._store.sql import forks as forks_sql
 from .._store.sql import instances as shared
 from .._store.sql import owners as owners_sql
 from .._store.sql import queues as queue_sql
-from .._store.sql import reads, signals, steps, suspensions, timers
 from .._store.sql import retention as retention_sql
 from .._store.sql import schedules as schedules_sql
 from .._store.sql.execute import Execute, pg
@@ -55,15 +51,8 @@ from .._store.sql.reads import OperatorReads
 from . import schema as schema_
 from . import sql
 from .connections import Connections
-from .listener import Changed, Listener, payload
+from .listener import Changed, Listener
 from .transaction import PostgresTransaction
-
-
-def _snapshot_of(instance: dict[str, Any], steps: list[list[Any]]) -> RunSnapshot:
-    """A run's snapshot from the JSON the claim and suspend functions return."""
-    return RunSnapshot(
-        InstanceRow(**instance), {step[0]: StoredStep(*step) for step in steps}
-    )
 
 
 class PostgresStore(OperatorReads):
@@ -120,40 +109,19 @@ class PostgresStore(OperatorReads):
     # ------------------------------------------------------------------ runs
 
     def create_instance(self, row: InstanceRow, start_at: float | None = None) -> bool:
-        queued = row.status != "running"  # it waits for a slot, or its start: nobody's yet
-        values = attrs.astuple(attrs.evolve(row, owner=None if queued else self.owner))
-
-        def insert(conn: psycopg.Connection[Any]) -> bool:
-            if queued and start_at is None:  # one statement: the row, and "queued" if made
-                told = payload("queued", self.owner, row.workflow, row.instance_id)
-                return conn.execute(sql.INSERT_QUEUED_INSTANCE,
-                                    (*values, self.channel, told)).rowcount == 1
-            created = conn.execute(sql.INSERT_INSTANCE, values).rowcount == 1
-            if created and start_at is not None:  # a delayed start: its timer, then "armed"
-                params = {"workflow": row.workflow, "instance_id": row.instance_id,
-                          "deadline": start_at}
-                conn.execute(pg(shared.INSERT_START_STEP), params)
-                conn.execute(pg(shared.INSERT_START_TIMER), params)
-                self._notify(conn, payload("timer", self.owner, row.workflow, row.instance_id))
-            return created
-
-        return self._run("create the instance", insert, row.workflow, row.instance_id)
+        # A transaction: whether it created the row is not the same on a second run.
+        return self._run("create the instance",
+                         lambda conn: claims.create(self._tx(conn), row, start_at),
+                         row.workflow, row.instance_id)
 
     def begin_run(
         self, workflow: str, instance_id: str, *, now: str, claim: Claim
     ) -> RunSnapshot | None:
-        def claim_it(conn: psycopg.Connection[Any]) -> RunSnapshot | None:
-            found = conn.execute(
-                sql.CLAIM, (workflow, instance_id, self.owner, now, claim)
-            ).fetchone()
-            if found is None or found[0] is None:
-                return None
-            snapshot = _snapshot_of(*found)
-            if snapshot.instance.status == "queued":  # waits for a slot: tell the consumers
-                self._notify(conn, payload("queued", self.owner, workflow, instance_id))
-            return snapshot
-
-        return self._run("start a run", claim_it, workflow, instance_id)
+        return self._run(
+            "start a run",
+            lambda conn: claims.begin_run(self._tx(conn), workflow, instance_id, now=now,
+                                          claim=claim),
+            workflow, instance_id)
 
     def _tx(self, conn: psycopg.Connection[Any]) -> PostgresTransaction:
         return PostgresTransaction(conn, self.owner, self.channel)
@@ -215,15 +183,11 @@ class PostgresStore(OperatorReads):
     def fork_instance(
         self, workflow: str, instance_id: str, new_id: str, from_key: str | None, now: str
     ) -> bool:
-        def fork_it(conn: psycopg.Connection[Any]) -> bool:
-            # The source stays locked until the fork commits: a purge passes it over.
-            made = forks_sql.fork(self._pg_execute(conn), workflow, instance_id, new_id,
-                                  from_key, now, lock=forks_sql.SHARE_LOCK)
-            if made:  # an engine that runs it takes it now, not at its next poll
-                self._notify(conn, payload("signal", self.owner, workflow, new_id))
-            return made
-
-        return self._run("fork the instance", fork_it, workflow, instance_id)
+        return self._run(
+            "fork the instance",
+            lambda conn: forks_sql.fork(self._tx(conn), workflow, instance_id, new_id,
+                                        from_key, now),
+            workflow, instance_id)
 
     def place_signal(self, workflow: str, instance_id: str, key: str, seq: int) -> None:
         # One statement, which writes and answers alike if run again.
@@ -354,45 +318,9 @@ class PostgresStore(OperatorReads):
     def start_children(self, waits: list[StepWrite], rows: list[InstanceRow]) -> list[str]:
         if not rows:
             return []
-        workflow, instance_id = waits[0].workflow, waits[0].instance_id
-
-        def start(conn: psycopg.Connection[Any]) -> list[str]:
-            found = conn.execute(sql.LOCK_INSTANCE, (workflow, instance_id)).fetchone()
-            if found is None or found[1] != self.owner:
-                raise LostInstance(workflow, instance_id)
-            if found[0] != "running":
-                raise RunCancelled()
-            with conn.cursor() as cursor:
-                cursor.executemany(
-                    sql.INSERT_WAITING, [step_params(wait, self.owner) for wait in waits]
-                )
-            ids = [row.instance_id for row in rows]
-            template = rows[0]
-            queued = template.status != "running"
-            created = conn.execute(sql.INSERT_CHILDREN, {
-                "workflow": template.workflow, "at": template.created_at,
-                "owner": None if queued else self.owner, "status": template.status,
-                "queue": template.queue, "priority": template.priority,
-                "queued_at": template.queued_at,
-                "timeout": template.timeout, "timeout_at": template.timeout_at,
-                "parent_workflow": template.parent_workflow, "parent_id": template.parent_id,
-                "parent_group": template.parent_group, "ids": ids,
-                "inputs": [row.input for row in rows],
-                "types": [row.input_type for row in rows],
-                "keys": [row.parent_key for row in rows],
-            }).fetchall()
-            made = {child_id for (child_id,) in created}
-            # An id that was there must be this parent's child at this key.
-            children_sql.refuse_taken(
-                self._pg_execute(conn), template.workflow, (workflow, instance_id),
-                {r.instance_id: str(r.parent_key) for r in rows if r.instance_id not in made},
-            )
-            if created and queued:
-                self._notify(conn, payload("queued", self.owner, workflow, instance_id))
-            return [child_id for (child_id,) in created]
-
         return self._db.run(
-            "start the children", start, workflow, instance_id, waits[0].key,
+            "start the children", lambda conn: claims.start_children(self._tx(conn), waits, rows),
+            waits[0].workflow, waits[0].instance_id, waits[0].key,
         )
 
     def set_traceparent(self, workflow: str, instance_id: str, traceparent: str) -> None:
@@ -406,23 +334,12 @@ class PostgresStore(OperatorReads):
     def declare_schedules(self, schedules: list[ScheduleRow], at: str) -> list[ScheduleRow]:
         return self._run(
             "declare the schedules",
-            lambda conn: schedules_sql.declare(self._pg_execute(conn), schedules, at),
+            lambda conn: schedules_sql.declare(self._tx(conn), schedules, at),
         )
 
     def fire_ticks(self, name: str, last: str | None, firing: TickFiring) -> TicksFired:
-        def fire(conn: psycopg.Connection[Any]) -> TicksFired:
-            def insert(row: InstanceRow) -> bool:
-                queued = row.status != "running"  # it waits for a slot: nobody's yet
-                values = attrs.astuple(attrs.evolve(row, owner=None if queued else self.owner))
-                created = conn.execute(sql.INSERT_INSTANCE, values).rowcount == 1
-                if created and queued:
-                    self._notify(conn, payload("queued", self.owner, row.workflow,
-                                               row.instance_id))
-                return created
-
-            return schedules_sql.fire(self._pg_execute(conn), name, last, firing, insert)
-
-        return self._run(f"fire the schedule {name!r}", fire)
+        return self._run(f"fire the schedule {name!r}",
+                         lambda conn: schedules_sql.fire(self._tx(conn), name, last, firing))
 
     # ------------------------------------------------------------------ reads
 

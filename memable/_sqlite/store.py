@@ -29,13 +29,10 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, TypeVar
 
-import attrs
-
 from .. import _clock
 from .._errors import StorageError
 from .._records import StatusName, StepRecord
 from .._store import liveness as _liveness
-from .._store.control import LostInstance, RunCancelled
 from .._store.protocol import Synchronous
 from .._store.rows import (
     Claim,
@@ -52,19 +49,16 @@ from .._store.rows import (
     TickFiring,
     TicksFired,
     TimedOut,
-    step_params,
 )
 from .._store.sql import cancel as cancel_sql
-from .._store.sql import children as children_sql
+from .._store.sql import claims, reads, signals, steps, suspensions, timers
 from .._store.sql import forks as forks_sql
 from .._store.sql import instances as shared
 from .._store.sql import owners as owners_sql
 from .._store.sql import queues as queue_sql
-from .._store.sql import reads, signals, steps, suspensions, timers
 from .._store.sql import retention as retention_sql
 from .._store.sql import schedules as schedules_sql
 from .._store.sql.reads import OperatorReads
-from . import sql
 from .group_commit import GroupCommit
 from .schema import open_store, return_free_pages
 from .transaction import SQLiteTransaction
@@ -143,18 +137,10 @@ class SQLiteStore(OperatorReads):
     # ------------------------------------------------------------------ runs
 
     def create_instance(self, row: InstanceRow, start_at: float | None = None) -> bool:
-        owner = self.owner if row.status == "running" else None  # a queued one: nobody's yet
-        values = (*attrs.astuple(attrs.evolve(row, owner=owner)),)
-
         def insert(conn: sqlite3.Connection) -> bool:
-            created = conn.execute(sql.INSERT_INSTANCE, values).rowcount == 1
+            created = claims.create(SQLiteTransaction(conn, self.owner), row, start_at)
             if created and row.status == "running" and self._checks is not None:
                 self._checks.claimed(row.workflow, row.instance_id)
-            if created and start_at is not None:
-                params = {"workflow": row.workflow, "instance_id": row.instance_id,
-                          "deadline": start_at}
-                conn.execute(shared.INSERT_START_STEP, params)
-                conn.execute(shared.INSERT_START_TIMER, params)
             return created
 
         where = (row.workflow, row.instance_id, None)
@@ -165,29 +151,13 @@ class SQLiteStore(OperatorReads):
     def begin_run(
         self, workflow: str, instance_id: str, *, now: str, claim: Claim
     ) -> RunSnapshot | None:
-
         def claim_it(conn: sqlite3.Connection) -> RunSnapshot | None:
-            found = conn.execute(
-                f"UPDATE instances SET {shared.CLAIM_SET} "
-                "WHERE workflow = :workflow AND instance_id = :instance_id "
-                f"AND {sql.CLAIMS[claim]} RETURNING {sql.INSTANCE_RETURNING}",
-                {"me": self.owner, "at": now, "now": sql.wall_of(now), "workflow": workflow,
-                 "instance_id": instance_id, "claim": claim},
-            ).fetchone()
-            if found is None:
-                return None
-            instance = InstanceRow(*found)
-            if instance.lost_owner is not None and instance.lost_step is not None:
-                conn.execute(shared.COUNT_LOST, {
-                    "workflow": workflow, "instance_id": instance_id,
-                    "key": instance.lost_step, "lost_by": instance.lost_by,
-                })
-            if instance.status == "queued":  # it waits for a slot of its queue
-                return RunSnapshot(instance, {})
-            if self._checks is not None:
+            snapshot = claims.begin_run(SQLiteTransaction(conn, self.owner), workflow,
+                                        instance_id, now=now, claim=claim)
+            if (snapshot is not None and snapshot.instance.status == "running"
+                    and self._checks is not None):
                 self._checks.claimed(workflow, instance_id)
-            steps = conn.execute(sql.SELECT_RUN_STEPS, (workflow, instance_id)).fetchall()
-            return RunSnapshot(instance, {s[0]: StoredStep(*s) for s in steps})
+            return snapshot
 
         return self._grouped(
             "start a run", workflow, instance_id, None, claim_it, changes="none"
@@ -317,7 +287,8 @@ class SQLiteStore(OperatorReads):
         self, workflow: str, instance_id: str, new_id: str, from_key: str | None, now: str
     ) -> bool:
         def fork_it(conn: sqlite3.Connection) -> bool:
-            return forks_sql.fork(conn.execute, workflow, instance_id, new_id, from_key, now)
+            return forks_sql.fork(SQLiteTransaction(conn, self.owner), workflow, instance_id,
+                                  new_id, from_key, now)
 
         # A new instance, nobody's: no status or owner a check may have read changes.
         return self._grouped("fork the instance", workflow, instance_id, from_key, fork_it,
@@ -446,29 +417,13 @@ class SQLiteStore(OperatorReads):
         workflow, instance_id = waits[0].workflow, waits[0].instance_id
 
         def start(conn: sqlite3.Connection) -> list[str]:
-            state = conn.execute(sql.CHECK_RUN, (workflow, instance_id)).fetchone()
-            if state is None or state[1] != self.owner:
-                raise LostInstance(workflow, instance_id)
-            if state[0] != "running":
-                raise RunCancelled()
-            for wait in waits:
-                conn.execute(shared.INSERT_WAITING, step_params(wait, self.owner))
-            created = [row for row in rows if conn.execute(
-                sql.INSERT_INSTANCE,
-                attrs.astuple(attrs.evolve(row, owner=self.owner if row.status == "running"
-                                           else None)),
-            ).rowcount == 1]
-            made = {row.instance_id for row in created}
-            # An id that was there must be this parent's child at this key.
-            children_sql.refuse_taken(
-                conn.execute, rows[0].workflow, (workflow, instance_id),
-                {r.instance_id: str(r.parent_key) for r in rows if r.instance_id not in made},
-            )
+            created = claims.start_children(SQLiteTransaction(conn, self.owner), waits, rows)
             if self._checks is not None:
-                for row in created:
-                    if row.status == "running":
+                made = set(created)
+                for row in rows:
+                    if row.instance_id in made and row.status == "running":
                         self._checks.claimed(row.workflow, row.instance_id)
-            return [row.instance_id for row in created]
+            return created
 
         return self._commits.write(
             "start the children", workflow, instance_id, waits[0].key, start, changes="none"
@@ -487,20 +442,20 @@ class SQLiteStore(OperatorReads):
     def declare_schedules(self, schedules: list[ScheduleRow], at: str) -> list[ScheduleRow]:
         return self._grouped(
             "declare the schedules", None, None, None,
-            lambda conn: schedules_sql.declare(conn.execute, schedules, at), changes="none",
+            lambda conn: schedules_sql.declare(SQLiteTransaction(conn, self.owner), schedules,
+                                               at),
+            changes="none",
         )
 
     def fire_ticks(self, name: str, last: str | None, firing: TickFiring) -> TicksFired:
         def fire(conn: sqlite3.Connection) -> TicksFired:
-            def insert(row: InstanceRow) -> bool:
-                running = row.status == "running"
-                values = attrs.astuple(attrs.evolve(row, owner=self.owner if running else None))
-                created = conn.execute(sql.INSERT_INSTANCE, values).rowcount == 1
-                if created and running and self._checks is not None:
-                    self._checks.claimed(row.workflow, row.instance_id)
-                return created
-
-            return schedules_sql.fire(conn.execute, name, last, firing, insert)
+            fired = schedules_sql.fire(SQLiteTransaction(conn, self.owner), name, last, firing)
+            if self._checks is not None:
+                created = set(fired.created)
+                for row in firing.rows:
+                    if row.instance_id in created and row.status == "running":
+                        self._checks.claimed(row.workflow, row.instance_id)
+            return fired
 
         return self._grouped(f"fire the schedule {name!r}", None, None, None, fire,
                              changes="none")

@@ -69,6 +69,9 @@ class Dialect:
     #: suspension that goes on at once (it changes no owner or status; the run's next
     #: write commits durably and, the log being one sequence, makes it durable too).
     relaxed_commit: str = ""
+    #: Whether a statement takes a list as one parameter (an array): a batch of rows is
+    #: then one statement (``unnest``), else one statement per row.
+    array_parameters: bool = False
 
     def spell(self, template: str) -> str:
         """``template`` in this dialect: its ``{word}`` spelled, its parameters named.
@@ -93,7 +96,7 @@ POSTGRESQL = Dialect(
     "postgresql", for_update=" FOR UPDATE", for_share=" FOR SHARE",
     skip_locked=" FOR UPDATE SKIP LOCKED", share_skip_locked=" FOR SHARE SKIP LOCKED",
     now_epoch="extract(epoch FROM clock_timestamp())::double precision",
-    parameter="%%(%s)s", row_locks=True,
+    parameter="%%(%s)s", row_locks=True, array_parameters=True,
     relaxed_commit="SELECT set_config('synchronous_commit', 'off', true)",
 )
 

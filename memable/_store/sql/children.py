@@ -15,7 +15,6 @@ from typing import Any
 
 from ..._errors import ChildIdTaken
 from ..transaction import Transaction
-from .execute import Execute
 
 #: A child instance: its parent's columns, read before the parent's row is locked.
 PARENT_OF = (
@@ -71,7 +70,7 @@ AND kind = 'child' AND state = 'waiting' AND substr(key, 1, :n) = :prefix
 
 
 def refuse_taken(
-    execute: Execute, workflow: str, parent: tuple[str, str], keys: dict[str, str]
+    tx: Transaction, workflow: str, parent: tuple[str, str], keys: dict[str, str]
 ) -> None:
     """Raise ``ChildIdTaken`` if a child id of ``keys`` (child id -> the parent's key) that
     was not created belongs to an instance other than ``parent``'s child at that key.
@@ -79,7 +78,7 @@ def refuse_taken(
     Called in the transaction that created the others, so raising rolls it all back.
     """
     for child_id, key in keys.items():
-        found = execute(PARENT_OF, {"workflow": workflow, "instance_id": child_id}).fetchone()
+        found = tx.execute(PARENT_OF, {"workflow": workflow, "instance_id": child_id}).fetchone()
         holder = None if found is None or found[0] is None else (found[0], found[1], found[2])
         if holder != (*parent, key):
             raise ChildIdTaken(parent[0], parent[1], key, workflow, holder)

@@ -1,5 +1,5 @@
-"""Forking an instance from a step, shared by both stores (``:name`` parameters; the
-PostgreSQL store rewrites them with ``execute.pg``).
+"""Forking an instance from a step, written once for both stores (``:name`` parameters,
+spelled by the transaction).
 
 A fork is a new instance of the same workflow with the same input, whose
 completed steps reached before the key it re-runs from (by ``seq``, the order
@@ -8,11 +8,12 @@ that key and everything after it. It is stored suspended, nobody's and ready
 (as ``memable resume`` leaves one), so the next look of an engine that runs
 the workflow takes it (onto its queue, if it has one). The source is only read.
 
-The source's row is read first, with the store's lock clause (PostgreSQL: ``FOR
-SHARE``), and stays locked until the fork commits: the fork reads the source in
-several statements, and a purge (which passes over locked rows) must not delete
-it in between, leaving a fork with no steps (or refusing its id as taken). On
-SQLite the transaction holds the write lock from the first read.
+The source's row is read first, share-locked (PostgreSQL: ``FOR SHARE``), and
+stays locked until the fork commits: the fork reads the source in several
+statements, and a purge (which passes over locked rows) must not delete it in
+between, leaving a fork with no steps (or refusing its id as taken). On SQLite
+the transaction holds the write lock from the first read. An engine that runs
+the workflow is told (a "signal" to the new instance), so it takes it at once.
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ from __future__ import annotations
 from datetime import datetime
 
 from ..._errors import InstanceNotFound, StepNotFound
-from .execute import Execute
+from ..transaction import Transaction
 
-#: The source's row, read first; a store appends its lock clause (``SHARE_LOCK``).
-SOURCE = "SELECT 1 FROM instances WHERE workflow = :workflow AND instance_id = :instance_id"
-#: PostgreSQL's lock clause for ``SOURCE``: the source is the fork's until it commits;
-#: a purge's ``FOR UPDATE ... SKIP LOCKED`` passes it over.
-SHARE_LOCK = " FOR SHARE"
+#: The source's row, read first and share-locked: the source is the fork's until it
+#: commits; a purge's ``FOR UPDATE ... SKIP LOCKED`` passes it over.
+SOURCE = (
+    "SELECT 1 FROM instances WHERE workflow = :workflow AND instance_id = :instance_id"
+    "{for_share}"
+)
 #: The source's steps, in the order first reached: where a fork may start.
 KEYS = (
     "SELECT key, seq FROM steps WHERE workflow = :workflow AND instance_id = :instance_id "
@@ -58,31 +60,33 @@ COPY_ALL_STEPS = _COPY_STEPS
 
 
 def fork(
-    execute: Execute, workflow: str, instance_id: str, new_id: str, from_key: str | None,
-    at: str, *, lock: str = "",
+    tx: Transaction, workflow: str, instance_id: str, new_id: str, from_key: str | None,
+    at: str,
 ) -> bool:
     """Create ``new_id`` as a fork of the instance from ``from_key`` (None: after every
-    completed step), in the caller's transaction; False, and nothing written, if
+    completed step), atomically, and tell the engines; False, and nothing written, if
     ``new_id`` exists.
 
     Raise ``InstanceNotFound`` for an unknown source and ``StepNotFound`` (naming
-    the keys it has) for a key it never reached; each writes nothing. ``lock`` is
-    appended to the first read of the source (``SHARE_LOCK`` on PostgreSQL).
+    the keys it has) for a key it never reached; each writes nothing. The source
+    is only read, and locked against a purge until the fork commits.
     """
     where = {"workflow": workflow, "instance_id": instance_id}
-    if execute(SOURCE + lock, where).fetchone() is None:
+    if tx.execute(SOURCE, where).fetchone() is None:
         raise InstanceNotFound(workflow, instance_id)
-    keys = {str(key): int(seq) for key, seq in execute(KEYS, where).fetchall()}
+    keys = {str(key): int(seq) for key, seq in tx.execute(KEYS, where).fetchall()}
     if from_key is not None and from_key not in keys:
         raise StepNotFound(workflow, instance_id, from_key, list(keys))
     message = f"forked from {instance_id!r}" + (
         f" at {from_key!r}" if from_key is not None else "")
     params = {**where, "new_id": new_id, "message": message, "at": at,
               "created": datetime.fromisoformat(at).timestamp()}
-    if execute(INSERT_FORK, params).rowcount != 1:
+    if tx.execute(INSERT_FORK, params).rowcount != 1:
         return False
     if from_key is None:
-        execute(COPY_ALL_STEPS, params)
+        tx.execute(COPY_ALL_STEPS, params)
     else:
-        execute(COPY_STEPS_BEFORE, {**params, "seq": keys[from_key]})
+        tx.execute(COPY_STEPS_BEFORE, {**params, "seq": keys[from_key]})
+    # An engine that runs the workflow takes it now, not at its next poll.
+    tx.notify("signal", workflow, new_id)
     return True

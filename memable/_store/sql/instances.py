@@ -1,12 +1,13 @@
 """The SQL of instances and their keys that both stores run (``:name`` parameters; the
 PostgreSQL store rewrites them with ``children.pg``, or fills in its own marks).
 
-What a claim writes, a step's waiting row, which suspended instances are
+A new instance's row, a step's waiting row, which suspended instances are
 ready to go on, and ``memable resume``'s mark: the same rules, written once,
 on either store (what firing a due timer does to its key: ``timers``). The
 transaction bodies of a run's end (``finish``), of a resume
 (``mark_resumable``, ``resume_failure``), of the trace context a run
 continues (``set_traceparent``) and of workflow timeouts (``time_out_due``).
+What a claim writes is ``claims``'.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import attrs
+
 from ..._errors import InstanceFinished, InstanceNotFound
-from ..liveness import OWNER_SUFFIX
-from ..rows import TERMINAL, UNREACHED, Ended, RunEnd, TimedOut
+from ..rows import TERMINAL, Ended, InstanceRow, RunEnd, TimedOut
 from ..transaction import Transaction
 from . import children
 from .cancel import cancel_in
@@ -78,61 +80,62 @@ INSTANCE_COLUMNS: dict[str, type] = {
     "lost_by": str,
 }
 
+_COLUMNS = ", ".join(INSTANCE_COLUMNS)
+#: A new instance's row, unless its id is taken (then nothing is written).
+INSERT_INSTANCE = (
+    f"INSERT INTO instances ({_COLUMNS}) "
+    f"VALUES ({', '.join(f':{name}' for name in INSTANCE_COLUMNS)}) ON CONFLICT DO NOTHING"
+)
+_ARRAY_OF = {str: "text[]", int: "integer[]", float: "double precision[]"}
+#: New instances' rows from one array per column (a dialect with ``array_parameters``),
+#: those whose id is taken left out; the ids created.
+INSERT_INSTANCES = (
+    f"INSERT INTO instances ({_COLUMNS}) SELECT * FROM unnest("
+    f"{', '.join(f':{name}::{_ARRAY_OF[kind]}' for name, kind in INSTANCE_COLUMNS.items())}"
+    ") ON CONFLICT DO NOTHING RETURNING instance_id"
+)
+
+
+def _owned_row(tx: Transaction, row: InstanceRow) -> InstanceRow:
+    """``row`` as a new instance is stored: a running one is this engine's (it runs it
+    here), any other nobody's yet (it waits for a slot of its queue, or its start)."""
+    return attrs.evolve(row, owner=tx.owner if row.status == "running" else None)
+
+
+def insert_instance(tx: Transaction, row: InstanceRow) -> bool:
+    """Create the instance ``row`` (owned as ``_owned_row`` says); False, and nothing
+    written, if its id is taken."""
+    values = attrs.asdict(_owned_row(tx, row), recurse=False)
+    return int(tx.execute(INSERT_INSTANCE, values).rowcount) == 1
+
+
+def insert_instances(tx: Transaction, rows: list[InstanceRow]) -> list[str]:
+    """Create each instance of ``rows`` whose id is free (as ``insert_instance`` does);
+    the ids created, in order. One statement where the dialect takes array parameters,
+    else one per row."""
+    if not tx.dialect.array_parameters:
+        return [row.instance_id for row in rows if insert_instance(tx, row)]
+    owned = [_owned_row(tx, row) for row in rows]
+    columns: dict[str, list[Any]] = {
+        name: [_as(kind, getattr(row, name)) for row in owned]
+        for name, kind in INSTANCE_COLUMNS.items()
+    }
+    made = {str(found[0]) for found in tx.execute(INSERT_INSTANCES, columns).fetchall()}
+    return [row.instance_id for row in rows if row.instance_id in made]
+
+
+def _as(kind: type, value: Any) -> Any:
+    """``value`` as a column of type ``kind`` takes it in an array (None stays None): an
+    array holds one type, and a timeout given as an int is a float column's."""
+    return None if value is None else kind(value)
+
+
 # An instance is free to claim when nobody runs it, or its owner's lease ran out.
 OWNER_FREE = """(
     instances.owner IS NULL OR instances.owner = :me OR NOT EXISTS (
         SELECT 1 FROM owners WHERE owners.id = instances.owner
         AND owners.heartbeat + owners.lease >= :now))"""
 
-# A claim that takes a running instance from another owner (dead: the claim's
-# WHERE says so) recovers it; the expressions of one UPDATE see the old row.
-_RECOVERED = "status = 'running' AND owner IS NOT NULL AND owner <> :me"
-# The old owner by host and pid: its id without the random digits that end it
-# (``liveness.owner_id``; an id of another shape is named as it is).
-_OWNER_NAME = f"""CASE WHEN substr(owner, length(owner) - {OWNER_SUFFIX}, 1) = ':'
-    THEN substr(owner, 1, length(owner) - {OWNER_SUFFIX + 1}) ELSE owner END"""
-# How it was lost: an owner whose row is gone was reaped by an engine of its host,
-# which saw its process gone (died); one whose row is there only let its lease
-# run out (stalled; on another host, whether it also died is not known here).
-_HOW_LOST = """CASE WHEN EXISTS (SELECT 1 FROM owners WHERE owners.id = instances.owner)
-    THEN ' stalled past its lease' ELSE ' died' END"""
-# What a claim writes: running and owned; an instance of a queue instead
-# waits for a slot (queued, nobody's; a queued or recovered one keeps its
-# place). A recovery is counted, with the dead owner (cleared by any other
-# claim: set, it says this claim recovered the instance), that owner by host and
-# pid and how it was lost (kept), and the step it had in flight (its heartbeat
-# named it) if that attempt's end was never stored: its execution was lost with
-# the owner, and ``COUNT_LOST`` counts it in the same transaction.
-CLAIM_SET = f"""status = CASE WHEN queue IS NULL THEN 'running' ELSE 'queued' END,
-    owner = CASE WHEN queue IS NULL THEN :me END,
-    queued_at = CASE WHEN queue IS NULL OR status IN ('queued', 'running') THEN queued_at
-        ELSE :at END,
-    recoveries = CASE WHEN {_RECOVERED} THEN COALESCE(recoveries, 0) + 1 ELSE recoveries END,
-    lost_owner = CASE WHEN {_RECOVERED} THEN owner END,
-    lost_by = CASE WHEN {_RECOVERED} THEN {_OWNER_NAME} || {_HOW_LOST} ELSE lost_by END,
-    lost_step = CASE WHEN {_RECOVERED} THEN (SELECT instances.step_key WHERE NOT EXISTS (
-        SELECT 1 FROM steps AS done WHERE done.workflow = instances.workflow
-        AND done.instance_id = instances.instance_id AND done.key = instances.step_key
-        AND (done.state = 'completed' OR done.started_at >= instances.step_started)))
-        ELSE lost_step END,
-    message = NULL, waiting_for = NULL, updated_at = :at, completed_at = NULL,
-    traceback = NULL, step_key = NULL, step_started = NULL, children_pending = NULL,
-    run_reason = CASE :claim WHEN 'resume' THEN 'resume' WHEN 'recover' THEN 'recovery' END"""
-#: In the transaction of a claim that recovered the instance (``lost_owner`` set) with a
-#: step lost in flight (``lost_step``): count that step's lost execution in its
-#: ``attempts``. A key never stored yet gets a failed row (after every step reached, but
-#: before a signal stored for a key not reached yet, ``UNREACHED``) that names the lost
-#: owner, which the run's next attempt replaces; a completed row, or a row of another
-#: kind, is left as it is.
-COUNT_LOST = f"""
-INSERT INTO steps (workflow, instance_id, key, seq, kind, state, error, attempts)
-SELECT :workflow, :instance_id, :key, COALESCE(MAX(seq), -1) + 1, 'step', 'failed',
-    'engine ' || :lost_by || ' during this attempt', 1
-FROM steps WHERE workflow = :workflow AND instance_id = :instance_id AND seq < {UNREACHED}
-ON CONFLICT (workflow, instance_id, key) DO UPDATE SET
-    attempts = steps.attempts + 1, error = excluded.error
-WHERE steps.state <> 'completed' AND steps.kind = 'step'
-"""
 OWNED = (
     "EXISTS (SELECT 1 FROM instances WHERE workflow = :workflow "
     "AND instance_id = :instance_id AND owner = :me{for_share})"

@@ -1,4 +1,5 @@
-"""The SQL of schedules, shared by both stores (``:name`` parameters; see ``execute.pg``).
+"""The SQL of schedules, written once for both stores (``:name`` parameters, spelled by the
+transaction).
 
 A schedule's row holds its declaration (cron, zone, workflow), the newest
 tick it accounted for (``last_tick``), when it started counting (``since``)
@@ -9,10 +10,9 @@ engines that fire one tick, one writes it and the others write nothing.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from ..rows import InstanceRow, ScheduleRow, TickFiring, TicksFired
-from .execute import Execute
+from ..rows import ScheduleRow, TickFiring, TicksFired
+from ..transaction import Transaction
+from .instances import insert_instance
 
 COLUMNS = "name, cron, timezone, workflow, last_tick, since, skipped, missed"
 SELECT = f"SELECT {COLUMNS} FROM schedules WHERE name = :name"
@@ -43,38 +43,51 @@ AND status NOT IN ('completed', 'failed', 'cancelled') LIMIT 1
 """
 
 
-def declare(execute: Execute, schedules: list[ScheduleRow], at: str) -> list[ScheduleRow]:
-    """Store each declaration (a new one from ``at``; a changed cron or zone restarts from
-    ``at``); return the stored rows, in order."""
+def declare(tx: Transaction, schedules: list[ScheduleRow], at: str) -> list[ScheduleRow]:
+    """Store this engine's schedule declarations, atomically; return the stored rows, in
+    order.
+
+    A schedule new to the store counts its ticks from ``at`` (``since``); one
+    whose stored cron or zone differs takes the declaration's and counts from
+    ``at`` too (no catch-up across a change); its workflow is the declaration's.
+    """
     stored = []
     for row in schedules:
         params = {"name": row.name, "cron": row.cron, "timezone": row.timezone,
                   "workflow": row.workflow, "at": at}
-        execute(INSERT, params)
-        execute(RESTART, params)
-        execute(WORKFLOW, params)
-        stored.append(ScheduleRow(*execute(SELECT, params).fetchone()))
+        tx.execute(INSERT, params)
+        tx.execute(RESTART, params)
+        tx.execute(WORKFLOW, params)
+        stored.append(ScheduleRow(*tx.execute(SELECT, params).fetchone()))
     return stored
 
 
-def fire(
-    execute: Execute, name: str, last: str | None, firing: TickFiring,
-    insert: Callable[[InstanceRow], bool],
-) -> TicksFired:
-    """Record ``firing`` of ``name`` planned from ``last``: its instances (``insert``
-    creates one; False if its id is there already) and the new last tick."""
-    claimed = execute(ADVANCE, {"name": name, "tick": firing.last_tick, "missed": firing.missed,
-                                "skipped": 0, "last": last})
+def fire(tx: Transaction, name: str, last: str | None, firing: TickFiring) -> TicksFired:
+    """Record ``firing`` of schedule ``name`` planned from its last tick ``last``,
+    atomically.
+
+    Only while the stored last tick is still ``last``: else another engine fired
+    these ticks, and nothing is written (``won`` False). Else the last tick
+    becomes ``firing.last_tick``, its missed ticks are counted, and each of
+    ``firing.rows`` is created (running here, this engine's, or queued), unless
+    ``firing.skip_overlap`` and an earlier tick's instance of the schedule has
+    not ended (then it is counted skipped), or its id is there already. A created
+    queued instance tells the queue's consumers.
+    """
+    claimed = tx.execute(ADVANCE, {"name": name, "tick": firing.last_tick,
+                                   "missed": firing.missed, "skipped": 0, "last": last})
     if claimed.rowcount != 1:
         return TicksFired(won=False)
     created, skipped = [], 0
     for row in firing.rows:
-        if firing.skip_overlap and execute(RUNNING, {"name": name}).fetchone() is not None:
+        if firing.skip_overlap and tx.execute(RUNNING, {"name": name}).fetchone() is not None:
             skipped += 1
-        elif insert(row):
+        elif insert_instance(tx, row):
             created.append(row.instance_id)
+            if row.status != "running":  # it waits for a slot: tell the queue's consumers
+                tx.notify("queued", row.workflow, row.instance_id)
     if skipped:
-        execute(ADVANCE, {"name": name, "tick": firing.last_tick, "missed": 0,
-                          "skipped": skipped, "last": firing.last_tick})
-    cron, zone = execute(DECLARED, {"name": name}).fetchone()
+        tx.execute(ADVANCE, {"name": name, "tick": firing.last_tick, "missed": 0,
+                             "skipped": skipped, "last": firing.last_tick})
+    cron, zone = tx.execute(DECLARED, {"name": name}).fetchone()
     return TicksFired(won=True, created=created, skipped=skipped, declared=(cron, zone))
