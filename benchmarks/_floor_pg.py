@@ -14,7 +14,7 @@ import time
 
 import psycopg
 
-from memable._store.sql.execute import pg
+from memable._store.transaction import POSTGRESQL
 
 from ._floor import QUEUE_TABLES, QUEUE_WRITES
 
@@ -75,7 +75,7 @@ def measure_queue(url: str, schema: str, synchronous: str, rows: int) -> dict[st
             conn.execute(f'SET search_path TO "{schema}"')
             for table in QUEUE_TABLES:
                 conn.execute(table)
-            writes = [pg(statement) for statement in QUEUE_WRITES]
+            writes = [POSTGRESQL.spell(statement) for statement in QUEUE_WRITES]
 
             def run(prefix: str, children: bool) -> float:
                 params = [{"id": f"{prefix}-{i}", "input": str(i), "payload": payload,

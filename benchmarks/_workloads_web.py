@@ -334,13 +334,13 @@ def _plans(p: dict[str, Any], path: Path, n: int) -> dict[str, str]:
     if p.get("store"):
         import psycopg
 
-        from memable._store.sql.execute import pg
+        from memable._store.transaction import POSTGRESQL
 
         with psycopg.connect(p["store"], autocommit=True) as conn:
             conn.execute(f'SET search_path TO "{p["schema"]}"')
             for name, sql, params in _plan_reads(n):
-                lines = conn.execute("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) " + pg(sql),
-                                     params).fetchall()
+                explain = "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) "
+                lines = conn.execute(explain + POSTGRESQL.spell(sql), params).fetchall()
                 plans[name] = "\n".join(line[0] for line in lines)
     else:
         import sqlite3

@@ -21,11 +21,12 @@ from typing import Any
 
 from memable import Context, Engine
 from memable._run.options import Options
-from memable._sqlite import sql
 from memable._sqlite.schema import open_store
 from memable._sqlite.store import SQLiteStore
 from memable._store.protocol import Synchronous
 from memable._store.rows import StepWrite, step_params
+from memable._store.sql.steps import UPSERT_STEP
+from memable._store.transaction import SQLITE
 
 from ._floor import insert_commit_us
 
@@ -49,7 +50,7 @@ class _ProbeStore(SQLiteStore):
         params = step_params(write, self.owner)
         start = time.perf_counter()
         with self._lock:
-            self._conn.execute(sql.UPSERT_STEP, params)
+            self._conn.execute(SQLITE.spell(UPSERT_STEP), params)
         self.seconds += time.perf_counter() - start
         self.calls += 1
 
@@ -90,7 +91,7 @@ def _loop_per_upsert(directory: Path, synchronous: Synchronous) -> float:
 
         def upsert(first: int, count: int) -> None:
             for seq in range(first, first + count):
-                conn.execute(sql.UPSERT_STEP, {
+                conn.execute(SQLITE.spell(UPSERT_STEP), {
                     "workflow": "w", "instance_id": "i", "key": f"s{seq}", "seq": seq,
                     "kind": "step", "state": "completed", "result": PAYLOAD,
                     "result_type": None, "status": None, "error": None,

@@ -37,7 +37,7 @@ from memable._store.control import LostInstance
 from memable._store.protocol import InstanceRow, RunSnapshot, StepWrite
 from memable._store.rows import UNREACHED
 from memable._store.sql import queues as queue_sql
-from memable._store.sql.execute import pg
+from memable._store.transaction import POSTGRESQL
 
 
 def _with_password(url: str, password: str) -> str:
@@ -413,7 +413,8 @@ def test_a_server_default_isolation_does_not_change_what_a_claim_sees(
             pauser.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (lock,))
             inv = engine.invoke("job", 1, instance_id="j")
             _waiting_for_a_lock(watcher, pg_schema)
-            pauser.execute(pg(queue_sql.PAUSE), {"queue": "q", "at": "2026-12-07T00:00:00"})
+            pauser.execute(POSTGRESQL.spell(queue_sql.PAUSE),
+                           {"queue": "q", "at": "2026-12-07T00:00:00"})
             seen = looks.count
         # Committed: the claim that waited goes on, and returns.
         looks.past(seen)

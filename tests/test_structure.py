@@ -146,8 +146,8 @@ def test_no_import_cycle_even_for_type_checking() -> None:
     [
         ({"memable._store.protocol": {"memable._run.runner"}},
          "memable._store.protocol imports memable._run.runner (layer 2 -> 4)"),
-        ({"memable._sqlite.store": {"memable._postgres.sql"}},
-         "memable._sqlite.store imports memable._postgres.sql (layer 3 -> 3)"),
+        ({"memable._sqlite.store": {"memable._postgres.transaction"}},
+         "memable._sqlite.store imports memable._postgres.transaction (layer 3 -> 3)"),
         ({"memable._run.context": {"sqlite3"}}, "memable._run.context imports the driver sqlite3"),
         ({"memable._inspect": {"psycopg"}}, "memable._inspect imports the driver psycopg"),
         ({"memable._postgres.store": {"sqlite_utils"}},

@@ -46,10 +46,8 @@ from .._store.sql import owners as owners_sql
 from .._store.sql import queues as queue_sql
 from .._store.sql import retention as retention_sql
 from .._store.sql import schedules as schedules_sql
-from .._store.sql.execute import Execute, pg
 from .._store.sql.reads import OperatorReads
 from . import schema as schema_
-from . import sql
 from .connections import Connections
 from .listener import Changed, Listener
 from .transaction import PostgresTransaction
@@ -81,10 +79,6 @@ class PostgresStore(OperatorReads):
 
     def __repr__(self) -> str:
         return f"<PostgresStore {self._db.where}>"
-
-    def _owns(self, conn: psycopg.Connection[Any], workflow: str, instance_id: str) -> bool:
-        row = conn.execute(sql.CHECK_RUN, (workflow, instance_id)).fetchone()
-        return row is not None and row[1] == self.owner
 
     def _notify(self, conn: psycopg.Connection[Any], text: str) -> None:
         """Tell every engine listening on this store, when the transaction commits."""
@@ -260,11 +254,6 @@ class PostgresStore(OperatorReads):
             transaction=False)
 
     # ------------------------------------------------------------------ several instances at once
-
-    @staticmethod
-    def _pg_execute(conn: psycopg.Connection[Any]) -> Execute:
-        """Run the shared child and queue SQL (``:name`` parameters) on ``conn``."""
-        return lambda text, params: conn.execute(pg(text), params)
 
     def cancel(self, workflow: str, instance_id: str, *, now: str) -> Ended:
         return self._run(

@@ -127,13 +127,6 @@ class SQLiteStore(OperatorReads):
                     workflow=workflow, instance_id=instance_id, key=key,
                 ) from exc
 
-    def _owns(self, conn: sqlite3.Connection, workflow: str, instance_id: str) -> bool:
-        row = conn.execute(
-            "SELECT owner FROM instances WHERE workflow = ? AND instance_id = ?",
-            (workflow, instance_id),
-        ).fetchone()
-        return row is not None and row[0] == self.owner
-
     # ------------------------------------------------------------------ runs
 
     def create_instance(self, row: InstanceRow, start_at: float | None = None) -> bool:

@@ -35,6 +35,10 @@ import attrs
 _WORD = re.compile(r"\{(for_update|for_share|skip_locked|share_skip_locked|now_epoch)\}")
 
 
+#: How many spelled statements a dialect keeps (see ``Dialect.spell``).
+SPELLED = 4096
+
+
 @attrs.frozen
 class Dialect:
     """How one SQL dialect spells what the two stores' dialects spell differently.
@@ -76,10 +80,14 @@ class Dialect:
     def spell(self, template: str) -> str:
         """``template`` in this dialect: its ``{word}`` spelled, its parameters named.
 
-        Cached by text: a body's statements are constants, spelled once.
+        Cached by text: a body's statements are constants, spelled once. A statement
+        built per call (an ``IN`` list of a purge's batch) is spelled too; the cache
+        starts again once it holds ``SPELLED`` texts, so it never grows without bound.
         """
         text = self._spelled.get(template)
         if text is None:
+            if len(self._spelled) >= SPELLED:
+                self._spelled.clear()
             text = _WORD.sub(lambda m: str(getattr(self, m[1])), template)
             if self.parameter != ":%s":
                 # ``:name`` parameters, never ``::type`` casts.
