@@ -1,6 +1,6 @@
 """The group commit (``memable._sqlite.group_commit``): writers queued behind a commit share
 one transaction, each undone alone when it refuses; what a failed batch tells each writer;
-what a batch tells the run checks afterwards."""
+whether a batch tells the run checks it committed whole."""
 
 from __future__ import annotations
 
@@ -282,51 +282,25 @@ class _Told:
     """Stands for RunChecks: records what the group commit tells it after a transaction."""
 
     def __init__(self) -> None:
-        self.told: list[tuple[bool, list[tuple[str, str]] | None]] = []
+        self.told: list[bool] = []
 
-    def after_write(self, before: int, ok: bool, forget: list[tuple[str, str]] | None) -> None:
-        self.told.append((ok, forget))
-
-
-def _item(changes: str, workflow: str | None = "wf", instance_id: str | None = "x") -> Any:
-    return _Pending(lambda conn: None, "write", workflow, instance_id, None, False, changes)
+    def after_write(self, before: int, ok: bool) -> None:
+        self.told.append(ok)
 
 
-@pytest.mark.parametrize(
-    ("batch", "forget"),
-    [
-        ([("none",)], []),
-        ([("none",), ("instance",)], [("wf", "x")]),
-        ([("instance",), ("none",)], [("wf", "x")]),
-        ([("instance", "wf", "x"), ("instance", "wf", "y")], [("wf", "x"), ("wf", "y")]),
-        ([("instance", "wf", None)], None),
-        ([("instance", None, "x")], None),
-        ([("any",)], None),
-        ([("none",), ("any",), ("instance",)], None),
-    ],
-    ids=["none", "none-then-instance", "instance-then-none", "two-instances",
-         "instance-without-id", "instance-without-workflow", "any", "any-among-others"],
-)
-def test_the_group_commit_tells_the_run_checks_whose_status_may_have_changed(
-    batch: list[tuple[Any, ...]], forget: list[tuple[str, str]] | None
-) -> None:
-    """After a committed batch the run checks are told what to forget: nothing, the
-    (workflow, instance) of each write that changes one instance, or None (everything) when a
-    write may change any instance or names its instance only in part."""
-    told = _Told()
-    commits = GroupCommit(threading.Lock(), "here", lambda: None, told)  # type: ignore[arg-type]
-    commits._tell_watch(0, True, [_item(*spec) for spec in batch])
-    assert told.told == [(True, forget)]
-    assert (told.told[0][1] is None) == (forget is None)
+def _item() -> Any:
+    return _Pending(lambda conn: None, "write", "wf", "x", None, False)
 
 
 def test_a_refused_write_in_a_batch_is_told_as_not_ok() -> None:
     """A batch with a write refused (LostInstance), or a transaction that failed, is told to
-    the run checks as not ok, with nothing to forget."""
+    the run checks as not ok (they forget every instance: a refused body may have claimed
+    one before it refused); a batch that committed whole is told as ok."""
     told = _Told()
     commits = GroupCommit(threading.Lock(), "here", lambda: None, told)  # type: ignore[arg-type]
-    refused = _item("none")
+    refused = _item()
     refused.error = LostInstance("wf", "x")
-    commits._tell_watch(0, True, [_item("none"), refused, _item("none")])
-    commits._tell_watch(0, False, [_item("none")])
-    assert told.told == [(False, []), (False, [])]
+    commits._tell_watch(0, True, [_item(), refused, _item()])
+    commits._tell_watch(0, False, [_item()])
+    commits._tell_watch(0, True, [_item(), _item()])
+    assert told.told == [False, False, True]

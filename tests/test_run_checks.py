@@ -28,6 +28,7 @@ from memable import Cancelled, Context, Engine
 from memable._clock import SYSTEM_CLOCK, utc_text
 from memable._sqlite import watch as sqlite_watch
 from memable._sqlite.store import SQLiteStore
+from memable._store.control import LostInstance
 from memable._store.protocol import InstanceRow, StepWrite
 
 WAIT = 60.0
@@ -119,6 +120,36 @@ def test_the_stores_own_cancel_is_read_at_the_next_check(tmp_path: Path, where: 
         store.cancel("wf", "x", now=utc_text(SYSTEM_CLOCK))
         assert store.check_run("wf", "x") == "cancelled"
     store.close()
+
+
+@pytest.mark.parametrize("where", ["memory", "file"])
+def test_any_write_of_the_store_that_changes_a_status_is_read_at_the_next_check(
+    tmp_path: Path, where: str
+) -> None:
+    """A write through the store's group commit that changes the instance's status, or its
+    owner, or deletes it, declaring nothing of what it changes (as a new operation would),
+    is seen at the next check: the connection's triggers told the checks. (Before, each
+    write declared what it may change; one that declared "none" and cancelled went unseen,
+    and the run went on.)"""
+    for change, expected in [
+        ("UPDATE instances SET status = 'cancelled' WHERE instance_id = 'x'", "cancelled"),
+        ("UPDATE instances SET owner = 'another' WHERE instance_id = 'x'", LostInstance),
+        ("DELETE FROM instances WHERE instance_id = 'x'", LostInstance),
+    ]:
+        store = running_store(None if where == "memory" else tmp_path / f"db{len(change)}")
+        with traced_sqlite(store) as seen:
+            assert store.check_run("wf", "x") == "running"
+            assert store.check_run("wf", "x") == "running"
+            assert reads(seen) == 1  # known running: the second check did not read
+            store._commits.write("change it", "wf", "x", None,
+                                 lambda conn, change=change: conn.execute(change))
+            if expected is LostInstance:
+                with pytest.raises(LostInstance):
+                    store.check_run("wf", "x")
+            else:
+                assert store.check_run("wf", "x") == expected
+            assert reads(seen) == 2
+        store.close()
 
 
 def test_a_store_that_cannot_see_the_counter_reads_every_time(
@@ -228,13 +259,14 @@ def test_the_counter_wraps_around_at_32_bits() -> None:
     counter.word.value = 0xFFFFFFFF
     conn = sqlite3.connect(":memory:")
     conn.execute("CREATE TABLE t (x)")
+    conn.execute("CREATE TABLE instances (workflow, instance_id, status, owner)")
     checks = sqlite_watch.RunChecks(conn, counter)  # type: ignore[arg-type]
     assert not checks.known_running("wf", "x")
     checks.saw_running("wf", "x")
     before = checks.before_write()
     conn.execute("INSERT INTO t VALUES (1)")
     counter.word.value = 0  # the commit raised the counter past 2**32 - 1
-    checks.after_write(before, ok=True, forget=[])
+    checks.after_write(before, ok=True)
     assert checks.known_running("wf", "x")
     conn.close()
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections.abc import Callable
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import attrs
 
@@ -29,7 +29,6 @@ from .._store.control import LostInstance, RunCancelled
 from .watch import RunChecks
 
 T = TypeVar("T")
-Changes = Literal["none", "instance", "any"]
 
 #: What a body raises to refuse its own write, leaving the batch's others be.
 REFUSALS: tuple[type[BaseException], ...] = (EngineError, LostInstance, RunCancelled)
@@ -46,8 +45,6 @@ class _Pending:
     key: str | None
     # One statement: alone in a commit, it runs as its own autocommit transaction.
     single: bool = False
-    # Whose status or owner it may change: no instance's, its own, or any.
-    changes: Changes = "any"
     done: bool = False  # set under GroupCommit._queue_lock
     result: Any = None
     error: BaseException | None = None
@@ -108,15 +105,12 @@ class GroupCommit:
         body: Callable[[sqlite3.Connection], T],
         *,
         single: bool = False,
-        changes: Changes = "any",
     ) -> T:
         """Run ``body`` in a write transaction, sharing the commit with concurrent writers.
 
-        ``single``: the body runs one statement. ``changes``: whose status or
-        owner it may change: ``"none"``, its own instance's
-        (``"instance"``), or ``"any"`` instance's.
+        ``single``: the body runs one statement.
         """
-        pending = _Pending(body, what, workflow, instance_id, key, single, changes)
+        pending = _Pending(body, what, workflow, instance_id, key, single)
         with self._queue_lock:
             self._queue.append(pending)
             follower, self._leading = self._leading, True
@@ -186,19 +180,10 @@ class GroupCommit:
                     self._tell_watch(before, committed, batch)
 
     def _tell_watch(self, before: int, committed: bool, batch: list[_Pending]) -> None:
-        # The instances whose status or owner the batch may have changed: a
-        # list, or None for any.
-        forget: list[tuple[str, str]] | None = []
-        ok = committed
-        for item in batch:
-            ok = ok and item.error is None
-            if forget is None or item.changes == "none":
-                continue
-            if item.changes == "instance" and item.workflow and item.instance_id:
-                forget.append((item.workflow, item.instance_id))
-            else:
-                forget = None
-        self._watch.after_write(before, ok, forget)  # type: ignore[union-attr]
+        # What the batch changed, the watch's triggers saw; whether all of it committed,
+        # only the batch knows.
+        ok = committed and all(item.error is None for item in batch)
+        self._watch.after_write(before, ok)  # type: ignore[union-attr]
 
     @staticmethod
     def _run_alone(conn: sqlite3.Connection, item: _Pending) -> None:

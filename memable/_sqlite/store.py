@@ -138,7 +138,7 @@ class SQLiteStore(OperatorReads):
 
         where = (row.workflow, row.instance_id, None)
         return self._grouped(
-            "create the instance", *where, insert, single=start_at is None, changes="none"
+            "create the instance", *where, insert, single=start_at is None
         )
 
     def begin_run(
@@ -153,7 +153,7 @@ class SQLiteStore(OperatorReads):
             return snapshot
 
         return self._grouped(
-            "start a run", workflow, instance_id, None, claim_it, changes="none"
+            "start a run", workflow, instance_id, None, claim_it
         )
 
     def save_step(self, write: StepWrite) -> None:
@@ -161,7 +161,7 @@ class SQLiteStore(OperatorReads):
             steps.save(SQLiteTransaction(conn, self.owner), write)
 
         where = (write.workflow, write.instance_id, write.key)
-        self._grouped("store the step", *where, store, single=True, changes="none")
+        self._grouped("store the step", *where, store, single=True)
 
     def check_run(self, workflow: str, instance_id: str) -> StatusName:
         # Before every executed step: the lock and one statement, without the
@@ -192,7 +192,7 @@ class SQLiteStore(OperatorReads):
             steps.set_status(SQLiteTransaction(conn, self.owner), workflow, instance_id, message)
 
         where = (workflow, instance_id, None)
-        self._grouped("store the status message", *where, store, single=True, changes="none")
+        self._grouped("store the status message", *where, store, single=True)
 
     def record_in_flight(self, steps_: list[tuple[str, str, str, str]]) -> None:
         if not steps_:
@@ -201,7 +201,7 @@ class SQLiteStore(OperatorReads):
         def store(conn: sqlite3.Connection) -> None:
             steps.record_in_flight(SQLiteTransaction(conn, self.owner), steps_)
 
-        self._grouped("record the steps in flight", None, None, None, store, changes="none")
+        self._grouped("record the steps in flight", None, None, None, store)
 
     def read_step(self, workflow: str, instance_id: str, key: str) -> StoredStep | None:
         with self._using("read the step", workflow, instance_id, key) as conn:
@@ -215,7 +215,7 @@ class SQLiteStore(OperatorReads):
                                        deadline, now)
 
         return self._grouped("record the suspension", waiting.workflow, waiting.instance_id,
-                             waiting.key, record, changes="instance")
+                             waiting.key, record)
 
     def finish(self, workflow: str, instance_id: str, end: RunEnd) -> Ended:
         def record(conn: sqlite3.Connection) -> Ended:
@@ -224,8 +224,7 @@ class SQLiteStore(OperatorReads):
                                  end)
 
         return self._grouped(
-            f"record the run as {end.status}", workflow, instance_id, None, record,
-            changes="instance",
+            f"record the run as {end.status}", workflow, instance_id, None, record
         )
 
     # ------------------------------------------------------------------ from outside a run
@@ -235,15 +234,13 @@ class SQLiteStore(OperatorReads):
             return shared.mark_resumable(SQLiteTransaction(conn, self.owner), workflow,
                                          instance_id, now)
 
-        return self._grouped("mark the instance to resume", workflow, instance_id, None, mark,
-                             changes="instance")
+        return self._grouped("mark the instance to resume", workflow, instance_id, None, mark)
 
     def place_signal(self, workflow: str, instance_id: str, key: str, seq: int) -> None:
         def place(conn: sqlite3.Connection) -> None:
             signals.place(SQLiteTransaction(conn, self.owner), workflow, instance_id, key, seq)
 
-        self._grouped("place the signal", workflow, instance_id, key, place, single=True,
-                      changes="none")
+        self._grouped("place the signal", workflow, instance_id, key, place, single=True)
 
     def resume_failure(
         self, workflow: str, instance_id: str, failed_at: str, now: str
@@ -253,14 +250,14 @@ class SQLiteStore(OperatorReads):
                                          instance_id, failed_at, now)
 
         return self._grouped("resume the failed instance", workflow, instance_id, None,
-                             resume, changes="instance")
+                             resume)
 
     def deliver_signal(self, write: StepWrite, traceparent: str | None = None) -> None:
         def deliver(conn: sqlite3.Connection) -> None:
             signals.deliver(SQLiteTransaction(conn, self.owner), write, traceparent)
 
         self._grouped("deliver the signal", write.workflow, write.instance_id, write.key,
-                      deliver, changes="instance")
+                      deliver)
 
     def fire_due_timers(
         self, clock: Callable[[], float], at: str
@@ -283,9 +280,7 @@ class SQLiteStore(OperatorReads):
             return forks_sql.fork(SQLiteTransaction(conn, self.owner), workflow, instance_id,
                                   new_id, from_key, now)
 
-        # A new instance, nobody's: no status or owner a check may have read changes.
-        return self._grouped("fork the instance", workflow, instance_id, from_key, fork_it,
-                             changes="none")
+        return self._grouped("fork the instance", workflow, instance_id, from_key, fork_it)
 
     def purge_batch(self, completed_before: str, limit: int, now: float) -> int:
         with self._using("look for finished instances to purge") as conn:
@@ -344,7 +339,7 @@ class SQLiteStore(OperatorReads):
                                      now)
 
         return self._commits.write(
-            "cancel the instance", workflow, instance_id, None, cancel_it, changes="any"
+            "cancel the instance", workflow, instance_id, None, cancel_it
         )
 
     def time_out(self, clock: Callable[[], float], at: str) -> list[TimedOut]:
@@ -357,7 +352,7 @@ class SQLiteStore(OperatorReads):
             return shared.time_out_due(SQLiteTransaction(conn, self.owner), clock, at)
 
         return self._commits.write(
-            "time out instances", None, None, None, time_them_out, changes="any"
+            "time out instances", None, None, None, time_them_out
         )
 
     def claim_queued(
@@ -386,10 +381,8 @@ class SQLiteStore(OperatorReads):
                     self._checks.claimed(snapshot.instance.workflow, snapshot.instance.instance_id)
             return claimed
 
-        # It changes only queued instances, none of them known running, to running and
-        # this store's: the claimed are known running from its commit, the rest stay known.
-        return self._commits.write("claim queued instances", None, None, None, take,
-                                   changes="none")
+        # The claimed are known running from its commit (``watch``).
+        return self._commits.write("claim queued instances", None, None, None, take)
 
     def queued(self, queue: str, workflows: list[str]) -> int:
         with self._using("count the queued instances") as conn:
@@ -402,7 +395,7 @@ class SQLiteStore(OperatorReads):
             return queue_sql.set_paused(SQLiteTransaction(conn, self.owner), queue, paused, at)
 
         what = f"{'pause' if paused else 'resume'} the queue {queue!r}"
-        return self._grouped(what, None, None, None, store, single=True, changes="none")
+        return self._grouped(what, None, None, None, store, single=True)
 
     def start_children(self, waits: list[StepWrite], rows: list[InstanceRow]) -> list[str]:
         if not rows:
@@ -419,7 +412,7 @@ class SQLiteStore(OperatorReads):
             return created
 
         return self._commits.write(
-            "start the children", workflow, instance_id, waits[0].key, start, changes="none"
+            "start the children", workflow, instance_id, waits[0].key, start
         )
 
     def set_traceparent(self, workflow: str, instance_id: str, traceparent: str) -> None:
@@ -428,7 +421,7 @@ class SQLiteStore(OperatorReads):
                                    traceparent)
 
         self._grouped("store the trace context", workflow, instance_id, None, store,
-                      single=True, changes="none")
+                      single=True)
 
     # ------------------------------------------------------------------ schedules
 
@@ -436,8 +429,7 @@ class SQLiteStore(OperatorReads):
         return self._grouped(
             "declare the schedules", None, None, None,
             lambda conn: schedules_sql.declare(SQLiteTransaction(conn, self.owner), schedules,
-                                               at),
-            changes="none",
+                                               at)
         )
 
     def fire_ticks(self, name: str, last: str | None, firing: TickFiring) -> TicksFired:
@@ -450,8 +442,7 @@ class SQLiteStore(OperatorReads):
                         self._checks.claimed(row.workflow, row.instance_id)
             return fired
 
-        return self._grouped(f"fire the schedule {name!r}", None, None, None, fire,
-                             changes="none")
+        return self._grouped(f"fire the schedule {name!r}", None, None, None, fire)
 
     # ------------------------------------------------------------------ reads
 

@@ -12,21 +12,21 @@ without it when nothing can have changed:
   file, made on SQLite's own descriptor, costs a memory load.
 - This engine's own commits raise it too. A transaction of its group
   commit that committed and changed rows is one commit of its own: the
-  counter is expected one higher, and the instances whose status or owner
-  it may have changed (a suspend, end, signal or cancel names its own; a
-  step's outcome, a status message or the steps in flight none) are
-  forgotten. An instance it created running, or claimed, is known as
-  running without a read. Anything else (another connection's commit, a write outside
-  the group commit, one that failed, one that may change any instance)
+  counter is expected one higher. The instances whose status or owner it
+  changed, or that it deleted, are forgotten: the connection's own triggers
+  tell of each, whatever statement did it, so no writer declares what it
+  may change and none can declare it wrong. An instance it created running,
+  or claimed, is known as running without a read. Anything else (another
+  connection's commit, a write outside the group commit, one that failed)
   leaves the counter or the connection's count of changed rows other than
-  expected, or forgets every instance known to be running.
+  expected, and every instance known to be running is forgotten.
 
-So an instance is answered for only while the counter moved by nothing but
-this engine's own step writes since the store read it as running and
-owned. Where the counter cannot be read the store reads every time, except
-in memory, where no other connection exists and the count of changed rows
-alone tells (a file store not in WAL mode, or on a system without
-``/proc/self/fd``, always reads).
+So an instance is answered for only while nothing but this engine's own
+commits moved the counter since the store read it as running and owned,
+and none of them changed its status or owner. Where the counter cannot be
+read the store reads every time, except in memory, where no other
+connection exists and the count of changed rows alone tells (a file store
+not in WAL mode, or on a system without ``/proc/self/fd``, always reads).
 
 Why SQLite's descriptor and not one of our own: a process's POSIX locks on
 a file are all released when it closes *any* descriptor of that file, and
@@ -36,6 +36,7 @@ SQLite's descriptor open, and outlives it.
 
 >>> import sqlite3
 >>> conn = sqlite3.connect(":memory:")
+>>> _ = conn.execute("CREATE TABLE instances (workflow, instance_id, status, owner)")
 >>> checks = RunChecks(conn, counter=None)
 >>> checks.known_running("wf", "a")
 False
@@ -59,6 +60,19 @@ from typing import Any
 HEADER_BYTES = 48
 _VERSION = struct.Struct("=I")  # native order
 _WALINDEX_VERSION = 3007000
+
+
+#: The connection's own triggers (``TEMP``): each change of an instance's status or owner,
+#: and each instance deleted, by any statement of the connection, is told to its
+#: ``RunChecks``.
+_TRIGGERS = """
+CREATE TEMP TRIGGER IF NOT EXISTS memable_status_changed
+AFTER UPDATE OF status, owner ON main.instances
+BEGIN SELECT memable_changed(NEW.workflow, NEW.instance_id); END;
+CREATE TEMP TRIGGER IF NOT EXISTS memable_instance_deleted
+AFTER DELETE ON main.instances
+BEGIN SELECT memable_changed(OLD.workflow, OLD.instance_id); END;
+"""
 
 
 def run_checks(conn: sqlite3.Connection, *, in_memory: bool) -> RunChecks | None:
@@ -163,7 +177,11 @@ class RunChecks:
     Every method is called under the store's connection lock, which guards
     all the fields. ``counter`` is the file's WAL-index commit counter (None
     for a store no other connection can reach); ``conn`` the store's
-    connection, whose ``total_changes`` counts the rows it changed.
+    connection, whose ``total_changes`` counts the rows it changed. The
+    connection gets temporary triggers (its own: no other connection has
+    them) that tell this object of every change of an instance's status or
+    owner, and of every instance deleted, by whatever statement of this
+    connection: no writer declares what it may change.
     """
 
     def __init__(self, conn: sqlite3.Connection, counter: ShmCounter | None) -> None:
@@ -173,8 +191,17 @@ class RunChecks:
         # connection's accounted commits since; None: nothing known.
         self._expected: tuple[int, int] | None = None
         self._running: set[tuple[str, str]] = set()
-        # Claims made by the transaction in progress (see ``claimed``).
-        self._claimed: list[tuple[str, str]] = []
+        # What the transaction in progress did to instances, in order: claimed one
+        # (True: running and this store's, see ``claimed``), or changed one's status or
+        # owner, or deleted it (False: a trigger said so).
+        self._events: list[tuple[bool, str, str]] = []
+        conn.create_function("memable_changed", 2, self._changed)
+        conn.executescript(_TRIGGERS)
+
+    def _changed(self, workflow: str, instance_id: str) -> None:
+        """The triggers': a statement of this connection changed the instance's status
+        or owner, or deleted it."""
+        self._events.append((False, workflow, instance_id))
 
     def known_running(self, workflow: str, instance_id: str) -> bool:
         """True if the instance was read as running and owned, and nothing changed since."""
@@ -191,36 +218,36 @@ class RunChecks:
         self._running.add((workflow, instance_id))
 
     def claimed(self, workflow: str, instance_id: str) -> None:
-        """A write of the transaction in progress makes the instance running and this store's.
+        """A write of the transaction in progress made the instance running and this
+        store's (its statements have run).
 
         Known once the transaction commits (``after_write``), as if read.
         """
-        self._claimed.append((workflow, instance_id))
+        self._events.append((True, workflow, instance_id))
 
     def before_write(self) -> int:
         """Called before a write transaction; hand the result to ``after_write``."""
-        self._claimed = []
+        self._events = []
         return self._conn.total_changes
 
-    def after_write(
-        self, before: int, ok: bool, forget: list[tuple[str, str]] | None
-    ) -> None:
+    def after_write(self, before: int, ok: bool) -> None:
         """After a transaction: ``ok`` if it committed with no write refused.
 
-        ``forget``: the instances whose status or owner it may have changed
-        (None: any); a claim (``claimed``) changes them only to running and
-        this store's, so it need not be among them. A transaction that
-        changed rows made one commit: the counter is expected one higher. A
-        failed one leaves the expectation as it was, so the next look finds
-        the counter or the changes moved and forgets them all.
+        The instances it claimed are known running, and those whose status or
+        owner it changed afterwards forgotten, in the order it did so. A
+        transaction that changed rows made one commit: the counter is expected
+        one higher. A failed one leaves the expectation as it was, so the next
+        look finds the counter or the changes moved and forgets them all.
         """
-        expected, claimed, self._claimed = self._expected, self._claimed, []
-        if not ok or forget is None or expected is None or expected[1] != before:
+        expected, events, self._events = self._expected, self._events, []
+        if not ok or expected is None or expected[1] != before:
             self._running.clear()
             return
-        self._running.update(claimed)
-        for instance in forget:  # after the claims: a cancel may follow one
-            self._running.discard(instance)
+        for claimed, workflow, instance_id in events:
+            if claimed:
+                self._running.add((workflow, instance_id))
+            else:
+                self._running.discard((workflow, instance_id))
         after = self._conn.total_changes
         if after != before and self._counter is not None:
             self._expected = ((expected[0] + 1) % (1 << 32), after)
