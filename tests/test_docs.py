@@ -35,6 +35,7 @@ def _docstring_tests() -> list[doctest.DocTest]:
 DOCSTRING_TESTS = _docstring_tests()
 DOC_FILES = [
     ROOT / "README.md",
+    ROOT / "CONTRIBUTING.md",
     *sorted(p for p in (ROOT / "docs").rglob("*.md") if "_build" not in p.parts),
 ]
 
