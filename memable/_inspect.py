@@ -1,8 +1,8 @@
 """What the command line shows of a store: instance listings, one instance in full, the
 schedules, and the queues.
 
-Plain reads, through the store's operator reads (``Store.list_view``,
-``Store.inspect``, ``Store.schedules``, ``Store.live_owners``; see
+Plain reads, through the store's operator reads (``OperatorStore.list_view``,
+``inspect``, ``schedules``, ``live_owners``; see
 ``memable._store.sql.reads``), on a store opened by
 ``open_existing``, file or PostgreSQL; nothing here writes. The views are
 JSON-ready dicts (stored JSON values decoded, times as stored ISO text) so
@@ -26,6 +26,7 @@ from ._postgres.schema import is_url
 from ._queues import Declarations, QueueSpec
 from ._schedules.cron import Cron, parse_tick, tick_id
 from ._store import liveness as _liveness
+from ._store.operator import OperatorStore
 from ._store.protocol import Store
 from ._store.rows import InstanceRow, OwnerRow, QueueLook, ScheduleRow
 from ._store.sql.instances import duration_text
@@ -68,7 +69,7 @@ def _decoded(text: str | None) -> Any:
 
 
 def list_instances(
-    store: Store, workflow: str | None = None, status: str | None = None,
+    store: OperatorStore, workflow: str | None = None, status: str | None = None,
     schedule: str | None = None, *, clock: Clock,
 ) -> list[dict[str, Any]]:
     """Instances, oldest first, optionally of one workflow, in one status, and the ticks of
@@ -95,7 +96,9 @@ def list_instances(
     return listed
 
 
-def list_schedules(store: Store, *, clock: Clock) -> tuple[list[dict[str, Any]], list[str]]:
+def list_schedules(
+    store: OperatorStore, *, clock: Clock
+) -> tuple[list[dict[str, Any]], list[str]]:
     """Every schedule the store knows, by name, and a note for each whose next tick cannot
     be told here.
 
@@ -149,7 +152,7 @@ def _seconds_between(start: str | None, end: str | None) -> float | None:
 
 
 def show_instance(
-    store: Store, workflow: str, instance_id: str, *, full: bool = False, clock: Clock,
+    store: OperatorStore, workflow: str, instance_id: str, *, full: bool = False, clock: Clock,
 ) -> dict[str, Any]:
     """One instance: its row, owner, step in flight, steps, pending timers, awaited signals,
     parent and children.
@@ -269,7 +272,7 @@ def _limit_reached(
     return None
 
 
-def declared_queues(store: Store, now: float) -> dict[str, tuple[QueueSpec, int]]:
+def declared_queues(store: OperatorStore, now: float) -> dict[str, tuple[QueueSpec, int]]:
     """Each queue a running engine consumes: its limits as declared (declare a queue the
     same way everywhere: the first found), and how many running engines consume it."""
     found: dict[str, tuple[QueueSpec, int]] = {}
@@ -281,20 +284,20 @@ def declared_queues(store: Store, now: float) -> dict[str, tuple[QueueSpec, int]
     return found
 
 
-def known_queues(store: Store, *, clock: Clock) -> list[str]:
+def known_queues(store: OperatorStore, *, clock: Clock) -> list[str]:
     """The names of the queues the store knows, in order: those it has instances of,
     those a running engine consumes, and those stored as paused."""
     return _queue_names(store, declared_queues(store, clock.wall()), store.paused_queues())
 
 
 def _queue_names(
-    store: Store, declared: dict[str, tuple[QueueSpec, int]], paused: dict[str, str | None]
+    store: OperatorStore, declared: dict[str, tuple[QueueSpec, int]], paused: dict[str, str | None]
 ) -> list[str]:
     """The queues the store has instances of, those ``declared`` and those ``paused``."""
     return sorted(set(store.queue_names()) | set(declared) | set(paused))
 
 
-def list_queues(store: Store, *, clock: Clock) -> list[dict[str, Any]]:
+def list_queues(store: OperatorStore, *, clock: Clock) -> list[dict[str, Any]]:
     """Every queue the store knows, by name: those it has instances of, those a running
     engine consumes, and those stored as paused.
 
@@ -406,7 +409,7 @@ def _cut_large(view: dict[str, Any]) -> dict[str, int]:
     return cut
 
 
-def raise_unknown(store: Store, workflow: str, instance_id: str) -> NoReturn:
+def raise_unknown(store: OperatorStore, workflow: str, instance_id: str) -> NoReturn:
     """Raise InstanceNotFound, or WorkflowNotFound (with a guess) if no instance has that
     workflow; either names ``instance_id`` unless it is ``""`` (a command about the
     workflow as a whole)."""

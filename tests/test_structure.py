@@ -193,3 +193,23 @@ def test_a_store_is_one_class(store: type) -> None:
     file): its parts are objects it holds."""
     own = store.__module__.rpartition(".")[0]
     assert [c for c in store.__mro__[1:] if c.__module__.startswith(own)] == []
+
+
+def _operations(protocol: type) -> set[str]:
+    """The operations a store protocol declares itself (not those of its bases)."""
+    return {name for name in vars(protocol) if not name.startswith("_")}
+
+
+def test_the_store_protocol_is_a_run_half_and_an_operator_half() -> None:
+    """``Store`` is ``RunStore`` and ``OperatorStore`` and nothing more; the halves share
+    only ``close``; and both stores have every operation of both."""
+    from memable._store.operator import OperatorStore
+    from memable._store.protocol import RunStore, Store
+
+    run, operator = _operations(RunStore), _operations(OperatorStore)
+    assert run & operator == {"close"}
+    assert _operations(Store) == set()
+    assert {"begin_run", "save_step", "suspend", "finish"} <= run
+    assert {"list_view", "inspect", "instance_page", "purge_batch"} <= operator
+    for store in (SQLiteStore, PostgresStore):
+        assert [name for name in sorted(run | operator) if not hasattr(store, name)] == []

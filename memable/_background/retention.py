@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from .._clock import Clock
 from .._log import log
 from .._store.admin import PURGE_BATCH, purge_batches
-from .._store.protocol import Store
+from .._store.operator import OperatorStore
 from .loop import LoopThread
 
 #: Most instances one purge transaction deletes.
@@ -67,7 +67,7 @@ class Purger(LoopThread):
     >>> store.close()
     """
 
-    def __init__(self, store: Store, retention: float, poll_interval: float,
+    def __init__(self, store: OperatorStore, retention: float, poll_interval: float,
                  clock: Clock) -> None:
         super().__init__("memable-retention", "retention thread: purging", clock)
         self._store = store

@@ -45,6 +45,7 @@ from .._store.admin import (
     resume_queue,
     store_signal,
 )
+from .._store.operator import OperatorStore
 from .._store.protocol import Store
 from .demo import run_demo
 from .worker import load_engine, run_worker
@@ -253,7 +254,7 @@ def queue_group() -> None:
     """Pause or resume a queue of a store."""
 
 
-def _known_queue(store: Store, name: str) -> None:
+def _known_queue(store: OperatorStore, name: str) -> None:
     """Exit 2, naming the closest, unless the store knows the queue ``name``: an instance
     is on it, a running engine consumes it, or it is paused."""
     names = known_queues(store, clock=CLOCK)

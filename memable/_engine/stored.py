@@ -6,12 +6,12 @@ from typing import Any
 
 from .._errors import InstanceNotFound
 from .._run.workflow import Workflow
-from .._store.protocol import Store
+from .._store.protocol import RunStore
 from .._store.rows import InstanceRow
 from .._store.serde import decode_for
 
 
-def stored_row(store: Store, workflow: str, instance_id: str) -> InstanceRow:
+def stored_row(store: RunStore, workflow: str, instance_id: str) -> InstanceRow:
     """The instance's row; raise InstanceNotFound if there is none.
 
     >>> from memable._sqlite.store import SQLiteStore

@@ -21,7 +21,7 @@ from .._errors import InvalidKey, StepTimeout, key_taken
 from .._observe.base import RunTrace, Telemetry
 from .._retry import Retry
 from .._store.control import RunCancelled
-from .._store.protocol import Store
+from .._store.protocol import RunStore
 from .._store.rows import StepWrite, StoredStep
 from .._store.serde import store_form
 from .control import EngineStopping, Suspension
@@ -74,7 +74,7 @@ class Attempts:
         *,
         workflow: str,
         instance_id: str,
-        store: Store,
+        store: RunStore,
         run: RunControl,
         clock: Clock,
         sleep: Callable[[float], None] | None,

@@ -17,7 +17,7 @@ from .._clock import Clock, utc
 from .._errors import WorkflowNotFound
 from .._observe.base import Telemetry
 from .._queues import QueueSpec
-from .._store.protocol import Store
+from .._store.protocol import RunStore
 from .._store.rows import InstanceRow, StepWrite
 from .workflow import Made, Workflow
 
@@ -75,7 +75,7 @@ class Children:
     def __init__(
         self,
         workflows: dict[str, Workflow],
-        store: Store,
+        store: RunStore,
         submit: Submit,
         clock: Clock,
         queues: dict[str, QueueSpec] | None = None,

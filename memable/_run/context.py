@@ -15,7 +15,7 @@ from .._observe.base import RunTrace, Telemetry
 from .._records import StepKind
 from .._retry import Retry
 from .._states import Failed, InProgress, WorkflowState
-from .._store.protocol import Store
+from .._store.protocol import RunStore
 from .._store.rows import SETTLED, UNREACHED, InstanceRow, StepWrite, StoredStep, settled
 from .._store.serde import decode_for, return_hint, store_form
 from .._store.sql.children import TOLD
@@ -63,7 +63,7 @@ class Context:
         workflow: str,
         instance_id: str,
         input: Any,
-        store: Store,
+        store: RunStore,
         memo: dict[str, StoredStep],
         publish: Callable[[WorkflowState], None],
         run: RunControl | None = None,

@@ -13,7 +13,7 @@ from .._clock import Clock, utc_text
 from .._log import log, where
 from .._observe.base import RunReason
 from .._states import Failed, Suspended, WorkflowState
-from .._store.protocol import Store
+from .._store.protocol import RunStore
 from .._store.rows import Claim, RunEnd, RunSnapshot
 from .context import Context
 from .control import Suspension
@@ -85,7 +85,7 @@ def new_instance_id(clock: Clock) -> str:
     return f"{int(clock.wall() * 1000):013d}-{_ID_BITS.getrandbits(48):012x}"
 
 
-def release(store: Store, run: Run, clock: Clock) -> WorkflowState | None:
+def release(store: RunStore, run: Run, clock: Clock) -> WorkflowState | None:
     """The engine stopped before a run could go on past a satisfied wait: let go.
 
     The instance is stored suspended on that key, which is complete, and
@@ -104,7 +104,7 @@ def release(store: Store, run: Run, clock: Clock) -> WorkflowState | None:
     return Suspended(waited.message)
 
 
-def stored_state(store: Store, run: Run) -> WorkflowState | None:
+def stored_state(store: RunStore, run: Run) -> WorkflowState | None:
     """What the store says of an instance this run no longer holds.
 
     None while it is running (another engine has it): the run's watchers

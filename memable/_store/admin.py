@@ -21,13 +21,14 @@ from .._clock import Clock, utc, utc_text
 from .._errors import InvalidKey
 from .._queues import check_queue_name
 from .._validate import check_key, seconds_of
-from .protocol import Store
+from .operator import OperatorStore
+from .protocol import RunStore
 from .rows import Ended, StepWrite
 from .serde import store_form
 
 
 def store_signal(
-    store: Store, workflow: str, instance_id: str, key: str, payload: Any,
+    store: RunStore, workflow: str, instance_id: str, key: str, payload: Any,
     traceparent: str | None = None, *, clock: Clock,
 ) -> None:
     """Store ``payload`` as the value of the suspend point ``key`` (with the trace context
@@ -48,7 +49,7 @@ def store_signal(
     )
 
 
-def resume_instance(store: Store, workflow: str, instance_id: str, *, clock: Clock) -> str:
+def resume_instance(store: OperatorStore, workflow: str, instance_id: str, *, clock: Clock) -> str:
     """Mark a failed, suspended or completed instance to run again, for an engine on the
     store that runs its workflow; return the status it had (a running or queued one is
     left as it is). ``InstanceNotFound``; ``InstanceFinished`` for a Cancelled one."""
@@ -56,11 +57,11 @@ def resume_instance(store: Store, workflow: str, instance_id: str, *, clock: Clo
 
 
 def resume_failed(
-    store: Store, workflow: str | None, *, id_prefix: str | None = None,
+    store: OperatorStore, workflow: str | None, *, id_prefix: str | None = None,
     since: str | None = None, until: str | None = None, limit: int = 1000,
     counted: list[tuple[str, str, str]] | None = None, clock: Clock,
 ) -> list[tuple[str, str]]:
-    """Resume the failed instances of a filter (see ``Store.failed_instances``: a child
+    """Resume the failed instances of a filter (see ``OperatorStore.failed_instances``: a child
     whose failure was handled is not one), oldest failure first, each as
     ``resume_instance`` does (one transaction each); return (workflow, id) of those
     resumed.
@@ -79,10 +80,10 @@ def resume_failed(
 
 
 def fork_instance(
-    store: Store, workflow: str, instance_id: str, from_key: str | None = None,
+    store: RunStore, workflow: str, instance_id: str, from_key: str | None = None,
     new_instance_id: str | None = None, *, clock: Clock,
 ) -> tuple[str, bool]:
-    """Fork the instance from ``from_key`` (see ``Store.fork_instance``) as
+    """Fork the instance from ``from_key`` (see ``RunStore.fork_instance``) as
     ``new_instance_id`` (None: ``"{id}.fork-{8 hex digits}"``, so a search by the
     source's id finds its forks); return the new id, and whether this call made it
     (False: that id existed, and nothing was written).
@@ -99,7 +100,7 @@ def fork_instance(
     return new_id, made
 
 
-def cancel_instance(store: Store, workflow: str, instance_id: str, *, clock: Clock) -> Ended:
+def cancel_instance(store: RunStore, workflow: str, instance_id: str, *, clock: Clock) -> Ended:
     """Mark the instance and its descendants Cancelled and drop their timers
     (``InstanceFinished`` if it ended)."""
     return store.cancel(workflow, instance_id, now=utc_text(clock))
@@ -110,10 +111,11 @@ PURGE_BATCH = 500
 
 
 def purge_batches(
-    store: Store, completed_before: str, now: float, stop: Callable[[], bool] | None = None,
+    store: OperatorStore, completed_before: str, now: float,
+    stop: Callable[[], bool] | None = None,
 ) -> Iterator[int]:
     """Purge what finished before ``completed_before`` (ISO 8601) in batches of at most
-    ``PURGE_BATCH``, one transaction each (``Store.purge_batch``, leases judged at
+    ``PURGE_BATCH``, one transaction each (``OperatorStore.purge_batch``, leases judged at
     ``now``), so another engine's write waits at most one batch; yield each batch's
     count, going on while a batch was full and ``stop`` (asked between batches) says
     no. What retention's thread and ``purge`` both run.
@@ -131,7 +133,7 @@ def purge_batches(
             return
 
 
-def purge_finished(store: Store, older_than: float | timedelta, *, clock: Clock) -> int:
+def purge_finished(store: OperatorStore, older_than: float | timedelta, *, clock: Clock) -> int:
     """Delete instances that finished more than ``older_than`` before ``clock``'s now, in
     batches of one transaction each; return how many."""
     seconds = seconds_of(older_than, "purge age")
@@ -144,7 +146,7 @@ def purge_finished(store: Store, older_than: float | timedelta, *, clock: Clock)
     return sum(purge_batches(store, cutoff.isoformat(), now.timestamp()))
 
 
-def pause_queue(store: Store, queue: str, *, clock: Clock) -> bool:
+def pause_queue(store: OperatorStore, queue: str, *, clock: Clock) -> bool:
     """Store ``queue`` as paused: from now on no engine on the store starts another of its
     instances (invokes onto it are still stored queued; runs in flight finish) until
     ``resume_queue``. Return whether it was running (False: paused already, and nothing
@@ -152,7 +154,7 @@ def pause_queue(store: Store, queue: str, *, clock: Clock) -> bool:
     return store.set_queue_paused(check_queue_name(queue), True, utc_text(clock))
 
 
-def resume_queue(store: Store, queue: str, *, clock: Clock) -> bool:
+def resume_queue(store: OperatorStore, queue: str, *, clock: Clock) -> bool:
     """Store ``queue`` as not paused: its consumers start its queued instances again, in
     their order (at once on PostgreSQL; on a file at their next poll). Return whether it
     was paused (False: nothing was written)."""

@@ -1,4 +1,6 @@
-"""The storage interface the engine speaks to, and the rows it passes.
+"""The storage interface the engine speaks to: what a run needs (``RunStore``), and the
+whole of a store (``Store``: that and what an operator reads and does,
+``memable._store.operator.OperatorStore``).
 
 Two stores implement it: one SQLite file (``memable._sqlite``) and a
 PostgreSQL schema (``memable._postgres``). Each operation states the guarantee
@@ -17,15 +19,14 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Literal, Protocol
 
-from .._records import StatusName, StepRecord
+from .._records import StatusName
+from .operator import OperatorStore
 from .rows import (
     Claim,
     Claimed,
     Ended,
     InstanceRow,
-    InstanceView,
     Look,
-    OwnerRow,
     RunEnd,
     RunSnapshot,
     ScheduleRow,
@@ -42,8 +43,9 @@ from .rows import (
 Synchronous = Literal["full", "normal"]
 
 
-class Store(Protocol):
-    """What the engine needs from a store, and what each operation guarantees.
+class RunStore(Protocol):
+    """What an engine needs from a store to carry its runs on, and what each operation
+    guarantees.
 
     Every method is thread-safe. Every write is atomic: all of it is
     committed before the method returns, or none of it is and the method
@@ -58,6 +60,8 @@ class Store(Protocol):
 
     #: This engine's id as an owner of instances (its row in ``owners``).
     owner: str
+
+    # Creating and claiming an instance.
 
     def create_instance(self, row: InstanceRow, start_at: float | None = None) -> bool:
         """Insert ``row``, owned by this store's engine; False (nothing written) if it exists.
@@ -80,6 +84,8 @@ class Store(Protocol):
         one keeps its place), and its snapshot says so. None, and nothing
         written, if unknown or not claimable.
         """
+
+    # A run's steps.
 
     def save_step(self, write: StepWrite) -> None:
         """Store one step outcome (completed or failed).
@@ -113,6 +119,8 @@ class Store(Protocol):
 
     def read_step(self, workflow: str, instance_id: str, key: str) -> StoredStep | None:
         """The stored row of one key, or None."""
+
+    # Waits: suspending, signals, timers and workflow timeouts.
 
     def suspend(
         self, waiting: StepWrite, message: str, deadline: float | None, now: float
@@ -148,23 +156,9 @@ class Store(Protocol):
         (seq ``UNREACHED``), now that it has; only if owned (else ``LostInstance``).
         Before any later step of the run is stored."""
 
-    def mark_resumable(self, workflow: str, instance_id: str, now: str) -> str:
-        """Mark a failed, suspended or completed instance ready to run again, atomically, for
-        an engine's next look (``memable resume``: no engine here); return the status it had.
-
-        It is stored suspended and ready (``children_pending`` 0, which every
-        poll runs on, as after ``release``) and nobody's; a running or queued
-        one is left as it is. Raise InstanceNotFound, or InstanceFinished for a
-        Cancelled one (writing nothing).
-        """
-
-    def resume_failure(
-        self, workflow: str, instance_id: str, failed_at: str, now: str
-    ) -> bool:
-        """Mark the instance ready to run again as ``mark_resumable`` does, atomically, only
-        if it is still the failure a bulk resume counted (failed, at ``failed_at``) and not
-        a child whose failure was handled (its parent ended, or raised ``ChildFailed`` for
-        it); whether it did."""
+    def set_traceparent(self, workflow: str, instance_id: str, traceparent: str) -> None:
+        """Store the trace context the instance's next run continues (a signal's or a
+        resume's span); nothing if there is no such instance."""
 
     def fire_due_timers(
         self, clock: Callable[[], float], at: str
@@ -202,6 +196,8 @@ class Store(Protocol):
     def next_deadline(self) -> float | None:
         """The earliest armed timer deadline or workflow timeout, or None."""
 
+    # A run's end, and a cancel.
+
     def finish(self, workflow: str, instance_id: str, end: RunEnd) -> Ended:
         """Record how this engine's run ended, and release the instance, atomically.
 
@@ -223,6 +219,8 @@ class Store(Protocol):
         InstanceNotFound, or InstanceFinished for a Completed or Cancelled one
         (writing nothing).
         """
+
+    # Queues' claims.
 
     def claim_queued(
         self, queue: str, workflows: list[str], *, concurrency: int | None,
@@ -253,21 +251,7 @@ class Store(Protocol):
         """How many instances of ``workflows`` wait in ``queue`` for a claim to take them:
         none while the queue is paused."""
 
-    def set_queue_paused(self, queue: str, paused: bool, at: str) -> bool:
-        """Store ``queue`` as paused (since ``at``) or not, atomically; return whether that
-        changed its stored state (False: it was so already, and nothing was written).
-
-        Every claim of the queue (``claim_queued``) reads this state in its own
-        transaction, under the lock that keeps the queue's other claimers out, and
-        pausing takes that lock too: once a pause returns, no claim of any engine on
-        the store starts another of the queue's instances until it is resumed. Runs in
-        flight are left alone, and invokes onto the queue are still stored queued. A
-        resume tells the queue's consumers at once where the store can (PostgreSQL:
-        NOTIFY, as an enqueue does); elsewhere their poll finds it.
-        """
-
-    def paused_queues(self) -> dict[str, str | None]:
-        """The queues stored as paused, by name, each with when it was paused."""
+    # Children and forks.
 
     def start_children(self, waits: list[StepWrite], rows: list[InstanceRow]) -> list[str]:
         """Record a parent's child steps as waiting and create the children, atomically.
@@ -290,26 +274,30 @@ class Store(Protocol):
         for a key the source never reached, each writing nothing. The source is only
         read."""
 
-    def purge_batch(self, completed_before: str, limit: int, now: float) -> int:
-        """Delete at most ``limit`` finished instances completed before then (ISO 8601
-        text), with their steps and timers, in one transaction; how many.
+    # Schedules' firings.
 
-        An instance goes only if, in that transaction, it is terminal, has no
-        run in flight (owned by nobody, or by an owner whose lease ran out at
-        ``now``, epoch seconds on the engine's wall clock; PostgreSQL judges
-        leases by its own clock), has no child that has not ended or whose run
-        is in flight, is not the child of an instance in a run, and is not a
-        child its parent waits for (see ``sql.retention``): a run that starts
-        after the choice finds the instances it judged by as they were judged
-        (PostgreSQL: they are locked until the commit). Safe to call from
-        several engines at once: each deletes what is still there (PostgreSQL:
-        a batch passes over rows another transaction holds, never waiting for
-        them). Fewer than ``limit`` means no more could be taken now. A store
-        whose file can shrink (SQLite with ``auto_vacuum = incremental``)
-        returns the pages a batch freed in the same transaction. A purge of
-        many is many batches (``admin.purge_batches``): a batch's transaction
-        is all another engine's write ever waits for.
+    def declare_schedules(self, schedules: list[ScheduleRow], at: str) -> list[ScheduleRow]:
+        """Store this engine's schedule declarations, atomically; return the stored rows.
+
+        A schedule new to the store counts its ticks from ``at`` (``since``);
+        one whose stored cron or zone differs takes the declaration's and
+        counts from ``at`` too (no catch-up across a change); its workflow
+        is the declaration's.
         """
+
+    def fire_ticks(self, name: str, last: str | None, firing: TickFiring) -> TicksFired:
+        """Record a firing of schedule ``name`` planned from its last tick ``last``, atomically.
+
+        Only while the stored last tick is still ``last``: else another engine
+        fired these ticks, and nothing is written (``won`` False). Else the
+        last tick becomes ``firing.last_tick``, its missed ticks are counted,
+        and each of ``firing.rows`` is created (running here, or queued),
+        unless ``firing.skip_overlap`` and an earlier tick's instance of the
+        schedule has not ended (then it is counted skipped), or its id is
+        there already. A created queued instance tells the queue's consumers.
+        """
+
+    # Owners and their leases, and what other engines changed.
 
     def register_owner(
         self, lease: float, now: float, declares: str | None = None
@@ -344,90 +332,6 @@ class Store(Protocol):
     def get_instance(self, workflow: str, instance_id: str) -> InstanceRow | None:
         """The instance's row, or None."""
 
-    def list_instances(self, workflow: str) -> list[InstanceRow]:
-        """Every instance of ``workflow``, oldest first."""
-
-    def list_steps(self, workflow: str, instance_id: str) -> list[StepRecord]:
-        """The instance's stored keys, in the order first reached."""
-
-    # Reads an operator makes (``memable list``, ``show``, ``signal``); see ``sql.reads``.
-
-    def list_view(
-        self, workflow: str | None, status: str | None, schedule: str | None = None
-    ) -> list[tuple[InstanceRow, OwnerRow | None]]:
-        """Instances oldest first, optionally of one workflow, in one status, the ticks of
-        one schedule, each with its owner's row while it runs."""
-
-    def inspect(self, workflow: str, instance_id: str, now: float) -> InstanceView | None:
-        """One instance with its owner, steps, timers and awaited signals (a queued one's
-        place judged at ``now``, epoch seconds); None if unknown."""
-
-    def workflows(self) -> list[str]:
-        """The names of the workflows the store has instances of."""
-
-    def awaited_signals(self, workflow: str, instance_id: str) -> list[str]:
-        """The suspend points the instance waits on now (none once it finished)."""
-
-    def schedules(self) -> list[ScheduleRow]:
-        """Every schedule the store knows (declared by some engine, ever), by name."""
-
-    def live_owners(self, now: float) -> list[OwnerRow]:
-        """The engines whose lease has not run out at ``now``, with what each declares."""
-
-    def queue_stats(self, queue: str, now: float) -> tuple[int, int, str | None]:
-        """(runnable instances, instances holding a slot at ``now``, when the oldest
-        runnable one became runnable) of ``queue``: what its gauges show."""
-
-    def status_counts(self) -> list[tuple[str, str, int]]:
-        """(workflow, status, how many instances) of every pair the store holds."""
-
-    def instance_page(
-        self, workflow: str | None, status: str | None, id_prefix: str | None,
-        offset: int, limit: int,
-    ) -> list[InstanceRow]:
-        """Instances newest first, optionally of one workflow, in one status, with an id
-        starting with ``id_prefix``: ``limit`` of them after the first ``offset``, read
-        through an index (no scan past the page)."""
-
-    def failed_instances(
-        self, workflow: str | None, *, id_prefix: str | None = None,
-        since: str | None = None, until: str | None = None, limit: int,
-    ) -> list[tuple[str, str, str]]:
-        """(workflow, id, when it failed) of failed instances, oldest failure first,
-        optionally of one workflow, by id prefix, failed between ``since`` and ``until``;
-        at most ``limit``. A failed child whose failure was handled (its parent ended, or
-        raised ``ChildFailed`` for it) is not one of them."""
-
-    def queue_names(self) -> list[str]:
-        """The queues the store has instances of."""
-
-    def set_traceparent(self, workflow: str, instance_id: str, traceparent: str) -> None:
-        """Store the trace context the instance's next run continues (a signal's or a
-        resume's span); nothing if there is no such instance."""
-
-    # Schedules.
-
-    def declare_schedules(self, schedules: list[ScheduleRow], at: str) -> list[ScheduleRow]:
-        """Store this engine's schedule declarations, atomically; return the stored rows.
-
-        A schedule new to the store counts its ticks from ``at`` (``since``);
-        one whose stored cron or zone differs takes the declaration's and
-        counts from ``at`` too (no catch-up across a change); its workflow
-        is the declaration's.
-        """
-
-    def fire_ticks(self, name: str, last: str | None, firing: TickFiring) -> TicksFired:
-        """Record a firing of schedule ``name`` planned from its last tick ``last``, atomically.
-
-        Only while the stored last tick is still ``last``: else another engine
-        fired these ticks, and nothing is written (``won`` False). Else the
-        last tick becomes ``firing.last_tick``, its missed ticks are counted,
-        and each of ``firing.rows`` is created (running here, or queued),
-        unless ``firing.skip_overlap`` and an earlier tick's instance of the
-        schedule has not ended (then it is counted skipped), or its id is
-        there already. A created queued instance tells the queue's consumers.
-        """
-
     def listen(self, changed: Callable[[str, str | None, str | None], None] | None) -> None:
         """Tell ``changed(kind, workflow, instance_id)`` what other engines write, as they do.
 
@@ -436,6 +340,8 @@ class Store(Protocol):
         store that cannot tell (SQLite: the engines on one file are found by
         the poll) does nothing; the poll stays the safety net either way.
         """
+
+    # The store itself.
 
     def session(self) -> AbstractContextManager[None]:
         """Within (one run, on its thread): the thread's operations may share one connection.
@@ -448,3 +354,10 @@ class Store(Protocol):
 
     def close(self) -> None:
         """Release the store; later calls raise ``StorageError``."""
+
+
+class Store(RunStore, OperatorStore, Protocol):
+    """A store: what a run needs of it (``RunStore``) and what an operator reads and does
+    (``OperatorStore``), both, as the SQLite and the PostgreSQL store implement them.
+    Only what holds the store for both (the engine, a queue's consumer that reads the
+    live engines' declarations, the command line's actions) holds it as this."""

@@ -27,7 +27,7 @@ memable_queue_paused{queue="mail"} 1
 from __future__ import annotations
 
 from .._clock import Clock
-from .._store.protocol import Store
+from .._store.operator import OperatorStore
 from .._store.rows import waited
 
 #: The media type Prometheus scrapes.
@@ -66,7 +66,7 @@ def exposition(
     return "\n".join(lines) + "\n"
 
 
-def scrape(store: Store, clock: Clock) -> str:
+def scrape(store: OperatorStore, clock: Clock) -> str:
     """The store's counts at ``clock``'s now, as ``exposition`` writes them."""
     now = clock.wall()
     queues = []

@@ -15,7 +15,7 @@ from typing import Any
 
 from .._clock import Clock, utc_text
 from .._inspect import STATUSES, limits_text, list_queues, list_schedules, show_instance
-from .._store.protocol import Store
+from .._store.operator import OperatorStore
 from .._store.rows import TERMINAL, waited
 
 #: Instances on one page of the list.
@@ -26,7 +26,7 @@ BULK_LIMIT = 1000
 PREVIEW = 200
 
 
-def overview(store: Store, clock: Clock) -> dict[str, Any]:
+def overview(store: OperatorStore, clock: Clock) -> dict[str, Any]:
     """Counts per workflow and status, the queues with their numbers and limits, and the
     schedules with their last and next tick."""
     counts: dict[str, dict[str, int]] = {}
@@ -126,7 +126,7 @@ def instance_filter(args: dict[str, str]) -> dict[str, str | None]:
             "id": args.get("id") or None}
 
 
-def instances(store: Store, chosen: dict[str, str | None], page: int) -> dict[str, Any]:
+def instances(store: OperatorStore, chosen: dict[str, str | None], page: int) -> dict[str, Any]:
     """One page of the list, newest first, and whether a next page exists."""
     rows = store.instance_page(chosen["workflow"], chosen["status"], chosen["id"],
                                (page - 1) * PAGE_SIZE, PAGE_SIZE + 1)
@@ -141,7 +141,7 @@ def instances(store: Store, chosen: dict[str, str | None], page: int) -> dict[st
     }
 
 
-def detail(store: Store, workflow: str, instance_id: str, clock: Clock) -> dict[str, Any]:
+def detail(store: OperatorStore, workflow: str, instance_id: str, clock: Clock) -> dict[str, Any]:
     """One instance as ``memable show`` reads it, values as JSON text cut to a preview
     where long, and whether it has ended; ``InstanceNotFound``/``WorkflowNotFound``."""
     view = show_instance(store, workflow, instance_id, clock=clock)
@@ -165,7 +165,7 @@ def _preview(text: str | None) -> str | None:
 
 
 def bulk_resume(
-    store: Store, workflow: str | None, id_prefix: str | None, until: str | None = None,
+    store: OperatorStore, workflow: str | None, id_prefix: str | None, until: str | None = None,
     *, clock: Clock,
 ) -> dict[str, Any]:
     """What a bulk resume of the failed instances of a filter would act on: the filter,
