@@ -482,7 +482,9 @@ def test_placing_a_signal_waits_for_a_takeover_under_way_and_then_is_refused(
     try:
         now = "2026-12-07T00:00:00+00:00"
         assert store.create_instance(InstanceRow(
-            "wf", "i", "running", None, "null", None, None, None, now, now, None))
+            workflow="wf", instance_id="i", status="running", message=None, input="null",
+            input_type=None, output=None, output_type=None, created_at=now, updated_at=now,
+            completed_at=None))
         write = StepWrite("wf", "i", "k", UNREACHED, "signal", "completed", '"v"', None,
                           None, None, now, now)
         store.deliver_signal(write)

@@ -41,9 +41,10 @@ def reads(statements: list[str]) -> int:
 def start(store: SQLiteStore, instance_id: str) -> None:
     """Create ``wf/<instance_id>`` running and claim it."""
     now = utc_text(SYSTEM_CLOCK)
-    store.create_instance(
-        InstanceRow("wf", instance_id, "running", None, "null", None, None, None, now, now, None)
-    )
+    store.create_instance(InstanceRow(
+        workflow="wf", instance_id=instance_id, status="running", message=None, input="null",
+        input_type=None, output=None, output_type=None, created_at=now, updated_at=now,
+        completed_at=None))
     assert store.begin_run("wf", instance_id, now=now, claim="resume") is not None
 
 
@@ -51,8 +52,9 @@ def queue(store: SQLiteStore, instance_id: str) -> None:
     """Store ``wf/<instance_id>`` queued on ``q`` and claim it through the queue."""
     now = utc_text(SYSTEM_CLOCK)
     store.create_instance(InstanceRow(
-        "wf", instance_id, "queued", None, "null", None, None, None, now, now, None,
-        queue="q", priority=0, queued_at=now))
+        workflow="wf", instance_id=instance_id, status="queued", message=None, input="null",
+        input_type=None, output=None, output_type=None, created_at=now, updated_at=now,
+        completed_at=None, queue="q", priority=0, queued_at=now))
     claimed = store.claim_queued("q", ["wf"], concurrency=None, per_process=None, rate=None,
                                  clock=time.time, at=now, batch=8)
     assert [s.instance.instance_id for s in claimed.snapshots] == [instance_id]

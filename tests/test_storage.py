@@ -444,3 +444,22 @@ def test_a_write_after_the_store_closed_fails_naming_it(tmp_path: Path, where: s
     assert str(raised.value).startswith("cannot check the run in ")
     assert str(raised.value).endswith("(the store is closed): workflow 'wf', instance 'x'")
     assert (raised.value.workflow, raised.value.instance_id) == ("wf", "x")
+
+
+def test_a_stored_row_is_built_by_name_never_by_position() -> None:
+    """Every column an instance is stored with is a field of ``InstanceRow`` of that name,
+    and the record takes no position: a row read with its columns in another order (or
+    fewer of them than named) is built right, or refused."""
+    from memable._store.rows import InstanceRow, instance_row
+    from memable._store.sql.instances import INSTANCE_COLUMNS
+
+    assert [f.name for f in attrs.fields(InstanceRow)] == list(INSTANCE_COLUMNS)
+    with pytest.raises(TypeError):
+        InstanceRow("wf", "i", "running", None, "null", None, None, None, "t", "t", None)  # type: ignore[misc]
+    names = ["status", "instance_id", "workflow", "message", "input", "input_type", "output",
+             "output_type", "created_at", "updated_at", "completed_at", "queue"]
+    values = ["queued", "i", "wf", None, "null", None, None, None, "t", "t", None, "q"]
+    row = instance_row(names, values)
+    assert (row.workflow, row.instance_id, row.status, row.queue) == ("wf", "i", "queued", "q")
+    with pytest.raises(ValueError, match="zip"):
+        instance_row(names, values[:-1])

@@ -8,8 +8,9 @@ protocol's (``memable._store.protocol``).
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import attrs
 import cattrs
@@ -38,9 +39,11 @@ def waited(since: str | None, now: float) -> float | None:
     return max(0.0, now - datetime.fromisoformat(since).timestamp())
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class InstanceRow:
-    """One row of the ``instances`` table; timestamps are ISO 8601 text."""
+    """One row of the ``instances`` table; timestamps are ISO 8601 text. Built by name
+    only (35 fields: a position would be a guess), from stored rows by ``instance_row``.
+    """
 
     workflow: str
     instance_id: str
@@ -331,6 +334,29 @@ class Look:
     cancelled: list[tuple[str, str]] = attrs.Factory(list)
     #: Running instances this engine owns (the runner recovers those it no longer runs).
     mine: list[tuple[str, str]] = attrs.Factory(list)
+
+
+#: A record a stored row is built into.
+R = TypeVar("R")
+
+
+def by_name(record: type[R], columns: Iterable[str], values: Iterable[Any]) -> R:
+    """The ``record`` of one stored row, built by name, never by position: ``values`` are
+    the columns ``columns`` names, in its order (a statement's select list); a name that
+    is not one of the record's fields, or a count that differs, raises.
+
+    >>> by_name(StoredStep, ["seq", "key", "kind", "state", "result", "result_type",
+    ...                      "status", "attempts"], [3, "pay", "step", "completed", "1",
+    ...                                              None, None, 1]).key
+    'pay'
+    """
+    return record(**dict(zip(columns, values, strict=True)))
+
+
+def instance_row(columns: Iterable[str], values: Iterable[Any]) -> InstanceRow:
+    """The ``InstanceRow`` of one stored row of ``columns`` (``sql.instances.INSTANCE_COLUMNS``,
+    or a statement's own select list), built by name (``by_name``)."""
+    return by_name(InstanceRow, columns, values)
 
 
 def metadata_of(row: InstanceRow) -> WorkflowMetadata:

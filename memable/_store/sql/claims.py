@@ -31,7 +31,15 @@ from datetime import datetime
 
 from ..control import LostInstance, RunCancelled
 from ..liveness import OWNER_SUFFIX
-from ..rows import UNREACHED, Claim, InstanceRow, RunSnapshot, StepWrite, StoredStep, step_params
+from ..rows import (
+    UNREACHED,
+    Claim,
+    InstanceRow,
+    RunSnapshot,
+    StepWrite,
+    instance_row,
+    step_params,
+)
 from ..transaction import Transaction
 from .children import refuse_taken
 from .instances import (
@@ -44,7 +52,7 @@ from .instances import (
     insert_instance,
     insert_instances,
 )
-from .steps import SELECT_RUN_STEPS
+from .steps import SELECT_RUN_STEPS, stored_step
 
 # A claim that takes a running instance from another owner (dead: the claim's
 # WHERE says so) recovers it; the expressions of one UPDATE see the old row.
@@ -191,7 +199,7 @@ def begin_run(
     }).fetchone()
     if found is None:
         return None
-    instance = InstanceRow(*found)
+    instance = instance_row(INSTANCE_COLUMNS, found)
     if instance.lost_owner is not None and instance.lost_step is not None:
         tx.execute(COUNT_LOST, {**where, "key": instance.lost_step,
                                 "lost_by": instance.lost_by})
@@ -201,4 +209,4 @@ def begin_run(
     # A statement of its own, after the claim took the row: it sees every step the
     # previous owner committed, and that owner can write no more.
     steps = tx.execute(SELECT_RUN_STEPS, where).fetchall()
-    return RunSnapshot(instance, {step[0]: StoredStep(*step) for step in steps})
+    return RunSnapshot(instance, {step[0]: stored_step(step) for step in steps})

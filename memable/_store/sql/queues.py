@@ -22,10 +22,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..rows import Claimed, InstanceRow, RunSnapshot, StoredStep
+from ..rows import Claimed, RunSnapshot, instance_row
 from ..transaction import Transaction
 from .instances import INSTANCE_COLUMNS
-from .steps import SELECT_RUN_STEPS
+from .steps import SELECT_RUN_STEPS, stored_step
 
 # A cancelled instance whose run has not stopped yet (a cancel leaves the owner;
 # the run's end clears it) holds its slot, unless that owner is dead (its lease ran
@@ -197,7 +197,8 @@ def claim(
         if row is None:
             return
         found = tx.execute(SELECT_RUN_STEPS, one).fetchall()
-        taken.append(RunSnapshot(InstanceRow(*row), {s[0]: StoredStep(*s) for s in found}))
+        taken.append(RunSnapshot(instance_row(INSTANCE_COLUMNS, row),
+                                 {s[0]: stored_step(s) for s in found}))
         if rate is not None:  # only a rate counts starts (and forgets old ones)
             tx.execute(STARTED, {**where, "now": now})
             starts.append(now)

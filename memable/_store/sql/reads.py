@@ -23,6 +23,8 @@ from ..rows import (
     OwnerRow,
     QueueLook,
     ScheduleRow,
+    by_name,
+    instance_row,
     step_record,
 )
 from ..transaction import Cursor, Transaction
@@ -52,13 +54,13 @@ def get_instance(tx: Transaction, workflow: str, instance_id: str) -> InstanceRo
     """The instance's row, or None."""
     row = tx.execute(SELECT_INSTANCE, {"workflow": workflow, "instance_id": instance_id})
     found = row.fetchone()
-    return None if found is None else InstanceRow(*found)
+    return None if found is None else instance_row(INSTANCE_COLUMNS, found)
 
 
 def list_instances(tx: Transaction, workflow: str) -> list[InstanceRow]:
     """Every instance of ``workflow``, oldest first."""
     rows = tx.execute(LIST_INSTANCES, {"workflow": workflow}).fetchall()
-    return [InstanceRow(*row) for row in rows]
+    return [instance_row(INSTANCE_COLUMNS, row) for row in rows]
 
 
 def list_steps(tx: Transaction, workflow: str, instance_id: str) -> list[StepRecord]:
@@ -88,11 +90,11 @@ _OWNER = ", ".join(f"o.{c} AS owner_{c}" for c in _OWNER_COLUMNS)
 def _owner(row: dict[str, Any]) -> OwnerRow | None:
     if row.get("owner_id") is None:
         return None
-    return OwnerRow(*(row[f"owner_{c}"] for c in _OWNER_COLUMNS))
+    return by_name(OwnerRow, _OWNER_COLUMNS, (row[f"owner_{c}"] for c in _OWNER_COLUMNS))
 
 
 def _instance(row: dict[str, Any]) -> InstanceRow:
-    return InstanceRow(*(row[c] for c in INSTANCE_COLUMNS))
+    return instance_row(INSTANCE_COLUMNS, (row[c] for c in INSTANCE_COLUMNS))
 
 
 def list_view(

@@ -10,11 +10,15 @@ engines that fire one tick, one writes it and the others write nothing.
 
 from __future__ import annotations
 
-from ..rows import ScheduleRow, TickFiring, TicksFired
+from ..rows import ScheduleRow, TickFiring, TicksFired, by_name
 from ..transaction import Transaction
 from .instances import insert_instance
 
-COLUMNS = "name, cron, timezone, workflow, last_tick, since, skipped, missed"
+#: The columns of a ``ScheduleRow``, as ``SELECT`` and ``SELECT_ALL`` read them.
+SCHEDULE_COLUMNS = (
+    "name", "cron", "timezone", "workflow", "last_tick", "since", "skipped", "missed",
+)
+COLUMNS = ", ".join(SCHEDULE_COLUMNS)
 SELECT = f"SELECT {COLUMNS} FROM schedules WHERE name = :name"
 SELECT_ALL = f"SELECT {COLUMNS} FROM schedules ORDER BY name"
 #: A schedule seen for the first time counts its ticks from now.
@@ -58,7 +62,8 @@ def declare(tx: Transaction, schedules: list[ScheduleRow], at: str) -> list[Sche
         tx.execute(INSERT, params)
         tx.execute(RESTART, params)
         tx.execute(WORKFLOW, params)
-        stored.append(ScheduleRow(*tx.execute(SELECT, params).fetchone()))
+        found = tx.execute(SELECT, params).fetchone()
+        stored.append(by_name(ScheduleRow, SCHEDULE_COLUMNS, found))
     return stored
 
 

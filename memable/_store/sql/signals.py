@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from ..._errors import InstanceFinished, InstanceNotFound, SignalRejected
 from ..control import LostInstance
-from ..rows import TERMINAL, UNREACHED, StepWrite, StoredStep
+from ..rows import TERMINAL, UNREACHED, StepWrite
 from ..transaction import Transaction
 from . import timers
 from .instances import OWNED, set_traceparent
-from .steps import SELECT_STEP
+from .steps import SELECT_STEP, stored_step
 
 #: The signal's value, completing its key (a waiting suspend point's row, or a new one).
 _STORE = """
@@ -64,7 +64,7 @@ def deliver(tx: Transaction, write: StepWrite, traceparent: str | None = None) -
     tx.execute(timers.DROP, where)
     stored = tx.execute(SELECT_STEP, where).fetchone()
     if stored is not None:
-        step = StoredStep(*stored)
+        step = stored_step(stored)
         if step.kind != "signal":
             why = f"the key is a {step.kind}, not a suspend point"
             raise SignalRejected(workflow, instance_id, key, why)

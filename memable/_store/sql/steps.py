@@ -9,10 +9,12 @@ nor a row of another kind: that is the exactly-once record.
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..._errors import key_taken
 from ..._records import StatusName
 from ..control import LostInstance
-from ..rows import StepWrite, StoredStep, step_params
+from ..rows import StepWrite, StoredStep, by_name, step_params
 from ..transaction import Transaction
 
 #: The instance's row, owned by this engine, kept from a takeover until commit.
@@ -33,11 +35,21 @@ ON CONFLICT (workflow, instance_id, key) DO UPDATE SET
     traceback = excluded.traceback
 WHERE steps.state <> 'completed' AND steps.kind = excluded.kind
 """
+#: The columns of a ``StoredStep``, as ``SELECT_RUN_STEPS`` and ``SELECT_STEP`` read them.
+STORED_STEP_COLUMNS = (
+    "key", "seq", "kind", "state", "result", "result_type", "status", "attempts",
+)
 SELECT_RUN_STEPS = (
-    "SELECT key, seq, kind, state, result, result_type, status, attempts "
+    f"SELECT {', '.join(STORED_STEP_COLUMNS)} "
     "FROM steps WHERE workflow = :workflow AND instance_id = :instance_id"
 )
 SELECT_STEP = SELECT_RUN_STEPS + " AND key = :key"
+
+
+def stored_step(values: Any) -> StoredStep:
+    """The ``StoredStep`` of a row ``SELECT_RUN_STEPS`` or ``SELECT_STEP`` read, by name."""
+    return by_name(StoredStep, STORED_STEP_COLUMNS, values)
+
 CHECK_RUN = (
     "SELECT status, owner FROM instances WHERE workflow = :workflow "
     "AND instance_id = :instance_id"
@@ -67,7 +79,7 @@ def refused(tx: Transaction, write: StepWrite) -> None:
     if row is None or row[1] != tx.owner:
         raise LostInstance(write.workflow, write.instance_id)
     found = tx.execute(SELECT_STEP, where).fetchone()
-    step = None if found is None else StoredStep(*found)
+    step = None if found is None else stored_step(found)
     if step is not None and step.kind != write.kind:
         raise key_taken(write.workflow, write.instance_id, write.key, step.kind, write.kind)
     # Else the key completed meanwhile (a timer fired): that row stands.
@@ -77,7 +89,7 @@ def read(tx: Transaction, workflow: str, instance_id: str, key: str) -> StoredSt
     """The stored step ``key`` of the instance, if any."""
     where = {"workflow": workflow, "instance_id": instance_id, "key": key}
     row = tx.execute(SELECT_STEP, where).fetchone()
-    return None if row is None else StoredStep(*row)
+    return None if row is None else stored_step(row)
 
 
 def check_run(tx: Transaction, workflow: str, instance_id: str) -> StatusName:

@@ -13,12 +13,11 @@ from __future__ import annotations
 from ..._errors import key_taken
 from ..control import LostInstance
 from ..rows import (
-    InstanceRow,
     RunSnapshot,
     StepWrite,
-    StoredStep,
     Suspend,
     fired_now,
+    instance_row,
     settled,
     step_params,
 )
@@ -26,7 +25,7 @@ from ..transaction import Transaction
 from . import timers
 from .children import PENDING_IN_GROUP
 from .instances import INSERT_WAITING, INSTANCE_COLUMNS
-from .steps import SELECT_RUN_STEPS, SELECT_STEP, UPSERT_STEP
+from .steps import SELECT_RUN_STEPS, SELECT_STEP, UPSERT_STEP, stored_step
 
 _SELECT_INSTANCE = (
     f"SELECT {', '.join(INSTANCE_COLUMNS)} FROM instances "
@@ -80,7 +79,7 @@ def suspend(
         return _suspended(tx, waiting, message, int(pending), None)
     where = {"workflow": workflow, "instance_id": instance_id, "key": key}
     stored = tx.execute(SELECT_STEP, where).fetchone()
-    step = None if stored is None else StoredStep(*stored)
+    step = None if stored is None else stored_step(stored)
     if step is not None and step.kind != waiting.kind:
         raise key_taken(workflow, instance_id, key, step.kind, waiting.kind)
     ready = step is not None and settled(step.kind, step.state)
@@ -120,8 +119,8 @@ def _go_on(tx: Transaction, workflow: str, instance_id: str) -> Suspend:
         tx.execute(tx.dialect.relaxed_commit)
     where = {"workflow": workflow, "instance_id": instance_id}
     instance = tx.execute(_SELECT_INSTANCE, where).fetchone()
-    memo = {s[0]: StoredStep(*s) for s in tx.execute(SELECT_RUN_STEPS, where).fetchall()}
-    return Suspend("ready", snapshot=RunSnapshot(InstanceRow(*instance), memo))
+    memo = {s[0]: stored_step(s) for s in tx.execute(SELECT_RUN_STEPS, where).fetchall()}
+    return Suspend("ready", snapshot=RunSnapshot(instance_row(INSTANCE_COLUMNS, instance), memo))
 
 
 def _suspended(
