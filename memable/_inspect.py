@@ -19,6 +19,8 @@ import os
 from datetime import datetime, timezone
 from typing import Any, NoReturn
 
+import attrs
+
 from ._clock import Clock, utc
 from ._engine.targets import open_store, resolve_target
 from ._errors import InstanceNotFound, StorageError, WorkflowNotFound
@@ -174,7 +176,7 @@ def show_instance(
         "updated_at": row.updated_at, "completed_at": row.completed_at,
         "traceback": row.traceback,
     }
-    steps = [dict(step) for step in found.steps]
+    steps = [attrs.asdict(step) for step in found.steps]
     for step in steps:
         step["duration"] = _seconds_between(step["started_at"], step["completed_at"])
         step["result"] = _decoded(step["result"])

@@ -127,15 +127,35 @@ class QueueLook:
     key_running: int | None = None
 
 
+@attrs.frozen(kw_only=True)
+class StepView:
+    """One stored key of an instance as an operator sees it (``Store.inspect``): the
+    columns of its ``steps`` row an operator reads, by name."""
+
+    #: Its place among the instance's keys (None: a signal stored before the run reached
+    #: its key, listed last).
+    seq: int | None
+    key: str
+    kind: StepKind
+    state: StepState
+    attempts: int
+    started_at: str | None
+    completed_at: str | None
+    status: str | None
+    error: str | None
+    #: The stored text of its value (JSON), or of its error's.
+    result: str | None
+    traceback: str | None
+
+
 @attrs.frozen
 class InstanceView:
     """What ``memable show`` needs of one instance, read by ``Store.inspect``."""
 
     instance: InstanceRow
     owner: OwnerRow | None  # the row of ``instance.owner``, if it still has one
-    #: Its steps in order, as dicts of the ``steps`` columns an operator sees (``seq``
-    #: None: a signal the run has not reached yet, listed last).
-    steps: list[dict[str, Any]]
+    #: Its steps in order (a signal the run has not reached yet last).
+    steps: list[StepView]
     timers: list[tuple[str, float]]  # (key, deadline) of each pending timer
     awaiting: list[str]  # the suspend points it waits on now
     #: Its children, oldest first: (workflow, instance_id, status).

@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import attrs
+
 from ..._records import StepRecord
 from ..rows import (
     UNREACHED,
@@ -23,6 +25,7 @@ from ..rows import (
     OwnerRow,
     QueueLook,
     ScheduleRow,
+    StepView,
     by_name,
     instance_row,
     step_record,
@@ -93,6 +96,16 @@ def _owner(row: dict[str, Any]) -> OwnerRow | None:
     return by_name(OwnerRow, _OWNER_COLUMNS, (row[f"owner_{c}"] for c in _OWNER_COLUMNS))
 
 
+#: The columns of a ``StepView``, as ``inspect`` reads them.
+_STEP_VIEW_COLUMNS = tuple(field.name for field in attrs.fields(StepView))
+
+
+def _step_view(row: dict[str, Any]) -> StepView:
+    """The ``StepView`` of a ``steps`` row: a signal stored before the run reached its key
+    (seq ``UNREACHED``) has no place yet (None)."""
+    return StepView(**{**row, "seq": None if row["seq"] == UNREACHED else row["seq"]})
+
+
 def _instance(row: dict[str, Any]) -> InstanceRow:
     return instance_row(INSTANCE_COLUMNS, (row[c] for c in INSTANCE_COLUMNS))
 
@@ -135,8 +148,7 @@ def inspect(
         return None
     steps = read(
         "read the steps",
-        "SELECT seq, key, kind, state, attempts, started_at, completed_at, status, error, "
-        "result, traceback FROM steps WHERE workflow = :workflow "
+        f"SELECT {', '.join(_STEP_VIEW_COLUMNS)} FROM steps WHERE workflow = :workflow "
         "AND instance_id = :instance_id ORDER BY seq, key",
         where,
     )
@@ -152,14 +164,11 @@ def inspect(
         "AND parent_id = :instance_id ORDER BY created_at, instance_id",
         where,
     )
-    for step in steps:  # a signal stored before the run reached its key has no place yet
-        if step["seq"] == UNREACHED:
-            step["seq"] = None
     instance = _instance(found[0])
     return InstanceView(
         instance=instance,
         owner=_owner(found[0]),
-        steps=steps,
+        steps=[_step_view(step) for step in steps],
         timers=[(t["key"], float(t["deadline"])) for t in timers],
         awaiting=awaited_signals(read, workflow, instance_id),
         children=[(c["workflow"], c["instance_id"], c["status"]) for c in children],
