@@ -240,7 +240,7 @@ class RunStore(Protocol):
         one transaction that every other claimer of the queue waits for; a
         claimed instance is marked running and owned by this engine in it.
         Nothing is claimed while the queue is paused (read in that transaction;
-        see ``set_queue_paused``). ``per_key``: no more than that many of the
+        see ``OperatorStore.set_queue_paused``). ``per_key``: no more than that many of the
         queue's instances with one ``concurrency_key`` hold a slot at once (those
         claimed here counted); the instances of a key at its limit are skipped,
         not waited for, so the next ones of other keys (and those without a key)
