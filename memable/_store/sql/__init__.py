@@ -1,11 +1,14 @@
-"""The SQL both stores run, written once with ``:name`` parameters.
+"""Each operation a store offers, one transaction body written once, with its SQL.
 
-Instances and their keys (``instances``: new rows, waiting rows, readiness),
-how an instance is created and claimed (``claims``), a run's suspension
-(``suspensions``), signals (``signals``), timers (``timers``), queues
-(``queues``), children (``children``, with ``pg``, which rewrites ``:name``
-parameters for PostgreSQL) and the reads an operator makes (``reads``).
-Text and row conversions only: the stores execute it.
+A body is a function of a ``memable._store.transaction.Transaction``: both
+stores run it in their own transaction. Instances and their keys
+(``instances``: new rows, waiting rows, readiness, a run's end, timeouts),
+how an instance is created and claimed (``claims``), a run's steps
+(``steps``), its suspension (``suspensions``), signals (``signals``),
+timers (``timers``), cancels (``cancel``), queues (``queues``), children
+(``children``), forks (``forks``), schedules (``schedules``), retention
+(``retention``), owners and leases (``owners``) and the reads an operator
+makes (``reads``).
 
 May import: ``memable._store`` and the value modules.
 """
