@@ -180,11 +180,11 @@ def test_start_sizes_names_and_paces_the_engines_threads() -> None:
         lambda: names.append(threading.current_thread().name)))
     with engine:
         runner = engine._runner
-        assert runner._executor is not None
-        assert runner._executor._max_workers == 3
-        assert runner._background is not None
-        assert runner._background._poll_interval == 1.0
-        assert runner._next_heartbeat == now[0] + 1.0
+        assert runner.runs.executor is not None
+        assert runner.runs.executor._max_workers == 3
+        assert runner.claims.background is not None
+        assert runner.claims.background._poll_interval == 1.0
+        assert runner.claims._next_heartbeat == now[0] + 1.0
         engine.invoke("wf").result(timeout=10)
     engine.close()
     assert [name.split("_")[0] for name in names] == ["memable-worker"]
@@ -199,14 +199,14 @@ def test_a_timer_armed_while_the_thread_sleeps_to_the_next_poll_wakes_it(tmp_pat
     engine = Engine.open(tmp_path / "db", poll_interval=60, lease=600)
     engine.register("wf", lambda ctx: ctx.timer("soon:v1", 0.2) or "fired")
     looked = threading.Event()
-    real = engine._runner._tick
+    real = engine._runner.claims.tick
 
     def tick(poll: bool) -> float | None:
         until = real(poll)
         looked.set()
         return until
 
-    engine._runner._tick = tick  # type: ignore[method-assign]
+    engine._runner.claims.tick = tick  # type: ignore[method-assign]
     with engine:
         assert looked.wait(10)
         assert engine.invoke("wf").result(timeout=10) == "fired"
@@ -220,7 +220,7 @@ def test_the_heartbeat_comes_every_third_of_the_lease_by_the_engines_clock() -> 
     runner = Runner(store, Options(lease=3.0, clock=Clock(wall=lambda: now[0])))
     start = now[0]
     store.register_owner(3.0, start)
-    runner._next_heartbeat = start + 1.0  # as start() sets it
+    runner.claims._next_heartbeat = start + 1.0  # as start() sets it
     beats: list[float] = []
     real = store.heartbeat
 
@@ -231,6 +231,6 @@ def test_the_heartbeat_comes_every_third_of_the_lease_by_the_engines_clock() -> 
     store.heartbeat = noted  # type: ignore[method-assign]
     for offset in (0.5, 1.0, 1.5, 1.9, 2.0):
         now[0] = start + offset
-        runner._tick(False)
+        runner.claims.tick(False)
     store.close()
     assert beats == [1.0, 2.0]

@@ -1024,8 +1024,8 @@ def test_wait_all_takes_no_new_work_while_it_drains() -> None:
     engine = Engine.in_memory()
     entered, release = threading.Event(), threading.Event()
     engine.register("wf", lambda ctx: ctx.step("s").run(lambda: entered.set() or release.wait(10)))
-    idle = _NotingWaits(engine._runner._idle)
-    engine._runner._idle = idle  # type: ignore[assignment]
+    idle = _NotingWaits(engine._runner.runs._idle)
+    engine._runner.runs._idle = idle  # type: ignore[assignment]
     engine.start()
     try:
         inv = engine.invoke("wf", instance_id="x")

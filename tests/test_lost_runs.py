@@ -76,9 +76,9 @@ def test_a_run_that_ends_while_the_poll_reads_the_store_is_not_taken_for_lost(
         invocation.append(engine.invoke("wf", instance_id="x"))
         assert inside.wait(10)
         engine._store.look_around = look_then_let_the_run_end  # type: ignore[method-assign]
-        runner._look_around(0.0)
+        runner.claims.look_around(0.0)
         engine._store.look_around = real  # type: ignore[method-assign]
-        assert runner._active == {}
+        assert runner.runs._active == {}
         assert "did not record its end" not in caplog.text
         assert engine.signal("wf", "x", "gate", 5).result(timeout=10) == "5"
     engine.close()
@@ -94,9 +94,9 @@ def _poll_inside(engine: Engine, operation: str) -> list[int]:
 
     def then_poll(*args: Any, **kwargs: Any) -> Any:
         made = real(*args, **kwargs)
-        before = runner._turnover
-        runner._look_around(runner.clock.wall())
-        taken.append(runner._turnover - before)
+        before = runner.runs.turnover
+        runner.claims.look_around(runner.clock.wall())
+        taken.append(runner.runs.turnover - before)
         return made
 
     setattr(engine._store, operation, then_poll)

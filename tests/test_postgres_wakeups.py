@@ -157,7 +157,7 @@ def test_a_run_that_ends_elsewhere_frees_its_queue_slot_at_once(pg_schema: str) 
     looked = threading.Event()  # the second engine's queue thread looked (and found no slot)
     try:
         with first, second:
-            consumer = second._runner._consumer
+            consumer = second._runner.claims.consumer
             assert consumer is not None
             claim = consumer.claim
 

@@ -346,7 +346,7 @@ def test_a_poll_during_a_claim_does_not_take_back_what_was_claimed(
     def claim_then_poll(*args: Any, **kwargs: Any) -> Any:
         claimed = claim(*args, **kwargs)
         if claimed.snapshots:
-            engine._runner._look_around(kwargs["clock"]())
+            engine._runner.claims.look_around(kwargs["clock"]())
             looked.append(len(claimed.snapshots))
         return claimed
 

@@ -1,6 +1,6 @@
 """Firing one engine's schedules: what the timer thread does for them each time it looks.
 
-The runner knows a ``Scheduler`` only as a ticker (``memable._run.runner.Ticker``):
+The runner knows a ``Scheduler`` only as a ticker (``memable._run.registry.Ticker``):
 at start it stores the declarations; at each look of the timer thread it is
 told the time, fires the ticks that fell due, and answers when it next needs a
 look, so a tick is a deadline like any timer's (no thread, no polling loop).
