@@ -91,7 +91,7 @@ class Attempts:
         self.run = run
         self._clock = clock
         self._sleep = sleep
-        # flight_lock guards in_flight. It is the runner's lock: Engine.signal
+        # flight_lock guards in_flight. It is the runner's lock (``Registry.lock``): Engine.signal
         # holds it from its look at in_flight until the signal is stored.
         self.flight_lock = flight_lock or threading.Lock()
         #: The keys whose function runs now, and since when (for signals, and operators).

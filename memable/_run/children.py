@@ -84,7 +84,7 @@ class Children:
         start_made: Callable[[Callable[[], Iterable[Made]]], object] | None = None,
     ) -> None:
         self._telemetry = telemetry or Telemetry()  # a span for each child started
-        # Makes children owned here and starts their runs, as one call (Runner.start_made).
+        # Makes children owned here and starts their runs, as one call (Claims.start_made).
         self._start_made = start_made or self._submit_made
         # The runner's registry and declared queues: fixed once the engine started.
         self._workflows = workflows

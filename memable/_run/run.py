@@ -45,16 +45,16 @@ class Run:
     # so the call returned with it committed: ``snapshot`` is what it returned
     # (None: nothing to run here).
     claimed: bool = False
-    # Set under Runner._lock when a signal or timer completed a key while
-    # this run was active: if it ends Suspended, run the instance again.
+    # Set under the runner's lock (Registry.lock) when a signal or timer completed
+    # a key while this run was active: if it ends Suspended, run the instance again.
     rerun: bool = False
-    # Set under Runner._lock when the instance was cancelled; read without the
+    # Set under the runner's lock when the instance was cancelled; read without the
     # lock by the run's thread (a stale read is caught by the store's check).
     cancel_requested: bool = False
     # Set when the run must stop waiting (a cancel, or the engine stopping).
     interrupt: threading.Event = attrs.Factory(threading.Event)
     # Keys this engine stored signals for while the run was active (under
-    # Runner._lock): a step reaching one refuses it, without a read.
+    # the runner's lock): a step reaching one refuses it, without a read.
     signalled: set[str] = attrs.Factory(set)
     # The run's Context while its function runs (for the key in flight).
     ctx: Context | None = None

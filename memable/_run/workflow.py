@@ -169,7 +169,7 @@ to take an input, make it fn(ctx, n))
         )
 
 
-#: A run to start of an instance just made here (``Runner.start_made``): its workflow,
+#: A run to start of an instance just made here (``Claims.start_made``): its workflow,
 #: id, input (its value, in a tuple; None: read from the store), trace context, and why
 #: it starts (None: judged from the instance).
 Made = tuple[Workflow, str, "tuple[Any] | None", "str | None", "RunReason | None"]
