@@ -56,13 +56,15 @@ class Registry:
         # depends on it (a run registered only while started; stop interrupts every run
         # registered before it), so the parts share it rather than each having its own.
         # It guards:
-        #   here: phase, accepting, options, and the declarations until start
-        #     (workflows, queues, tickers: fixed once started, then read without it);
-        #   in Runs: _active, _watches, _turnover, _firing, _executor (set at start),
-        #     and each active Run's rerun, cancel_requested and signalled; its _idle
-        #     condition is on it; a run's Context takes it as its flight lock (the
-        #     step in flight, against Engine.signal);
-        #   in Claims: _claiming, and its threads (set at start).
+        #   here: phase and accepting; the options and the declarations (workflows,
+        #     queues, tickers) until start: fixed once started, then read without it;
+        #   in Runs: _active, _watches, turnover, _firing and the _idle condition (on
+        #     it), _executor (made at start); and in each active Run, rerun,
+        #     cancel_requested (read without it by the run's own thread) and
+        #     signalled; a run's Context takes it as its flight lock (the steps in
+        #     flight, against Engine.signal);
+        #   in Claims: _claiming; its queue consumer and threads are made under it at
+        #     start, and fixed after.
         # Lock order: this lock, then a Watch's cond, then the store's lock; never
         # the other way round.
         self.lock = threading.Lock()
