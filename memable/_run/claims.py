@@ -61,7 +61,7 @@ class Claims:
         self._runs = runs
         self._store = store
         self._telemetry = telemetry
-        self._clock = registry.options.clock
+        self.clock = registry.options.clock  # the runner's (see Runner.clock)
         # Under lock: instances this engine took or made, owned here and not yet
         # registered as runs: queue claims, invokes, children started, schedule ticks
         # (see look_around).
@@ -83,14 +83,14 @@ class Claims:
         options = self._registry.options
         if queues:
             self.consumer = QueueConsumer(
-                self._store, queues, sorted(self._registry.workflows), self._clock,
+                self._store, queues, sorted(self._registry.workflows), self.clock,
                 capacity=self._runs.capacity, run=self._run_claimed, telemetry=self._telemetry,
                 check_every=options.lease,
             )
-            self.dispatcher = Dispatcher(self._claim_queued, options.poll_interval, self._clock)
+            self.dispatcher = Dispatcher(self._claim_queued, options.poll_interval, self.clock)
         # The thread must look often enough to renew the lease in time.
         self.background = BackgroundThread(
-            self.tick, min(options.poll_interval, options.lease / 3), self._clock
+            self.tick, min(options.poll_interval, options.lease / 3), self.clock
         )
 
     def registered(self, now: float, server: float | None) -> None:
@@ -107,7 +107,7 @@ class Claims:
     def queue_stats(self, names: list[str]) -> list[QueueStats]:
         """What the queue gauges show of the queues this engine consumes (the meter's
         thread reads them)."""
-        now = self._clock.wall()
+        now = self.clock.wall()
         stats = []
         for name in names:
             queued, running, oldest = self._store.queue_stats(name, now)
@@ -173,7 +173,7 @@ class Claims:
                 self._runs.submit_claimed(self._registry.workflows[name], instance_id, snapshot)
                 return
         # Stopping: back in the queue, in its place, for the next engine.
-        self._store.finish(name, instance_id, RunEnd("queued", utc_text(self._clock)))
+        self._store.finish(name, instance_id, RunEnd("queued", utc_text(self.clock)))
 
     # ------------------------------------------------------------------ wake-ups
 
@@ -229,8 +229,8 @@ class Claims:
             self._runs.work_began()
         try:
             # Read here, not higher up: see BackgroundThread on freezegun.
-            now = self._clock.wall()
-            fired = self._store.fire_due_timers(self._clock.wall, utc_text(self._clock))
+            now = self.clock.wall()
+            fired = self._store.fire_due_timers(self.clock.wall, utc_text(self.clock))
             for name, instance_id, key, deadline in fired:
                 log.info("timer fired: %s", key, extra=where(name, instance_id, key))
                 self._telemetry.timer_fired(now - deadline)
@@ -238,7 +238,7 @@ class Claims:
             count, until = len(fired), None
             # The clock, not ``now``: the store reads it after the instances it judges
             # (``Store.time_out``), as a frozen test clock may have gone back since.
-            for out in self._store.time_out(self._clock.wall, utc_text(self._clock)):
+            for out in self._store.time_out(self.clock.wall, utc_text(self.clock)):
                 log.warning("%s", out.message, extra=where(out.workflow, out.instance_id))
                 self.ended_by_cancel(out.workflow, out.instance_id, out.ended)
                 count += 1
@@ -268,7 +268,7 @@ class Claims:
     def _heartbeat(self) -> None:
         """Renew the lease, and compare the wall clock with the store's as it did (read
         here, as ``_fire_due`` reads it: see BackgroundThread on freezegun)."""
-        before = self._clock.wall()
+        before = self.clock.wall()
         self._judge_clock(before, self._store.heartbeat(before))
 
     def _judge_clock(self, before: float, server: float | None) -> None:
@@ -276,13 +276,13 @@ class Claims:
         store's clock ``server`` read between the two (None: the store has none of its
         own) by more than a second, once per difference (``_clock.Skew``)."""
         if server is not None and (said := self._skew.judge(before, server,
-                                                            self._clock.wall())):
+                                                            self.clock.wall())):
             log.warning("%s", said)
 
     def _renew(self) -> None:
         """Renew the engine's lease when its heartbeat is due, with the steps in flight."""
         # Read here, not higher up: see BackgroundThread on freezegun.
-        now = self._clock.wall()
+        now = self.clock.wall()
         if now >= self._next_heartbeat:
             self._heartbeat()
             self._next_heartbeat = now + self._registry.options.lease / 3
@@ -329,5 +329,5 @@ class Claims:
             # alone), so its queue's slot is free and the queue thread looks.
             log.warning("letting go of a cancelled instance whose run here did not record "
                         "its end", extra=where(name, instance_id))
-            self._store.finish(name, instance_id, RunEnd("cancelled", utc_text(self._clock)))
+            self._store.finish(name, instance_id, RunEnd("cancelled", utc_text(self.clock)))
             self.kick()

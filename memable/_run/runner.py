@@ -16,6 +16,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from .._background.retention import Purger
+from .._clock import Clock
 from .._errors import AlreadyStarted, StorageError
 from .._log import log
 from .._observe.base import RunReason, Telemetry
@@ -48,14 +49,14 @@ class Runner:
         self.store = store
         #: Where runs and steps report spans and metrics (does nothing unless told).
         self.telemetry = telemetry or Telemetry()
-        self.clock = options.clock
+        self._clock = options.clock
         self.poll_interval = options.poll_interval
         #: The workflows, queues, tickers, options and phase; owns the one lock.
         self.registry = Registry(options)
         # The registry's lock, which the parts share (Registry.lock says what it guards).
         self._lock = self.registry.lock
         #: What runs need to start and follow children.
-        self.children = Children(self.registry.workflows, store, self.submit, self.clock,
+        self.children = Children(self.registry.workflows, store, self.submit, self._clock,
                                  self.registry.queues, self.kick, self.telemetry,
                                  self.start_made)
         #: The runs in flight.
@@ -66,6 +67,17 @@ class Runner:
         self._purger: Purger | None = None  # purges past retention; started by start()
         # Stops the queue gauges reading this engine's queues (set by start).
         self._unobserve: Callable[[], None] = lambda: None
+
+    @property
+    def clock(self) -> Clock:
+        """The clock the runner reads (the options'); set (a test's, before start), it is
+        the one its runs in flight and claims read too (not the runs' contexts nor the
+        children, which read the options' clock)."""
+        return self._clock
+
+    @clock.setter
+    def clock(self, clock: Clock) -> None:
+        self._clock = self.runs.clock = self.claims.clock = clock
 
     # ------------------------------------------------------------------ the registry's
 

@@ -73,7 +73,7 @@ class Runs:
         self._lock = lock  # the registry's: Registry.lock says what it guards
         self.store = store
         self.telemetry = telemetry
-        self.clock = registry.options.clock
+        self.clock = registry.options.clock  # the runner's (see Runner.clock)
         self.children = children  # what runs need to start and follow children
         self._wake = wake  # a child's end: its parent goes on (Claims.wake)
         self._kick = kick  # a worker or a queue's slot is free: the queue thread looks
