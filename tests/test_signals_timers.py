@@ -821,16 +821,29 @@ def test_a_signal_from_elsewhere_just_before_the_suspension_is_recorded_goes_on_
 
 
 def test_timers_and_leases_read_the_clock_the_engine_is_given() -> None:
-    """An engine given its own clock fires a timer when that clock says so, without freezegun."""
+    """An engine given its own clock fires a timer when that clock says so, without
+    freezegun: not before, and exactly once after, whichever of the test's call and the
+    engine's timer thread (which may be looking as the clock moves) fires it."""
     engine, now = clocked_engine()
     engine.register("wf", lambda ctx: ctx.timer("t", 3600) or "woke")
+    fired: list[int] = []  # how many each look at the store fired, from any thread
+    look = engine._store.fire_due_timers
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        got = look(*args, **kwargs)
+        fired.append(len(got))
+        return got
+
+    engine._store.fire_due_timers = counted  # type: ignore[method-assign]
     with engine:
         inv = engine.invoke("wf", instance_id="x")
         assert str(inv.wait(timeout=10)) == "suspended: timer t"
         assert engine.fire_due_timers() == 0
+        assert sum(fired) == 0
         now[0] += 3600
-        assert engine.fire_due_timers() == 1
+        engine.fire_due_timers()
         assert inv.result(timeout=10) == "woke"
+        assert sum(fired) == 1
     engine.close()
 
 
