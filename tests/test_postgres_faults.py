@@ -7,6 +7,7 @@ the server that the test cuts and heals.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -389,3 +390,69 @@ def test_stop_with_the_server_unreachable_returns_within_the_lease(
     with b:  # A's lease has run out: B recovers the instance
         assert b.invocation("wf", "x").result(timeout=60) == "s1s2"
     assert ran == {"s1": 1, "s2": 2}
+
+
+class _CommitLost:
+    """A pooled connection whose next ``COMMIT`` loses its answer: the connection closes
+    as the answer would come, after the server committed (``after=True``) or before the
+    COMMIT was sent (``after=False``). Everything else goes to the real connection."""
+
+    def __init__(self, conn: Any, plan: dict[str, Any]) -> None:
+        self._conn, self._plan = conn, plan
+
+    def execute(self, sql: str, *args: Any) -> Any:
+        if sql == "COMMIT" and self._plan["left"]:
+            self._plan["left"] -= 1
+            if self._plan["after"]:
+                self._conn.execute(sql, *args)  # the server commits...
+            self._conn.close()  # ...and the answer never arrives: the connection is gone
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return self._conn.execute(sql, *args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+
+class _LosingPool:
+    def __init__(self, pool: Any, plan: dict[str, Any]) -> None:
+        self._pool, self._plan = pool, plan
+
+    @contextlib.contextmanager
+    def connection(self, timeout: float | None = None) -> Iterator[Any]:
+        with self._pool.connection(timeout) as conn:
+            yield _CommitLost(conn, self._plan)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pool, name)
+
+
+@pytest.mark.parametrize("after", [True, False], ids=["committed", "not-committed"])
+def test_a_commit_whose_answer_is_lost_is_decided_by_the_server(
+    pg_schema: str, after: bool
+) -> None:
+    """The connection goes during the COMMIT of an instance's creation (a write whose
+    answer a second run would change: "made it" the first time, "it was there" after).
+    Committed before the connection went: the creation answers True, as made, and is not
+    run again (run again, it answered False, and the invoke took its own instance for
+    another's). Not committed: it runs again and makes the instance. One row either way."""
+    from memable._postgres.store import PostgresStore
+    from memable._store.rows import InstanceRow
+
+    store = PostgresStore(POSTGRES_URL, "full", schema=pg_schema)
+    try:
+        plan = {"left": 1, "after": after}
+        store._db._pool = _LosingPool(store._db._pool, plan)  # type: ignore[assignment]
+        now = "2026-12-07T00:00:00+00:00"
+        row = InstanceRow(workflow="wf", instance_id="i", status="queued", message=None,
+                          input="null", input_type=None, output=None, output_type=None,
+                          created_at=now, updated_at=now, completed_at=None, queue="q",
+                          priority=0, queued_at=now)
+        assert store.create_instance(row) is True
+        assert plan["left"] == 0  # the COMMIT's answer was lost once
+        with psycopg.connect(POSTGRES_URL) as conn:
+            rows = conn.execute(
+                f'SELECT count(*) FROM "{pg_schema}".instances WHERE instance_id = %s', ("i",)
+            ).fetchone()
+        assert rows == (1,)
+    finally:
+        store.close()

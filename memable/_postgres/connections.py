@@ -65,13 +65,6 @@ RETRY_FOR = 30.0
 #: Opens a transaction and learns its id and server process, in one round trip.
 _BEGIN = "BEGIN; SELECT txid_current(), pg_backend_pid()"
 
-
-class _LostCommit(Exception):
-    """A transaction's ``COMMIT`` went unanswered: the server decides whether it happened."""
-
-    def __init__(self, xid: int, pid: int, answer: object, cause: psycopg.Error) -> None:
-        super().__init__(str(cause))
-        self.xid, self.pid, self.answer, self.cause = xid, pid, answer, cause
 #: Longest wait for a pooled connection, and longest backoff between tries: the pool
 #: gives up a connect that fails without waking its waiters, and connects again when
 #: asked, so each wait that ends (and is tried again) asks it to.
@@ -85,6 +78,14 @@ LEASE_USED = 0.9
 _POOLS = itertools.count(1)
 #: This thread's own: ``quiet`` while it is inside ``Connections`` (see ``_QuietPool``).
 _INSIDE = threading.local()
+
+
+class _LostCommit(Exception):
+    """A transaction's ``COMMIT`` went unanswered: the server decides whether it happened."""
+
+    def __init__(self, xid: int, pid: int, answer: object, cause: psycopg.Error) -> None:
+        super().__init__(str(cause))
+        self.xid, self.pid, self.answer, self.cause = xid, pid, answer, cause
 
 
 class _QuietPool(logging.Filter):
