@@ -456,3 +456,27 @@ def test_a_commit_whose_answer_is_lost_is_decided_by_the_server(
         assert rows == (1,)
     finally:
         store.close()
+
+
+def test_a_lost_commit_still_in_progress_ends_only_the_process_that_holds_it() -> None:
+    """The server has not seen the lost connection go (its transaction is still in
+    progress): deciding the commit ends that process, then finds the transaction aborted.
+    A process named by the pid that holds another transaction (the pid reused after the
+    first ended) is never ended."""
+    from memable._postgres.connections import _END_HOLDER, _committed, _LostCommit
+
+    alive = "SELECT count(*) FROM pg_stat_activity WHERE pid = %s"
+    holder = psycopg.connect(POSTGRES_URL)  # ended by the test: closed, not committed
+    with contextlib.closing(holder), psycopg.connect(POSTGRES_URL) as other, \
+            psycopg.connect(POSTGRES_URL, autocommit=True) as asker:
+        xid, pid = holder.execute(
+            "SELECT txid_current(), pg_backend_pid()").fetchone()  # type: ignore[misc]
+        other_pid = other.execute(
+            "SELECT pg_backend_pid() FROM (SELECT txid_current()) AS its_own").fetchone()[0]  # type: ignore[index]
+        assert asker.execute("SELECT txid_status(%s)", (xid,)).fetchone() == ("in progress",)
+        asker.execute(_END_HOLDER, (other_pid, str(xid % (1 << 32))))  # not its transaction
+        assert asker.execute(alive, (other_pid,)).fetchone() == (1,)
+        lost = psycopg.OperationalError("server closed the connection unexpectedly")
+        assert _committed(asker, _LostCommit(xid, pid, True, lost)) is False
+        assert asker.execute(alive, (pid,)).fetchone() == (0,)
+        assert asker.execute(alive, (other_pid,)).fetchone() == (1,)

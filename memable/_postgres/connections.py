@@ -392,6 +392,14 @@ class Connections:
 _IDLE = psycopg.pq.TransactionStatus.IDLE
 
 
+#: Ends the server process ``pid`` if it still holds the transaction ``xid`` (its 32-bit
+#: form, as ``pg_stat_activity`` shows it), waiting up to 5 s for it to end.
+_END_HOLDER = (
+    "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity "
+    "WHERE pid = %s AND backend_xid::text = %s"
+)
+
+
 def _committed(conn: Connection, lost: _LostCommit) -> bool:
     """Whether the transaction whose ``COMMIT`` went unanswered committed, asked on another
     connection ``conn``: its server process is ended first if it is still there, so the
@@ -401,5 +409,6 @@ def _committed(conn: Connection, lost: _LostCommit) -> bool:
         if status != "in progress":
             return status == "committed"  # type: ignore[no-any-return]
         # The server has not seen the connection go: end its process (waiting up to 5 s
-        # for it to end), then ask again.
-        conn.execute("SELECT pg_terminate_backend(%s, 5000)", (lost.pid,))
+        # for it to end), then ask again. Only the process that still holds the
+        # transaction: one that ended meanwhile may have left its pid to another.
+        conn.execute(_END_HOLDER, (lost.pid, str(lost.xid % (1 << 32))))
