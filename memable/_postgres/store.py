@@ -80,13 +80,10 @@ class PostgresStore(OperatorReads):
     def __repr__(self) -> str:
         return f"<PostgresStore {self._db.where}>"
 
-    def _notify(self, conn: psycopg.Connection[Any], text: str) -> None:
-        """Tell every engine listening on this store, when the transaction commits."""
-        conn.execute("SELECT pg_notify(%s, %s)", (self.channel, text))
-
     def _probe(self, text: str) -> None:
         """NOTIFY ``text`` through the pool: how the listener checks that notices arrive."""
-        self._run("probe the notification channel", lambda conn: self._notify(conn, text),
+        self._run("probe the notification channel",
+                  lambda conn: conn.execute("SELECT pg_notify(%s, %s)", (self.channel, text)),
                   transaction=False)
 
     def listen(self, changed: Changed | None) -> None:
