@@ -120,9 +120,12 @@ LOCK_QUEUE = (
     "SELECT pg_advisory_xact_lock(hashtextextended("
     "'memable-queue:' || current_schema() || ':' || :queue, 0))"
 )
-#: The clock a claim judges by, read once after its lock: the engine's (``:now``) on
-#: SQLite, the server's on PostgreSQL.
-_NOW = "SELECT {now_epoch}"
+#: Read once after a claim's lock: whether the queue is paused, and the clock the claim
+#: judges by (the engine's, ``:now``, on SQLite; the server's on PostgreSQL).
+_PAUSED_AND_NOW = (
+    "SELECT EXISTS (SELECT 1 FROM queue_states WHERE queue = :queue AND paused = 1), "
+    "{now_epoch}"
+)
 
 
 def _listing(template: str, workflows: list[str]) -> tuple[str, dict[str, Any]]:
@@ -174,9 +177,10 @@ def claim(
     """
     where = {"queue": queue, "me": tx.owner}
     _lock(tx, queue)
-    if tx.execute(PAUSED, where).fetchone() is not None:  # paused: nothing starts
+    paused, now = tx.execute(_PAUSED_AND_NOW, {**where, "now": clock()}).fetchone()
+    if paused:  # nothing starts
         return Claimed()
-    now = float(tx.execute(_NOW, {"now": clock()}).fetchone()[0])
+    now = float(now)
     room = batch
     if concurrency is not None:
         held = tx.execute(RUNNING, {**where, "now": now}).fetchone()[0]
