@@ -23,6 +23,7 @@ from ..transaction import Transaction
 from . import children
 from .cancel import cancel_in
 from .children import TOLD
+from .steps import OWNED_ROW
 
 #: The columns of an instance row, in ``InstanceRow``'s order, with their types.
 INSTANCE_COLUMNS: dict[str, type] = {
@@ -136,10 +137,8 @@ OWNER_FREE = """(
         SELECT 1 FROM owners WHERE owners.id = instances.owner
         AND owners.heartbeat + owners.lease >= :now))"""
 
-OWNED = (
-    "EXISTS (SELECT 1 FROM instances WHERE workflow = :workflow "
-    "AND instance_id = :instance_id AND owner = :me{for_share})"
-)
+#: The instance is this engine's, its row kept from a takeover until commit.
+OWNED = f"EXISTS ({OWNED_ROW})"
 
 # A waiting row marks a suspend point or timer reached, or a step waiting out a
 # retry backoff (its failed row turns waiting, ``result`` holding the attempt

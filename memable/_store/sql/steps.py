@@ -18,7 +18,7 @@ from ..rows import StepWrite, StoredStep, by_name, step_params
 from ..transaction import Transaction
 
 #: The instance's row, owned by this engine, kept from a takeover until commit.
-_OWNED = (
+OWNED_ROW = (
     "SELECT 1 FROM instances WHERE workflow = :workflow AND instance_id = :instance_id "
     "AND owner = :me{for_share}"
 )
@@ -27,7 +27,7 @@ INSERT INTO steps (workflow, instance_id, key, seq, kind, state, result, result_
                    status, error, attempts, completed_at, started_at, traceback)
 SELECT :workflow, :instance_id, :key, :seq, :kind, :state, :result, :result_type,
        :status, :error, 1, :completed_at, :started_at, :traceback
-FROM ({_OWNED}) AS owned WHERE true
+FROM ({OWNED_ROW}) AS owned WHERE true
 ON CONFLICT (workflow, instance_id, key) DO UPDATE SET
     state = excluded.state, result = excluded.result, result_type = excluded.result_type,
     status = excluded.status, error = excluded.error, attempts = steps.attempts + 1,
