@@ -50,6 +50,7 @@ from importlib.util import find_spec
 from typing import Protocol
 
 from . import _clock
+from ._engine import access
 from ._engine.engine import Engine
 from ._errors import NotStarted
 from ._running import running
@@ -137,7 +138,7 @@ def advance(engine: Engine, clock: FrozenClock, by: timedelta | float) -> int:
     ValueError: advance moves the clock forward only, not by -1 s
     """
     delta = _delta(by)
-    if engine._runner.phase != "started":
+    if not access.started(engine):
         raise NotStarted()
     armed = _timers(engine, _live_instances(engine))
     ticks = _ticks(engine)
@@ -184,9 +185,10 @@ def _until_fired(engine: Engine, timeout: float = 10.0) -> None:
     again every few milliseconds, for ``timeout`` seconds at most.
     """
     now = _clock.wall()
+    store = access.store(engine)
     pause = threading.Event()
     for _ in range(int(timeout / 0.005)):
-        deadline = engine._store.next_deadline()
+        deadline = store.next_deadline()
         if deadline is None or deadline > now:
             return
         pause.wait(0.005)
@@ -208,19 +210,19 @@ def _move(clock: FrozenClock, delta: timedelta) -> None:
 
 def _ticks(engine: Engine) -> set[str]:
     """The ids of the instances of the engine's schedules' ticks."""
+    store = access.store(engine)
     return {
         row.instance_id
-        for name in engine._schedules.declares()
-        for row, _ in engine._store.list_view(None, None, schedule=name)
+        for name in access.schedules(engine)
+        for row, _ in store.list_view(None, None, schedule=name)
     }
 
 
 def _live_instances(engine: Engine) -> set[tuple[str, str]]:
     """(workflow, id) of every instance of the engine's workflows that is not finished."""
-    names = sorted(engine._runner.workflows)
     return {
         (name, instance_id)
-        for name in names
+        for name in access.workflows(engine)
         for instance_id, metadata in engine.list_instances(name)
         if not metadata.status.is_terminal
     }
@@ -231,9 +233,9 @@ def _timers(engine: Engine, instances: set[tuple[str, str]]) -> dict[_TimerId, f
     deadline, a retry backoff, and a workflow timeout as the key ``_timeout``, armed until
     the instance ends), by (workflow, id, key)."""
     armed: dict[_TimerId, float] = {}
+    store, clock = access.store(engine), access.clock(engine)
     for name, instance_id in sorted(instances):
-        view = engine._store.inspect(name, instance_id,
-                                    engine._runner.clock.wall())
+        view = store.inspect(name, instance_id, clock.wall())
         if view is not None:  # else purged meanwhile
             armed.update({(name, instance_id, key): deadline for key, deadline in view.timers})
             row = view.instance

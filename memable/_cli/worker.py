@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from .._engine import access
 from .._engine.engine import Engine
 from .._errors import EngineError, StorageError
 from .._log import log
@@ -148,7 +149,7 @@ def _drain(engine: Engine, drain: threading.Thread, grace: float) -> int | None:
     """
     deadline = time.monotonic() + grace
     while True:
-        runs = engine._runner.in_flight()
+        runs = access.in_flight(engine)
         if not runs:
             drain.join()  # stop() has nothing to wait for but its own threads
             return None
@@ -156,7 +157,7 @@ def _drain(engine: Engine, drain: threading.Thread, grace: float) -> int | None:
         remaining = deadline - time.monotonic()
         if len(cancelled) == len(runs) or remaining <= 0:
             break
-        drain.join(min(remaining, engine._runner.poll_interval))
+        drain.join(min(remaining, access.poll_interval(engine)))
         if not drain.is_alive():
             return None
     others = [run for run in runs if run not in cancelled]
@@ -176,10 +177,10 @@ def _is_cancelled(engine: Engine, workflow: str, instance_id: str) -> bool:
     """Whether the instance is stored cancelled; False while the store cannot say (it is
     unreachable: the drain waits for stop(), which returns within the lease)."""
     try:
-        row = engine._store.get_instance(workflow, instance_id)
+        metadata = engine.get_metadata(workflow, instance_id)
     except StorageError:
         return False
-    return row is not None and row.status == "cancelled"
+    return metadata is not None and metadata.status.name == "cancelled"
 
 
 def _names(runs: list[tuple[str, str, str | None, str | None]]) -> str:

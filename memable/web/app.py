@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
 from .._clock import SYSTEM_CLOCK, Clock
+from .._engine import access
 from .._engine.engine import Engine
 from .._errors import (
     EngineError,
@@ -94,8 +95,8 @@ def app(
         if schema is not None:
             raise ValueError("schema is for a PostgreSQL URL, not an Engine")
         # An engine's dashboard reads its engine's clock; one on a store alone, the system's.
-        return Dashboard(target._store, allow_actions=allow_actions, token=token, owned=False,
-                         loopback_only=loopback_only, clock=target._runner.clock)
+        return Dashboard(access.store(target), allow_actions=allow_actions, token=token,
+                         owned=False, loopback_only=loopback_only, clock=access.clock(target))
     if not isinstance(target, (str, os.PathLike)):
         raise TypeError(f"app() takes a path, a postgresql:// URL or an Engine, not {target!r}")
     return Dashboard(open_existing(os.fspath(target), schema), allow_actions=allow_actions,
