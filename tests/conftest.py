@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import build
 from hypothesis import HealthCheck, Phase, settings
 
 from memable import Engine
@@ -94,10 +95,7 @@ def make_engine(store_target: dict[str, Any]) -> Iterator[Callable[..., Engine]]
     before = memable_threads()
 
     def make(**options: object) -> Engine:
-        if not store_target:
-            engine = Engine.in_memory(**options)  # type: ignore[arg-type]
-        else:
-            engine = Engine.open(**store_target, **options)  # type: ignore[arg-type]
+        engine = build(**store_target, **options).engine  # its store: helpers.store_of
         made.append(engine)
         return engine
 
@@ -124,7 +122,7 @@ def open_shared(shared_store: dict[str, Any]) -> Iterator[Callable[..., Engine]]
     made: list[Engine] = []
 
     def make(**options: Any) -> Engine:
-        made.append(Engine.open(**shared_store, **options))
+        made.append(build(**shared_store, **options).engine)  # its store: helpers.store_of
         return made[-1]
 
     yield make

@@ -7,23 +7,78 @@ import signal
 import subprocess
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 from click.testing import CliRunner, Result
 
 from memable import Context, Engine, Invocation, StepError, WorkflowFailed, WorkflowState
 from memable._cli.commands import main
+from memable._engine.builder import EngineBuilder
+from memable._run.options import Options
+from memable._run.runner import Runner
 from memable._sqlite.store import SQLiteStore
+from memable._store.protocol import Store
 
 PROCS = str(Path(__file__).with_name("_procs.py"))
 
 #: A fixed instant for tests that freeze the clock.
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+# ---------------------------------------------------------------------- an engine and its store
+#
+# A test reaches an engine through its public API. One that needs the store behind it
+# (to read or write rows, or to hook a store operation) holds the store it built the
+# engine on: ``build`` opens both as ``Engine.open`` and ``Engine.in_memory`` do, and
+# ``store_of`` finds the store of an engine built here (by ``build``, ``clocked_engine``
+# or the conftest fixtures ``make_engine`` and ``open_shared``).
+
+
+class Built(NamedTuple):
+    """An engine and the store it runs on."""
+
+    engine: Engine
+    store: Store
+
+
+#: The store each engine built here runs on.
+_STORES: weakref.WeakKeyDictionary[Engine, Store] = weakref.WeakKeyDictionary()
+
+
+def _built(store: Store, options: Options) -> Built:
+    engine = Engine(store, options)
+    _STORES[engine] = store
+    return Built(engine, store)
+
+
+def build(
+    target: str | os.PathLike[str] | None = None, *, schema: str | None = None, **options: Any,
+) -> Built:
+    """``Engine.open(target, schema=schema, **options)`` (``Engine.in_memory(**options)``
+    without a target), built by the same builder, and the store it opened."""
+    builder = EngineBuilder(path=target, memory=target is None, schema=schema,
+                            options=Options(**options), factory=_built)
+    return builder.build()
+
+
+def store_of(engine: Engine) -> Store:
+    """The store the engine built here (``build``, ``make_engine``, ...) runs on."""
+    store = _STORES.get(engine)
+    assert store is not None, "build the engine with helpers.build (or make_engine)"
+    return store
+
+
+def runner_of(engine: Engine) -> Runner:
+    """The engine's runner, for a test that forces an interleaving through its parts (a
+    hook on its claims, its clock, its idle wait): not public API, and the one place the
+    tests reach it."""
+    return engine._runner
 
 
 # The helpers below read a store behind the engine's back, on purpose: a full
@@ -32,7 +87,7 @@ T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 def query(engine: Engine, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     """Rows of one read (``?`` placeholders) on the engine's store, file or PostgreSQL."""
-    store = engine._store
+    store = store_of(engine)
     if isinstance(store, SQLiteStore):
         with store._lock:
             return [tuple(row) for row in store._conn.execute(sql, params)]
@@ -42,7 +97,7 @@ def query(engine: Engine, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[
 
 def write(engine: Engine, sql: str, params: tuple[Any, ...] = ()) -> None:
     """Run one write (``?`` placeholders) on the engine's store behind its back, committed."""
-    store = engine._store
+    store = store_of(engine)
     if isinstance(store, SQLiteStore):
         with store._lock:
             store._conn.execute(sql, params)
@@ -53,7 +108,7 @@ def write(engine: Engine, sql: str, params: tuple[Any, ...] = ()) -> None:
 
 def dump(engine: Engine) -> list[str]:
     """Every row of the store, as text: a full snapshot to compare."""
-    store = engine._store
+    store = store_of(engine)
     if isinstance(store, SQLiteStore):
         with store._lock:
             return list(store._conn.iterdump())
@@ -153,7 +208,7 @@ def traced_sqlite(store: SQLiteStore) -> Iterator[list[str]]:
 def traced(engine: Engine) -> Iterator[list[str]]:
     """The statements the engine's store sends meanwhile (PostgreSQL: with BEGIN and
     COMMIT around each transaction; a statement outside one commits on its own)."""
-    store = engine._store
+    store = store_of(engine)
     if isinstance(store, SQLiteStore):
         with traced_sqlite(store) as statements:
             yield statements
@@ -247,7 +302,7 @@ class Looks:
     def __init__(self, engine: Engine, method: str = "claim_queued") -> None:
         self._changed = threading.Condition()
         self.count = 0
-        store = engine._store
+        store = store_of(engine)
         look = getattr(store, method)
 
         def counted(*args: Any, **kwargs: Any) -> Any:
@@ -293,7 +348,7 @@ class FailsThenWaits:
 
 
 class HeldLook:
-    """A clock for an engine (``engine._runner.clock = held.clock``, before it starts) that
+    """A clock for an engine (``runner_of(engine).clock = held.clock``, before it starts) that
     holds one look of its timer thread just after the look read the wall clock.
 
     ``hold()`` arms it and kicks the thread; ``held`` is set once that look has its
@@ -329,7 +384,7 @@ class HeldLook:
 
     def hold(self) -> None:
         self._arm = True
-        self._engine._runner.armed()  # a look now
+        runner_of(self._engine).armed()  # a look now
         assert self.held.wait(10)
 
     def release(self) -> None:
@@ -370,11 +425,11 @@ def wrap_after(obj: object, name: str, after: Callable[[Any], None]) -> None:
 def clocked_engine() -> tuple[Engine, list[float]]:
     """An in-memory engine on the test's wall clock (``now[0]``); no poll nor heartbeat soon."""
     from memable._clock import Clock
-    from memable._run.options import Options
 
     now = [1_800_000_000.0]
     clock = Clock(wall=lambda: now[0])
-    engine = Engine(SQLiteStore(None, "full"), Options(poll_interval=60, lease=600, clock=clock))
+    options = Options(poll_interval=60, lease=600, clock=clock)
+    engine, _ = _built(SQLiteStore(None, "full"), options)
     return engine, now
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import write
+from helpers import Built, build, store_of, write
 
 from memable import (
     Completed,
@@ -23,6 +23,7 @@ from memable import (
     EngineError,
 )
 from memable._clock import SYSTEM_CLOCK
+from memable._engine import access
 from memable._store import admin
 from memable._store.control import LostInstance
 from memable._store.protocol import InstanceRow, StepWrite
@@ -34,17 +35,18 @@ def _now() -> str:
 
 
 @pytest.fixture
-def two_engines(tmp_path: Path) -> Iterator[tuple[Engine, Engine]]:
-    """Two engines on one file, not started (neither has an owner row, so either may claim)."""
-    a, b = Engine.open(tmp_path / "db"), Engine.open(tmp_path / "db")
+def two_engines(tmp_path: Path) -> Iterator[tuple[Built, Built]]:
+    """Two engines on one file, not started (neither has an owner row, so either may
+    claim), each with its store."""
+    a, b = build(tmp_path / "db"), build(tmp_path / "db")
     yield a, b
-    a.close()
-    b.close()
+    a.engine.close()
+    b.engine.close()
 
 
-def _instance(engine: Engine, instance_id: str) -> None:
+def _instance(built: Built, instance_id: str) -> None:
     now = _now()
-    assert engine._store.create_instance(InstanceRow(
+    assert built.store.create_instance(InstanceRow(
         workflow="wf", instance_id=instance_id, status="running", message=None,
         input="null", input_type=None, output=None, output_type=None,
         created_at=now, updated_at=now, completed_at=None,
@@ -60,90 +62,90 @@ def _step(key: str, result: str, kind: str = "step") -> StepWrite:
 
 
 def test_a_step_write_of_an_engine_that_lost_its_instance_is_refused(
-    two_engines: tuple[Engine, Engine],
+    two_engines: tuple[Built, Built],
 ) -> None:
     """B claims the instance A created: A's step write raises LostInstance and stores nothing."""
     a, b = two_engines
     _instance(a, "i")
-    a._store.save_step(_step("first", "1"))
-    assert b._store.begin_run("wf", "i", now=_now(), claim="resume") is not None
+    a.store.save_step(_step("first", "1"))
+    assert b.store.begin_run("wf", "i", now=_now(), claim="resume") is not None
     with pytest.raises(LostInstance) as lost:
-        a._store.save_step(_step("second", "2"))
+        a.store.save_step(_step("second", "2"))
     assert lost.value.args == ("wf", "i")
-    assert a._store.read_step("wf", "i", "second") is None
-    b._store.save_step(_step("second", "3"))
-    stored = b._store.read_step("wf", "i", "second")
+    assert a.store.read_step("wf", "i", "second") is None
+    b.store.save_step(_step("second", "3"))
+    stored = b.store.read_step("wf", "i", "second")
     assert stored is not None
     assert stored.result == "3"
 
 
-def test_placing_a_signal_is_the_owners_alone(two_engines: tuple[Engine, Engine]) -> None:
+def test_placing_a_signal_is_the_owners_alone(two_engines: tuple[Built, Built]) -> None:
     """A signal stored before the run reached its key waits at UNREACHED; the owner's run
     places it, and once B has claimed the instance A's placement raises LostInstance and
     leaves the row as it was, while B's takes."""
     a, b = two_engines
     _instance(a, "i")
     for key in ("k1", "k2"):
-        admin.store_signal(a._store, "wf", "i", key, key, clock=SYSTEM_CLOCK)
+        admin.store_signal(a.store, "wf", "i", key, key, clock=SYSTEM_CLOCK)
 
     def seqs() -> list[int | None]:
-        rows = [b._store.read_step("wf", "i", key) for key in ("k1", "k2")]
+        rows = [b.store.read_step("wf", "i", key) for key in ("k1", "k2")]
         return [None if row is None else row.seq for row in rows]
 
-    a._store.place_signal("wf", "i", "k1", 3)
-    assert b._store.begin_run("wf", "i", now=_now(), claim="resume") is not None
+    a.store.place_signal("wf", "i", "k1", 3)
+    assert b.store.begin_run("wf", "i", now=_now(), claim="resume") is not None
     with pytest.raises(LostInstance):
-        a._store.place_signal("wf", "i", "k2", 4)
+        a.store.place_signal("wf", "i", "k2", 4)
     assert seqs() == [3, UNREACHED]
-    b._store.place_signal("wf", "i", "k2", 4)
+    b.store.place_signal("wf", "i", "k2", 4)
     assert seqs() == [3, 4]
 
 
 def test_a_run_check_by_an_engine_that_lost_its_instance_raises_lost_instance(
-    two_engines: tuple[Engine, Engine],
+    two_engines: tuple[Built, Built],
 ) -> None:
     """check_run: the owner sees the status; a former owner, or a missing instance, is lost."""
     a, b = two_engines
     _instance(a, "i")
-    assert a._store.check_run("wf", "i") == "running"
-    assert b._store.begin_run("wf", "i", now=_now(), claim="resume") is not None
-    assert b._store.check_run("wf", "i") == "running"
-    a._store.cancel("wf", "i", now=_now())
-    assert b._store.check_run("wf", "i") == "cancelled"
-    for store, instance_id in [(a._store, "i"), (b._store, "missing")]:
+    assert a.store.check_run("wf", "i") == "running"
+    assert b.store.begin_run("wf", "i", now=_now(), claim="resume") is not None
+    assert b.store.check_run("wf", "i") == "running"
+    a.store.cancel("wf", "i", now=_now())
+    assert b.store.check_run("wf", "i") == "cancelled"
+    for store, instance_id in [(a.store, "i"), (b.store, "missing")]:
         with pytest.raises(LostInstance) as lost:
             store.check_run("wf", instance_id)
         assert lost.value.args == ("wf", instance_id)
 
 
 def test_a_step_write_to_a_key_stored_as_another_kind_is_refused(
-    two_engines: tuple[Engine, Engine],
+    two_engines: tuple[Built, Built],
 ) -> None:
     """The owner writes a step where a signal is stored: InvalidKey names both kinds."""
     a, _ = two_engines
     _instance(a, "i")
-    a._store.save_step(_step("k", "1", kind="signal"))
+    a.store.save_step(_step("k", "1", kind="signal"))
     with pytest.raises(EngineError) as info:
-        a._store.save_step(_step("k", "2"))
+        a.store.save_step(_step("k", "2"))
     assert type(info.value).__name__ == "InvalidKey"
     assert str(info.value) == (
         "invalid key 'k' (it holds a signal, and the workflow uses it as a step): "
         "workflow 'wf', instance 'i'"
     )
-    stored = a._store.read_step("wf", "i", "k")
+    stored = a.store.read_step("wf", "i", "k")
     assert stored is not None
     assert (stored.kind, stored.result) == ("signal", "1")
 
 
 def test_a_step_write_to_a_key_completed_meanwhile_leaves_it(
-    two_engines: tuple[Engine, Engine],
+    two_engines: tuple[Built, Built],
 ) -> None:
     """The owner writes a key completed as the same kind: no error, the first row stands."""
     a, _ = two_engines
     _instance(a, "i")
-    a._store.save_step(_step("k", "1"))
-    a._store.save_step(_step("k", "2"))
-    stored = a._store.read_step("wf", "i", "k")
+    a.store.save_step(_step("k", "1"))
+    a.store.save_step(_step("k", "2"))
+    stored = a.store.read_step("wf", "i", "k")
     assert stored is not None
     assert stored.result == "1"
 
@@ -161,8 +163,7 @@ def _owner_row(path: Path, owner: str) -> tuple[Any, ...] | None:
 def test_a_heartbeat_renews_the_lease_and_brings_back_a_reaped_owner(tmp_path: Path) -> None:
     """heartbeat moves only the heartbeat; an owner row reaped meanwhile is registered again."""
     db = tmp_path / "db"
-    engine = Engine.open(db)
-    store = engine._store
+    engine, store = build(db)
     store.register_owner(30.0, 1000.0)
     first = _owner_row(db, store.owner)
     assert first is not None
@@ -181,17 +182,17 @@ def test_a_heartbeat_renews_the_lease_and_brings_back_a_reaped_owner(tmp_path: P
 def test_the_steps_in_flight_list_a_run_that_has_not_begun_its_workflow_yet() -> None:
     """A run registered but still claiming its instance has no context yet: the heartbeat's
     list of steps in flight shows it with no step (it raised)."""
-    engine = Engine.in_memory(poll_interval=60, lease=600)
+    engine, store = build(poll_interval=60, lease=600)
     engine.register("wf", lambda ctx: ctx.step("s").run(lambda: 1))
     claiming, release = threading.Event(), threading.Event()
-    real = engine._store.begin_run
+    real = store.begin_run
 
     def held(*args: Any, **kwargs: Any) -> Any:
         claiming.set()
         assert release.wait(10)
         return real(*args, **kwargs)
 
-    engine._store.begin_run = held  # type: ignore[method-assign]
+    store.begin_run = held  # type: ignore[method-assign]
     with engine:
         assert isinstance(engine.invoke("wf", instance_id="x").wait(timeout=10), Completed)
         # resume() claims on its caller's thread: call it on a thread of its own.
@@ -200,7 +201,7 @@ def test_the_steps_in_flight_list_a_run_that_has_not_begun_its_workflow_yet() ->
         caller.start()
         try:
             assert claiming.wait(10)
-            assert engine._runner.in_flight() == [("wf", "x", None, None)]
+            assert access.in_flight(engine) == [("wf", "x", None, None)]
         finally:
             release.set()
             caller.join(10)
@@ -236,24 +237,24 @@ def test_an_owner_elsewhere_is_judged_by_its_lease(tmp_path: Path, lease: str) -
         )
         conn.execute("UPDATE instances SET status = 'running', owner = 'ghost', output = NULL")
         conn.execute("DELETE FROM steps WHERE key = 'b'")
-    second = Engine.open(db, poll_interval=0.05)
+    second, store = build(db, poll_interval=0.05)
     second.register("wf", wf)
     looks = threading.Semaphore(0)
-    real_look = second._store.look_around
+    real_look = store.look_around
 
     def look(*args: Any) -> Any:
         found = real_look(*args)
         looks.release()
         return found
 
-    second._store.look_around = look  # type: ignore[method-assign]
+    store.look_around = look  # type: ignore[method-assign]
     with second:
         if lease == "expired":
             assert second.invocation("wf", "x").result(timeout=10) == "b"
         else:
             for _ in range(3):  # three looks at the store, each after the last
                 assert looks.acquire(timeout=10)
-        owner = second._store.read_rows("owner", "SELECT owner FROM instances", {})
+        owner = store.read_rows("owner", "SELECT owner FROM instances", {})
     second.close()
     if lease == "expired":
         assert ran == ["a", "b", "b"]
@@ -282,7 +283,8 @@ def test_the_invocation_of_a_run_that_lost_its_instance_follows_the_engine_that_
     a.register("wf", wf_a)
     b.register("wf", wf_b)
     a_ended = threading.Event()
-    real = a._store.get_instance
+    a_store = store_of(a)
+    real = a_store.get_instance
 
     def noting_the_end(*args: Any, **kwargs: Any) -> Any:
         found = real(*args, **kwargs)
@@ -290,11 +292,11 @@ def test_the_invocation_of_a_run_that_lost_its_instance_follows_the_engine_that_
             a_ended.set()
         return found
 
-    a._store.get_instance = noting_the_end  # type: ignore[method-assign]
+    a_store.get_instance = noting_the_end  # type: ignore[method-assign]
     with a, b:
         inv = a.invoke("wf", instance_id="x")
         assert in_a.wait(10)
-        write(a, "UPDATE owners SET heartbeat = 0 WHERE id = ?", (a._store.owner,))
+        write(a, "UPDATE owners SET heartbeat = 0 WHERE id = ?", (a_store.owner,))
         assert in_b.wait(10)
         waited: list[Any] = []
         waiter = threading.Thread(target=lambda: waited.append(inv.wait(timeout=20)))
