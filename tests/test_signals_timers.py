@@ -13,7 +13,17 @@ from typing import Any
 
 import pytest
 from freezegun import freeze_time
-from helpers import PATIENCE, T0, clocked_engine, dump, final_state, wrap_after
+from helpers import (
+    PATIENCE,
+    T0,
+    Built,
+    build,
+    clocked_engine,
+    dump,
+    final_state,
+    store_of,
+    wrap_after,
+)
 
 from memable import (
     Completed,
@@ -119,7 +129,8 @@ def test_a_run_whose_claim_is_in_flight_is_not_reported_started(engine: Engine) 
     ended or taken must never make a Completed instance read Started for a moment (a
     wake-up woken by another engine's NOTIFY did, after ``result()`` had returned)."""
     claiming, release = threading.Event(), threading.Event()
-    begin_run = engine._store.begin_run
+    store = store_of(engine)
+    begin_run = store.begin_run
 
     def held_claim(*args: object, **kwargs: object) -> object:
         claiming.set()
@@ -130,7 +141,7 @@ def test_a_run_whose_claim_is_in_flight_is_not_reported_started(engine: Engine) 
     with engine:
         inv = engine.invoke("wf", instance_id="i")
         assert inv.wait(10) == Suspended("n:v1")
-        engine._store.begin_run = held_claim  # type: ignore[method-assign]
+        store.begin_run = held_claim  # type: ignore[method-assign]
         engine.signal("wf", "i", "n:v1", 21)
         assert claiming.wait(10)
         try:
@@ -645,13 +656,10 @@ def test_a_bad_timer_fails_the_run_and_stores_no_timer(
 # ---------------------------------------------------------------------- racing the store's writes
 
 
-def _slow_polling_engine(store: str, tmp_path: Path) -> Engine:
+def _slow_polling_engine(store: str, tmp_path: Path) -> Built:
     """An engine in memory or on a file that polls once a minute, its lease far off: only
-    what the test forces can carry an instance on."""
-    options: dict[str, Any] = {"poll_interval": 60, "lease": 600}
-    if store == "memory":
-        return Engine.in_memory(**options)
-    return Engine.open(tmp_path / "db", **options)
+    what the test forces can carry an instance on; and its store."""
+    return build(None if store == "memory" else tmp_path / "db", poll_interval=60, lease=600)
 
 
 @pytest.mark.parametrize("store", ["memory", "file"])
@@ -665,7 +673,7 @@ def test_a_signal_after_the_suspension_is_recorded_but_before_the_run_ended_runs
     the poll, once a minute here, nor the heartbeat's look every lease / 3)
     can carry the instance on.
     """
-    engine = _slow_polling_engine(store, tmp_path)
+    engine, engine_store = _slow_polling_engine(store, tmp_path)
     engine.register("wf", lambda ctx: ctx.suspend("go") + 1)
     sent: list[str] = []
 
@@ -674,7 +682,7 @@ def test_a_signal_after_the_suspension_is_recorded_but_before_the_run_ended_runs
             sent.append("go")
             engine.signal("wf", "x", "go", 41)
 
-    wrap_after(engine._store, "suspend", signal_once_waiting)
+    wrap_after(engine_store, "suspend", signal_once_waiting)
     with engine:
         assert engine.invoke("wf", instance_id="x").result(timeout=10) == 42
     engine.close()
@@ -693,7 +701,7 @@ def test_the_wait_of_a_signal_that_came_as_a_run_ended_follows_the_run_it_caused
     still shows suspended. The watch must stay active across the hand-over
     (it went inactive, and wait returned the stored Suspended).
     """
-    engine = _slow_polling_engine(store, tmp_path)
+    engine, engine_store = _slow_polling_engine(store, tmp_path)
     engine.register("wf", lambda ctx: ctx.suspend("go") + 1)
     signalled: list[Invocation] = []
     sent, claiming, release = threading.Event(), threading.Event(), threading.Event()
@@ -703,8 +711,8 @@ def test_the_wait_of_a_signal_that_came_as_a_run_ended_follows_the_run_it_caused
             signalled.append(engine.signal("wf", "x", "go", 41))
             sent.set()
 
-    wrap_after(engine._store, "suspend", signal_once_waiting)
-    begin_run = engine._store.begin_run
+    wrap_after(engine_store, "suspend", signal_once_waiting)
+    begin_run = engine_store.begin_run
 
     def held_second_claim(*args: Any, **kwargs: Any) -> Any:
         if sent.is_set():
@@ -712,7 +720,7 @@ def test_the_wait_of_a_signal_that_came_as_a_run_ended_follows_the_run_it_caused
             assert release.wait(10)
         return begin_run(*args, **kwargs)
 
-    engine._store.begin_run = held_second_claim  # type: ignore[method-assign]
+    engine_store.begin_run = held_second_claim  # type: ignore[method-assign]
     with engine:
         engine.invoke("wf", instance_id="x")
         assert sent.wait(10)
@@ -734,7 +742,7 @@ def test_a_signal_stored_after_the_run_read_its_steps_refuses_the_step_it_names(
     It is sent right after step a is stored, the run's memo has no b, and b
     is not yet in flight: the signal is accepted, and the run refuses the key.
     """
-    engine = Engine.open(tmp_path / "db", poll_interval=60)
+    engine, store = build(tmp_path / "db", poll_interval=60)
     ran: list[str] = []
 
     def wf(ctx: Context) -> str:
@@ -750,7 +758,7 @@ def test_a_signal_stored_after_the_run_read_its_steps_refuses_the_step_it_names(
             sender.start()
             sender.join(10)
 
-    wrap_after(engine._store, "save_step", signal_b_after_a)
+    wrap_after(store, "save_step", signal_b_after_a)
     with engine:
         state = engine.invoke("wf", instance_id="x").wait(timeout=10)
     engine.close()
@@ -777,14 +785,14 @@ def test_a_suspend_point_reached_after_a_takeover_writes_nothing(tmp_path: Path)
     for the key, the instance left to its new owner.
     """
     db = tmp_path / "db"
-    engine = Engine.open(db, poll_interval=60)
+    engine, store = build(db, poll_interval=60)
     engine.register("wf", lambda ctx: ctx.suspend("approval:v1"))
 
     def take_over(waiting: Any, *rest: Any) -> None:
         with closing(sqlite3.connect(db)) as other, other:
             other.execute("UPDATE instances SET owner = 'another-engine'")
 
-    _before(engine._store, "suspend", take_over)
+    _before(store, "suspend", take_over)
     with engine:  # leaving waits for the run here to end
         engine.invoke("wf", instance_id="x")
     with closing(sqlite3.connect(db)) as reader:
@@ -805,7 +813,7 @@ def test_a_signal_from_elsewhere_just_before_the_suspension_is_recorded_goes_on_
     """
     db = tmp_path / "db"
     # Neither a poll nor a heartbeat comes within the test.
-    engine = Engine.open(db, poll_interval=60, lease=600)
+    engine, store = build(db, poll_interval=60, lease=600)
     other = Engine.open(db, poll_interval=60, lease=600)  # runs nothing: stores the signal
     other.start()
     engine.register("wf", lambda ctx: f"approved by {ctx.suspend('approval:v1')}")
@@ -813,7 +821,7 @@ def test_a_signal_from_elsewhere_just_before_the_suspension_is_recorded_goes_on_
     def signal_first(waiting: Any, *rest: Any) -> None:
         other.signal("wf", "x", "approval:v1", "ana")
 
-    _before(engine._store, "suspend", signal_first)
+    _before(store, "suspend", signal_first)
     with engine:
         assert engine.invoke("wf", instance_id="x").result(timeout=10) == "approved by ana"
     other.close()
@@ -827,14 +835,15 @@ def test_timers_and_leases_read_the_clock_the_engine_is_given() -> None:
     engine, now = clocked_engine()
     engine.register("wf", lambda ctx: ctx.timer("t", 3600) or "woke")
     fired: list[int] = []  # how many each look at the store fired, from any thread
-    look = engine._store.fire_due_timers
+    store = store_of(engine)
+    look = store.fire_due_timers
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         got = look(*args, **kwargs)
         fired.append(len(got))
         return got
 
-    engine._store.fire_due_timers = counted  # type: ignore[method-assign]
+    store.fire_due_timers = counted  # type: ignore[method-assign]
     with engine:
         inv = engine.invoke("wf", instance_id="x")
         assert str(inv.wait(timeout=10)) == "suspended: timer t"
@@ -857,7 +866,7 @@ def test_a_run_that_reaches_its_timer_after_the_deadline_but_before_it_fired_goe
     engine.register("wf", lambda ctx: ctx.timer("t", 3600) or "woke")
 
     def deadlines() -> list[float]:
-        rows = engine._store.read_rows("timers", "SELECT deadline FROM timers", {})
+        rows = store_of(engine).read_rows("timers", "SELECT deadline FROM timers", {})
         return [row["deadline"] for row in rows]
 
     with engine:
