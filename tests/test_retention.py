@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 import sqlite_utils
-from helpers import FailsThenWaits, query, until, write
+from helpers import FailsThenWaits, build, query, runner_of, store_of, until, write
 
 from memable import ChildFailed, Context, Engine, MetadataStatus, WorkflowFailed
 from memable._background.retention import BATCH, Purger
@@ -47,7 +47,7 @@ class Batches:
         self.calls: list[tuple[int, int]] = []
         self._cond = threading.Condition()
         self._engine = engine
-        store = engine._store
+        store = store_of(engine)
         inner = store.purge_batch
 
         def purge_batch(completed_before: str, limit: int, now: float) -> int:
@@ -79,7 +79,7 @@ class Batches:
 
 
 def purger(engine: Engine) -> Purger:
-    found = engine._runner._purger
+    found = runner_of(engine)._purger
     assert found is not None
     return found
 
@@ -129,7 +129,7 @@ def bulk_finished(engine: Engine, workflow: str, n: int, *, steps: int = 1,
                   size: int = 100, prefix: str = "old") -> None:
     """Insert ``n`` completed instances of ``workflow`` (with ``steps`` steps each holding
     ``size`` characters) that finished at ``OLD``, behind the engine's back, quickly."""
-    store = engine._store
+    store = store_of(engine)
     if isinstance(store, SQLiteStore):
         with store._lock:
             insert_finished(store._conn, workflow, n, steps=steps, size=size, prefix=prefix)
@@ -164,12 +164,12 @@ def test_retention_is_kept_as_seconds_and_none_starts_no_thread() -> None:
     """A ``timedelta`` retention is kept as seconds, and an engine without retention starts
     no retention thread."""
     engine = Engine.builder().in_memory().retention(timedelta(days=30)).build()
-    assert engine._runner.options.retention == 30 * 86400.0
+    assert runner_of(engine).options.retention == 30 * 86400.0
     engine.close()
     engine = Engine.in_memory()
     with engine:
-        assert engine._runner.options.retention is None
-        assert engine._runner._purger is None
+        assert runner_of(engine).options.retention is None
+        assert runner_of(engine)._purger is None
         assert "memable-retention" not in {t.name for t in threading.enumerate()}
 
 
@@ -353,7 +353,8 @@ def test_a_failed_child_its_parent_resumed_is_kept_until_its_run_claims_it(
     child = FailsThenWaits()
     engine.register("child", child)
     engine.register("parent", _retries_its_child)
-    begin_run = engine._store.begin_run
+    store = store_of(engine)
+    begin_run = store.begin_run
     claiming, go = threading.Event(), threading.Event()
 
     def hold_the_childs_claim(workflow: str, instance_id: str, **kwargs: Any) -> Any:
@@ -362,7 +363,7 @@ def test_a_failed_child_its_parent_resumed_is_kept_until_its_run_claims_it(
             assert go.wait(30)
         return begin_run(workflow, instance_id, **kwargs)
 
-    engine._store.begin_run = hold_the_childs_claim  # type: ignore[method-assign]
+    store.begin_run = hold_the_childs_claim  # type: ignore[method-assign]
     with engine:
         _waits_for_retry(engine)
         child.failing = False
@@ -454,7 +455,7 @@ def test_postgres_a_purge_keeps_a_child_whose_parent_takes_it_back_after_the_cho
     the parent gets its output. (It deleted the child: the parent waited for ever.)"""
     from conftest import POSTGRES_URL
 
-    engine = Engine.open(POSTGRES_URL, schema=pg_schema)
+    engine = build(POSTGRES_URL, schema=pg_schema).engine
     start = _parent_retrying(engine)
     try:
         with engine:
@@ -481,7 +482,7 @@ def test_postgres_a_parent_waits_for_a_purge_that_judged_by_it(
     the parent waiting for ever."""
     from conftest import POSTGRES_URL
 
-    engine = Engine.open(POSTGRES_URL, schema=pg_schema)
+    engine = build(POSTGRES_URL, schema=pg_schema).engine
     start = _parent_retrying(engine)
     try:
         with engine:
@@ -506,7 +507,7 @@ def test_postgres_a_purge_keeps_a_failed_parent_whose_child_is_resumed_after_the
     deleted, the child outliving it)."""
     from conftest import POSTGRES_URL
 
-    engine = Engine.open(POSTGRES_URL, schema=pg_schema)
+    engine = build(POSTGRES_URL, schema=pg_schema).engine
     child = FailsThenWaits()
     engine.register("child", child)
     engine.register("parent", lambda ctx: str(ctx.child("kid", "child")))
@@ -612,20 +613,20 @@ def test_a_one_off_purge_lets_another_engine_write_between_its_batches(
         return choose(*args, **kwargs)
 
     monkeypatch.setattr(retention_sql, "purge_batch", first_batch_under_way)
-    one_batch = purging._store.purge_batch
+    one_batch = store_of(purging).purge_batch
 
     def purge_batch(completed_before: str, limit: int, now: float) -> int:
         deleted = one_batch(completed_before, limit, now)
         assert wrote.wait(30)  # the next batch once the other engine's writes went
         return deleted
 
-    purging._store.purge_batch = purge_batch  # type: ignore[method-assign]
+    store_of(purging).purge_batch = purge_batch  # type: ignore[method-assign]
 
     def write_meanwhile() -> None:
         try:
             assert under_way.wait(30)
             inv = other.invoke("work", 1, instance_id="during")
-            other._store.heartbeat(time.time())
+            store_of(other).heartbeat(time.time())
             [(left,)] = query(other, "SELECT count(*) FROM instances WHERE workflow = 'old'")
             old_left.append(int(left))
             assert inv.result(30) == 2
@@ -670,7 +671,7 @@ def test_20000_finished_instances_are_purged_the_file_shrinks_and_runs_go_on(
     while the engine runs other workflows, which all complete correctly and are kept;
     the file ends several times smaller."""
     path = tmp_path / "big.db"
-    engine = Engine.open(path, retention=HOUR, poll_interval=0.05)
+    engine = build(path, retention=HOUR, poll_interval=0.05).engine
 
     def work(ctx: Context, n: int) -> int:
         doubled = ctx.step("double").run(lambda: n * 2)
@@ -755,7 +756,7 @@ def test_an_older_file_without_auto_vacuum_is_switched_when_migrated(
     _, before = _file_bytes(path)
 
     caplog.set_level(logging.INFO, logger="memable")
-    engine = Engine.open(path, retention=HOUR)
+    engine = build(path, retention=HOUR).engine
     engine.register("wf", lambda ctx: "new")
     assert _auto_vacuum(path) == 2
     assert _sqlite_version(path) == SCHEMA_VERSION
