@@ -12,6 +12,7 @@ module.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 from _procs import log_line
 
@@ -33,10 +34,12 @@ def probe(ctx: Context) -> int:
     return os.getpid()
 
 
-def make(**options: object) -> Engine:
-    """An engine on the store the environment names, with both queues and workflows."""
+def make(opener: Callable[..., Engine] = Engine.open, **options: object) -> Engine:
+    """An engine on the store the environment names, with both queues and workflows;
+    ``opener`` opens it (as ``Engine.open`` does: the test's ``helpers.build`` keeps its
+    store)."""
     schema = os.environ.get("MEMABLE_PAUSE_SCHEMA") or None
-    engine = Engine.open(os.environ["MEMABLE_PAUSE_DB"], schema=schema, **options)  # type: ignore[arg-type]
+    engine = opener(os.environ["MEMABLE_PAUSE_DB"], schema=schema, **options)
     engine.queue("jobs", concurrency=1)
     engine.queue("probe")
     engine.register("job", job, queue="jobs")

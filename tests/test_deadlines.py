@@ -18,7 +18,7 @@ import psycopg
 import pytest
 from conftest import POSTGRES_URL
 from freezegun import freeze_time
-from helpers import T0, HeldLook, query, traced, until
+from helpers import T0, HeldLook, build, query, runner_of, store_of, traced, until
 
 from memable import (
     Completed,
@@ -406,7 +406,7 @@ def test_a_look_under_way_when_the_clock_is_frozen_in_the_past_fires_no_new_time
     suspended on its timer."""
     engine = make_engine(poll_interval=60)
     look = HeldLook(engine)
-    engine._runner.clock = look.clock
+    runner_of(engine).clock = look.clock
     engine.register("wf", lambda ctx: ctx.timer("pause:v1", timedelta(hours=1)) or "woke")
     with engine:
         look.hold()
@@ -434,7 +434,7 @@ def test_fire_due_timers_judges_what_it_read_by_a_reading_taken_after(
         assert str(engine.invoke("wf", instance_id="w").wait(TIMEOUT)) == (
             "suspended: timer pause:v1")
         engine.stop()  # the store stays open; no look of the engine's own runs meanwhile
-    store, deadline = engine._store, T0.timestamp() + 3600
+    store, deadline = store_of(engine), T0.timestamp() + 3600
     reads = 1
     with traced(engine) as statements:
         def clock() -> float:
@@ -453,7 +453,7 @@ def test_a_deadline_that_fires_between_the_runs_look_and_its_suspension_is_not_l
     the suspension: the transaction that records it finds the key timed out and the run
     goes on to raise SignalTimeout, with no poll to help (it is a minute away)."""
     engine = make_engine(poll_interval=60, lease=600)
-    store = engine._store
+    store = store_of(engine)
     read_step = store.read_step
     looks: list[str] = []
 
@@ -493,10 +493,10 @@ def test_the_poll_finds_an_instance_whose_deadline_another_engine_fired(
     engine.start()
     assert engine.invoke("wf", instance_id="w").wait(TIMEOUT) == Suspended("answer")
     engine.stop()
-    now = time.time() + 7200
-    assert engine._store.look_around(["wf"], now).ready == []
-    assert engine._store.fire_due_timers(lambda: now, "2026-01-01T00:00:00+00:00")
-    assert engine._store.look_around(["wf"], now).ready == [("wf", "w")]
+    now, store = time.time() + 7200, store_of(engine)
+    assert store.look_around(["wf"], now).ready == []
+    assert store.fire_due_timers(lambda: now, "2026-01-01T00:00:00+00:00")
+    assert store.look_around(["wf"], now).ready == [("wf", "w")]
 
 
 def test_advance_counts_a_deadline_the_timer_thread_fired_first(
@@ -527,7 +527,7 @@ def test_advance_waits_for_a_firing_another_connection_holds(pg_schema: str) -> 
 
     The firing commits once ``advance`` either looks for due timers again (it waits) or
     reads the keys' states (it did not wait, and saw the key still waiting)."""
-    engine = Engine.open(POSTGRES_URL, schema=pg_schema, poll_interval=60)
+    engine, store = build(POSTGRES_URL, schema=pg_schema, poll_interval=60)
     engine.register("wf", lambda ctx: ctx.suspend("answer", timeout=60))
     fired_here, looked = threading.Event(), threading.Event()
 
@@ -550,7 +550,7 @@ def test_advance_waits_for_a_firing_another_connection_holds(pg_schema: str) -> 
     with freeze_time(T0) as clock, engine:
         assert engine.invoke("wf", instance_id="w").wait(TIMEOUT) == Suspended("answer")
         tell(engine, "fire_due_timers")
-        tell(engine._store, "next_deadline")
+        tell(store, "next_deadline")
         tell(engine, "steps")
         with psycopg.connect(POSTGRES_URL, options=f"-c search_path={pg_schema}") as firing:
             fired = _fire_due(firing, T0.timestamp() + 60, "x")

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import build, runner_of, store_of
 
 from memable import Context, Engine, StorageError
 
@@ -20,14 +21,11 @@ def test_a_run_whose_end_could_not_be_recorded_runs_again_and_completes(
     tmp_path: Path, store: str
 ) -> None:
     """The end write fails once: watchers keep following; the engine runs it again to the end."""
-    options: dict[str, Any] = {"poll_interval": 0.05}
-    engine = (
-        Engine.in_memory(**options) if store == "memory"
-        else Engine.open(tmp_path / "db", **options)
-    )
+    engine, engine_store = build(None if store == "memory" else tmp_path / "db",
+                                 poll_interval=0.05)
     ran: list[int] = []
     engine.register("wf", lambda ctx: ctx.step("s").run(lambda: ran.append(1) or 7))
-    real = engine._store.finish
+    real = engine_store.finish
     failures: list[str] = []
 
     def finish_failing_once(*args: Any, **kwargs: Any) -> bool:
@@ -36,7 +34,7 @@ def test_a_run_whose_end_could_not_be_recorded_runs_again_and_completes(
             raise StorageError("cannot record the run (forced)")
         return real(*args, **kwargs)
 
-    engine._store.finish = finish_failing_once  # type: ignore[method-assign]
+    engine_store.finish = finish_failing_once  # type: ignore[method-assign]
     with engine:
         inv = engine.invoke("wf", instance_id="x")
         assert inv.result(timeout=10) == 7
@@ -53,7 +51,7 @@ def test_a_run_that_ends_while_the_poll_reads_the_store_is_not_taken_for_lost(
     Without the guard, the poll took the ended run for one whose end was not
     recorded and started a spurious recovery run that watchers saw.
     """
-    engine = Engine.open(tmp_path / "db", poll_interval=60, lease=600)
+    engine, store = build(tmp_path / "db", poll_interval=60, lease=600)
     inside, release = threading.Event(), threading.Event()
 
     def wf(ctx: Context) -> str:
@@ -61,8 +59,8 @@ def test_a_run_that_ends_while_the_poll_reads_the_store_is_not_taken_for_lost(
         return str(ctx.suspend("gate"))
 
     engine.register("wf", wf)
-    runner = engine._runner
-    real = engine._store.look_around
+    runner = runner_of(engine)
+    real = store.look_around
     invocation: list[Any] = []
 
     def look_then_let_the_run_end(*args: Any) -> Any:
@@ -75,9 +73,9 @@ def test_a_run_that_ends_while_the_poll_reads_the_store_is_not_taken_for_lost(
     with engine:
         invocation.append(engine.invoke("wf", instance_id="x"))
         assert inside.wait(10)
-        engine._store.look_around = look_then_let_the_run_end  # type: ignore[method-assign]
+        store.look_around = look_then_let_the_run_end  # type: ignore[method-assign]
         runner.claims.look_around(0.0)
-        engine._store.look_around = real  # type: ignore[method-assign]
+        store.look_around = real  # type: ignore[method-assign]
         assert runner.runs._active == {}
         assert "did not record its end" not in caplog.text
         assert engine.signal("wf", "x", "gate", 5).result(timeout=10) == "5"
@@ -88,9 +86,10 @@ def _poll_inside(engine: Engine, operation: str) -> list[int]:
     """Wrap the store's ``operation`` (which makes instances this engine owns) so the
     engine's poll looks at the store right after it, before their runs are registered;
     return the list the number of runs the poll took for lost is added to."""
-    real = getattr(engine._store, operation)
+    store = store_of(engine)
+    real = getattr(store, operation)
     taken: list[int] = []
-    runner = engine._runner
+    runner = runner_of(engine)
 
     def then_poll(*args: Any, **kwargs: Any) -> Any:
         made = real(*args, **kwargs)
@@ -99,7 +98,7 @@ def _poll_inside(engine: Engine, operation: str) -> list[int]:
         taken.append(runner.runs.turnover - before)
         return made
 
-    setattr(engine._store, operation, then_poll)
+    setattr(store, operation, then_poll)
     return taken
 
 
@@ -108,7 +107,7 @@ def test_an_invoked_instance_is_not_taken_for_lost_before_its_run_is_registered(
 ) -> None:
     """The poll reads the new instance as this engine's and running, with no run here yet:
     it must wait, not run it again as one whose end was lost."""
-    engine = Engine.in_memory(poll_interval=60)
+    engine = build(poll_interval=60).engine
     engine.register("wf", lambda ctx: "done")
     taken = _poll_inside(engine, "create_instance")
     with engine:
@@ -124,7 +123,7 @@ def test_a_schedule_tick_is_not_taken_for_lost_before_its_run_is_registered(
     reads the store right then, before the run is registered: it waits, no re-run."""
     from freezegun import freeze_time
 
-    engine = Engine.in_memory(poll_interval=60)
+    engine = build(poll_interval=60).engine
     engine.register("job", lambda ctx: "done")
     engine.schedule("hourly", "0 * * * *", "job")
     taken = _poll_inside(engine, "fire_ticks")
@@ -141,7 +140,7 @@ def test_a_child_is_not_taken_for_lost_before_its_run_is_registered(
 ) -> None:
     """A parent starts a child, owned by this engine and running; the poll reads the store
     right then, before the child's run is registered: it waits, no re-run."""
-    engine = Engine.in_memory(poll_interval=60)
+    engine = build(poll_interval=60).engine
     engine.register("child", lambda ctx: "done")
     engine.register("parent", lambda ctx: ctx.child("c", "child"))
     taken = _poll_inside(engine, "start_children")

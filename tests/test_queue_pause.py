@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 from conftest import POSTGRES_URL
-from helpers import Looks, cli, query
+from helpers import Looks, build, cli, query, store_of
 from werkzeug.test import Client, TestResponse
 
 from memable import Context, Engine, Queued
@@ -117,9 +117,9 @@ def test_pausing_twice_and_resuming_a_running_queue_change_nothing(
         engine.resume_queue("q")  # not paused: nothing to do
         engine.pause_queue("q")
         engine.pause_queue("q")
-        assert engine._store.paused_queues().keys() == {"q"}
+        assert store_of(engine).paused_queues().keys() == {"q"}
         engine.resume_queue("q")
-        assert engine._store.paused_queues() == {}
+        assert store_of(engine).paused_queues() == {}
         assert engine.invoke("job", 7).result(TIMEOUT) == 7
 
 
@@ -133,9 +133,9 @@ def test_a_queue_this_engine_does_not_declare_is_refused(
     for act in (engine.pause_queue, engine.resume_queue):
         with pytest.raises(ValueError, match="queue 'emial' is not declared"):
             act("emial")
-    assert engine._store.paused_queues() == {}
+    assert store_of(engine).paused_queues() == {}
     engine.pause_queue("emails")  # before start: the store is open already
-    assert list(engine._store.paused_queues()) == ["emails"]
+    assert list(store_of(engine).paused_queues()) == ["emails"]
 
 
 def test_wait_all_does_not_wait_for_a_paused_queue(make_engine: Callable[..., Engine]) -> None:
@@ -183,13 +183,12 @@ def test_on_postgresql_a_resume_wakes_the_consumers_at_once(pg_schema: str) -> N
     web = Engine.open(**target, queues=())  # type: ignore[arg-type]
     web.queue("q", concurrency=1)
     web.register("job", lambda ctx, n: n, queue="q")
-    worker = _consumer(lambda **o: Engine.open(**target, **o), ran,  # type: ignore[arg-type]
-                       poll_interval=60)
+    worker = _consumer(lambda **o: build(**target, **o).engine, ran, poll_interval=60)
     looks = Looks(worker)
     with web, worker:
         # The worker hears notices once its LISTEN is up (it heard its own probe): a
         # notice sent before that is lost, and only its minute-long poll would look.
-        listener = worker._store._listener  # type: ignore[attr-defined]
+        listener = store_of(worker)._listener  # type: ignore[attr-defined]
         assert listener is not None
         assert listener.heard.wait(TIMEOUT)
         web.pause_queue("q")
@@ -213,7 +212,7 @@ def test_a_pause_is_stored_and_outlives_the_engine(shared_store: dict[str, Any])
     first.pause_queue("q")
     first.close()
     ran: list[int] = []
-    again = _consumer(lambda **o: Engine.open(**shared_store, **o), ran)
+    again = _consumer(lambda **o: build(**shared_store, **o).engine, ran)
     looks = Looks(again)
     with again:
         inv = again.invoke("job", 3, instance_id="after-reopen")
@@ -352,7 +351,7 @@ def test_a_queue_the_store_does_not_know_is_refused_with_the_closest_name(
             assert _refused(shared_store, "queue", verb, "emial") == (
                 "the store knows no queue 'emial' (no instance is on it, no running engine "
                 "consumes it); did you mean 'emails'?")
-        assert web._store.paused_queues() == {}
+        assert store_of(web).paused_queues() == {}
 
 
 def test_the_queue_commands_refuse_a_missing_file(tmp_path: Path) -> None:
@@ -380,7 +379,7 @@ def test_show_of_a_queued_instance_of_a_paused_queue_says_paused(
         web.invoke("send", instance_id="s-1")
         view = json.loads(_ok(shared_store, "show", "send", "s-1", "--json"))
         text = _ok(shared_store, "show", "send", "s-1").splitlines()
-        [paused_at] = web._store.paused_queues().values()
+        [paused_at] = store_of(web).paused_queues().values()
     why = f"queue paused since {paused_at}: nothing of it starts until it is resumed"
     assert view["queue"] == {"name": "emails", "priority": 0, "concurrency_key": None,
                              "position": 1, "running": 0, "waiting_because": why}
@@ -474,7 +473,7 @@ def test_a_read_only_dashboard_shows_no_form_and_refuses_to_pause(
         refused = client.post(path, data={"csrf": csrf.value, "queue": "q"})
         assert refused.status_code == 403
         assert "read-only" in refused.text
-    assert engine._store.paused_queues() == {}
+    assert store_of(engine).paused_queues() == {}
 
 
 def test_the_dashboard_refuses_a_bad_pause_and_changes_nothing(
@@ -495,7 +494,7 @@ def test_the_dashboard_refuses_a_bad_pause_and_changes_nothing(
     assert "the store knows no queue &#39;emial&#39;" in unknown.text
     assert client.post("/queue/pause", data={"csrf": token}).status_code == 400
     assert client.get("/queue/pause").status_code == 405
-    assert engine._store.paused_queues() == {}
+    assert store_of(engine).paused_queues() == {}
 
 
 # ---------------------------------------------------------------------- processes
@@ -525,7 +524,7 @@ def test_a_worker_process_starts_nothing_of_a_paused_queue_until_resumed(
     monkeypatch.syspath_prepend(str(TESTS))
     from _pause_app import make
 
-    web = make(queues=())
+    web = make(lambda *args, **o: build(*args, **o).engine, queues=())
     web.start()
     worker: subprocess.Popen[bytes] | None = None
     try:
