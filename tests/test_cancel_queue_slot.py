@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import query, until, write
+from helpers import build, query, runner_of, store_of, until, write
 
 from memable import Cancelled, Context, Engine, MetadataStatus
+from memable._engine import access
 
 TIMEOUT = 10.0
 #: The child's lease: long enough that a loaded machine does not let it lapse while
@@ -63,7 +64,8 @@ class Claims:
         self._cond = threading.Condition()
         self._begun = 0
         self._done: list[tuple[int, list[str]]] = []
-        claim = engine._store.claim_queued
+        store = store_of(engine)
+        claim = store.claim_queued
 
         def traced(*args: Any, **kwargs: Any) -> Any:
             with self._cond:
@@ -75,13 +77,13 @@ class Claims:
                 self._cond.notify_all()
             return claimed
 
-        engine._store.claim_queued = traced  # type: ignore[method-assign]
+        store.claim_queued = traced  # type: ignore[method-assign]
 
     def look_now(self) -> list[str]:
         """Have the queue thread look again; what the first claim begun after this took."""
         with self._cond:
             mark = self._begun
-        self._engine._runner.kick()
+        runner_of(self._engine).kick()
         with self._cond:
             assert self._cond.wait_for(lambda: any(n > mark for n, _ in self._done), TIMEOUT)
             return next(ids for n, ids in self._done if n > mark)
@@ -167,7 +169,7 @@ def test_a_cancelled_run_holds_its_slot_until_it_stops(
 def _on_postgres(engine: Engine) -> bool:
     from memable._postgres.store import PostgresStore
 
-    return isinstance(engine._store, PostgresStore)
+    return isinstance(store_of(engine), PostgresStore)
 
 
 @pytest.mark.parametrize("then", ["step", "suspend"])
@@ -245,7 +247,7 @@ def test_the_slot_of_a_cancelled_run_whose_owner_died_comes_free(
             assert _status(engine, "job", "b") == MetadataStatus.Queued()
             if where == "elsewhere":
                 write(engine, "UPDATE owners SET host = 'elsewhere.invalid' WHERE id <> ?",
-                      (engine._store.owner,))
+                      (store_of(engine).owner,))
             os.kill(child.pid, signal.SIGKILL)
             child.wait(timeout=60)
             assert b.result(TIMEOUT + CHILD_LEASE) == "done"
@@ -317,7 +319,7 @@ def test_a_cancelled_run_whose_end_failed_frees_its_slot_at_the_next_look(
     has, and the next instance runs."""
     with _end_fails(store, tmp_path, monkeypatch, request) as (opens, reads, block, unblock):
         engine = Engine.open(**opens, poll_interval=0.1)
-        reader = Engine.open(**reads)
+        reader = build(**reads).engine
         engine.queue("q", concurrency=1)
         entered, gate = threading.Event(), threading.Event()
 
@@ -334,7 +336,7 @@ def test_a_cancelled_run_whose_end_failed_frees_its_slot_at_the_next_look(
                 engine.cancel("held", "a")
                 block()
                 gate.set()  # the run stops at its step boundary; its end fails
-                until(lambda: not engine._runner.in_flight(), 30)
+                until(lambda: not access.in_flight(engine), 30)
                 # Nothing can let go of it while the store is blocked: it holds the slot.
                 assert query(reader, "SELECT status, owner IS NOT NULL FROM instances") == [
                     ("cancelled", 1)]

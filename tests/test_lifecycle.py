@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import PATIENCE, dump, shared_store_only
+from helpers import PATIENCE, build, dump, runner_of, shared_store_only
 
 from memable import (
     AlreadyStarted,
@@ -863,12 +863,12 @@ def test_invoke_unknown_workflow_fails(engine: Engine) -> None:
 
 def test_an_engine_whose_start_failed_stops_and_closes_cleanly(tmp_path: Path) -> None:
     """Registering as an owner fails: start raises it, and stop and close still work."""
-    engine = Engine.open(tmp_path / "db")
+    engine, store = build(tmp_path / "db")
 
     def register_owner(lease: float, now: float, declares: str | None = None) -> None:
         raise StorageError("cannot register the engine (forced)")
 
-    engine._store.register_owner = register_owner  # type: ignore[method-assign]
+    store.register_owner = register_owner  # type: ignore[method-assign]
     with pytest.raises(StorageError, match="forced"):
         engine.start()
     engine.stop()
@@ -964,13 +964,11 @@ def test_wait_all_waits_for_a_timer_firing_that_another_caller_started() -> None
     """Two callers fire timers at once; the one that found nothing ends first. wait_all must
     still wait for the other, whose run it then drains (it drained nothing and stopped)."""
     now = [1_800_000_000.0]
-    engine = Engine(
-        SQLiteStore(None, "full"),
-        Options(poll_interval=60, lease=600, clock=Clock(wall=lambda: now[0])),
-    )
+    store = SQLiteStore(None, "full")
+    engine = Engine(store, Options(poll_interval=60, lease=600, clock=Clock(wall=lambda: now[0])))
     engine.register("wf", lambda ctx: ctx.timer("t", 3600) or "woke")
     entered, release = threading.Event(), threading.Event()
-    real = engine._store.fire_due_timers
+    real = store.fire_due_timers
 
     def held(*args: Any) -> Any:
         fired = real(*args)
@@ -979,7 +977,7 @@ def test_wait_all_waits_for_a_timer_firing_that_another_caller_started() -> None
             assert release.wait(10)
         return fired
 
-    engine._store.fire_due_timers = held  # type: ignore[method-assign]
+    store.fire_due_timers = held  # type: ignore[method-assign]
     engine.start()
     try:
         inv = engine.invoke("wf", instance_id="x")
@@ -1024,8 +1022,9 @@ def test_wait_all_takes_no_new_work_while_it_drains() -> None:
     engine = Engine.in_memory()
     entered, release = threading.Event(), threading.Event()
     engine.register("wf", lambda ctx: ctx.step("s").run(lambda: entered.set() or release.wait(10)))
-    idle = _NotingWaits(engine._runner.runs._idle)
-    engine._runner.runs._idle = idle  # type: ignore[assignment]
+    runs = runner_of(engine).runs
+    idle = _NotingWaits(runs._idle)
+    runs._idle = idle  # type: ignore[assignment]
     engine.start()
     try:
         inv = engine.invoke("wf", instance_id="x")

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from freezegun import freeze_time
 from freezegun.api import FrozenDateTimeFactory
+from helpers import store_of
 
 from memable import AlreadyStarted, Completed, Context, Engine, Queued, StorageError
 from memable._clock import Clock
@@ -43,7 +44,7 @@ def ticks_of(engine: Engine, workflow: str = "job") -> list[str]:
 
 
 def schedule_row(engine: Engine, name: str = "every") -> Any:
-    [row] = [r for r in engine._store.schedules() if r.name == name]
+    [row] = [r for r in store_of(engine).schedules() if r.name == name]
     return row
 
 
@@ -522,7 +523,8 @@ def test_a_store_error_while_firing_is_logged_and_retried(
 ) -> None:
     """The first firing fails; the schedule is kept and fired on the retry a second on."""
     engine = scheduled()
-    real = engine._store.fire_ticks
+    store = store_of(engine)
+    real = store.fire_ticks
     failures = [StorageError("cannot fire the schedule 'every' (the disk is full)")]
 
     def failing_once(*args: Any) -> Any:
@@ -530,7 +532,7 @@ def test_a_store_error_while_firing_is_logged_and_retried(
             raise failures.pop()
         return real(*args)
 
-    engine._store.fire_ticks = failing_once  # type: ignore[method-assign]
+    store.fire_ticks = failing_once  # type: ignore[method-assign]
     with freeze_time(at(1, 9, 59)) as clock, engine, caplog.at_level(logging.ERROR, "memable"):
         clock.move_to(at(1, 10))
         engine.fire_due_timers()
@@ -570,14 +572,14 @@ def test_a_look_from_fire_due_timers_waits_for_the_timer_threads_look() -> None:
     The looks run on threads of the test's own, which freezegun would give real
     time: the engine is given a clock instead."""
     now = [at(1, 9, 59).timestamp()]
-    engine = Engine(SQLiteStore(None, "full"),
-                    Options(poll_interval=60, lease=600, clock=Clock(wall=lambda: now[0])))
+    store = SQLiteStore(None, "full")
+    engine = Engine(store, Options(poll_interval=60, lease=600, clock=Clock(wall=lambda: now[0])))
     engine.register("job", job)
     engine.schedule("every", "0 * * * *", "job")
     seen = threading.Condition()  # notified as a look enters the firing or waits its turn
     in_firing, waiting = [0], [False]
     release = threading.Event()
-    real = engine._store.fire_ticks
+    real = store.fire_ticks
 
     def held(*args: Any) -> Any:
         with seen:
@@ -590,7 +592,7 @@ def test_a_look_from_fire_due_timers_waits_for_the_timer_threads_look() -> None:
             with seen:
                 in_firing[0] -= 1
 
-    engine._store.fire_ticks = held  # type: ignore[method-assign]
+    store.fire_ticks = held  # type: ignore[method-assign]
     engine._schedules._lock = _WatchedLock(seen, waiting)  # type: ignore[assignment]
     with engine:
         now[0] = at(1, 10).timestamp()

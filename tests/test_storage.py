@@ -25,14 +25,16 @@ from memable import (
     StorageError,
     Suspended,
 )
+from memable._engine import access
 from memable._sqlite.schema import SCHEMA_VERSION, migrate_to_1
 from memable._sqlite.store import SQLiteStore
 from memable._store.protocol import StepWrite
 
-# Several tests look at the engine's own connection (``engine._store._conn``):
-# PRAGMA synchronous is per connection, and the statement trace
-# (``helpers.traced``) is the only way to count transactions and reads.
-# Touching that private attribute is deliberate.
+# Several tests look at the engine's own connection (its store's ``_conn``): PRAGMA
+# synchronous is per connection, and the statement trace (``helpers.traced``) is the
+# only way to count transactions and reads. Touching that private attribute is
+# deliberate. The pragma's test reaches the store of an engine built by the public
+# constructors it tests, through the engine's accessor (``memable._engine.access``).
 
 # A write of steps, perhaps after a WITH clause (PostgreSQL's fenced upsert).
 _STEPS_WRITE = re.compile(
@@ -112,7 +114,8 @@ def test_synchronous_option_sets_the_pragma(
     engine = build(tmp_path / "sync.db")
     try:
         # Private attribute on purpose: the pragma is per connection.
-        assert engine._store._conn.execute("PRAGMA synchronous").fetchone() == (expected,)
+        store: Any = access.store(engine)
+        assert store._conn.execute("PRAGMA synchronous").fetchone() == (expected,)
     finally:
         engine.close()
 

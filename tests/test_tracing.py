@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from freezegun import freeze_time
-from helpers import T0, write
+from helpers import T0, store_of, write
 from opentelemetry import baggage, trace
 from opentelemetry import context as otel_context
 from opentelemetry.sdk.metrics import MeterProvider
@@ -74,7 +74,7 @@ def test_an_invoke_is_a_producer_span_and_its_run_a_consumer_child_with_its_step
         lambda: 2))
     with engine, _TRACER.start_as_current_span("POST /orders") as request:
         assert engine.invoke("wf", instance_id="w").result(TIMEOUT) == 3
-        [stored] = [row for row, _ in engine._store.list_view("wf", None)]
+        [stored] = [row for row, _ in store_of(engine).list_view("wf", None)]
     invoke, run = one(spans, "invoke wf"), one(spans, "workflow wf")
     a, b = one(spans, "step a"), one(spans, "step b")
     assert invoke.kind == SpanKind.PRODUCER
@@ -263,7 +263,7 @@ def test_baggage_is_not_stored(
     try:
         with engine:
             engine.invoke("wf", instance_id="w").result(TIMEOUT)
-            [row] = [row for row, _ in engine._store.list_view("wf", None)]
+            [row] = [row for row, _ in store_of(engine).list_view("wf", None)]
     finally:
         otel_context.detach(token)
     assert "ada@example.com" not in repr(row)
@@ -277,7 +277,7 @@ def test_without_a_tracer_provider_nothing_is_stored(make_engine: Callable[..., 
     engine.register("wf", lambda ctx: ctx.step("a").run(lambda: 1))
     with engine:
         engine.invoke("wf", instance_id="w").result(TIMEOUT)
-        [row] = [row for row, _ in engine._store.list_view("wf", None)]
+        [row] = [row for row, _ in store_of(engine).list_view("wf", None)]
     assert row.traceparent is None
 
 
@@ -299,7 +299,7 @@ def test_without_a_tracer_provider_an_ambient_context_is_not_stored_either(
             engine.invoke("wf", instance_id="w").result(TIMEOUT)
         finally:
             otel_context.detach(token)
-        [row] = [row for row, _ in engine._store.list_view("wf", None)]
+        [row] = [row for row, _ in store_of(engine).list_view("wf", None)]
     assert row.traceparent is None
     assert seen == [False]
 
@@ -335,7 +335,7 @@ def test_a_run_that_takes_over_a_dead_engines_instance_says_recovery(
     with first:
         first.invoke("wf", instance_id="w")
         assert entered.acquire(timeout=TIMEOUT)
-        write(first, "DELETE FROM owners WHERE id = ?", (first._store.owner,))
+        write(first, "DELETE FROM owners WHERE id = ?", (store_of(first).owner,))
         with second:
             assert entered.acquire(timeout=TIMEOUT)  # b runs step s again
             gate.set()
@@ -379,10 +379,10 @@ def test_a_rejected_signal_leaves_the_stored_context_and_its_span_says_error(
     with engine:
         engine.invoke("wf", instance_id="w").wait(TIMEOUT)
         engine.signal("wf", "w", "go", "first").wait(TIMEOUT)
-        [before] = [row.traceparent for row, _ in engine._store.list_view("wf", None)]
+        [before] = [row.traceparent for row, _ in store_of(engine).list_view("wf", None)]
         with pytest.raises(InstanceFinished):
             engine.signal("wf", "w", "go", "again")
-        [after] = [row.traceparent for row, _ in engine._store.list_view("wf", None)]
+        [after] = [row.traceparent for row, _ in store_of(engine).list_view("wf", None)]
     assert after == before
     rejected = named(spans, "invoke wf")[-1]
     assert rejected.status.status_code == StatusCode.ERROR

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from freezegun import freeze_time
-from helpers import T0, HeldLook, cli, traced, until
+from helpers import T0, HeldLook, cli, runner_of, store_of, traced, until
 from werkzeug.test import Client
 
 from memable import (
@@ -118,7 +118,7 @@ def test_a_look_under_way_when_the_clock_is_frozen_in_the_past_times_nothing_out
     just after its reading until the instance is suspended."""
     engine = make_engine(poll_interval=60)
     look = HeldLook(engine)
-    engine._runner.clock = look.clock
+    runner_of(engine).clock = look.clock
     engine.register("waits_for_approval", waits_for_approval, timeout=timedelta(hours=1))
     with engine:
         look.hold()
@@ -149,7 +149,7 @@ def test_time_out_judges_what_it_read_by_a_reading_taken_after(
         assert str(engine.invoke("waits_for_approval", instance_id="a").wait(TIMEOUT)) == (
             "suspended: approval:v1")
         engine.stop()  # the store stays open; no look of the engine's own runs meanwhile
-    store, deadline = engine._store, T0.timestamp() + 3600
+    store, deadline = store_of(engine), T0.timestamp() + 3600
     if isinstance(store, SQLiteStore):
         from memable._sqlite.transaction import SQLiteTransaction as transaction
     else:
@@ -299,14 +299,14 @@ def test_an_instance_that_ended_first_is_left_as_it_ended(engine: Engine) -> Non
         assert advance(engine, clock, 3600) == 0
     meta = _metadata(engine, "two_steps", "done")
     assert meta.status == MetadataStatus.Completed()
-    assert engine._store.next_deadline() is None  # nothing left armed
+    assert store_of(engine).next_deadline() is None  # nothing left armed
 
 
 def test_no_timeout_is_armed_unless_asked_for(engine: Engine) -> None:
     """An instance of a workflow registered and invoked without a timeout stores no timeout
     and no deadline."""
     engine.invoke("two_steps", instance_id="plain")
-    row = engine._store.get_instance("two_steps", "plain")
+    row = store_of(engine).get_instance("two_steps", "plain")
     assert row is not None
     assert row.timeout is None
     assert row.timeout_at is None
