@@ -22,6 +22,7 @@ import threading
 from datetime import timedelta
 
 from memable import Context, Engine
+from memable._store.protocol import Store
 
 
 def log_line(path: str, line: str) -> None:
@@ -70,12 +71,12 @@ def awaits_signal(log: str) -> object:
     return workflow
 
 
-def family(engine: Engine, log: str, hold: bool) -> None:
+def family(engine: Engine, log: str, hold: Store | None) -> None:
     """Register "parent" (one child, "child", under the key "kid") on ``engine``.
 
-    With ``hold``, the parent's run hangs right after the transaction that
-    created the child committed, and the child's run before its step: the
-    state a SIGKILL at that moment leaves.
+    With ``hold`` (the store the engine runs on), the parent's run hangs right
+    after the transaction that created the child committed, and the child's run
+    before its step: the state a SIGKILL at that moment leaves.
     """
     def child(ctx: Context, n: int) -> int:
         if hold:
@@ -87,8 +88,8 @@ def family(engine: Engine, log: str, hold: bool) -> None:
 
     engine.register("child", child)
     engine.register("parent", parent)
-    if hold:
-        start = engine._store.start_children
+    if hold is not None:
+        start = hold.start_children
 
         def started(*args: object) -> object:
             created = start(*args)  # type: ignore[arg-type]
@@ -96,7 +97,7 @@ def family(engine: Engine, log: str, hold: bool) -> None:
             threading.Event().wait()  # until SIGKILL
             return created
 
-        engine._store.start_children = started  # type: ignore[method-assign]
+        hold.start_children = started  # type: ignore[method-assign]
 
 
 def open_each_line() -> None:
@@ -115,6 +116,15 @@ def main(command: str, db: str, *args: str) -> None:
         return open_each_line()
     # A PostgreSQL URL's schema comes from the environment (the test's own schema).
     schema = os.environ.get("MEMABLE_PROC_SCHEMA") if db.startswith("postgresql") else None
+    if command == "family":  # its hold hooks the store: the engine is built holding it
+        from helpers import build
+
+        engine, store = build(db, poll_interval=0.05, lease=3.0, schema=schema)
+        family(engine, args[0], hold=store)
+        engine.start()
+        engine.invoke("parent", instance_id="p")
+        threading.Event().wait()  # until SIGKILL
+        return
     engine = Engine.open(db, poll_interval=0.05, lease=3.0, schema=schema)
     if command == "crash":
         log, k = args[0], int(args[1])
@@ -152,11 +162,6 @@ def main(command: str, db: str, *args: str) -> None:
         engine.register("ten", ten_steps(log, k), queue="q")  # type: ignore[arg-type]
         engine.start()
         engine.invoke("ten", instance_id="crash").result()
-    elif command == "family":
-        family(engine, args[0], hold=True)
-        engine.start()
-        engine.invoke("parent", instance_id="p")
-        threading.Event().wait()  # until SIGKILL
     else:
         raise SystemExit(f"unknown command {command!r}")
 

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from helpers import runner_of
 
 from memable import (
     Engine,
@@ -179,7 +180,7 @@ def test_start_sizes_names_and_paces_the_engines_threads() -> None:
     engine.register("wf", lambda ctx: ctx.step("s").run(
         lambda: names.append(threading.current_thread().name)))
     with engine:
-        runner = engine._runner
+        runner = runner_of(engine)
         assert runner.runs.executor is not None
         assert runner.runs.executor._max_workers == 3
         assert runner.claims.background is not None
@@ -199,14 +200,15 @@ def test_a_timer_armed_while_the_thread_sleeps_to_the_next_poll_wakes_it(tmp_pat
     engine = Engine.open(tmp_path / "db", poll_interval=60, lease=600)
     engine.register("wf", lambda ctx: ctx.timer("soon:v1", 0.2) or "fired")
     looked = threading.Event()
-    real = engine._runner.claims.tick
+    claims = runner_of(engine).claims
+    real = claims.tick
 
     def tick(poll: bool) -> float | None:
         until = real(poll)
         looked.set()
         return until
 
-    engine._runner.claims.tick = tick  # type: ignore[method-assign]
+    claims.tick = tick  # type: ignore[method-assign]
     with engine:
         assert looked.wait(10)
         assert engine.invoke("wf").result(timeout=10) == "fired"

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import PROCS, until
+from helpers import PROCS, build, runner_of, until
 
 from memable import (
     Cancelled,
@@ -79,7 +79,7 @@ def test_a_child_that_ends_while_the_parent_still_runs_is_not_lost(
     engine = make_engine(poll_interval=60, lease=600)
     engine.register("double", lambda ctx, n: n * 2)
     engine.register("parent", lambda ctx: ctx.child("kid", "double", 21))
-    host = engine._runner.children
+    host = runner_of(engine).children
     start = host.start
 
     def start_then_let_the_child_end(*args: Any) -> None:
@@ -327,7 +327,7 @@ def test_a_parent_killed_after_starting_its_child_gets_one_child_on_recovery(
         if proc.stdout is not None:
             proc.stdout.close()
     engine = Engine.open(db, poll_interval=0.05)
-    family(engine, str(log), hold=False)
+    family(engine, str(log), hold=None)
     with engine:
         assert engine.invocation("parent", "p").result(TIMEOUT) == 41
         assert [i for i, _ in engine.list_instances("child")] == ["p/kid"]
@@ -374,16 +374,16 @@ def test_a_child_ending_while_its_parent_records_its_wait_is_counted(
         return wake
 
     monkeypatch.setattr(children_sql, "settle_parent", settle_and_hold)
-    engine = Engine.open(POSTGRES_URL, schema=pg_schema, poll_interval=60, lease=600)
+    engine, store = build(POSTGRES_URL, schema=pg_schema, poll_interval=60, lease=600)
     engine.register("double", lambda ctx, n: n * 2)
     engine.register("parent", lambda ctx: ctx.children("d", "double", [21]))
-    suspend = engine._store.suspend
+    suspend = store.suspend
 
     def suspend_once_the_child_settled(*args: Any) -> Any:
         assert settled.wait(TIMEOUT)
         return suspend(*args)
 
-    engine._store.suspend = suspend_once_the_child_settled  # type: ignore[method-assign]
+    store.suspend = suspend_once_the_child_settled  # type: ignore[method-assign]
 
     def parent_recorded_or_waiting() -> bool:
         with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:

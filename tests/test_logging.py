@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import killed_in_a_step
+from helpers import build, killed_in_a_step
 
 from memable import Context, Engine, Failed
 
@@ -91,12 +91,12 @@ def test_only_the_engine_that_takes_a_dead_owners_instance_logs_its_recovery(
         busy.set()
         assert release.wait(WAIT)
 
-    b = Engine.open(db, poll_interval=0.02, max_workers=1)
+    b, b_store = build(db, poll_interval=0.02, max_workers=1)
     b.register("ten", _ten(log))
     b.register("block", block)
     looked_after_the_kill = threading.Event()
     killed = threading.Event()
-    real_look = b._store.look_around
+    real_look = b_store.look_around
 
     def look(*args: Any, **kwargs: Any) -> Any:
         found = real_look(*args, **kwargs)
@@ -104,7 +104,7 @@ def test_only_the_engine_that_takes_a_dead_owners_instance_logs_its_recovery(
             looked_after_the_kill.set()
         return found
 
-    b._store.look_around = look  # type: ignore[method-assign]
+    b_store.look_around = look  # type: ignore[method-assign]
     with caplog.at_level(logging.INFO, logger="memable"):
         b.start()
         try:

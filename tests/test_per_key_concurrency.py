@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 from conftest import POSTGRES_URL
-from helpers import Looks, cli, query
+from helpers import Looks, cli, query, runner_of, store_of
 from werkzeug.test import Client
 
 from memable import Context, Engine, Queued
@@ -204,7 +204,7 @@ def test_one_claim_counts_what_it_took_and_skips_past_a_full_key(
                 _invoke(engine, f"n-{i}", None)
 
             def claim(batch: int) -> list[str]:
-                claimed = engine._store.claim_queued(
+                claimed = store_of(engine).claim_queued(
                     "q", ["held"], concurrency=None, per_process=None, rate=None,
                     clock=lambda: 0.0, at="2026-01-01T00:00:00+00:00", batch=batch, per_key=2,
                 )
@@ -218,7 +218,7 @@ def test_one_claim_counts_what_it_took_and_skips_past_a_full_key(
                 "a-2": "queued", "a-3": "queued"}
         return []
 
-    engine._runner.start_made(claims)
+    runner_of(engine).start_made(claims)
 
 
 def test_a_key_on_a_queue_without_per_key_is_refused_and_nothing_stored(

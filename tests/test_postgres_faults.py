@@ -24,7 +24,7 @@ import psycopg
 import pytest
 from _tcp_proxy import Proxy
 from conftest import POSTGRES_URL
-from helpers import query
+from helpers import build, query, store_of
 
 from memable import Context, Engine
 from memable._postgres.schema import parse
@@ -259,13 +259,14 @@ def test_four_processes_on_one_database_and_a_kill_lose_nothing(
 def _after_heartbeats(engine: Engine) -> threading.Event:
     """An event set each time the engine's heartbeat commits (the test clears it)."""
     beat = threading.Event()
-    renew = engine._store.heartbeat
+    store = store_of(engine)
+    renew = store.heartbeat
 
     def heartbeat(now: float) -> None:
         renew(now)
         beat.set()
 
-    engine._store.heartbeat = heartbeat  # type: ignore[method-assign]
+    store.heartbeat = heartbeat  # type: ignore[method-assign]
     return beat
 
 
@@ -294,7 +295,7 @@ def test_an_outage_shorter_than_the_lease_costs_no_run(
             ctx.step(key).run(body)
         return "done"
 
-    a = Engine.open(_through(proxy), schema=pg_schema, lease=6.0, poll_interval=0.2)
+    a = build(_through(proxy), schema=pg_schema, lease=6.0, poll_interval=0.2).engine
     b = Engine.open(POSTGRES_URL, schema=pg_schema, poll_interval=0.1)
     a.register("wf", wf)
     b.register("wf", wf)

@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 from conftest import POSTGRES_URL, postgres_or_skip
-from helpers import query, stored_apart
+from helpers import build, query, stored_apart
 
 from memable import Engine
 from memable._postgres.connections import Connections
@@ -111,14 +111,13 @@ def test_no_connection_carries_the_schema_in_its_options(
     monkeypatch.setattr(psycopg.Connection, "connect", classmethod(recording))
     monkeypatch.setattr(psycopg, "connect", lambda *args, **kwargs: recording(
         psycopg.Connection, *args, **kwargs))
-    engine = Engine.open(POSTGRES_URL, schema=schema, synchronous="normal")
+    engine, store = build(POSTGRES_URL, schema=schema, synchronous="normal")
     engine.register("wf", _wf)
     with engine:
         assert engine.invoke("wf", 2).result(timeout=30) == 4
         # The listener's connection is its own: wait until it is made and listening.
-        assert engine._store._listener is not None  # type: ignore[attr-defined]
-        assert engine._store._listener.heard.wait(30)  # type: ignore[attr-defined]
-        store = engine._store
+        assert store._listener is not None  # type: ignore[attr-defined]
+        assert store._listener.heard.wait(30)  # type: ignore[attr-defined]
         assert "options" not in store._db._kwargs  # type: ignore[attr-defined]
         assert "options" not in store._db._pool.kwargs  # type: ignore[attr-defined]
         assert query(engine, "SELECT current_setting('search_path')") == [(f'"{schema}"',)]

@@ -10,7 +10,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from helpers import Looks, query, until
+from helpers import Looks, build, query, runner_of, store_of, until
 
 from memable import (
     AlreadyStarted,
@@ -60,7 +60,7 @@ def shared(request: pytest.FixtureRequest, tmp_path: Any) -> Callable[..., Engin
         target = {"target": POSTGRES_URL, "schema": request.getfixturevalue("pg_schema")}
 
     def make(**options: Any) -> Engine:
-        made.append(Engine.open(**target, **options))
+        made.append(build(**target, **options).engine)
         return made[-1]
 
     yield make  # type: ignore[misc]
@@ -340,17 +340,18 @@ def test_a_poll_during_a_claim_does_not_take_back_what_was_claimed(
     engine = make_engine(poll_interval=60)
     engine.queue("q")
     engine.register("job", lambda ctx, n: ctx.step("s").run(lambda: n), queue="q")
-    claim = engine._store.claim_queued
+    store = store_of(engine)
+    claim = store.claim_queued
     looked: list[int] = []
 
     def claim_then_poll(*args: Any, **kwargs: Any) -> Any:
         claimed = claim(*args, **kwargs)
         if claimed.snapshots:
-            engine._runner.claims.look_around(kwargs["clock"]())
+            runner_of(engine).claims.look_around(kwargs["clock"]())
             looked.append(len(claimed.snapshots))
         return claimed
 
-    engine._store.claim_queued = claim_then_poll  # type: ignore[method-assign]
+    store.claim_queued = claim_then_poll  # type: ignore[method-assign]
     with engine:
         assert engine.invoke("job", 7, instance_id="j").result(TIMEOUT) == 7
         assert engine.steps("job", "j")[0].attempts == 1

@@ -21,8 +21,9 @@ from typing import Any
 
 import pytest
 from conftest import POSTGRES_URL
+from helpers import build
 
-from memable import Engine, MetadataStatus
+from memable import MetadataStatus
 
 CHILD = str(Path(__file__).with_name("_schedule_procs.py"))
 TIMEOUT = 60
@@ -130,9 +131,9 @@ def test_three_engines_run_each_tick_once_though_one_is_killed(
     until_logged(log, 20)
     for child in children[1:]:
         child.stop()
-    reader = Engine.open(**opened)
+    reader, store = build(**opened)
     try:
-        [row] = reader._store.schedules()
+        [row] = store.schedules()
         assert row.missed == 0
         assert row.last_tick is not None
         last = datetime.strptime(row.last_tick, "%Y-%m-%dT%H:%M:%SZ").replace(
@@ -182,9 +183,9 @@ def test_ticks_missed_while_the_engine_is_stopped_follow_catch_up(
     missed_ids = [tick_id(t) for t in missed]
     expect_run = {"latest": missed_ids[-1:], "all": missed_ids, "none": []}[catch_up]
     assert sorted(ran & set(missed_ids)) == expect_run
-    reader = Engine.open(target)
+    reader, store = build(target)
     try:
-        [row] = reader._store.schedules()
+        [row] = store.schedules()
         assert row.missed == len(missed) - len(expect_run)
     finally:
         reader.close()

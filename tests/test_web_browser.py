@@ -27,6 +27,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 import pytest
+from helpers import build, store_of
 from selenium import webdriver
 from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.chrome.service import Service
@@ -165,7 +166,7 @@ def engine(store: Path) -> Iterator[Engine]:
     each (the hostile one and the ticks first, so the newest page of the list shows the
     others), a queue and a schedule for the overview's tables (its workflow is its own:
     a tick falling in a run, at New Year, changes no count a test reads)."""
-    engine = Engine.open(store, poll_interval=0.1, synchronous="normal")
+    engine = build(store, poll_interval=0.1, synchronous="normal").engine
     for name, fn in WORKFLOWS.items():
         engine.register(name, fn)
     engine.queue("mail", concurrency=2, rate=(10, 60))
@@ -688,7 +689,7 @@ def test_pause_and_resume_a_queue(
     assert text(driver, "#done").startswith("Queue paused")
     assert row()[6].startswith("paused since ")
     assert row()[7] == "Resume"
-    assert list(engine._store.paused_queues()) == ["mail"]
+    assert list(store_of(engine).paused_queues()) == ["mail"]
     waiting = engine.invoke("notify", "bob@example.org", instance_id="paused-1")
 
     driver.get(readonly_url + "/")
@@ -702,7 +703,7 @@ def test_pause_and_resume_a_queue(
     assert text(driver, "#done").startswith("Queue resumed")
     assert row()[6:] == ["no", "Pause"]
     assert waiting.result(WAIT) == "sent to bob@example.org"
-    assert engine._store.paused_queues() == {}
+    assert store_of(engine).paused_queues() == {}
 
 
 def test_post_without_the_browsers_csrf_token_is_refused(
