@@ -348,21 +348,20 @@ class FailsThenWaits:
 
 
 class HeldLook:
-    """A clock for an engine (``runner_of(engine).clock = held.clock``, before it starts) that
+    """A clock for an engine (its ``clock`` option: ``make_engine(clock=held.clock)``) that
     holds one look of its timer thread just after the look read the wall clock.
 
-    ``hold()`` arms it and kicks the thread; ``held`` is set once that look has its
-    reading and waits; ``release()`` lets it go on with that reading and returns once
-    the look has ended (its thread reads the monotonic clock again). In between, a test
-    may freeze the clock earlier and arm deadlines: the look must not judge them by its
-    reading from before.
+    ``hold(engine)`` arms it and kicks the engine's timer thread; ``held`` is set once that
+    look has its reading and waits; ``release()`` lets it go on with that reading and
+    returns once the look has ended (its thread reads the monotonic clock again). In
+    between, a test may freeze the clock earlier and arm deadlines: the look must not
+    judge them by its reading from before.
     """
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self) -> None:
         from memable import _clock
         from memable._clock import Clock
 
-        self._engine = engine
         self._arm = False
         self.held, self._go, self._looked = threading.Event(), threading.Event(), threading.Event()
 
@@ -382,9 +381,9 @@ class HeldLook:
 
         self.clock = Clock(wall=wall, monotonic=monotonic)
 
-    def hold(self) -> None:
+    def hold(self, engine: Engine) -> None:
         self._arm = True
-        runner_of(self._engine).armed()  # a look now
+        runner_of(engine).armed()  # a look now
         assert self.held.wait(10)
 
     def release(self) -> None:

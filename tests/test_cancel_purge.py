@@ -21,6 +21,7 @@ from helpers import (
     PROCS,
     T0,
     FailsThenWaits,
+    build,
     dump,
     killed_in_a_step,
     query,
@@ -335,7 +336,7 @@ def test_cancel_of_an_unknown_instance_raises_instance_not_found(
 
 def test_a_cancel_before_the_run_goes_on_past_a_satisfied_wait_stops_it(tmp_path: Path) -> None:
     """A cancel between a zero timer's firing and the run going on: no later step runs."""
-    engine = Engine.open(tmp_path / "db", poll_interval=60)
+    engine, store = build(tmp_path / "db", poll_interval=60)
     ran: list[str] = []
 
     def wf(ctx: Context) -> None:
@@ -350,7 +351,7 @@ def test_a_cancel_before_the_run_goes_on_past_a_satisfied_wait_stops_it(tmp_path
             ran.append("cancel")
             engine.cancel("wf", "x")
 
-    wrap_after(engine._store, "suspend", cancel_once_ready)
+    wrap_after(store, "suspend", cancel_once_ready)
     with engine:
         inv = engine.invoke("wf", instance_id="x")
         states = [inv.wait(timeout=10)]

@@ -14,28 +14,22 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-from helpers import PATIENCE
+from helpers import PATIENCE, build, store_of
 
 from memable import Context, Engine
 from memable._clock import Clock
-from memable._engine.builder import EngineBuilder
-from memable._run.options import Options
 
 #: The test's "now": far from the real time, and not a round hour of today's date.
 FIXED = datetime(2041, 3, 5, 12, 34, 56, 789000, tzinfo=timezone.utc)
 
 
 def _times(engine: Engine, sql: str) -> list[dict[str, Any]]:
-    return engine._store.read_rows("read stored times (test)", sql, {})  # type: ignore[attr-defined,no-any-return]
+    return store_of(engine).read_rows("read stored times (test)", sql, {})  # type: ignore[attr-defined,no-any-return]
 
 
 def _engine(store_target: dict[str, Any], clock: Clock) -> Engine:
     """An engine on the parametrised store, reading ``clock``; no poll nor heartbeat soon."""
-    options = Options(poll_interval=60, lease=600, clock=clock)
-    if not store_target:
-        return EngineBuilder(memory=True, options=options, factory=Engine).build()
-    return EngineBuilder(path=store_target["target"], schema=store_target.get("schema"),
-                         options=options, factory=Engine).build()
+    return build(**store_target, poll_interval=60, lease=600, clock=clock).engine
 
 
 @pytest.fixture

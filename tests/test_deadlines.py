@@ -18,7 +18,7 @@ import psycopg
 import pytest
 from conftest import POSTGRES_URL
 from freezegun import freeze_time
-from helpers import T0, HeldLook, build, query, runner_of, store_of, traced, until
+from helpers import T0, HeldLook, build, query, store_of, traced, until
 
 from memable import (
     Completed,
@@ -404,12 +404,11 @@ def test_a_look_under_way_when_the_clock_is_frozen_in_the_past_fires_no_new_time
     a day earlier and a run arms an hour's timer: that earlier reading does not fire it
     (it did, at once). Forced: the look is held just after its reading until the run has
     suspended on its timer."""
-    engine = make_engine(poll_interval=60)
-    look = HeldLook(engine)
-    runner_of(engine).clock = look.clock
+    look = HeldLook()
+    engine = make_engine(poll_interval=60, clock=look.clock)
     engine.register("wf", lambda ctx: ctx.timer("pause:v1", timedelta(hours=1)) or "woke")
     with engine:
-        look.hold()
+        look.hold(engine)
         with freeze_time(datetime.now(timezone.utc) - timedelta(days=1)) as clock:
             inv = engine.invoke("wf", instance_id="w")
             assert str(inv.wait(TIMEOUT)) == "suspended: timer pause:v1"

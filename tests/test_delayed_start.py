@@ -14,6 +14,7 @@ from freezegun import freeze_time
 from helpers import Looks, query
 
 from memable import Context, Engine, InstanceFinished, MetadataStatus
+from memable._engine import access
 from memable.testing import advance
 
 TIMEOUT = 10
@@ -57,7 +58,7 @@ def test_a_delayed_instance_waits_holding_no_thread_and_starts_when_due(
         assert status.message.startswith("starts at 2026-12-05T11:00:00")
         assert str(inv.wait(TIMEOUT)).startswith("suspended: starts at 2026-12-05T11:00")
         assert RAN == []
-        assert engine._runner.in_flight() == []  # no run, no thread held
+        assert access.in_flight(engine) == []  # no run, no thread held
         assert advance(engine, clock, timedelta(minutes=59)) == 0
         assert advance(engine, clock, timedelta(minutes=1)) == 1
         assert inv.result(TIMEOUT) == 42

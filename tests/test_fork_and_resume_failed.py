@@ -12,7 +12,7 @@ from typing import Any
 import click
 import pytest
 from click.testing import CliRunner
-from helpers import cli
+from helpers import cli, store_of
 
 from memable import (
     ChildFailed,
@@ -208,7 +208,7 @@ def test_a_purge_between_the_forks_statements_passes_its_source_over(
     taken", or, stored with no steps, ran every step again.)"""
     engine.invoke("pipeline", 1, instance_id="p").result(TIMEOUT)
     purger = make_engine()
-    store: Any = engine._store
+    store: Any = store_of(engine)
     real = store._tx
     purged: list[int] = []
 

@@ -23,6 +23,7 @@ from memable import (
     SignalRejected,
     Suspended,
 )
+from memable._engine import access
 from memable._run import fan_out
 from memable.testing import advance
 
@@ -320,7 +321,7 @@ def test_the_steps_in_flight_name_an_item_that_runs(make_engine: Callable[..., E
         inv = engine.invoke("wf", instance_id="w")
         assert started.wait(TIMEOUT)
         try:
-            [(name, instance_id, key, since)] = engine._runner.in_flight()
+            [(name, instance_id, key, since)] = access.in_flight(engine)
         finally:
             release.set()
         assert (name, instance_id, key) == ("wf", "w", "k[0]")

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import pytest
+from helpers import store_of
 
 from memable import (
     Context,
@@ -40,7 +41,7 @@ def engine(make_engine: Callable[..., Engine]) -> Iterator[Engine]:
 
 
 def _store(engine: Engine) -> Store:
-    return engine._store
+    return store_of(engine)
 
 
 def test_a_page_is_newest_first_with_offset_and_limit(engine: Engine) -> None:

@@ -23,7 +23,7 @@ from urllib.parse import quote
 import psycopg
 import pytest
 from conftest import POSTGRES_URL
-from helpers import Looks, cli, stored_apart
+from helpers import Looks, build, cli, stored_apart
 from psycopg.conninfo import make_conninfo
 
 from memable import Completed, Context, Engine, StorageError
@@ -178,9 +178,9 @@ def test_the_password_is_in_no_repr_and_connections_name_themselves(pg_schema: s
     """repr of the engine and its store hide the password; the server lists the
     connections under application_name 'memable' unless the URL names them."""
     url = _with_password(POSTGRES_URL, "pw-never-shown")
-    engine = Engine.open(url, schema=pg_schema)
+    engine, store = build(url, schema=pg_schema)
     try:
-        assert "pw-never-shown" not in repr(engine) + repr(engine._store)
+        assert "pw-never-shown" not in repr(engine) + repr(store)
         names = _application_names()
         assert "memable" in names
     finally:

@@ -19,6 +19,7 @@ from typing import Any
 import psycopg
 import pytest
 from _pg_server import PgServer, bindir_or_skip
+from helpers import build
 
 from memable import Completed, Context, Engine, Failed, Suspended
 
@@ -212,12 +213,12 @@ def test_a_claim_a_run_acts_on_is_not_undone_by_a_server_crash(server: PgServer)
         return tuple(rows[0])
 
     # A long lease: no heartbeat (a durable write that would flush the claim) meanwhile.
-    engine = Engine.open(server.url, schema=schema, synchronous="full", lease=600,
-                         poll_interval=0.1)
+    engine, store = build(server.url, schema=schema, synchronous="full", lease=600,
+                          poll_interval=0.1)
     engine.queue("q", concurrency=1)
     engine.register("queued", queued, queue="q")
     engine.register("woken", woken)
-    owner = engine._store.owner  # type: ignore[attr-defined]
+    owner = store.owner  # type: ignore[attr-defined]
     with engine:
         try:
             waiting = engine.invoke("woken", instance_id="w")

@@ -101,7 +101,7 @@ def test_a_partitioned_engine_loses_its_instance_and_its_late_writes_are_refused
         a.close()
         b.close()
     assert ran == [("a", "s1"), ("a", "s2"), ("b", "s2"), ("b", "s3")]
-    reader = Engine.open(POSTGRES_URL, schema=pg_schema)
+    reader = build(POSTGRES_URL, schema=pg_schema).engine
     try:
         rows = query(reader, "SELECT key, state, result, attempts FROM steps ORDER BY seq")
         status = query(reader, "SELECT status, owner FROM instances")
@@ -169,7 +169,7 @@ def test_connections_killed_by_the_server_mid_workload_lose_nothing(
     assert results == [10] * 40
     # Each write cut by a kill was tried again (read back first): no body ran twice.
     assert calls == {(n, k): 1 for n in range(40) for k in range(5)}
-    reader = Engine.open(POSTGRES_URL, schema=pg_schema)
+    reader = build(POSTGRES_URL, schema=pg_schema).engine
     try:
         stored = query(reader, "SELECT count(*), min(attempts), max(attempts) FROM steps")
     finally:
@@ -242,7 +242,7 @@ def test_four_processes_on_one_database_and_a_kill_lose_nothing(
     assert set(runs) == {f"{name}-{i} {key}" for name in names for i in range(100)
                          for key in ("s1", "s2")}
     assert sum(count - 1 for count in runs.values()) <= 8
-    reader = Engine.open(POSTGRES_URL, schema=pg_schema)
+    reader = build(POSTGRES_URL, schema=pg_schema).engine
     try:
         assert query(reader, "SELECT status, count(*) FROM instances GROUP BY 1") == [
             ("completed", 400)
@@ -321,7 +321,7 @@ def test_an_outage_shorter_than_the_lease_costs_no_run(
         a.close()
         b.close()
     assert ran == {(f"i{n}", key): 1 for n in range(3) for key in ("s1", "s2", "s3")}
-    reader = Engine.open(POSTGRES_URL, schema=pg_schema)
+    reader = build(POSTGRES_URL, schema=pg_schema).engine
     try:
         assert query(reader, "SELECT count(*) FROM instances WHERE recoveries > 0") == [(0,)]
     finally:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from conftest import POSTGRES_URL, postgres_or_skip
-from helpers import cli
+from helpers import cli, runner_of
 
 from memable import Cancelled, Engine, Invocation, Queued, Suspended, WorkflowFailed
 
@@ -157,7 +157,7 @@ def test_a_run_that_ends_elsewhere_frees_its_queue_slot_at_once(pg_schema: str) 
     looked = threading.Event()  # the second engine's queue thread looked (and found no slot)
     try:
         with first, second:
-            consumer = second._runner.claims.consumer
+            consumer = runner_of(second).claims.consumer
             assert consumer is not None
             claim = consumer.claim
 

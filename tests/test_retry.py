@@ -623,9 +623,10 @@ def test_timed_out_attempts_of_a_retried_step_never_overlap(
 
 
 def failing_with_retry(
-    engine: Engine, policy: Retry, succeed_on: int = 0
+    engine: Engine, policy: Retry, succeed_on: int = 0, *, also: Engine | None = None,
 ) -> tuple[Calls, threading.Event, list[float]]:
-    """Register "wf": step "s" under ``policy`` raises until call ``succeed_on`` (never if 0).
+    """Register "wf": step "s" under ``policy`` raises until call ``succeed_on`` (never if 0),
+    on ``engine`` and on ``also`` if given (the same workflow, counting calls as one).
 
     Return its call counter, an event set by the first failing call, and the
     monotonic time of each call.
@@ -641,7 +642,8 @@ def failing_with_retry(
         failed.set()
         raise ConnectionError("down")
 
-    engine.register("wf", lambda ctx: ctx.step("s").retry(policy).run(body))
+    for each in (engine,) if also is None else (engine, also):
+        each.register("wf", lambda ctx: ctx.step("s").retry(policy).run(body))
     return calls, failed, at
 
 
@@ -683,9 +685,10 @@ def test_a_backoff_ended_by_stop_is_resumed_by_the_next_engine(
     make_engine: Callable[..., Engine],
 ) -> None:
     """The rest of a backoff cut by stop() is a timer: the next engine makes the attempt."""
-    first = make_engine()
+    first, second = make_engine(), make_engine()
     calls, failed, at = failing_with_retry(
-        first, Retry(max_attempts=3, initial_delay=0.5, jitter=False), succeed_on=2
+        first, Retry(max_attempts=3, initial_delay=0.5, jitter=False), succeed_on=2,
+        also=second,
     )
     first.start()
     instance_id = first.invoke("wf").instance_id
@@ -694,8 +697,6 @@ def test_a_backoff_ended_by_stop_is_resumed_by_the_next_engine(
     assert first.get_metadata("wf", instance_id).status == (  # type: ignore[union-attr]
         MetadataStatus.Suspended("retry s")
     )
-    second = make_engine()
-    second.register("wf", first._runner.workflows["wf"].fn)
     with second:
         assert second.invocation("wf", instance_id).result(timeout=PATIENCE) == "ok"
     assert calls.count == 2

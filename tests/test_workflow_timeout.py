@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from freezegun import freeze_time
-from helpers import T0, HeldLook, cli, runner_of, store_of, traced, until
+from helpers import T0, HeldLook, cli, store_of, traced, until
 from werkzeug.test import Client
 
 from memable import (
@@ -116,12 +116,11 @@ def test_a_look_under_way_when_the_clock_is_frozen_in_the_past_times_nothing_out
     time, is not timed out by that earlier reading (it was, the moment it was made: the
     flaky 'cancelled' of the tests above on a date now past). Forced: the look is held
     just after its reading until the instance is suspended."""
-    engine = make_engine(poll_interval=60)
-    look = HeldLook(engine)
-    runner_of(engine).clock = look.clock
+    look = HeldLook()
+    engine = make_engine(poll_interval=60, clock=look.clock)
     engine.register("waits_for_approval", waits_for_approval, timeout=timedelta(hours=1))
     with engine:
-        look.hold()
+        look.hold(engine)
         with freeze_time(datetime.now(timezone.utc) - timedelta(days=1)) as clock:
             inv = engine.invoke("waits_for_approval", instance_id="a")
             assert str(inv.wait(TIMEOUT)) == "suspended: approval:v1"
