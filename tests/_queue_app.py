@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 
 from _procs import log_line
 
@@ -30,10 +31,12 @@ def job(ctx: Context, n: int) -> int:
     return int(ctx.step("work").run(work))
 
 
-def make(**options: object) -> Engine:
-    """An engine on the store the environment names, with the queue and the workflow."""
+def make(opener: Callable[..., Engine] = Engine.open, **options: object) -> Engine:
+    """An engine on the store the environment names, with the queue and the workflow;
+    ``opener`` opens it (as ``Engine.open`` does: the test's ``helpers.build`` keeps its
+    store)."""
     schema = os.environ.get("MEMABLE_QUEUE_SCHEMA") or None
-    engine = Engine.open(os.environ["MEMABLE_QUEUE_DB"], schema=schema, **options)  # type: ignore[arg-type]
+    engine = opener(os.environ["MEMABLE_QUEUE_DB"], schema=schema, **options)
     engine.queue("jobs", **LIMITS)  # type: ignore[arg-type]
     engine.register("job", job, queue="jobs")
     return engine

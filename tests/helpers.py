@@ -35,9 +35,10 @@ T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 #
 # A test reaches an engine through its public API. One that needs the store behind it
 # (to read or write rows, or to hook a store operation) holds the store it built the
-# engine on: ``build`` opens both as ``Engine.open`` and ``Engine.in_memory`` do, and
-# ``store_of`` finds the store of an engine built here (by ``build``, ``clocked_engine``
-# or the conftest fixtures ``make_engine`` and ``open_shared``).
+# engine on: ``build`` opens both as ``Engine.open`` and ``Engine.in_memory`` do,
+# ``engine_on`` makes an engine on a store the test opened, and ``store_of`` finds the
+# store of an engine made here (by those, ``clocked_engine`` or the conftest fixtures
+# ``make_engine`` and ``open_shared``).
 
 
 class Built(NamedTuple):
@@ -51,10 +52,15 @@ class Built(NamedTuple):
 _STORES: weakref.WeakKeyDictionary[Engine, Store] = weakref.WeakKeyDictionary()
 
 
-def _built(store: Store, options: Options) -> Built:
+def engine_on(store: Store, options: Options) -> Engine:
+    """``Engine(store, options)``: an engine on a store the test opened itself."""
     engine = Engine(store, options)
     _STORES[engine] = store
-    return Built(engine, store)
+    return engine
+
+
+def _built(store: Store, options: Options) -> Built:
+    return Built(engine_on(store, options), store)
 
 
 def build(
@@ -428,7 +434,7 @@ def clocked_engine() -> tuple[Engine, list[float]]:
     now = [1_800_000_000.0]
     clock = Clock(wall=lambda: now[0])
     options = Options(poll_interval=60, lease=600, clock=clock)
-    engine, _ = _built(SQLiteStore(None, "full"), options)
+    engine = engine_on(SQLiteStore(None, "full"), options)
     return engine, now
 
 

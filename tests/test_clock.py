@@ -114,7 +114,7 @@ def test_an_owner_row_records_its_start_in_utc(store_target: dict[str, Any]) -> 
     os.environ["TZ"] = "Asia/Kathmandu"  # +05:45: no host's zone is UTC by accident here
     time.tzset()
     try:
-        engine = Engine.open(**store_target, poll_interval=60)
+        engine = build(**store_target, poll_interval=60).engine
         try:
             with engine:
                 [owner] = _times(engine, "SELECT started_at FROM owners")

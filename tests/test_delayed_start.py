@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from conftest import POSTGRES_URL
 from freezegun import freeze_time
-from helpers import Looks, query
+from helpers import Looks, build, query
 
 from memable import Context, Engine, InstanceFinished, MetadataStatus
 from memable._engine import access
@@ -200,7 +200,7 @@ def test_a_signal_from_another_engine_does_not_start_a_delayed_instance(
     """PostgreSQL: the signal comes from another engine; its NOTIFY wakes the worker, whose
     claim must leave an instance waiting for its start alone."""
     RAN.clear()
-    worker = Engine.open(POSTGRES_URL, schema=pg_schema, poll_interval=0.05)
+    worker = build(POSTGRES_URL, schema=pg_schema, poll_interval=0.05).engine
     worker.register("waits", waits_for_go)
     client = Engine.open(POSTGRES_URL, schema=pg_schema)  # runs nothing: registers nothing
     with worker, client:

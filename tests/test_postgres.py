@@ -23,7 +23,7 @@ from urllib.parse import quote
 import psycopg
 import pytest
 from conftest import POSTGRES_URL
-from helpers import Looks, build, cli, stored_apart
+from helpers import Looks, build, cli, engine_on, stored_apart
 from psycopg.conninfo import make_conninfo
 
 from memable import Completed, Context, Engine, StorageError
@@ -402,7 +402,7 @@ def test_a_server_default_isolation_does_not_change_what_a_claim_sees(
     setting = "-c default_transaction_isolation=" + isolation.replace(" ", "\\ ")
     url = f"{POSTGRES_URL}?options={quote(setting)}"
     ran: list[int] = []
-    engine = Engine.open(url, schema=pg_schema, poll_interval=0.05)
+    engine = build(url, schema=pg_schema, poll_interval=0.05).engine
     engine.queue("q", concurrency=1)
     engine.register("job", lambda ctx, n: ran.append(n) or n, queue="q")
     looks = Looks(engine)
@@ -445,7 +445,7 @@ def test_an_engine_whose_clock_is_an_hour_ahead_of_the_server_says_so_once(
     offset = [3600.0]
     clock = Clock(wall=lambda: time.time() + offset[0])
     options = Options(lease=0.9, clock=clock)  # a heartbeat every 0.3 s
-    engine = Engine(PostgresStore(POSTGRES_URL, "full", schema=pg_schema), options)
+    engine = engine_on(PostgresStore(POSTGRES_URL, "full", schema=pg_schema), options)
     beats = Looks(engine, "heartbeat")
     with engine:
         [ahead] = _skews(caplog)  # at start
@@ -462,7 +462,7 @@ def test_an_engine_whose_clock_is_an_hour_ahead_of_the_server_says_so_once(
         beats.twice_more()
         [_, changed] = _skews(caplog)
         assert abs(changed - 3602.5) < 1
-    on_file = Engine(SQLiteStore(tmp_path / "db", "full"), options)
+    on_file = engine_on(SQLiteStore(tmp_path / "db", "full"), options)
     beats = Looks(on_file, "heartbeat")
     with on_file:
         beats.twice_more()

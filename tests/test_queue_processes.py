@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from conftest import POSTGRES_URL
-from helpers import query
+from helpers import build, query
 
 TESTS = Path(__file__).resolve().parent
 INSTANCES = 200
@@ -45,7 +45,7 @@ def test_four_processes_never_pass_the_queues_limits_and_run_everything_once(
     sys.path.insert(0, str(TESTS))
     from _queue_app import make
 
-    web = make(queues=())  # enqueues only, like a web process
+    web = make(lambda *args, **o: build(*args, **o).engine, queues=())  # enqueues only
     web.start()
     workers: list[subprocess.Popen[bytes]] = []
     most_running, starts, done = 0, {}, 0
