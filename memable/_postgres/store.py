@@ -17,8 +17,6 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
-import psycopg
-
 from .._records import StatusName, StepRecord
 from .._store import liveness as _liveness
 from .._store.protocol import Synchronous
@@ -48,7 +46,7 @@ from .._store.sql import retention as retention_sql
 from .._store.sql import schedules as schedules_sql
 from .._store.sql.reads import OperatorReads
 from . import schema as schema_
-from .connections import Connections
+from .connections import Connection, Connections
 from .listener import Changed, Listener
 from .transaction import PostgresTransaction
 
@@ -114,7 +112,7 @@ class PostgresStore(OperatorReads):
                                           claim=claim),
             workflow, instance_id)
 
-    def _tx(self, conn: psycopg.Connection[Any]) -> PostgresTransaction:
+    def _tx(self, conn: Connection) -> PostgresTransaction:
         return PostgresTransaction(conn, self.owner, self.channel)
 
     def save_step(self, write: StepWrite) -> None:
@@ -208,7 +206,7 @@ class PostgresStore(OperatorReads):
         # children are locked next, and the rules read again (``sql.retention``). A
         # retry after a lost commit purges the next batch, or finds this one gone:
         # either is fine. Leases are judged by the server's clock.
-        def purge_them(conn: psycopg.Connection[Any]) -> int:
+        def purge_them(conn: Connection) -> int:
             return retention_sql.purge_batch(self._tx(conn), completed_before, limit, now)
 
         return self._run("purge a batch of finished instances", purge_them)
@@ -282,7 +280,7 @@ class PostgresStore(OperatorReads):
                             transaction=False):
             return Claimed()
 
-        def take(conn: psycopg.Connection[Any]) -> Claimed:
+        def take(conn: Connection) -> Claimed:
             return queue_sql.claim(
                 self._tx(conn), queue=queue, workflows=workflows, concurrency=concurrency,
                 per_process=per_process, rate=rate, clock=clock, at=at, batch=batch,

@@ -112,18 +112,20 @@ _CLAIMABLE: dict[Claim, str] = {
     "wake": WAKE,
     "recover": f"status = 'running' AND {_OWNER_FREE}",
 }
+#: The instance's row, locked, unless another transaction holds it (then no row): a
+#: wake-up or a recovery passes over it (SQLite: none is, writers take turns).
+_UNLESS_HELD = (
+    "(workflow, instance_id) IN (SELECT workflow, instance_id FROM instances "
+    "WHERE workflow = :workflow AND instance_id = :instance_id{skip_locked})"
+)
 #: The claim itself: the instance's row as it writes it, if it may take it.
 _TAKE: dict[Claim, str] = {
     claim: f"UPDATE instances SET {CLAIM_SET} WHERE workflow = :workflow "
     f"AND instance_id = :instance_id AND {claimable} "
-    f"RETURNING {', '.join(INSTANCE_COLUMNS)}"
+    + ("" if claim == "resume" else f"AND {_UNLESS_HELD} ")
+    + f"RETURNING {', '.join(INSTANCE_COLUMNS)}"
     for claim, claimable in _CLAIMABLE.items()
 }
-#: The instance's row, locked, unless another transaction holds it (then no row).
-_UNLESS_HELD = (
-    "SELECT 1 FROM instances WHERE workflow = :workflow AND instance_id = :instance_id"
-    "{skip_locked}"
-)
 
 
 def create(tx: Transaction, row: InstanceRow, start_at: float | None = None) -> bool:
@@ -190,9 +192,6 @@ def begin_run(
     counts that step's lost execution (``COUNT_LOST``) in the same transaction.
     """
     where = {"workflow": workflow, "instance_id": instance_id}
-    if (claim != "resume" and tx.dialect.row_locks
-            and tx.execute(_UNLESS_HELD, where).fetchone() is None):
-        return None  # held by another transaction (SQLite: none is, writers take turns)
     found = tx.execute(_TAKE[claim], {
         **where, "me": tx.owner, "at": now, "claim": claim,
         "now": datetime.fromisoformat(now).timestamp(),  # the engine's clock (SQLite)

@@ -325,8 +325,8 @@ def resume_failure(
 def set_traceparent(tx: Transaction, workflow: str, instance_id: str, traceparent: str) -> None:
     """Leave the trace context ``traceparent`` for the instance's next run (one statement:
     run again, it writes the same)."""
-    tx.execute(SET_TRACEPARENT, {"workflow": workflow, "instance_id": instance_id,
-                                 "traceparent": traceparent})
+    tx.write(SET_TRACEPARENT, {"workflow": workflow, "instance_id": instance_id,
+                               "traceparent": traceparent})
 
 
 #: The key of a delayed start (``invoke(start_at=)``): an engine's timer step, waited on

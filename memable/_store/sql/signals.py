@@ -61,7 +61,7 @@ def deliver(tx: Transaction, write: StepWrite, traceparent: str | None = None) -
             f"it is {status}" + ("; resume it instead" if status == "failed" else ""),
         )
     where = {"workflow": workflow, "instance_id": instance_id, "key": key}
-    tx.execute(timers.DROP, where)
+    tx.write(timers.DROP, where)
     stored = tx.execute(SELECT_STEP, where).fetchone()
     if stored is not None:
         step = stored_step(stored)
@@ -76,8 +76,8 @@ def deliver(tx: Transaction, write: StepWrite, traceparent: str | None = None) -
         seq = step.seq
     else:  # not reached yet: after every step until the run reaches it
         seq = UNREACHED
-    tx.execute(_STORE, {**where, "seq": seq, "result": write.result,
-                        "result_type": write.result_type, "at": write.at})
+    tx.write(_STORE, {**where, "seq": seq, "result": write.result,
+                      "result_type": write.result_type, "at": write.at})
     if traceparent is not None:  # in the signal's transaction
         set_traceparent(tx, workflow, instance_id, traceparent)
     tx.notify("signal", workflow, instance_id)

@@ -92,7 +92,7 @@ def suspend(
             if row is not None:
                 timers.fire_key(tx, workflow, instance_id, key, waiting.at)
             elif waiting.kind != "step":  # never armed: store it fired (or timed out)
-                tx.execute(UPSERT_STEP, step_params(fired_now(waiting), tx.owner))
+                tx.write(UPSERT_STEP, step_params(fired_now(waiting), tx.owner))
             # (a retry backoff already over: the next attempt goes on now)
             ready = True
         elif row is None:
@@ -101,7 +101,7 @@ def suspend(
     # retry backoff's failed row turns waiting either way. The timer statements above
     # touch no row of another kind than a timer's or a suspend point's.
     if waiting.kind == "step" or not ready:
-        tx.execute(INSERT_WAITING, step_params(waiting, tx.owner))
+        tx.write(INSERT_WAITING, step_params(waiting, tx.owner))
     if ready:  # go on at once: the instance stays running, and ours
         return _go_on(tx, workflow, instance_id)
     return _suspended(tx, waiting, message, None, armed)
@@ -112,11 +112,10 @@ def _go_on(tx: Transaction, workflow: str, instance_id: str) -> Suspend:
 
     Nothing here changes an owner or a status: the instance stays running and
     this engine's. So the transaction may commit without waiting for its flush
-    (``Dialect.relaxed_commit``): the run's next write commits durably and
+    (``Transaction.relax_commit``): the run's next write commits durably and
     makes this durable too.
     """
-    if tx.dialect.relaxed_commit:
-        tx.execute(tx.dialect.relaxed_commit)
+    tx.relax_commit()
     where = {"workflow": workflow, "instance_id": instance_id}
     instance = tx.execute(_SELECT_INSTANCE, where).fetchone()
     memo = {s[0]: stored_step(s) for s in tx.execute(SELECT_RUN_STEPS, where).fetchall()}

@@ -70,8 +70,8 @@ _NEXT_DEADLINE = f"SELECT (SELECT MIN(deadline) FROM timers), ({NEXT_TIMEOUT})"
 def arm(tx: Transaction, workflow: str, instance_id: str, key: str, deadline: float) -> None:
     """Arm the key's deadline, and tell the engines watching the store (their timer
     threads wait for it)."""
-    tx.execute(ARM, {"workflow": workflow, "instance_id": instance_id, "key": key,
-                     "deadline": deadline})
+    tx.write(ARM, {"workflow": workflow, "instance_id": instance_id, "key": key,
+                   "deadline": deadline})
     tx.notify("timer", workflow, instance_id)
 
 
@@ -89,7 +89,7 @@ def fire_key(
         claimed = tx.execute(_DROP_DUE, {**where, "now": due_by}).rowcount
     if not claimed:
         return False
-    tx.execute(_FIRE, {**where, "at": at})
+    tx.write(_FIRE, {**where, "at": at})
     return True
 
 
