@@ -116,8 +116,12 @@ class PostgresStore(OperatorReads):
         return PostgresTransaction(conn, self.owner, self.channel)
 
     def save_step(self, write: StepWrite) -> None:
+        # One statement for a completed step: run again, it finds the row it wrote and
+        # refuses nothing. Another outcome (a failed attempt) counts an attempt, again if
+        # run again: a transaction, whose lost commit the server decides.
         self._run("store the step", lambda conn: steps.save(self._tx(conn), write),
-                  write.workflow, write.instance_id, write.key, transaction=False)
+                  write.workflow, write.instance_id, write.key,
+                  transaction=write.state != "completed")
 
     def check_run(self, workflow: str, instance_id: str) -> StatusName:
         return self._run("check the run",
