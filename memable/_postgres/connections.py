@@ -119,9 +119,31 @@ class Opening:
     def execute(
         self, conn: psycopg.Connection[Any], sql: str, params: Mapping[str, Any] | None
     ) -> psycopg.Cursor[Any]:
-        """Run ``sql`` in this transaction: with its ``BEGIN`` if it is the first."""
+        """Run ``sql`` in this transaction: with what waits, and its ``BEGIN`` if it is
+        the first, in one round trip."""
         if self.begun and not self.later:
             return conn.execute(sql, params)
+        return self._send(conn, sql, params)
+
+    def execute_each(
+        self, conn: psycopg.Connection[Any], statements: list[tuple[str, Mapping[str, Any]]]
+    ) -> list[list[Any]]:
+        """Run each of ``statements`` in this transaction (with what waits, and its
+        ``BEGIN`` if they are the first), in one round trip; each one's rows."""
+        binder = psycopg.ClientCursor(conn)
+        texts = [binder.mogrify(sql, params) for sql, params in statements]
+        cursor = self._send(conn, "; ".join(texts), None)
+        rows = [cursor.fetchall()]
+        for _ in texts[1:]:
+            cursor.nextset()
+            rows.append(cursor.fetchall())
+        return rows
+
+    def _send(
+        self, conn: psycopg.Connection[Any], sql: str, params: Mapping[str, Any] | None
+    ) -> psycopg.Cursor[Any]:
+        """Send what waits, then ``sql`` (after the ``BEGIN`` if nothing was sent yet), in
+        one round trip; the cursor at ``sql``'s (first) result."""
         # Several statements in one round trip: the parameters are bound here, not by
         # the server (the bound ones' ``%`` escaped for that).
         before = "".join(f"{text}; " for text in self.later)

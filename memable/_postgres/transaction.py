@@ -44,6 +44,12 @@ class PostgresTransaction:
             return self._conn.execute(POSTGRESQL.spell(template), params)
         return opening.execute(self._conn, POSTGRESQL.spell(template), params)
 
+    def execute_each(self, *statements: tuple[str, Mapping[str, Any]]) -> list[list[Any]]:
+        if self._opening is None:
+            return [self.execute(template, params).fetchall() for template, params in statements]
+        return self._opening.execute_each(
+            self._conn, [(POSTGRESQL.spell(template), params) for template, params in statements])
+
     def write(self, template: str, params: Mapping[str, Any]) -> None:
         opening = self._opening
         if opening is None or not opening.begun:  # (the BEGIN goes with a statement now)

@@ -6,10 +6,12 @@ fork, retention, owners and leases) is one function of a ``Transaction``,
 written once. Both stores implement the interface, each on its own
 connection, and so can a connection an application hands in.
 
-A body runs statements (``execute``; ``write`` for one whose result it does
-not read, which may share the next one's round trip), locks an instance's row before it
-decides on it (``lock_instance``), and tells other engines of a change
-(``notify``: sent when the transaction commits, and never if it rolls back).
+A body runs statements (``execute``; ``execute_each`` for several whose rows
+it reads, in one round trip where the store can; ``write`` for one whose
+result it does not read, which may share the next one's round trip), locks
+an instance's row before it decides on it (``lock_instance``), and tells
+other engines of a change (``notify``: sent when the transaction commits,
+and never if it rolls back; ``relax_commit`` for a write a crash may undo).
 Statements name their parameters ``:name``; the few words each dialect
 spells differently are written ``{word}`` (see ``Dialect``) and spelled by
 the transaction.
@@ -135,6 +137,12 @@ class Transaction(Protocol):
 
     def executemany(self, template: str, params: Iterable[Mapping[str, Any]]) -> None:
         """Run one statement once per set of parameters, in this transaction."""
+        ...
+
+    def execute_each(self, *statements: tuple[str, Mapping[str, Any]]) -> list[list[Any]]:
+        """Run each ``(template, params)`` in order, in this transaction, and give each
+        one's rows: in one round trip where the store can (each statement still sees
+        what those before it did, and what committed before it began)."""
         ...
 
     def write(self, template: str, params: Mapping[str, Any]) -> None:

@@ -192,20 +192,21 @@ def begin_run(
     counts that step's lost execution (``COUNT_LOST``) in the same transaction.
     """
     where = {"workflow": workflow, "instance_id": instance_id}
-    found = tx.execute(_TAKE[claim], {
+    # The steps are read by a statement of their own, after the claim took the row: it
+    # sees every step the previous owner committed, and that owner can write no more.
+    # (Read in the claim's round trip, though a claim that takes nothing discards them.)
+    taken, steps = tx.execute_each((_TAKE[claim], {
         **where, "me": tx.owner, "at": now, "claim": claim,
         "now": datetime.fromisoformat(now).timestamp(),  # the engine's clock (SQLite)
-    }).fetchone()
-    if found is None:
+    }), (SELECT_RUN_STEPS, where))
+    if not taken:
         return None
-    instance = instance_row(INSTANCE_COLUMNS, found)
+    instance = instance_row(INSTANCE_COLUMNS, taken[0])
     if instance.lost_owner is not None and instance.lost_step is not None:
         tx.execute(COUNT_LOST, {**where, "key": instance.lost_step,
                                 "lost_by": instance.lost_by})
+        steps = tx.execute(SELECT_RUN_STEPS, where).fetchall()  # with the lost execution
     if instance.status == "queued":  # it waits for a slot: nothing to run yet
         tx.notify("queued", workflow, instance_id)
         return RunSnapshot(instance, {})
-    # A statement of its own, after the claim took the row: it sees every step the
-    # previous owner committed, and that owner can write no more.
-    steps = tx.execute(SELECT_RUN_STEPS, where).fetchall()
     return RunSnapshot(instance, {step[0]: stored_step(step) for step in steps})

@@ -78,15 +78,17 @@ def suspend(
             return _go_on(tx, workflow, instance_id)
         return _suspended(tx, waiting, message, int(pending), None)
     where = {"workflow": workflow, "instance_id": instance_id, "key": key}
-    stored = tx.execute(SELECT_STEP, where).fetchone()
-    step = None if stored is None else stored_step(stored)
+    # The key's row, and the deadline armed for it if it may have one.
+    found, *armed_rows = tx.execute_each(
+        (SELECT_STEP, where), *([] if deadline is None else [(timers.ARMED, where)]))
+    step = stored_step(found[0]) if found else None
     if step is not None and step.kind != waiting.kind:
         raise key_taken(workflow, instance_id, key, step.kind, waiting.kind)
     ready = step is not None and settled(step.kind, step.state)
     armed = None
     if not ready and deadline is not None:
         # The first arming sets the deadline; runs after it do not move it.
-        row = tx.execute(timers.ARMED, where).fetchone()
+        row = armed_rows[0][0] if armed_rows[0] else None
         armed = deadline if row is None else float(row[0])
         if armed <= now:  # due already: fire it here, no timer thread needed
             if row is not None:
@@ -117,9 +119,10 @@ def _go_on(tx: Transaction, workflow: str, instance_id: str) -> Suspend:
     """
     tx.relax_commit()
     where = {"workflow": workflow, "instance_id": instance_id}
-    instance = tx.execute(_SELECT_INSTANCE, where).fetchone()
-    memo = {s[0]: stored_step(s) for s in tx.execute(SELECT_RUN_STEPS, where).fetchall()}
-    return Suspend("ready", snapshot=RunSnapshot(instance_row(INSTANCE_COLUMNS, instance), memo))
+    instance, steps = tx.execute_each((_SELECT_INSTANCE, where), (SELECT_RUN_STEPS, where))
+    memo = {s[0]: stored_step(s) for s in steps}
+    return Suspend("ready",
+                   snapshot=RunSnapshot(instance_row(INSTANCE_COLUMNS, instance[0]), memo))
 
 
 def _suspended(
