@@ -5,7 +5,9 @@ freezegun moves it in tests. ``monotonic()`` measures how long a caller has
 waited: it reads the OS clock directly where it can, so a frozen test still
 times out. An engine reads both through its ``Clock``; a test may give it
 another one (``Options.clock``) instead of patching call stacks. Every time
-an engine stores comes from its clock, as ISO 8601 in UTC (``utc_text``); the
+an engine stores comes from its clock: it passes the store epoch seconds
+(``wall()``, a ``float``: the one type of a time in the store protocol), and
+the store writes ISO 8601 in UTC (``iso_utc``) where a column holds text; the
 operator paths with no engine (the command line, a dashboard on a store alone)
 name ``SYSTEM_CLOCK`` where they start.
 

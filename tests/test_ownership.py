@@ -55,7 +55,7 @@ def _step(key: str, result: str, kind: str = "step") -> StepWrite:
     return StepWrite(
         workflow="wf", instance_id="i", key=key, seq=0, kind=kind,  # type: ignore[arg-type]
         state="completed", result=result, result_type=None, status=None, error=None,
-        at=_now(), started=_now(),
+        at=time.time(), started=time.time(),
     )
 
 
@@ -66,7 +66,7 @@ def test_a_step_write_of_an_engine_that_lost_its_instance_is_refused(
     a, b = two_engines
     _instance(a, "i")
     a._store.save_step(_step("first", "1"))
-    assert b._store.begin_run("wf", "i", now=_now(), claim="resume") is not None
+    assert b._store.begin_run("wf", "i", now=time.time(), claim="resume") is not None
     with pytest.raises(LostInstance) as lost:
         a._store.save_step(_step("second", "2"))
     assert lost.value.args == ("wf", "i")
@@ -91,7 +91,7 @@ def test_placing_a_signal_is_the_owners_alone(two_engines: tuple[Engine, Engine]
         return [None if row is None else row.seq for row in rows]
 
     a._store.place_signal("wf", "i", "k1", 3)
-    assert b._store.begin_run("wf", "i", now=_now(), claim="resume") is not None
+    assert b._store.begin_run("wf", "i", now=time.time(), claim="resume") is not None
     with pytest.raises(LostInstance):
         a._store.place_signal("wf", "i", "k2", 4)
     assert seqs() == [3, UNREACHED]
@@ -106,9 +106,9 @@ def test_a_run_check_by_an_engine_that_lost_its_instance_raises_lost_instance(
     a, b = two_engines
     _instance(a, "i")
     assert a._store.check_run("wf", "i") == "running"
-    assert b._store.begin_run("wf", "i", now=_now(), claim="resume") is not None
+    assert b._store.begin_run("wf", "i", now=time.time(), claim="resume") is not None
     assert b._store.check_run("wf", "i") == "running"
-    a._store.cancel("wf", "i", now=_now())
+    a._store.cancel("wf", "i", now=time.time())
     assert b._store.check_run("wf", "i") == "cancelled"
     for store, instance_id in [(a._store, "i"), (b._store, "missing")]:
         with pytest.raises(LostInstance) as lost:

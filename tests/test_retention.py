@@ -50,7 +50,7 @@ class Batches:
         store = engine._store
         inner = store.purge_batch
 
-        def purge_batch(completed_before: str, limit: int, now: float) -> int:
+        def purge_batch(completed_before: float, limit: int, now: float) -> int:
             deleted = inner(completed_before, limit, now)
             with self._cond:
                 self.calls.append((limit, deleted))
@@ -614,7 +614,7 @@ def test_a_one_off_purge_lets_another_engine_write_between_its_batches(
     monkeypatch.setattr(retention_sql, "purge_batch", first_batch_under_way)
     one_batch = purging._store.purge_batch
 
-    def purge_batch(completed_before: str, limit: int, now: float) -> int:
+    def purge_batch(completed_before: float, limit: int, now: float) -> int:
         deleted = one_batch(completed_before, limit, now)
         assert wrote.wait(30)  # the next batch once the other engine's writes went
         return deleted

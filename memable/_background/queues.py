@@ -20,7 +20,7 @@ import difflib
 from collections.abc import Callable
 from datetime import datetime
 
-from .._clock import Clock, utc_text
+from .._clock import Clock
 from .._log import log
 from .._observe.base import Telemetry
 from .._queues import Declarations, QueueSpec
@@ -112,7 +112,7 @@ class QueueConsumer:
             claimed = self._store.claim_queued(
                 queue.name, self._workflows, concurrency=queue.concurrency,
                 per_process=queue.per_process, rate=queue.rate, clock=self._clock.wall,
-                at=utc_text(self._clock), batch=min(free, BATCH), per_key=queue.per_key,
+                at=self._clock.wall(), batch=min(free, BATCH), per_key=queue.per_key,
             )
             now = self._clock.wall()
             for snapshot in claimed.snapshots:

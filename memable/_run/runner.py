@@ -264,7 +264,7 @@ class Runner:
         self.runs.submit(workflow, instance_id, fresh_input, traceparent=traceparent,
                          reason=reason)
 
-    def in_flight(self) -> list[tuple[str, str, str | None, str | None]]:
+    def in_flight(self) -> list[tuple[str, str, str | None, float | None]]:
         """(workflow, id, key, since) of each active run (``Runs.in_flight``)."""
         return self.runs.in_flight()
 

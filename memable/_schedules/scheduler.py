@@ -139,7 +139,7 @@ class Scheduler:
                     other = theirs.get(name)
                     if other is not None and len(other) == 2:
                         self._differs(spec, other[0], other[1], f"engine {owner.id}")
-            for row in store.declare_schedules(rows, at.isoformat()):
+            for row in store.declare_schedules(rows, now):
                 self._seen(row, at)
 
     def look(self, now: float) -> tuple[int, float | None]:

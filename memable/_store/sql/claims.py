@@ -27,8 +27,7 @@ second time beside the step still running).
 
 from __future__ import annotations
 
-from datetime import datetime
-
+from ..._clock import iso_utc
 from ..control import LostInstance, RunCancelled
 from ..liveness import OWNER_SUFFIX
 from ..rows import (
@@ -179,10 +178,10 @@ def start_children(tx: Transaction, waits: list[StepWrite], rows: list[InstanceR
 
 
 def begin_run(
-    tx: Transaction, workflow: str, instance_id: str, *, now: str, claim: Claim
+    tx: Transaction, workflow: str, instance_id: str, *, now: float, claim: Claim
 ) -> RunSnapshot | None:
     """Claim the instance for a run of this engine, as ``claim`` allows (see the module
-    docstring), at ``now`` (ISO 8601 text); None, and nothing written, if it is unknown,
+    docstring), at ``now`` (epoch seconds, UTC); None, and nothing written, if it is unknown,
     not claimable, or (a wake-up or recovery) another transaction holds it.
 
     The claim marks it running and owned and reads its input and steps; an
@@ -196,8 +195,8 @@ def begin_run(
     # sees every step the previous owner committed, and that owner can write no more.
     # (Read in the claim's round trip, though a claim that takes nothing discards them.)
     taken, steps = tx.execute_each((_TAKE[claim], {
-        **where, "me": tx.owner, "at": now, "claim": claim,
-        "now": datetime.fromisoformat(now).timestamp(),  # the engine's clock (SQLite)
+        **where, "me": tx.owner, "at": iso_utc(now), "claim": claim,
+        "now": now,  # the engine's clock (SQLite)
     }), (SELECT_RUN_STEPS, where))
     if not taken:
         return None

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..._clock import iso_utc
 from ..rows import Claimed, RunSnapshot, instance_row
 from ..transaction import Transaction
 from .instances import INSTANCE_COLUMNS
@@ -157,12 +158,13 @@ def claim(
     per_process: int | None,
     rate: tuple[int, float] | None,
     clock: Callable[[], float],
-    at: str,
+    at: float,
     batch: int,
     per_key: int | None = None,
 ) -> Claimed:
     """Claim up to ``batch`` queued instances of ``queue`` (of ``workflows``) within its limits
-    for this engine, each with its steps; none while the queue is paused.
+    for this engine, each with its steps, at ``at`` (epoch seconds, UTC); none while the
+    queue is paused.
 
     One claimer of the queue at a time, from its count to its claim (``_lock``);
     the instances taken are locked as they are read, passing over any another
@@ -196,7 +198,7 @@ def claim(
     taken: list[RunSnapshot] = []
 
     def take(workflow: str, instance_id: str) -> None:
-        one = {**where, "workflow": workflow, "instance_id": instance_id, "at": at}
+        one = {**where, "workflow": workflow, "instance_id": instance_id, "at": iso_utc(at)}
         row = tx.execute(TAKE, one).fetchone()
         if row is None:
             return
@@ -245,8 +247,9 @@ def queued(tx: Transaction, queue: str, workflows: list[str]) -> int:
     return 0 if row is None else int(row[0])
 
 
-def set_paused(tx: Transaction, queue: str, paused: bool, at: str) -> bool:
-    """Pause ``queue`` (at ``at``) or resume it; whether that changed its state.
+def set_paused(tx: Transaction, queue: str, paused: bool, at: float) -> bool:
+    """Pause ``queue`` (at ``at``: epoch seconds, UTC) or resume it; whether that changed
+    its state.
 
     Under the claims' lock (``_lock``): a claim under way commits first, and
     every later one reads the new state. A resume tells the queue's consumers,
@@ -254,7 +257,7 @@ def set_paused(tx: Transaction, queue: str, paused: bool, at: str) -> bool:
     """
     _lock(tx, queue)
     text = PAUSE if paused else RESUME
-    changed = tx.execute(text, {"queue": queue, "at": at}).rowcount == 1
+    changed = tx.execute(text, {"queue": queue, "at": iso_utc(at)}).rowcount == 1
     if changed and not paused:
         tx.notify("queued", None, queue)
     return changed

@@ -9,6 +9,7 @@ the key.
 
 from __future__ import annotations
 
+from ..._clock import iso_utc
 from ..._errors import InstanceFinished, InstanceNotFound, SignalRejected
 from ..control import LostInstance
 from ..rows import TERMINAL, UNREACHED, StepWrite
@@ -77,7 +78,7 @@ def deliver(tx: Transaction, write: StepWrite, traceparent: str | None = None) -
     else:  # not reached yet: after every step until the run reaches it
         seq = UNREACHED
     tx.write(_STORE, {**where, "seq": seq, "result": write.result,
-                      "result_type": write.result_type, "at": write.at})
+                      "result_type": write.result_type, "at": iso_utc(write.at)})
     if traceparent is not None:  # in the signal's transaction
         set_traceparent(tx, workflow, instance_id, traceparent)
     tx.notify("signal", workflow, instance_id)

@@ -10,6 +10,7 @@ engine's, and the run goes on with the steps stored.
 
 from __future__ import annotations
 
+from ..._clock import iso_utc
 from ..._errors import key_taken
 from ..control import LostInstance
 from ..rows import (
@@ -132,7 +133,7 @@ def _suspended(
     """The instance suspended on ``waiting.key`` and nobody's ("waiting", with the
     deadline ``armed``); "stopped" if it is no longer this engine's running one."""
     suspended = tx.execute(_SUSPENDED, {
-        "message": message, "key": waiting.key, "pending": pending, "at": waiting.at,
+        "message": message, "key": waiting.key, "pending": pending, "at": iso_utc(waiting.at),
         "workflow": waiting.workflow, "instance_id": waiting.instance_id, "me": tx.owner,
     }).rowcount
     if not suspended:  # cancelled meanwhile
