@@ -75,6 +75,19 @@ def iso_utc(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, timezone.utc).isoformat()
 
 
+def epoch_seconds(text: str) -> float:
+    """An ISO 8601 time with its offset (as stored, or as an operator gave it) as epoch
+    seconds, UTC: how such a time crosses the store protocol. ``iso_utc`` gives the
+    stored text back.
+
+    >>> epoch_seconds("2026-01-01T01:00:00+01:00")
+    1767225600.0
+    >>> iso_utc(epoch_seconds("2026-12-05T10:00:00.123456+00:00"))
+    '2026-12-05T10:00:00.123456+00:00'
+    """
+    return datetime.fromisoformat(text).timestamp()
+
+
 def utc_text(clock: Clock) -> str:
     """``clock``'s wall time as stored: ISO 8601 in UTC, with ``+00:00``.
 

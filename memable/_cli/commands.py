@@ -15,12 +15,12 @@ import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Any, NoReturn, TypeVar
 
 import click
 
-from .._clock import SYSTEM_CLOCK, utc, utc_text
+from .._clock import SYSTEM_CLOCK, iso_utc, utc
 from .._errors import EngineError, InstanceNotFound, StorageError
 from .._inspect import (
     CUT,
@@ -519,13 +519,13 @@ def resume(
                    f"{workflow!r} takes it within its poll interval")
 
 
-def _since(text: str | None) -> str | None:
-    """--since as stored ISO text (UTC): an aware ISO time, or an age like 12h back from
+def _since(text: str | None) -> float | None:
+    """--since as epoch seconds (UTC): an aware ISO time, or an age like 12h back from
     now; exit 2 for anything else."""
     if text is None:
         return None
     try:
-        return (utc(CLOCK) - timedelta(seconds=_duration(text))).isoformat()
+        return (utc(CLOCK) - timedelta(seconds=_duration(text))).timestamp()
     except click.BadParameter:
         pass
     try:
@@ -535,25 +535,25 @@ def _since(text: str | None) -> str | None:
     if moment is None or moment.tzinfo is None:
         _fail(f"--since: {text!r} is neither an ISO time with its offset "
               "(2026-12-01T00:00:00+00:00) nor an age like 12h or 7d")
-    return moment.astimezone(timezone.utc).isoformat()
+    return moment.timestamp()
 
 
 def _resume_failed(
-    db: str, schema: str | None, workflow: str, since: str | None, limit: int, yes: bool
+    db: str, schema: str | None, workflow: str, since: float | None, limit: int, yes: bool
 ) -> None:
     """Count the failed instances, confirm (unless ``yes``), resume exactly those: the
     ones that had failed when they were counted."""
+    shown = None if since is None else iso_utc(since)  # as stored: ISO 8601 in UTC
     with _store(db, schema) as store:
         if workflow not in store.workflows():
             raise_unknown(store, workflow, "")
-        until = utc_text(CLOCK)
-        found = store.failed_instances(workflow, since=since, until=until, limit=limit)
+        found = store.failed_instances(workflow, since=since, until=CLOCK.wall(), limit=limit)
         if not found:
             click.echo(f"no failed instance of {workflow!r}" + (
-                f" since {since}" if since else "") + ": nothing to resume")
+                f" since {shown}" if shown else "") + ": nothing to resume")
             return
         what = (f"{len(found)} failed instance{'' if len(found) == 1 else 's'} of "
-                f"{workflow!r}" + (f" (failed since {since})" if since else ""))
+                f"{workflow!r}" + (f" (failed since {shown})" if shown else ""))
         if not yes and not click.confirm(f"resume {what}?", err=True):
             click.echo("nothing resumed", err=True)
             sys.exit(1)

@@ -630,7 +630,7 @@ class Engine:
             raise ValueError(f"limit must be a whole number from 1, not {limit!r}")
         if since is not None and (not isinstance(since, datetime) or since.tzinfo is None):
             raise ValueError(f"since must be an aware datetime, not {since!r}")
-        at = None if since is None else since.astimezone(dt_timezone.utc).isoformat()
+        at = None if since is None else since.timestamp()
         resumed = admin.resume_failed(self._store, name, since=at, limit=limit,
                                       clock=self._runner.clock)
         for workflow, instance_id in resumed:

@@ -58,7 +58,7 @@ def resume_instance(store: OperatorStore, workflow: str, instance_id: str, *, cl
 
 def resume_failed(
     store: OperatorStore, workflow: str | None, *, id_prefix: str | None = None,
-    since: str | None = None, until: str | None = None, limit: int = 1000,
+    since: float | None = None, until: float | None = None, limit: int = 1000,
     counted: list[tuple[str, str, str]] | None = None, clock: Clock,
 ) -> list[tuple[str, str]]:
     """Resume the failed instances of a filter (see ``OperatorStore.failed_instances``: a child

@@ -72,12 +72,12 @@ class OperatorStore(Protocol):
 
     def failed_instances(
         self, workflow: str | None, *, id_prefix: str | None = None,
-        since: str | None = None, until: str | None = None, limit: int,
+        since: float | None = None, until: float | None = None, limit: int,
     ) -> list[tuple[str, str, str]]:
-        """(workflow, id, when it failed) of failed instances, oldest failure first,
-        optionally of one workflow, by id prefix, failed between ``since`` and ``until``;
-        at most ``limit``. A failed child whose failure was handled (its parent ended, or
-        raised ``ChildFailed`` for it) is not one of them."""
+        """(workflow, id, when it failed, as stored) of failed instances, oldest failure
+        first, optionally of one workflow, by id prefix, failed between ``since`` and
+        ``until`` (epoch seconds, UTC); at most ``limit``. A failed child whose failure was
+        handled (its parent ended, or raised ``ChildFailed`` for it) is not one of them."""
 
     def queue_names(self) -> list[str]:
         """The queues the store has instances of."""

@@ -19,7 +19,7 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
-from .._clock import SYSTEM_CLOCK, Clock
+from .._clock import SYSTEM_CLOCK, Clock, epoch_seconds
 from .._engine.engine import Engine
 from .._errors import (
     EngineError,
@@ -374,6 +374,7 @@ class _Page:
             return self.render("resume_failed.html", view=view)
         until = pages.confirmed_time(source.get("until"))
         resumed = admin.resume_failed(self.store, workflow, id_prefix=id_prefix,
-                                      until=until, limit=pages.BULK_LIMIT, clock=self.clock)
+                                      until=epoch_seconds(until), limit=pages.BULK_LIMIT,
+                                      clock=self.clock)
         return self.render("resumed.html", resumed=resumed, workflow=workflow,
                            id_prefix=id_prefix, until=until)
