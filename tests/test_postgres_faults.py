@@ -448,7 +448,8 @@ def test_a_failed_attempt_whose_answer_is_lost_counts_once(pg_schema: str) -> No
         store._db._pool = _LosingPool(store._db._pool, plan)  # type: ignore[assignment]
         store.save_step(StepWrite(
             workflow="wf", instance_id="i", key="k", seq=0, kind="step", state="failed",
-            result=None, result_type=None, status=None, error="boom", at=now, started=now))
+            result=None, result_type=None, status=None, error="boom", at=1796601600.0,
+            started=1796601600.0))
         assert plan["left"] == 0  # the answer was lost once
         stored = store.read_step("wf", "i", "k")
         assert stored is not None
