@@ -19,10 +19,10 @@ from .._background.timers import BackgroundThread
 from .._clock import Skew
 from .._errors import NotStarted
 from .._log import log, where
-from .._observe.base import QueueStats, Telemetry
+from .._observe.base import Telemetry
 from .._queues import QueueSpec
 from .._store.protocol import Store
-from .._store.rows import Claim, Ended, RunEnd, RunSnapshot, waited
+from .._store.rows import Claim, Ended, RunEnd, RunSnapshot
 from .invocation import Watch
 from .registry import Registry
 from .runs import Runs
@@ -103,16 +103,6 @@ class Claims:
         """A deadline was stored: the timer thread looks at the deadlines again."""
         if self.background is not None:
             self.background.armed()
-
-    def queue_stats(self, names: list[str]) -> list[QueueStats]:
-        """What the queue gauges show of the queues this engine consumes (the meter's
-        thread reads them)."""
-        now = self.clock.wall()
-        stats = []
-        for name in names:
-            queued, running, oldest = self._store.queue_stats(name, now)
-            stats.append(QueueStats(name, queued, running, waited(oldest, now) or 0.0))
-        return stats
 
     # ------------------------------------------------------------------ instances made here
 

@@ -21,7 +21,7 @@ from .._observe.base import RunReason, Telemetry
 from .._records import StatusName
 from .._states import Cancelled, Completed, Failed, Suspended, WorkflowState
 from .._store.control import LeaseLost, LostInstance, RunCancelled
-from .._store.protocol import Store
+from .._store.protocol import RunStore
 from .._store.rows import UNREACHED, Claim, InstanceRow, RunEnd, RunSnapshot, StepWrite
 from .._store.serde import decode_for, store_form
 from .attempts import traceback_of
@@ -60,7 +60,7 @@ class Runs:
         self,
         registry: Registry,
         lock: threading.Lock,
-        store: Store,
+        store: RunStore,
         telemetry: Telemetry,
         children: Children,
         *,
