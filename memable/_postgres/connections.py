@@ -133,10 +133,10 @@ class Opening:
         binder = psycopg.ClientCursor(conn)
         texts = [binder.mogrify(sql, params) for sql, params in statements]
         cursor = self._send(conn, "; ".join(texts), None)
-        rows = [cursor.fetchall()]
+        rows = [rows_read(cursor)]
         for _ in texts[1:]:
             cursor.nextset()
-            rows.append(cursor.fetchall())
+            rows.append(rows_read(cursor))
         return rows
 
     def _send(
@@ -160,6 +160,11 @@ class Opening:
             cursor.nextset()
         self.later.clear()
         return cursor
+
+
+def rows_read(cursor: psycopg.Cursor[Any]) -> list[Any]:
+    """The rows of the statement ``cursor`` is at: none for one that reads none."""
+    return [] if cursor.description is None else cursor.fetchall()
 
 
 class Connection(psycopg.Connection[Any]):

@@ -16,7 +16,7 @@ import psycopg
 from psycopg import sql
 
 from .._store.transaction import LOCK_INSTANCE, POSTGRESQL, Cursor, Dialect
-from .connections import Opening
+from .connections import Opening, rows_read
 from .listener import payload
 
 #: What ``relax_commit`` sends with the ``COMMIT``: its flush is not waited for.
@@ -46,7 +46,8 @@ class PostgresTransaction:
 
     def execute_each(self, *statements: tuple[str, Mapping[str, Any]]) -> list[list[Any]]:
         if self._opening is None:
-            return [self.execute(template, params).fetchall() for template, params in statements]
+            return [rows_read(self._conn.execute(POSTGRESQL.spell(template), params))
+                    for template, params in statements]
         return self._opening.execute_each(
             self._conn, [(POSTGRESQL.spell(template), params) for template, params in statements])
 

@@ -141,8 +141,10 @@ class Transaction(Protocol):
 
     def execute_each(self, *statements: tuple[str, Mapping[str, Any]]) -> list[list[Any]]:
         """Run each ``(template, params)`` in order, in this transaction, and give each
-        one's rows: in one round trip where the store can (each statement still sees
-        what those before it did, and what committed before it began)."""
+        one's rows (none for a statement that reads none): in one round trip where the
+        store can. Each statement still sees what those before it did, and what
+        committed before it began: a lock taken by one holds for those after it (and
+        a body that then refuses raises, which undoes them)."""
         ...
 
     def write(self, template: str, params: Mapping[str, Any]) -> None:

@@ -22,7 +22,7 @@ from ..rows import (
     settled,
     step_params,
 )
-from ..transaction import Transaction
+from ..transaction import LOCK_INSTANCE, Transaction
 from . import timers
 from .children import PENDING_IN_GROUP
 from .instances import INSERT_WAITING, INSTANCE_COLUMNS
@@ -64,7 +64,13 @@ def suspend(
     none is.
     """
     workflow, instance_id, key = waiting.workflow, waiting.instance_id, waiting.key
-    state = tx.lock_instance(workflow, instance_id)
+    where = {"workflow": workflow, "instance_id": instance_id, "key": key}
+    # In one round trip where the store can: the lock, then the key's row and the
+    # deadline armed for it if it may have one (a group has no row of its own).
+    reads = [] if waiting.kind == "children" else [
+        (SELECT_STEP, where), *([] if deadline is None else [(timers.ARMED, where)])]
+    locked, *read = tx.execute_each((LOCK_INSTANCE, where), *reads)
+    state = locked[0] if locked else None
     if state is None or state[1] != tx.owner:
         raise LostInstance(workflow, instance_id)
     if state[0] != "running":  # cancelled meanwhile: arm nothing, write nothing
@@ -78,10 +84,7 @@ def suspend(
         if not pending:
             return _go_on(tx, workflow, instance_id)
         return _suspended(tx, waiting, message, int(pending), None)
-    where = {"workflow": workflow, "instance_id": instance_id, "key": key}
-    # The key's row, and the deadline armed for it if it may have one.
-    found, *armed_rows = tx.execute_each(
-        (SELECT_STEP, where), *([] if deadline is None else [(timers.ARMED, where)]))
+    found, *armed_rows = read
     step = stored_step(found[0]) if found else None
     if step is not None and step.kind != waiting.kind:
         raise key_taken(workflow, instance_id, key, step.kind, waiting.kind)
