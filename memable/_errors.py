@@ -15,16 +15,9 @@ if TYPE_CHECKING:
 def _where(
     workflow: str | None, instance_id: str | None, key: str | None, part: str | None
 ) -> str:
-    parts = []
-    if workflow is not None:
-        parts.append(f"workflow {workflow!r}")
-    if instance_id is not None:
-        parts.append(f"instance {instance_id!r}")
-    if key is not None:
-        parts.append(f"step {key!r}")
-    if part is not None:
-        parts.append(part)
-    return ", ".join(parts)
+    named = (("workflow", workflow), ("instance", instance_id), ("step", key))
+    parts = [f"{what} {value!r}" for what, value in named if value is not None]
+    return ", ".join(parts if part is None else [*parts, part])
 
 
 class EngineError(Exception):
@@ -208,11 +201,7 @@ class InvalidKey(EngineError):
     """
 
     def __init__(
-        self,
-        key: object,
-        why: str,
-        *,
-        workflow: str | None = None,
+        self, key: object, why: str, *, workflow: str | None = None,
         instance_id: str | None = None,
     ) -> None:
         super().__init__(
