@@ -16,6 +16,8 @@ from __future__ import annotations
 import difflib
 import json
 import os
+from collections import Counter
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from typing import Any, NoReturn
 
@@ -114,11 +116,8 @@ def list_schedules(
     """
     rows = store.schedules()  # before the owners: an engine stores its owner row first
     now = clock.wall()
-    engines: dict[str, int] = {}
-    for owner in store.live_owners(now):
-        declared = Declarations.from_json(owner.declares)
-        for name in declared.schedules if declared is not None else {}:
-            engines[name] = engines.get(name, 0) + 1
+    engines = Counter(name for declared in _declarations(store, now)
+                      for name in declared.schedules)
     listed, notes = [], []
     for row in rows:
         try:
@@ -147,12 +146,6 @@ def _next_tick(row: ScheduleRow, now: datetime) -> str | None:
     return None if tick is None else tick_id(tick)
 
 
-def _seconds_between(start: str | None, end: str | None) -> float | None:
-    if start is None or end is None:
-        return None
-    return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
-
-
 def show_instance(
     store: OperatorStore, workflow: str, instance_id: str, *, full: bool = False, clock: Clock,
 ) -> dict[str, Any]:
@@ -178,7 +171,9 @@ def show_instance(
     }
     steps = [attrs.asdict(step) for step in found.steps]
     for step in steps:
-        step["duration"] = _seconds_between(step["started_at"], step["completed_at"])
+        start, end = step["started_at"], step["completed_at"]
+        step["duration"] = None if start is None or end is None else (
+            datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
         step["result"] = _decoded(step["result"])
     view["steps"] = steps
     running = row.status == "running"
@@ -274,13 +269,20 @@ def _limit_reached(
     return None
 
 
+def _declarations(store: OperatorStore, now: float) -> Iterator[Declarations]:
+    """What each running engine declares (stored with its owner row)."""
+    for owner in store.live_owners(now):
+        declared = Declarations.from_json(owner.declares)
+        if declared is not None:
+            yield declared
+
+
 def declared_queues(store: OperatorStore, now: float) -> dict[str, tuple[QueueSpec, int]]:
     """Each queue a running engine consumes: its limits as declared (declare a queue the
     same way everywhere: the first found), and how many running engines consume it."""
     found: dict[str, tuple[QueueSpec, int]] = {}
-    for owner in store.live_owners(now):
-        declared = Declarations.from_json(owner.declares)
-        for spec in declared.queues if declared is not None else []:
+    for declared in _declarations(store, now):
+        for spec in declared.queues:
             first, consumers = found.get(spec.name, (spec, 0))
             found[spec.name] = (first, consumers + 1)
     return found
@@ -289,14 +291,8 @@ def declared_queues(store: OperatorStore, now: float) -> dict[str, tuple[QueueSp
 def known_queues(store: OperatorStore, *, clock: Clock) -> list[str]:
     """The names of the queues the store knows, in order: those it has instances of,
     those a running engine consumes, and those stored as paused."""
-    return _queue_names(store, declared_queues(store, clock.wall()), store.paused_queues())
-
-
-def _queue_names(
-    store: OperatorStore, declared: dict[str, tuple[QueueSpec, int]], paused: dict[str, str | None]
-) -> list[str]:
-    """The queues the store has instances of, those ``declared`` and those ``paused``."""
-    return sorted(set(store.queue_names()) | set(declared) | set(paused))
+    declared = declared_queues(store, clock.wall())
+    return sorted(set(store.queue_names()) | set(declared) | set(store.paused_queues()))
 
 
 def list_queues(store: OperatorStore, *, clock: Clock) -> list[dict[str, Any]]:
@@ -312,7 +308,7 @@ def list_queues(store: OperatorStore, *, clock: Clock) -> list[dict[str, Any]]:
     declared = declared_queues(store, now)
     paused = store.paused_queues()
     listed = []
-    for name in _queue_names(store, declared, paused):
+    for name in sorted(set(store.queue_names()) | set(declared) | set(paused)):
         queued, running, oldest = store.queue_stats(name, now)
         spec, engines = declared.get(name, (None, 0))
         listed.append({

@@ -63,6 +63,14 @@ _SCHEMA = click.option(
 )
 
 
+def _instance(command: Callable[..., None]) -> Callable[..., None]:
+    """The arguments DB WORKFLOW ID that name one instance of a store."""
+    for argument in reversed((click.argument("db"), click.argument("workflow"),
+                              click.argument("instance_id", metavar="ID"))):
+        command = argument(command)
+    return command
+
+
 def _fail(message: str) -> NoReturn:
     click.echo(f"memable: error: {message}", err=True)
     sys.exit(2)
@@ -121,6 +129,12 @@ def _json(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False)
 
 
+def _guess(name: str, names: list[str]) -> str:
+    """``"; did you mean 'x'?"`` for the closest of ``names``, or ``""``."""
+    hint = did_you_mean(name, names)
+    return f"; {hint}" if hint else ""
+
+
 @click.group()
 @click.version_option(package_name="memable-engine")
 def main() -> None:
@@ -128,13 +142,8 @@ def main() -> None:
 
 
 @main.command()
-@click.option(
-    "--db",
-    "path",
-    default="memable-demo.db",
-    show_default=True,
-    help="Store to run the demo on (created if missing).",
-)
+@click.option("--db", "path", default="memable-demo.db", show_default=True,
+              help="Store to run the demo on (created if missing).")
 def demo(path: str) -> None:
     """Run a workflow whose second step fails once, then resume it."""
     try:
@@ -161,11 +170,9 @@ def list_command(
         names = store.workflows() if workflow is not None and not found else []
         known = [s.name for s in store.schedules()] if schedule is not None and not found else []
     if workflow is not None and not found and workflow not in names:
-        hint = did_you_mean(workflow, names)
-        _note(f"the store has no instance of workflow {workflow!r}{'; ' + hint if hint else ''}")
+        _note(f"the store has no instance of workflow {workflow!r}{_guess(workflow, names)}")
     if schedule is not None and not found and schedule not in known:
-        hint = did_you_mean(schedule, known)
-        _note(f"the store has no schedule {schedule!r}{'; ' + hint if hint else ''}")
+        _note(f"the store has no schedule {schedule!r}{_guess(schedule, known)}")
     if as_json:
         click.echo(_json(found))
         return
@@ -259,9 +266,8 @@ def _known_queue(store: OperatorStore, name: str) -> None:
     is on it, a running engine consumes it, or it is paused."""
     names = known_queues(store, clock=CLOCK)
     if name not in names:
-        hint = did_you_mean(name, names)
         _fail(f"the store knows no queue {name!r} (no instance is on it, no running engine "
-              f"consumes it){'; ' + hint if hint else ''}")
+              f"consumes it){_guess(name, names)}")
 
 
 @queue_group.command("pause")
@@ -418,9 +424,7 @@ def _show_text(view: dict[str, Any]) -> str:
 
 
 @main.command()
-@click.argument("db")
-@click.argument("workflow")
-@click.argument("instance_id", metavar="ID")
+@_instance
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON record.")
 @click.option("--full", is_flag=True, help=f"Print values longer than {CUT} characters whole.")
 @_SCHEMA
@@ -436,9 +440,7 @@ def show(
 
 # A payload such as -5 is JSON, not an option.
 @main.command(context_settings={"ignore_unknown_options": True})
-@click.argument("db")
-@click.argument("workflow")
-@click.argument("instance_id", metavar="ID")
+@_instance
 @click.argument("key")
 @click.argument("payload", metavar="JSON")
 @_SCHEMA
@@ -460,17 +462,14 @@ def signal(
     click.echo(f"signal {key} stored for {workflow}/{instance_id}")
     if key not in awaited:
         waits = f" (it waits on {', '.join(map(repr, awaited))})" if awaited else ""
-        hint = did_you_mean(key, awaited)
         _note(
             f"{workflow}/{instance_id} is not waiting on {key!r}{waits}; the value is kept "
-            f"for when the workflow reaches that key{'; ' + hint if hint else ''}"
+            f"for when the workflow reaches that key{_guess(key, awaited)}"
         )
 
 
 @main.command()
-@click.argument("db")
-@click.argument("workflow")
-@click.argument("instance_id", metavar="ID")
+@_instance
 @_SCHEMA
 def cancel(db: str, workflow: str, instance_id: str, schema: str | None) -> None:
     """Cancel an instance: it ends Cancelled at its next step boundary."""
@@ -563,9 +562,7 @@ def _resume_failed(
 
 
 @main.command()
-@click.argument("db")
-@click.argument("workflow")
-@click.argument("instance_id", metavar="ID")
+@_instance
 @click.option("--from", "from_key", metavar="KEY",
               help="Re-run from this step (default: after every completed step).")
 @click.option("--id", "new_id", metavar="NEW_ID",
@@ -589,13 +586,8 @@ def fork(
 
 @main.command()
 @click.argument("db")
-@click.option(
-    "--older-than",
-    "older_than",
-    required=True,
-    metavar="AGE",
-    help="Finished longer ago than this: a number with s, m, h or d (e.g. 30d).",
-)
+@click.option("--older-than", "older_than", required=True, metavar="AGE",
+              help="Finished longer ago than this: a number with s, m, h or d (e.g. 30d).")
 @_SCHEMA
 def purge(db: str, older_than: str, schema: str | None) -> None:
     """Delete finished (completed, failed, cancelled) instances older than AGE."""
@@ -616,23 +608,16 @@ def _grace(ctx: click.Context, param: click.Parameter, value: float) -> float:
 
 @main.command()
 @click.argument("spec", metavar="MODULE:ENGINE")
-@click.option(
-    "--threads", type=click.IntRange(min=1), help="Worker threads (default: the engine's)."
-)
-@click.option(
-    "--grace", type=float, default=30.0, show_default=True, callback=_grace,
-    help="Seconds to let runs in flight end after SIGINT or SIGTERM.",
-)
-@click.option(
-    "--queues", metavar="A,B",
-    help="The declared queues to consume, comma-separated ('' for none; default: the "
-    "engine's queues option).",
-)
-@click.option(
-    "--retention", metavar="AGE",
-    help="Purge instances finished longer ago than this, in the background: a number "
-    "with s, m, h or d, e.g. 30d (default: the engine's retention option).",
-)
+@click.option("--threads", type=click.IntRange(min=1),
+              help="Worker threads (default: the engine's).")
+@click.option("--grace", type=float, default=30.0, show_default=True, callback=_grace,
+              help="Seconds to let runs in flight end after SIGINT or SIGTERM.")
+@click.option("--queues", metavar="A,B",
+              help="The declared queues to consume, comma-separated ('' for none; default: "
+              "the engine's queues option).")
+@click.option("--retention", metavar="AGE",
+              help="Purge instances finished longer ago than this, in the background: a "
+              "number with s, m, h or d, e.g. 30d (default: the engine's retention option).")
 def worker(spec: str, threads: int | None, grace: float, queues: str | None,
            retention: str | None) -> None:
     """Run the engine MODULE:ENGINE until SIGINT or SIGTERM, logging each state change."""
@@ -651,7 +636,6 @@ def worker(spec: str, threads: int | None, grace: float, queues: str | None,
     except (EngineError, ValueError) as err:  # ValueError: a queue it does not declare
         _fail(str(err))
     raise SystemExit(status)
-
 
 
 @main.command()
