@@ -163,8 +163,7 @@ class OpenTelemetry(Telemetry):
     ) -> None:
         """Through the global providers, unless given others (a test's, say)."""
         self._own_tracing = tracer_provider is not None
-        self._tracer = (tracer_provider.get_tracer(SCOPE) if tracer_provider is not None
-                        else trace.get_tracer(SCOPE))
+        self._tracer = trace.get_tracer(SCOPE, tracer_provider=tracer_provider)
         meter = (meter_provider.get_meter(SCOPE) if meter_provider is not None
                  else metrics.get_meter(SCOPE))
         self._runs = meter.create_counter("memable.runs", "{run}", "Runs ended, by outcome")
