@@ -24,8 +24,7 @@ from .._run.invoking import NO_INPUT, new_instance
 from .._run.options import Options
 from .._run.runner import Runner
 from .._run.workflow import Made, Workflow
-from .._schedules.cron import tick_id
-from .._schedules.scheduler import Scheduler
+from .._schedules.scheduler import Scheduler, tick_instance
 from .._schedules.spec import CatchUp, Overlap, ScheduleSpec
 from .._store import admin
 from .._store.admin import cancel_instance, purge_finished, store_signal
@@ -929,13 +928,8 @@ def _check_tick_input(
     spec: ScheduleSpec, workflow: Workflow, queues: dict[str, QueueSpec], clock: Clock,
 ) -> None:
     """A tick's instance could be stored: the input given, or the tick, fits the workflow."""
-    sample = datetime(2000, 1, 1, tzinfo=dt_timezone.utc)
-    value = spec.input
-    if value is None:
-        value = sample if workflow.takes_input else NO_INPUT
     try:
-        new_instance(workflow, value, f"{spec.name}@{tick_id(sample)}", spec.queue, 0, queues,
-                     clock=clock)
+        tick_instance(spec, workflow, datetime(2000, 1, 1, tzinfo=dt_timezone.utc), queues, clock)
     except TypeError as exc:  # an input it does not take, or none where it needs one
         raise ValueError(f"input of schedule {spec.name!r}: {exc}") from None
     except SerializationError:

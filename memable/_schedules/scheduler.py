@@ -23,11 +23,12 @@ from typing import Any
 
 import attrs
 
+from .._clock import Clock
 from .._log import log, where
-from .._queues import Declarations
+from .._queues import Declarations, QueueSpec
 from .._run.invoking import NO_INPUT, new_instance
 from .._run.runner import Runner
-from .._run.workflow import Made
+from .._run.workflow import Made, Workflow
 from .._store.rows import InstanceRow, ScheduleRow, TickFiring
 from .cron import Cron, parse_tick, tick_id
 from .spec import CatchUp, ScheduleSpec
@@ -38,8 +39,7 @@ GRACE = 30.0
 CATCH_UP_ALL = 100
 #: Missed ticks are counted up to this many (a longer count says "at least").
 COUNT_AT_MOST = 100_000
-#: A store error while firing: the next try after this many seconds, doubling to the
-#: most.
+#: After a failed firing, the next try in this many seconds, doubling to the most.
 RETRY_FIRST, RETRY_MOST = 1.0, 60.0
 
 
@@ -258,21 +258,29 @@ class Scheduler:
                         spec.cron.zone, cron, zone, where)
 
     def _row(self, spec: ScheduleSpec, tick: datetime) -> tuple[InstanceRow, Any]:
-        """The instance of ``tick`` (running here, or queued) and its input as runs see it."""
-        workflow = self._runner.workflow(spec.workflow)
-        value = spec.input
-        if value is None:  # the tick, if the workflow takes an input
-            value = tick if workflow.takes_input else NO_INPUT
-        instance_id = f"{spec.name}@{tick_id(tick)}"
-        row, value = new_instance(workflow, value, instance_id, spec.queue, 0,
-                                  self._runner.queues, clock=self._runner.clock)
-        return attrs.evolve(row, schedule=spec.name), value
+        runner = self._runner
+        return tick_instance(spec, runner.workflow(spec.workflow), tick, runner.queues,
+                             runner.clock)
 
     def _seen(self, row: ScheduleRow, at: datetime) -> None:
         """What the store holds of a schedule (as of ``at``): plan from it; its next tick
         is the first after its start."""
         self._stored[row.name] = row
         self._next[row.name] = self._specs[row.name].cron.after(_start(row) or at)
+
+
+def tick_instance(
+    spec: ScheduleSpec, workflow: Workflow, tick: datetime, queues: dict[str, QueueSpec],
+    clock: Clock,
+) -> tuple[InstanceRow, Any]:
+    """The instance of ``tick`` (running here, or queued) and its input as runs see it: the
+    declared input, else the tick if the workflow takes an input."""
+    value = spec.input
+    if value is None:
+        value = tick if workflow.takes_input else NO_INPUT
+    row, value = new_instance(workflow, value, f"{spec.name}@{tick_id(tick)}", spec.queue, 0,
+                              queues, clock=clock)
+    return attrs.evolve(row, schedule=spec.name), value
 
 
 def _start(row: ScheduleRow) -> datetime | None:
