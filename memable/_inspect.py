@@ -17,7 +17,6 @@ import difflib
 import json
 import os
 from collections import Counter
-from collections.abc import Iterator
 from datetime import datetime, timezone
 from typing import Any, NoReturn
 
@@ -116,7 +115,8 @@ def list_schedules(
     """
     rows = store.schedules()  # before the owners: an engine stores its owner row first
     now = clock.wall()
-    engines = Counter(name for declared in _declarations(store, now)
+    owners = store.live_owners(now)
+    engines = Counter(name for declared in Declarations.all_of(o.declares for o in owners)
                       for name in declared.schedules)
     listed, notes = [], []
     for row in rows:
@@ -269,19 +269,11 @@ def _limit_reached(
     return None
 
 
-def _declarations(store: OperatorStore, now: float) -> Iterator[Declarations]:
-    """What each running engine declares (stored with its owner row)."""
-    for owner in store.live_owners(now):
-        declared = Declarations.from_json(owner.declares)
-        if declared is not None:
-            yield declared
-
-
 def declared_queues(store: OperatorStore, now: float) -> dict[str, tuple[QueueSpec, int]]:
     """Each queue a running engine consumes: its limits as declared (declare a queue the
     same way everywhere: the first found), and how many running engines consume it."""
     found: dict[str, tuple[QueueSpec, int]] = {}
-    for declared in _declarations(store, now):
+    for declared in Declarations.all_of(owner.declares for owner in store.live_owners(now)):
         for spec in declared.queues:
             first, consumers = found.get(spec.name, (spec, 0))
             found[spec.name] = (first, consumers + 1)

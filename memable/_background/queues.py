@@ -136,10 +136,9 @@ class QueueConsumer:
             return
         self._next_check = started + self._check_every
         consumed = {queue.name for queue in self._queues}  # ours, stored at start too
-        for owner in self._store.live_owners(self._clock.wall()):
-            declared = Declarations.from_json(owner.declares)
-            if declared is not None:
-                consumed.update(spec.name for spec in declared.queues)
+        owners = self._store.live_owners(self._clock.wall())
+        for declared in Declarations.all_of(owner.declares for owner in owners):
+            consumed.update(spec.name for spec in declared.queues)
         for name in self._store.queue_names():
             if name in consumed or name in self._named:
                 continue
