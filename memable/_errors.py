@@ -36,13 +36,8 @@ class EngineError(Exception):
     """
 
     def __init__(
-        self,
-        message: str,
-        *,
-        workflow: str | None = None,
-        instance_id: str | None = None,
-        key: str | None = None,
-        part: str | None = None,
+        self, message: str, *, workflow: str | None = None, instance_id: str | None = None,
+        key: str | None = None, part: str | None = None,
     ) -> None:
         where = _where(workflow, instance_id, key, part)
         super().__init__(f"{message}: {where}" if where else message)

@@ -79,16 +79,9 @@ class QueueConsumer:
     """
 
     def __init__(
-        self,
-        store: Store,
-        queues: list[QueueSpec],
-        workflows: list[str],
-        clock: Clock,
-        *,
-        capacity: Callable[[], int],
-        run: Callable[[RunSnapshot], None],
-        telemetry: Telemetry | None = None,
-        check_every: float = 15.0,
+        self, store: Store, queues: list[QueueSpec], workflows: list[str], clock: Clock, *,
+        capacity: Callable[[], int], run: Callable[[RunSnapshot], None],
+        telemetry: Telemetry | None = None, check_every: float = 15.0,
     ) -> None:
         self._telemetry = telemetry or Telemetry()  # how long each waited on its queue
         self._store = store

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import attrs
 
-from .._clock import Clock
+from .._clock import Clock, iso_utc
 from .._errors import InstanceFinished, InstanceNotFound, SerializationError, WorkflowNotFound
 from .._log import log, where
 from .._observe import telemetry
@@ -61,8 +61,7 @@ class Engine:
     def __init__(self, store: Store, options: Options) -> None:
         """Use ``Engine.in_memory``, ``Engine.open`` or ``Engine.builder`` instead."""
         self._store = store
-        # Spans and metrics, through OpenTelemetry if it is installed.
-        self._telemetry = telemetry()
+        self._telemetry = telemetry()  # through OpenTelemetry, if it is installed
         # The runner owns the lock, the registry, the runs and the threads.
         self._runner = Runner(store, options, self._telemetry)
         # Its declared schedules, fired at the timer thread's looks.
@@ -171,9 +170,7 @@ class Engine:
         """
         options = Options(max_workers, synchronous, poll_interval, lease, recover, retry, sleep,
                           queues=check_consumed(queues), retention=retention)
-        return EngineBuilder(
-            path=target, schema=schema, options=options, factory=Engine
-        ).build()
+        return EngineBuilder(path=target, schema=schema, options=options, factory=Engine).build()
 
     # ------------------------------------------------------------------ registry
 
@@ -410,12 +407,8 @@ class Engine:
             self.start()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         if exc_type is None:
             self.wait_all()
         self.close()
@@ -489,8 +482,7 @@ class Engine:
                                   concurrency_key=concurrency_key, clock=self._runner.clock)
         instance_id = row.instance_id
         if starts is not None:  # nobody's, waiting on its start timer
-            when = datetime.fromtimestamp(starts, dt_timezone.utc).isoformat()
-            row = attrs.evolve(row, status="suspended", message=f"starts at {when}",
+            row = attrs.evolve(row, status="suspended", message=f"starts at {iso_utc(starts)}",
                                waiting_for=START_KEY, queued_at=None)
         created = False
 
@@ -917,7 +909,6 @@ class Engine:
     ) -> Any:
         """The stored output of a Completed instance, rebuilt as its workflow returns it."""
         return decode_output(self._runner.workflows, workflow, instance_id, output, output_type)
-
 
     @property
     def _poll_interval(self) -> float:

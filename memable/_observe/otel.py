@@ -156,11 +156,8 @@ class OpenTelemetry(Telemetry):
                 cls._one = cls()
             return cls._one
 
-    def __init__(
-        self,
-        tracer_provider: trace.TracerProvider | None = None,
-        meter_provider: metrics.MeterProvider | None = None,
-    ) -> None:
+    def __init__(self, tracer_provider: trace.TracerProvider | None = None,
+                 meter_provider: metrics.MeterProvider | None = None) -> None:
         """Through the global providers, unless given others (a test's, say)."""
         self._own_tracing = tracer_provider is not None
         self._tracer = trace.get_tracer(SCOPE, tracer_provider=tracer_provider)

@@ -58,20 +58,11 @@ class Context:
     # a map share is in ``Attempts``, locked there.
 
     def __init__(
-        self,
-        *,
-        workflow: str,
-        instance_id: str,
-        input: Any,
-        store: RunStore,
-        memo: dict[str, StoredStep],
-        publish: Callable[[WorkflowState], None],
-        run: RunControl | None = None,
-        options: Options | None = None,
-        flight_lock: threading.Lock | None = None,
-        children: ChildHost | None = None,
-        stored_status: str | None = None,
-        trace: RunTrace | None = None,
+        self, *, workflow: str, instance_id: str, input: Any, store: RunStore,
+        memo: dict[str, StoredStep], publish: Callable[[WorkflowState], None],
+        run: RunControl | None = None, options: Options | None = None,
+        flight_lock: threading.Lock | None = None, children: ChildHost | None = None,
+        stored_status: str | None = None, trace: RunTrace | None = None,
         telemetry: Telemetry | None = None,
     ) -> None:
         options = options or Options()
