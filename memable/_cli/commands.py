@@ -280,11 +280,9 @@ def queue_pause(db: str, name: str, schema: str | None) -> None:
     with _store(db, schema) as store:
         _known_queue(store, name)
         changed = pause_queue(store, name, clock=CLOCK)
-    if changed:
-        click.echo(f"queue {name} paused: no engine starts another of its instances until "
-                   f"'memable queue resume' (runs in flight finish)")
-    else:
-        click.echo(f"queue {name} is paused already")
+    click.echo(f"queue {name} paused: no engine starts another of its instances until "
+               "'memable queue resume' (runs in flight finish)" if changed
+               else f"queue {name} is paused already")
 
 
 @queue_group.command("resume")
@@ -297,11 +295,9 @@ def queue_resume(db: str, name: str, schema: str | None) -> None:
     with _store(db, schema) as store:
         _known_queue(store, name)
         changed = resume_queue(store, name, clock=CLOCK)
-    if changed:
-        click.echo(f"queue {name} resumed: the engines that consume it start its queued "
-                   "instances (on PostgreSQL at once, on a file within their poll interval)")
-    else:
-        click.echo(f"queue {name} is not paused: nothing to resume")
+    click.echo(f"queue {name} resumed: the engines that consume it start its queued "
+               "instances (on PostgreSQL at once, on a file within their poll interval)"
+               if changed else f"queue {name} is not paused: nothing to resume")
 
 
 def _owner_cell(owner: dict[str, Any] | None) -> str | None:
