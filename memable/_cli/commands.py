@@ -176,18 +176,16 @@ def list_command(
     if as_json:
         click.echo(_json(found))
         return
-    click.echo(
-        _table(
-            ["WORKFLOW", "INSTANCE", "STATUS", "MESSAGE", "OWNER", "AGE", "CREATED", "UPDATED"],
-            [
-                [i["workflow"], i["instance_id"], i["status"],
-                 i["status_message"] if i["status"] == "running" else i["message"],
-                 _owner_cell(i["owner"]), _age(i["age_seconds"]),
-                 _short_time(i["created_at"]), _short_time(i["updated_at"])]
-                for i in found
-            ],
-        )
-    )
+    click.echo(_table(
+        ["WORKFLOW", "INSTANCE", "STATUS", "MESSAGE", "OWNER", "AGE", "CREATED", "UPDATED"],
+        [
+            [i["workflow"], i["instance_id"], i["status"],
+             i["status_message"] if i["status"] == "running" else i["message"],
+             _owner_cell(i["owner"]), _age(i["age_seconds"]),
+             _short_time(i["created_at"]), _short_time(i["updated_at"])]
+            for i in found
+        ],
+    ))
 
 
 @main.command()
@@ -207,17 +205,14 @@ def schedules(db: str, as_json: bool, schema: str | None) -> None:
     if not found:
         click.echo("no schedules: no engine has declared one on this store")
         return
-    click.echo(
-        _table(
-            ["SCHEDULE", "CRON", "ZONE", "WORKFLOW", "LAST", "NEXT", "SKIPPED", "MISSED",
-             "DECLARED"],
-            [
-                [s["name"], s["cron"], s["timezone"], s["workflow"], s["last_tick"],
-                 s["next_tick"], s["skipped"], s["missed"], _declared_cell(s["engines"])]
-                for s in found
-            ],
-        )
-    )
+    click.echo(_table(
+        ["SCHEDULE", "CRON", "ZONE", "WORKFLOW", "LAST", "NEXT", "SKIPPED", "MISSED", "DECLARED"],
+        [
+            [s["name"], s["cron"], s["timezone"], s["workflow"], s["last_tick"],
+             s["next_tick"], s["skipped"], s["missed"], _declared_cell(s["engines"])]
+            for s in found
+        ],
+    ))
 
 
 def _declared_cell(engines: int) -> str:
@@ -243,17 +238,15 @@ def queues_command(db: str, as_json: bool, schema: str | None) -> None:
         click.echo("no queues: no instance is on one, no running engine consumes one, and "
                    "none is paused")
         return
-    click.echo(
-        _table(
-            ["QUEUE", "QUEUED", "RUNNING", "PAUSED", "OLDEST", "LIMITS", "ENGINES"],
-            [
-                [q["name"], q["queued"], q["running"],
-                 f"since {_short_time(q['paused_at'])}" if q["paused"] else "no",
-                 _short_time(q["oldest_queued_at"]), limits_text(q["limits"]), q["engines"]]
-                for q in found
-            ],
-        )
-    )
+    click.echo(_table(
+        ["QUEUE", "QUEUED", "RUNNING", "PAUSED", "OLDEST", "LIMITS", "ENGINES"],
+        [
+            [q["name"], q["queued"], q["running"],
+             f"since {_short_time(q['paused_at'])}" if q["paused"] else "no",
+             _short_time(q["oldest_queued_at"]), limits_text(q["limits"]), q["engines"]]
+            for q in found
+        ],
+    ))
 
 
 @main.group("queue")
