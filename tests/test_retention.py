@@ -26,11 +26,12 @@ import sqlite_utils
 from helpers import FailsThenWaits, query, until, write
 
 from memable import ChildFailed, Context, Engine, MetadataStatus, WorkflowFailed
-from memable._background.retention import BATCH, Purger
+from memable._background.retention import Purger
 from memable._postgres.transaction import PostgresTransaction
 from memable._sqlite.schema import MIGRATIONS, SCHEMA_VERSION, switch_to_incremental_vacuum
 from memable._sqlite.store import SQLiteStore
 from memable._states import Cancelled, Completed, Failed, Suspended
+from memable._store.admin import PURGE_BATCH as BATCH
 from memable._store.sql import retention as retention_sql
 
 #: When the "old" instances finished: long before any retention here.

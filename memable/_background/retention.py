@@ -2,22 +2,21 @@
 
 ``Purger`` is a ``LoopThread`` of its own, named ``memable-retention``, so a
 long purge never delays the timer thread (due timers, the heartbeat that
-keeps this engine's lease). Each look purges in batches of at most ``BATCH``
-instances, one transaction each (``admin.purge_batches``), so a run's write
-waits at most one batch behind it; it goes on while a batch was full, and
-stops between batches when the engine stops. It knows nothing of the engine.
+keeps this engine's lease). Each look purges in batches of at most
+``admin.PURGE_BATCH`` instances, one transaction each (``admin.purge_batches``),
+so a run's write waits at most one batch behind it; it goes on while a batch
+was full, and stops between batches when the engine stops. It knows nothing
+of the engine.
 """
 
 from __future__ import annotations
 
 from .._clock import Clock, iso_utc
 from .._log import log
-from .._store.admin import PURGE_BATCH, purge_batches
+from .._store.admin import purge_batches
 from .._store.operator import OperatorStore
 from .loop import LoopThread
 
-#: Most instances one purge transaction deletes.
-BATCH = PURGE_BATCH
 #: Longest time between two looks, in seconds: a minute's lag is nothing against a
 #: retention of hours or days, and a look that finds nothing is one indexed read.
 EVERY = 60.0

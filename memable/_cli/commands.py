@@ -129,6 +129,20 @@ def _json(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False)
 
 
+def _records(
+    found: list[dict[str, Any]], as_json: bool, empty: str | None, headers: list[str],
+    row: Callable[[dict[str, Any]], list[object]],
+) -> None:
+    """Print ``found`` as JSON records, or as a table with a ``row`` each (``empty``, if
+    given, instead of a table without rows)."""
+    if as_json:
+        click.echo(_json(found))
+    elif empty is not None and not found:
+        click.echo(empty)
+    else:
+        click.echo(_table(headers, [row(record) for record in found]))
+
+
 def _guess(name: str, names: list[str]) -> str:
     """``"; did you mean 'x'?"`` for the closest of ``names``, or ``""``."""
     hint = did_you_mean(name, names)
@@ -173,19 +187,14 @@ def list_command(
         _note(f"the store has no instance of workflow {workflow!r}{_guess(workflow, names)}")
     if schedule is not None and not found and schedule not in known:
         _note(f"the store has no schedule {schedule!r}{_guess(schedule, known)}")
-    if as_json:
-        click.echo(_json(found))
-        return
-    click.echo(_table(
-        ["WORKFLOW", "INSTANCE", "STATUS", "MESSAGE", "OWNER", "AGE", "CREATED", "UPDATED"],
-        [
-            [i["workflow"], i["instance_id"], i["status"],
-             i["status_message"] if i["status"] == "running" else i["message"],
-             _owner_cell(i["owner"]), _age(i["age_seconds"]),
-             _short_time(i["created_at"]), _short_time(i["updated_at"])]
-            for i in found
-        ],
-    ))
+    _records(found, as_json, None, [
+        "WORKFLOW", "INSTANCE", "STATUS", "MESSAGE", "OWNER", "AGE", "CREATED", "UPDATED",
+    ], lambda i: [
+        i["workflow"], i["instance_id"], i["status"],
+        i["status_message"] if i["status"] == "running" else i["message"],
+        _owner_cell(i["owner"]), _age(i["age_seconds"]),
+        _short_time(i["created_at"]), _short_time(i["updated_at"]),
+    ])
 
 
 @main.command()
@@ -199,20 +208,12 @@ def schedules(db: str, as_json: bool, schema: str | None) -> None:
         found, notes = list_schedules(store, clock=CLOCK)
     for note in notes:
         _note(note)
-    if as_json:
-        click.echo(_json(found))
-        return
-    if not found:
-        click.echo("no schedules: no engine has declared one on this store")
-        return
-    click.echo(_table(
-        ["SCHEDULE", "CRON", "ZONE", "WORKFLOW", "LAST", "NEXT", "SKIPPED", "MISSED", "DECLARED"],
-        [
-            [s["name"], s["cron"], s["timezone"], s["workflow"], s["last_tick"],
-             s["next_tick"], s["skipped"], s["missed"], _declared_cell(s["engines"])]
-            for s in found
-        ],
-    ))
+    _records(found, as_json, "no schedules: no engine has declared one on this store", [
+        "SCHEDULE", "CRON", "ZONE", "WORKFLOW", "LAST", "NEXT", "SKIPPED", "MISSED", "DECLARED",
+    ], lambda s: [
+        s["name"], s["cron"], s["timezone"], s["workflow"], s["last_tick"], s["next_tick"],
+        s["skipped"], s["missed"], _declared_cell(s["engines"]),
+    ])
 
 
 def _declared_cell(engines: int) -> str:
@@ -231,22 +232,14 @@ def queues_command(db: str, as_json: bool, schema: str | None) -> None:
     paused, its limits and how many running engines consume it."""
     with _store(db, schema) as store:
         found = list_queues(store, clock=CLOCK)
-    if as_json:
-        click.echo(_json(found))
-        return
-    if not found:
-        click.echo("no queues: no instance is on one, no running engine consumes one, and "
-                   "none is paused")
-        return
-    click.echo(_table(
-        ["QUEUE", "QUEUED", "RUNNING", "PAUSED", "OLDEST", "LIMITS", "ENGINES"],
-        [
-            [q["name"], q["queued"], q["running"],
-             f"since {_short_time(q['paused_at'])}" if q["paused"] else "no",
-             _short_time(q["oldest_queued_at"]), limits_text(q["limits"]), q["engines"]]
-            for q in found
-        ],
-    ))
+    empty = "no queues: no instance is on one, no running engine consumes one, and none is paused"
+    _records(found, as_json, empty, [
+        "QUEUE", "QUEUED", "RUNNING", "PAUSED", "OLDEST", "LIMITS", "ENGINES",
+    ], lambda q: [
+        q["name"], q["queued"], q["running"],
+        f"since {_short_time(q['paused_at'])}" if q["paused"] else "no",
+        _short_time(q["oldest_queued_at"]), limits_text(q["limits"]), q["engines"],
+    ])
 
 
 @main.group("queue")
