@@ -205,9 +205,7 @@ class InvalidKey(EngineError):
         self.key = key if isinstance(key, str) else None
 
 
-def key_taken(
-    workflow: str, instance_id: str, key: str, stored: str, used: str
-) -> InvalidKey:
+def key_taken(workflow: str, instance_id: str, key: str, stored: str, used: str) -> InvalidKey:
     """The error of a run that reaches a key stored as another kind (e.g. an early signal).
 
     >>> print(key_taken("ship", "order-1", "label:v1", "signal", "step"))
@@ -215,10 +213,8 @@ def key_taken(
     invalid key 'label:v1' (it holds a signal, and the workflow uses it as a step):
     workflow 'ship', instance 'order-1'
     """
-    return InvalidKey(
-        key, f"it holds a {stored}, and the workflow uses it as a {used}",
-        workflow=workflow, instance_id=instance_id,
-    )
+    return InvalidKey(key, f"it holds a {stored}, and the workflow uses it as a {used}",
+                      workflow=workflow, instance_id=instance_id)
 
 
 class DuplicateStepKey(EngineError):

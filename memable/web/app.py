@@ -146,12 +146,8 @@ class Dashboard:
         if self._owned:
             self.store.close()
 
-    def __call__(
-        self, environ: WSGIEnvironment, start_response: StartResponse
-    ) -> Iterable[bytes]:
-        request = Request(environ)
-        response = self._answer(request)
-        return response(environ, start_response)
+    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        return self._answer(Request(environ))(environ, start_response)
 
     # ------------------------------------------------------------------ answering
 
