@@ -148,27 +148,23 @@ class Scheduler:
         if not self._specs or not self._runner.accepting:
             return 0, None
         with self._lock:
-            return self._look(now)
-
-    def _look(self, now: float) -> tuple[int, float | None]:
-        # Caller holds _lock.
-        at = _utc(now)
-        fired = 0
-        for name, spec in self._specs.items():
-            retry_at, delay = self._retry.get(name, (0.0, 0.0))
-            due = self._next.get(name)
-            if now < retry_at or due is None or due > at:
-                continue
-            try:
-                fired += self._fire(spec, at)
-            except Exception:  # e.g. the store stayed locked past its busy timeout
-                delay = min(RETRY_MOST, max(RETRY_FIRST, delay * 2))
-                log.exception("schedule %r: firing failed; trying again in %g s", name, delay)
-                self._retry[name] = (now + delay, delay)
-            else:
-                self._retry.pop(name, None)
-        waits = [(due - at).total_seconds() for due in self._next.values() if due is not None]
-        waits += [retry_at - now for retry_at, _ in self._retry.values()]
+            at = _utc(now)
+            fired = 0
+            for name, spec in self._specs.items():
+                retry_at, delay = self._retry.get(name, (0.0, 0.0))
+                due = self._next.get(name)
+                if now < retry_at or due is None or due > at:
+                    continue
+                try:
+                    fired += self._fire(spec, at)
+                except Exception:  # e.g. the store stayed locked past its busy timeout
+                    delay = min(RETRY_MOST, max(RETRY_FIRST, delay * 2))
+                    log.exception("schedule %r: firing failed; trying again in %g s", name, delay)
+                    self._retry[name] = (now + delay, delay)
+                else:
+                    self._retry.pop(name, None)
+            waits = [(due - at).total_seconds() for due in self._next.values() if due is not None]
+            waits += [retry_at - now for retry_at, _ in self._retry.values()]
         return fired, max(0.0, min(waits)) if waits else None
 
     # ------------------------------------------------------------------ one schedule
