@@ -408,8 +408,8 @@ class Context:
                     # fails the same way while that one holds the id.
                     to_start.append(i)
                     continue
-                state = state_of(child) if child is not None else None
-                error = ChildFailed(workflow, child_id, state or _gone())
+                gone = Failed("the child instance is gone")
+                error = ChildFailed(workflow, child_id, state_of(child) if child else gone)
                 told = row.result == TOLD
                 if told and child is not None and child.status != "cancelled":
                     to_resume.append(i)
@@ -659,7 +659,3 @@ class Context:
         seq = self._next_seq
         self._next_seq += 1
         return seq
-
-
-def _gone() -> WorkflowState:
-    return Failed("the child instance is gone")
