@@ -112,9 +112,7 @@ def _duration(text: str) -> float:
 
 def _short_time(iso: str | None) -> str:
     """An ISO timestamp to the second, for tables; '-' for none."""
-    if iso is None:
-        return "-"
-    return iso[:19].replace("T", " ")
+    return "-" if iso is None else iso[:19].replace("T", " ")
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -218,9 +216,7 @@ def schedules(db: str, as_json: bool, schema: str | None) -> None:
 
 def _declared_cell(engines: int) -> str:
     """How many running engines declare a schedule; none fires its ticks when none does."""
-    if not engines:
-        return "not declared"
-    return f"by {engines} engine{'' if engines == 1 else 's'}"
+    return f"by {engines} engine{'' if engines == 1 else 's'}" if engines else "not declared"
 
 
 @main.command("queues")
