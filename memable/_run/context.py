@@ -486,11 +486,8 @@ class Context:
 
     def _deadline(self, key: str, what: str, duration: object) -> tuple[float, float]:
         """``duration`` in seconds, and the wall-clock deadline that far from now; a bad
-        one fails the step ``key``.
-
-        The error (TypeError, or ValueError for a negative duration or a
-        deadline past the year 9999) names the key and the argument.
-        """
+        one (TypeError; ValueError if negative or past the year 9999) fails the step
+        ``key``, and its error names the key and the argument."""
         what = f"{what} of {key!r}"
         try:
             seconds = seconds_of(duration, what)
