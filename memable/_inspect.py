@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 
 import attrs
 
-from ._clock import Clock, utc
+from ._clock import Clock, iso_utc, utc
 from ._engine.targets import open_store, resolve_target
 from ._errors import InstanceNotFound, StorageError, WorkflowNotFound
 from ._postgres.schema import is_url
@@ -198,7 +198,7 @@ def show_instance(
     }
     view["timeout"] = None if row.timeout is None or row.timeout_at is None else {
         "seconds": row.timeout, "duration": duration_text(row.timeout),
-        "at": datetime.fromtimestamp(row.timeout_at, timezone.utc).isoformat(),
+        "at": iso_utc(row.timeout_at),
     }
     view["recovered"] = None if not row.recoveries else {
         "times": row.recoveries, "step_in_flight": row.lost_step, "lost_by": row.lost_by,
@@ -351,7 +351,7 @@ def _due(deadline: float) -> str:
     '1000000000000.0 s after 1970-01-01 (past the calendar)'
     """
     try:
-        return datetime.fromtimestamp(deadline, timezone.utc).isoformat()
+        return iso_utc(deadline)
     except (OverflowError, ValueError, OSError):
         return f"{deadline} s after 1970-01-01 (past the calendar)"
 
@@ -368,9 +368,8 @@ def _owner(owner_id: str, row: OwnerRow | None, now: float) -> dict[str, Any]:
         alive, judged_by = now < lease_ends, "lease"
     return {
         "id": owner_id, "host": row.host, "pid": row.pid, "alive": alive,
-        "judged_by": judged_by,
-        "heartbeat": datetime.fromtimestamp(row.heartbeat, timezone.utc).isoformat(),
-        "lease_ends": datetime.fromtimestamp(lease_ends, timezone.utc).isoformat(),
+        "judged_by": judged_by, "heartbeat": iso_utc(row.heartbeat),
+        "lease_ends": iso_utc(lease_ends),
     }
 
 
