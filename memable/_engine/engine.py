@@ -148,11 +148,9 @@ class Engine:
         retry backoffs sleep with on the worker (for tests); ``queues``, the
         declared queues it consumes (None: all; ``()``: none, an engine that
         only enqueues); ``retention``, how long finished instances are kept
-        (None, the default: for ever; else a thread of the engine purges the
-        completed, failed and cancelled instances that finished longer ago,
-        with their steps and timers, at most 500 per transaction, never one
-        whose run is in flight or that has a child still going; a file then
-        shrinks). Durations are float seconds or a ``timedelta``.
+        before a thread of the engine purges them (None, the default: for
+        ever; see ``EngineBuilder.retention``). Durations are float seconds or
+        a ``timedelta``.
         ``schema``, for a PostgreSQL URL only, holds the tables (``"memable"``).
         Raise ``StorageError`` if the file is not a memable store or has a
         newer schema (such a file is left as it was), or if the server does
