@@ -184,6 +184,8 @@ class Scheduler:
     def _fire_ticks(self, spec: ScheduleSpec, at: datetime) -> tuple[int, list[Made]]:
         """Fire what is due of ``spec`` at ``at``: how many instances that created, and
         those to run here."""
+        runner = self._runner
+        workflow = runner.workflow(spec.workflow)
         # Another engine may fire between this one's last read and its firing: then plan
         # again from what that engine stored (twice at most; the next look tries again).
         for _ in range(2):
@@ -198,7 +200,8 @@ class Scheduler:
                      for t in ticks.run]
             rows = [(attrs.evolve(row, traceparent=span.traceparent), value)
                     for (row, value), span
-                    in zip((self._row(spec, tick) for tick in ticks.run), spans, strict=True)]
+                    in zip((tick_instance(spec, workflow, tick, runner.queues, runner.clock)
+                            for tick in ticks.run), spans, strict=True)]
             firing = TickFiring(tick_id(ticks.last), [row for row, _ in rows], ticks.missed,
                                 skip_overlap=spec.overlap == "skip")
             fired = self._runner.store.fire_ticks(spec.name, stored.last_tick, firing)
@@ -229,7 +232,6 @@ class Scheduler:
             log.info("schedule %r: %d tick%s skipped: an earlier tick's instance has not "
                      "ended", spec.name, fired.skipped, "" if fired.skipped == 1 else "s")
         created = set(fired.created)
-        workflow = self._runner.workflow(spec.workflow)
         made: list[Made] = []
         for (row, value), span in zip(rows, spans, strict=True):
             if row.instance_id not in created:
@@ -252,11 +254,6 @@ class Scheduler:
             log.warning("schedule %r is declared %r in %s here and %r in %s by %s; each "
                         "engine fires its own ticks", spec.name, spec.cron.expr,
                         spec.cron.zone, cron, zone, where)
-
-    def _row(self, spec: ScheduleSpec, tick: datetime) -> tuple[InstanceRow, Any]:
-        runner = self._runner
-        return tick_instance(spec, runner.workflow(spec.workflow), tick, runner.queues,
-                             runner.clock)
 
     def _seen(self, row: ScheduleRow, at: datetime) -> None:
         """What the store holds of a schedule (as of ``at``): plan from it; its next tick
