@@ -23,7 +23,7 @@ of each. Timed:
 - ``purge``: ``admin.purge_batches(store, cutoff, now)``, what ``memable purge`` runs, twice per
   store (a purge cannot be repeated on the same rows): the oldest hundredth of
   the instances (1,000 of 100,000), then the next tenth (10,000), each by a
-  cutoff, the ``completed_at`` of the finished row after them. Checked: it
+  cutoff, the ``completed_at`` of the finished row after them (as epoch seconds). Checked: it
   returned that count, those instances and their steps are gone, and every
   other instance, with each of its steps, is still there (and the counts by
   workflow and status are those inserted less the purged).
@@ -189,7 +189,8 @@ class _Sized:
         check(first or sum(steps.values()) == self.step_count, f"W11 {self.size}: the store "
               f"holds {sum(steps.values())} steps, not the {self.step_count} inserted")
         started = time.perf_counter()
-        deleted = sum(purge_batches(self.store, cutoff, time.time()))
+        before = datetime.fromisoformat(cutoff).timestamp()  # epoch seconds, as it is passed
+        deleted = sum(purge_batches(self.store, before, time.time()))
         seconds = time.perf_counter() - started
         check(deleted == count, f"W11 {self.size}: purge({cutoff}) returned {deleted}, "
               f"not {count}")

@@ -5,7 +5,9 @@ freezegun moves it in tests. ``monotonic()`` measures how long a caller has
 waited: it reads the OS clock directly where it can, so a frozen test still
 times out. An engine reads both through its ``Clock``; a test may give it
 another one (``Options.clock``) instead of patching call stacks. Every time
-an engine stores comes from its clock, as ISO 8601 in UTC (``utc_text``); the
+an engine stores comes from its clock: it passes the store epoch seconds
+(``wall()``, a ``float``: the one type of a time in the store protocol), and
+the store writes ISO 8601 in UTC (``iso_utc``) where a column holds text; the
 operator paths with no engine (the command line, a dashboard on a store alone)
 name ``SYSTEM_CLOCK`` where they start.
 
@@ -71,6 +73,19 @@ def iso_utc(seconds: float) -> str:
     '2026-01-01T00:00:00+00:00'
     """
     return datetime.fromtimestamp(seconds, timezone.utc).isoformat()
+
+
+def epoch_seconds(text: str) -> float:
+    """An ISO 8601 time with its offset (as stored, or as an operator gave it) as epoch
+    seconds, UTC: how such a time crosses the store protocol. ``iso_utc`` gives the
+    stored text back.
+
+    >>> epoch_seconds("2026-01-01T01:00:00+01:00")
+    1767225600.0
+    >>> iso_utc(epoch_seconds("2026-12-05T10:00:00.123456+00:00"))
+    '2026-12-05T10:00:00.123456+00:00'
+    """
+    return datetime.fromisoformat(text).timestamp()
 
 
 def utc_text(clock: Clock) -> str:

@@ -15,16 +15,9 @@ if TYPE_CHECKING:
 def _where(
     workflow: str | None, instance_id: str | None, key: str | None, part: str | None
 ) -> str:
-    parts = []
-    if workflow is not None:
-        parts.append(f"workflow {workflow!r}")
-    if instance_id is not None:
-        parts.append(f"instance {instance_id!r}")
-    if key is not None:
-        parts.append(f"step {key!r}")
-    if part is not None:
-        parts.append(part)
-    return ", ".join(parts)
+    named = (("workflow", workflow), ("instance", instance_id), ("step", key))
+    parts = [f"{what} {value!r}" for what, value in named if value is not None]
+    return ", ".join(parts if part is None else [*parts, part])
 
 
 class EngineError(Exception):
@@ -43,13 +36,8 @@ class EngineError(Exception):
     """
 
     def __init__(
-        self,
-        message: str,
-        *,
-        workflow: str | None = None,
-        instance_id: str | None = None,
-        key: str | None = None,
-        part: str | None = None,
+        self, message: str, *, workflow: str | None = None, instance_id: str | None = None,
+        key: str | None = None, part: str | None = None,
     ) -> None:
         where = _where(workflow, instance_id, key, part)
         super().__init__(f"{message}: {where}" if where else message)
@@ -208,11 +196,7 @@ class InvalidKey(EngineError):
     """
 
     def __init__(
-        self,
-        key: object,
-        why: str,
-        *,
-        workflow: str | None = None,
+        self, key: object, why: str, *, workflow: str | None = None,
         instance_id: str | None = None,
     ) -> None:
         super().__init__(
@@ -221,9 +205,7 @@ class InvalidKey(EngineError):
         self.key = key if isinstance(key, str) else None
 
 
-def key_taken(
-    workflow: str, instance_id: str, key: str, stored: str, used: str
-) -> InvalidKey:
+def key_taken(workflow: str, instance_id: str, key: str, stored: str, used: str) -> InvalidKey:
     """The error of a run that reaches a key stored as another kind (e.g. an early signal).
 
     >>> print(key_taken("ship", "order-1", "label:v1", "signal", "step"))
@@ -231,10 +213,8 @@ def key_taken(
     invalid key 'label:v1' (it holds a signal, and the workflow uses it as a step):
     workflow 'ship', instance 'order-1'
     """
-    return InvalidKey(
-        key, f"it holds a {stored}, and the workflow uses it as a {used}",
-        workflow=workflow, instance_id=instance_id,
-    )
+    return InvalidKey(key, f"it holds a {stored}, and the workflow uses it as a {used}",
+                      workflow=workflow, instance_id=instance_id)
 
 
 class DuplicateStepKey(EngineError):

@@ -16,12 +16,13 @@ from __future__ import annotations
 import difflib
 import json
 import os
+from collections import Counter
 from datetime import datetime, timezone
 from typing import Any, NoReturn
 
 import attrs
 
-from ._clock import Clock, utc
+from ._clock import Clock, iso_utc, utc
 from ._engine.targets import open_store, resolve_target
 from ._errors import InstanceNotFound, StorageError, WorkflowNotFound
 from ._postgres.schema import is_url
@@ -114,11 +115,9 @@ def list_schedules(
     """
     rows = store.schedules()  # before the owners: an engine stores its owner row first
     now = clock.wall()
-    engines: dict[str, int] = {}
-    for owner in store.live_owners(now):
-        declared = Declarations.from_json(owner.declares)
-        for name in declared.schedules if declared is not None else {}:
-            engines[name] = engines.get(name, 0) + 1
+    owners = store.live_owners(now)
+    engines = Counter(name for declared in Declarations.all_of(o.declares for o in owners)
+                      for name in declared.schedules)
     listed, notes = [], []
     for row in rows:
         try:
@@ -147,12 +146,6 @@ def _next_tick(row: ScheduleRow, now: datetime) -> str | None:
     return None if tick is None else tick_id(tick)
 
 
-def _seconds_between(start: str | None, end: str | None) -> float | None:
-    if start is None or end is None:
-        return None
-    return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
-
-
 def show_instance(
     store: OperatorStore, workflow: str, instance_id: str, *, full: bool = False, clock: Clock,
 ) -> dict[str, Any]:
@@ -178,7 +171,9 @@ def show_instance(
     }
     steps = [attrs.asdict(step) for step in found.steps]
     for step in steps:
-        step["duration"] = _seconds_between(step["started_at"], step["completed_at"])
+        start, end = step["started_at"], step["completed_at"]
+        step["duration"] = None if start is None or end is None else (
+            datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
         step["result"] = _decoded(step["result"])
     view["steps"] = steps
     running = row.status == "running"
@@ -203,7 +198,7 @@ def show_instance(
     }
     view["timeout"] = None if row.timeout is None or row.timeout_at is None else {
         "seconds": row.timeout, "duration": duration_text(row.timeout),
-        "at": datetime.fromtimestamp(row.timeout_at, timezone.utc).isoformat(),
+        "at": iso_utc(row.timeout_at),
     }
     view["recovered"] = None if not row.recoveries else {
         "times": row.recoveries, "step_in_flight": row.lost_step, "lost_by": row.lost_by,
@@ -278,9 +273,8 @@ def declared_queues(store: OperatorStore, now: float) -> dict[str, tuple[QueueSp
     """Each queue a running engine consumes: its limits as declared (declare a queue the
     same way everywhere: the first found), and how many running engines consume it."""
     found: dict[str, tuple[QueueSpec, int]] = {}
-    for owner in store.live_owners(now):
-        declared = Declarations.from_json(owner.declares)
-        for spec in declared.queues if declared is not None else []:
+    for declared in Declarations.all_of(owner.declares for owner in store.live_owners(now)):
+        for spec in declared.queues:
             first, consumers = found.get(spec.name, (spec, 0))
             found[spec.name] = (first, consumers + 1)
     return found
@@ -289,14 +283,8 @@ def declared_queues(store: OperatorStore, now: float) -> dict[str, tuple[QueueSp
 def known_queues(store: OperatorStore, *, clock: Clock) -> list[str]:
     """The names of the queues the store knows, in order: those it has instances of,
     those a running engine consumes, and those stored as paused."""
-    return _queue_names(store, declared_queues(store, clock.wall()), store.paused_queues())
-
-
-def _queue_names(
-    store: OperatorStore, declared: dict[str, tuple[QueueSpec, int]], paused: dict[str, str | None]
-) -> list[str]:
-    """The queues the store has instances of, those ``declared`` and those ``paused``."""
-    return sorted(set(store.queue_names()) | set(declared) | set(paused))
+    declared = declared_queues(store, clock.wall())
+    return sorted(set(store.queue_names()) | set(declared) | set(store.paused_queues()))
 
 
 def list_queues(store: OperatorStore, *, clock: Clock) -> list[dict[str, Any]]:
@@ -312,7 +300,7 @@ def list_queues(store: OperatorStore, *, clock: Clock) -> list[dict[str, Any]]:
     declared = declared_queues(store, now)
     paused = store.paused_queues()
     listed = []
-    for name in _queue_names(store, declared, paused):
+    for name in sorted(set(store.queue_names()) | set(declared) | set(paused)):
         queued, running, oldest = store.queue_stats(name, now)
         spec, engines = declared.get(name, (None, 0))
         listed.append({
@@ -363,7 +351,7 @@ def _due(deadline: float) -> str:
     '1000000000000.0 s after 1970-01-01 (past the calendar)'
     """
     try:
-        return datetime.fromtimestamp(deadline, timezone.utc).isoformat()
+        return iso_utc(deadline)
     except (OverflowError, ValueError, OSError):
         return f"{deadline} s after 1970-01-01 (past the calendar)"
 
@@ -380,9 +368,8 @@ def _owner(owner_id: str, row: OwnerRow | None, now: float) -> dict[str, Any]:
         alive, judged_by = now < lease_ends, "lease"
     return {
         "id": owner_id, "host": row.host, "pid": row.pid, "alive": alive,
-        "judged_by": judged_by,
-        "heartbeat": datetime.fromtimestamp(row.heartbeat, timezone.utc).isoformat(),
-        "lease_ends": datetime.fromtimestamp(lease_ends, timezone.utc).isoformat(),
+        "judged_by": judged_by, "heartbeat": iso_utc(row.heartbeat),
+        "lease_ends": iso_utc(lease_ends),
     }
 
 

@@ -174,5 +174,10 @@ class Declarations:
         except (ValueError, TypeError, cattrs.BaseValidationError):
             return None
 
+    @staticmethod
+    def all_of(texts: Iterable[str | None]) -> list[Declarations]:
+        """The declarations stored as each of ``texts`` that can be read (owner rows')."""
+        return [declared for declared in map(Declarations.from_json, texts) if declared]
+
 
 _CONVERTER = cattrs.Converter()

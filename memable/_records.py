@@ -105,16 +105,10 @@ class _Cancelled(MetadataStatus):
 
 
 _BY_NAME: dict[str, type[MetadataStatus]] = {}
-for _variant, _label in (
-    (_Queued, "Queued"),
-    (_Running, "Running"),
-    (_Suspended, "Suspended"),
-    (_Completed, "Completed"),
-    (_Failed, "Failed"),
-    (_Cancelled, "Cancelled"),
-):
+for _variant in (_Queued, _Running, _Suspended, _Completed, _Failed, _Cancelled):
     # Named as users spell them, like classes nested in MetadataStatus: reprs
     # and tracebacks read MetadataStatus.Failed, pickle finds them there.
+    _label = _variant.name.capitalize()
     _variant.__name__ = _label
     _variant.__qualname__ = f"MetadataStatus.{_label}"
     setattr(MetadataStatus, _label, _variant)

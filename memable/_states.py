@@ -33,7 +33,7 @@ class WorkflowState:
         >>> Completed().is_terminal, Failed("err").is_terminal, Started().is_terminal
         (True, True, False)
         """
-        return False
+        return isinstance(self, Completed | Failed | Cancelled)
 
     @property
     def message(self) -> str | None:
@@ -111,10 +111,6 @@ class Completed(WorkflowState):
     ('completed', True)
     """
 
-    @property
-    def is_terminal(self) -> bool:
-        return True
-
     def __str__(self) -> str:
         return "completed"
 
@@ -132,10 +128,6 @@ class Failed(WorkflowState):
 
     message: str  # a field where the base has a property
 
-    @property
-    def is_terminal(self) -> bool:
-        return True
-
     def __str__(self) -> str:
         return f"failed: {self.message}"
 
@@ -148,10 +140,6 @@ class Cancelled(WorkflowState):
     >>> str(Cancelled()), Cancelled().is_terminal
     ('cancelled', True)
     """
-
-    @property
-    def is_terminal(self) -> bool:
-        return True
 
     def __str__(self) -> str:
         return "cancelled"

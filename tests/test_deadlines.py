@@ -39,7 +39,7 @@ from memable.testing import advance
 TIMEOUT = 10.0
 
 
-def _fire_due(conn: psycopg.Connection[Any], now: float, at: str) -> list[Any]:
+def _fire_due(conn: psycopg.Connection[Any], now: float, at: float) -> list[Any]:
     """What the PostgreSQL store's firing does, in the caller's transaction on ``conn``:
     read the timers due at ``now``, then claim and fire them."""
     tx = PostgresTransaction(conn, "test", "unused")
@@ -349,7 +349,7 @@ def test_a_signal_waits_for_a_firing_that_holds_its_deadline_and_is_then_rejecte
         inv = engine.invoke("approval", instance_id="a")
         assert inv.wait(TIMEOUT) == Suspended("waiting for a manager")
         with psycopg.connect(POSTGRES_URL, options=f"-c search_path={pg_schema}") as firing:
-            fired = _fire_due(firing, T0.timestamp() + 86400, "2026-01-02T00:00:00+00:00")
+            fired = _fire_due(firing, T0.timestamp() + 86400, T0.timestamp() + 86400)
             assert [tuple(row)[:3] for row in fired] == [("approval", "a", "approval:v1")]
             sender = threading.Thread(target=send, name="test-signal")
             sender.start()
@@ -375,12 +375,12 @@ def test_a_firing_skips_a_deadline_a_signal_holds_and_the_signal_wins(pg_schema:
                 signals.deliver(
                     PostgresTransaction(signal, store.owner, store.channel),
                     StepWrite("approval", "a", "approval:v1", 0, "signal", "completed", "true",
-                              None, None, None, "2026-01-02T00:00:00+00:00"),
+                              None, None, None, T0.timestamp() + 86400),
                 )
                 fired: list[object] = []
                 a_day_on = T0.timestamp() + 86400
                 firing = threading.Thread(
-                    target=lambda: fired.append(store.fire_due_timers(lambda: a_day_on, "x")),
+                    target=lambda: fired.append(store.fire_due_timers(lambda: a_day_on, a_day_on)),
                     name="test-fire",
                 )
                 firing.start()
@@ -388,7 +388,7 @@ def test_a_firing_skips_a_deadline_a_signal_holds_and_the_signal_wins(pg_schema:
                 assert not firing.is_alive()
                 assert fired == [[]]
             assert engine.resume("approval", "a").result(TIMEOUT) == "approved"
-            assert store.fire_due_timers(lambda: T0.timestamp() + 86400, "x") == []
+            assert store.fire_due_timers(lambda: T0.timestamp() + 86400, T0.timestamp()) == []
             assert inv.state == Completed()
             assert _rows(engine, "approval", "a") == [
                 ("approval:v1", "signal", "completed", True)
@@ -440,8 +440,8 @@ def test_fire_due_timers_judges_what_it_read_by_a_reading_taken_after(
             read = sum("FROM timers WHERE deadline <=" in statement for statement in statements)
             return deadline + 86400 if read < reads else deadline - 1
 
-        assert store.fire_due_timers(clock, T0.isoformat()) == []
-    fired = store.fire_due_timers(lambda: deadline, T0.isoformat())
+        assert store.fire_due_timers(clock, T0.timestamp()) == []
+    fired = store.fire_due_timers(lambda: deadline, T0.timestamp())
     assert [(i, k) for _, i, k, _ in fired] == [("w", "pause:v1")]
 
 
@@ -460,8 +460,7 @@ def test_a_deadline_that_fires_between_the_runs_look_and_its_suspension_is_not_l
         found = read_step(workflow, instance_id, key)
         looks.append(key)
         if len(looks) == 2:  # the resumed run's look: fire the deadline behind its back
-            assert store.fire_due_timers(lambda: time.time() + 7200,
-                                         "2026-01-01T00:00:00+00:00")
+            assert store.fire_due_timers(lambda: time.time() + 7200, T0.timestamp())
         return found
 
     store.read_step = read_then_fire  # type: ignore[method-assign]
@@ -494,7 +493,7 @@ def test_the_poll_finds_an_instance_whose_deadline_another_engine_fired(
     engine.stop()
     now, store = time.time() + 7200, store_of(engine)
     assert store.look_around(["wf"], now).ready == []
-    assert store.fire_due_timers(lambda: now, "2026-01-01T00:00:00+00:00")
+    assert store.fire_due_timers(lambda: now, T0.timestamp())
     assert store.look_around(["wf"], now).ready == [("wf", "w")]
 
 
@@ -552,7 +551,7 @@ def test_advance_waits_for_a_firing_another_connection_holds(pg_schema: str) -> 
         tell(store, "next_deadline")
         tell(engine, "steps")
         with psycopg.connect(POSTGRES_URL, options=f"-c search_path={pg_schema}") as firing:
-            fired = _fire_due(firing, T0.timestamp() + 60, "x")
+            fired = _fire_due(firing, T0.timestamp() + 60, T0.timestamp() + 60)
             assert len(fired) == 1
             mover = threading.Thread(
                 target=lambda: counted.append(advance(engine, clock, 60)), name="test-advance"

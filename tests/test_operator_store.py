@@ -16,7 +16,7 @@ from memable import (
     InvalidKey,
     WorkflowFailed,
 )
-from memable._clock import SYSTEM_CLOCK
+from memable._clock import SYSTEM_CLOCK, epoch_seconds
 from memable._errors import StepNotFound
 from memable._store import admin
 from memable._store.protocol import Store
@@ -85,7 +85,7 @@ def test_counts_failed_ones_and_queue_names(engine: Engine) -> None:
     assert store.failed_instances("two", limit=2) == oldest_first[:2]
     assert store.failed_instances("other", limit=10) == []
     assert store.failed_instances(None, id_prefix="bad-3", limit=10) == oldest_first[2:]
-    at = failed_at[2]
+    at = epoch_seconds(failed_at[2])
     assert store.failed_instances(None, until=at, limit=10) == oldest_first[:2]
     assert store.failed_instances(None, since=at, limit=10) == oldest_first[1:]
 

@@ -206,7 +206,7 @@ def test_one_claim_counts_what_it_took_and_skips_past_a_full_key(
             def claim(batch: int) -> list[str]:
                 claimed = store_of(engine).claim_queued(
                     "q", ["held"], concurrency=None, per_process=None, rate=None,
-                    clock=lambda: 0.0, at="2026-01-01T00:00:00+00:00", batch=batch, per_key=2,
+                    clock=lambda: 0.0, at=1767225600.0, batch=batch, per_key=2,
                 )
                 return [s.instance.instance_id for s in claimed.snapshots]
 

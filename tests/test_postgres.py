@@ -269,7 +269,7 @@ def test_a_wake_up_or_recovery_skips_an_instance_another_transaction_holds(
     claims: list[object] = []
 
     def wake() -> None:
-        claims.append(store.begin_run("wait", "w", now="2026-12-03T00:00:00", claim="wake"))
+        claims.append(store.begin_run("wait", "w", now=1796256000.0, claim="wake"))
 
     try:
         with psycopg.connect(POSTGRES_URL, options=f"-c search_path={pg_schema}") as holder:
@@ -486,7 +486,7 @@ def test_placing_a_signal_waits_for_a_takeover_under_way_and_then_is_refused(
             input_type=None, output=None, output_type=None, created_at=now, updated_at=now,
             completed_at=None))
         write = StepWrite("wf", "i", "k", UNREACHED, "signal", "completed", '"v"', None,
-                          None, None, now, now)
+                          None, None, 1796601600.0, 1796601600.0)  # at, started: now
         store.deliver_signal(write)
         with psycopg.connect(POSTGRES_URL, options=f"-c search_path={pg_schema}") as other:
             other.execute("UPDATE instances SET owner = 'another' WHERE instance_id = 'i'")

@@ -402,7 +402,11 @@ class _CommitLost:
         self._conn, self._plan = conn, plan
 
     def execute(self, sql: str, *args: Any) -> Any:
-        if sql == "COMMIT" and self._plan["left"]:
+        # (What waits for the COMMIT goes in its round trip: "...; COMMIT". A write run
+        # as one statement loses its answer as the COMMIT's would.)
+        one_statement = isinstance(sql, str) and sql.lstrip().startswith("INSERT INTO steps")
+        if (isinstance(sql, str) and (sql.endswith("COMMIT") or one_statement)
+                and self._plan["left"]):
             self._plan["left"] -= 1
             if self._plan["after"]:
                 self._conn.execute(sql, *args)  # the server commits...
@@ -425,6 +429,34 @@ class _LosingPool:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._pool, name)
+
+
+def test_a_failed_attempt_whose_answer_is_lost_counts_once(pg_schema: str) -> None:
+    """The connection goes as the answer to the write of a failed attempt would come,
+    after the server stored it: the attempt counts once (run again as one statement, the
+    write counted it twice)."""
+    from memable._postgres.store import PostgresStore
+    from memable._store.rows import InstanceRow, StepWrite
+
+    store = PostgresStore(POSTGRES_URL, "full", schema=pg_schema)
+    try:
+        now = "2026-12-07T00:00:00+00:00"
+        row = InstanceRow(workflow="wf", instance_id="i", status="running", message=None,
+                          input="null", input_type=None, output=None, output_type=None,
+                          created_at=now, updated_at=now, completed_at=None)
+        assert store.create_instance(row) is True
+        plan = {"left": 1, "after": True}
+        store._db._pool = _LosingPool(store._db._pool, plan)  # type: ignore[assignment]
+        store.save_step(StepWrite(
+            workflow="wf", instance_id="i", key="k", seq=0, kind="step", state="failed",
+            result=None, result_type=None, status=None, error="boom", at=1796601600.0,
+            started=1796601600.0))
+        assert plan["left"] == 0  # the answer was lost once
+        stored = store.read_step("wf", "i", "k")
+        assert stored is not None
+        assert (stored.state, stored.attempts) == ("failed", 1)
+    finally:
+        store.close()
 
 
 @pytest.mark.parametrize("after", [True, False], ids=["committed", "not-committed"])

@@ -402,7 +402,7 @@ def test_a_file_store_reads_the_rate_clock_under_its_write_lock(tmp_path: Any) -
             return time.time()
 
         claimed = store.claim_queued("q", ["wf"], concurrency=None, per_process=None,
-                                     rate=(5, 1.0), clock=clock, at="t", batch=8)
+                                     rate=(5, 1.0), clock=clock, at=time.time(), batch=8)
         assert [s.instance.instance_id for s in claimed.snapshots] == ["i"]
         assert locked == [True]
     finally:

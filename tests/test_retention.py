@@ -26,11 +26,12 @@ import sqlite_utils
 from helpers import FailsThenWaits, build, query, runner_of, store_of, until, write
 
 from memable import ChildFailed, Context, Engine, MetadataStatus, WorkflowFailed
-from memable._background.retention import BATCH, Purger
+from memable._background.retention import Purger
 from memable._postgres.transaction import PostgresTransaction
 from memable._sqlite.schema import MIGRATIONS, SCHEMA_VERSION, switch_to_incremental_vacuum
 from memable._sqlite.store import SQLiteStore
 from memable._states import Cancelled, Completed, Failed, Suspended
+from memable._store.admin import PURGE_BATCH as BATCH
 from memable._store.sql import retention as retention_sql
 
 #: When the "old" instances finished: long before any retention here.
@@ -50,7 +51,7 @@ class Batches:
         store = store_of(engine)
         inner = store.purge_batch
 
-        def purge_batch(completed_before: str, limit: int, now: float) -> int:
+        def purge_batch(completed_before: float, limit: int, now: float) -> int:
             deleted = inner(completed_before, limit, now)
             with self._cond:
                 self.calls.append((limit, deleted))
@@ -615,7 +616,7 @@ def test_a_one_off_purge_lets_another_engine_write_between_its_batches(
     monkeypatch.setattr(retention_sql, "purge_batch", first_batch_under_way)
     one_batch = store_of(purging).purge_batch
 
-    def purge_batch(completed_before: str, limit: int, now: float) -> int:
+    def purge_batch(completed_before: float, limit: int, now: float) -> int:
         deleted = one_batch(completed_before, limit, now)
         assert wrote.wait(30)  # the next batch once the other engine's writes went
         return deleted

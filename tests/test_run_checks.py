@@ -25,7 +25,7 @@ import pytest
 from helpers import traced_sqlite
 
 from memable import Cancelled, Context, Engine
-from memable._clock import SYSTEM_CLOCK, utc_text
+from memable._clock import SYSTEM_CLOCK, iso_utc
 from memable._sqlite import watch as sqlite_watch
 from memable._sqlite.store import SQLiteStore
 from memable._store.control import LostInstance
@@ -40,23 +40,25 @@ def reads(statements: list[str]) -> int:
 
 def start(store: SQLiteStore, instance_id: str) -> None:
     """Create ``wf/<instance_id>`` running and claim it."""
-    now = utc_text(SYSTEM_CLOCK)
+    wall = SYSTEM_CLOCK.wall()
+    now = iso_utc(wall)
     store.create_instance(InstanceRow(
         workflow="wf", instance_id=instance_id, status="running", message=None, input="null",
         input_type=None, output=None, output_type=None, created_at=now, updated_at=now,
         completed_at=None))
-    assert store.begin_run("wf", instance_id, now=now, claim="resume") is not None
+    assert store.begin_run("wf", instance_id, now=wall, claim="resume") is not None
 
 
 def queue(store: SQLiteStore, instance_id: str) -> None:
     """Store ``wf/<instance_id>`` queued on ``q`` and claim it through the queue."""
-    now = utc_text(SYSTEM_CLOCK)
+    wall = SYSTEM_CLOCK.wall()
+    now = iso_utc(wall)
     store.create_instance(InstanceRow(
         workflow="wf", instance_id=instance_id, status="queued", message=None, input="null",
         input_type=None, output=None, output_type=None, created_at=now, updated_at=now,
         completed_at=None, queue="q", priority=0, queued_at=now))
     claimed = store.claim_queued("q", ["wf"], concurrency=None, per_process=None, rate=None,
-                                 clock=time.time, at=now, batch=8)
+                                 clock=time.time, at=wall, batch=8)
     assert [s.instance.instance_id for s in claimed.snapshots] == [instance_id]
 
 
@@ -69,7 +71,7 @@ def running_store(path: Path | None) -> SQLiteStore:
 
 
 def step(key: str) -> StepWrite:
-    at = utc_text(SYSTEM_CLOCK)
+    at = SYSTEM_CLOCK.wall()
     return StepWrite(
         workflow="wf", instance_id="x", key=key, seq=0, kind="step", state="completed",
         result="1", result_type=None, status=None, error=None, at=at, started=at,
@@ -119,7 +121,7 @@ def test_the_stores_own_cancel_is_read_at_the_next_check(tmp_path: Path, where: 
         assert store.check_run("wf", "x") == "running"
         assert store.check_run("wf", "x") == "running"
         assert reads(seen) == 1
-        store.cancel("wf", "x", now=utc_text(SYSTEM_CLOCK))
+        store.cancel("wf", "x", now=SYSTEM_CLOCK.wall())
         assert store.check_run("wf", "x") == "cancelled"
     store.close()
 
@@ -232,9 +234,9 @@ def test_a_write_that_changed_no_row_keeps_the_instances_known(tmp_path: Path) -
     store = running_store(tmp_path / "db")
     with traced_sqlite(store) as seen:
         assert store.check_run("wf", "x") == "running"
-        store.record_in_flight([("wf", "no-such-instance", "k", "t")])
+        store.record_in_flight([("wf", "no-such-instance", "k", time.time())])
         store.save_step(step("a"))
-        store.record_in_flight([("wf", "no-such-instance", "k", "t")])
+        store.record_in_flight([("wf", "no-such-instance", "k", time.time())])
         assert store.check_run("wf", "x") == "running"
         assert reads(seen) == 1
     store.close()

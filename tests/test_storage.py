@@ -434,7 +434,7 @@ def test_a_write_after_the_store_closed_fails_naming_it(tmp_path: Path, where: s
     store.close()
     write = StepWrite(
         workflow="wf", instance_id="x", key="k", seq=0, kind="step", state="completed",
-        result="1", result_type=None, status=None, error=None, at="2026-01-01T00:00:00+00:00",
+        result="1", result_type=None, status=None, error=None, at=1767225600.0,
     )
     with pytest.raises(StorageError) as raised:
         store.save_step(write)

@@ -170,7 +170,7 @@ def test_the_checks_see_the_real_imports() -> None:
     assert "memable._run.runner" in imports["memable._engine.engine"]
     assert "memable._store.protocol" in imports["memable._run.context"]
     assert "sqlite3" in imports["memable._sqlite.store"]
-    assert "psycopg" in imports["memable._postgres.store"]
+    assert "psycopg" in imports["memable._postgres.connections"]
     looped = {**imports, "memable._store.protocol": {"memable._engine.engine"}}
     assert any("memable._store.protocol" in cycle for cycle in cycles(looped))
 

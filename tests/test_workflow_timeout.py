@@ -168,10 +168,10 @@ def test_time_out_judges_what_it_read_by_a_reading_taken_after(
         read = sum("timeout_at <= " in statement for statement in statements)
         return deadline + 86400 if read < 2 else deadline - 1
 
-    assert store.time_out(clock, T0.isoformat()) == []
+    assert store.time_out(clock, T0.timestamp()) == []
     monkeypatch.undo()
     assert str(engine.invocation("waits_for_approval", "a").state) == "suspended: approval:v1"
-    timed_out = store.time_out(lambda: deadline, T0.isoformat())
+    timed_out = store.time_out(lambda: deadline, T0.timestamp())
     assert [t.instance_id for t in timed_out] == ["a"]
 
 
@@ -353,13 +353,13 @@ def test_a_stale_read_never_times_an_instance_out_twice(tmp_path: Path,
         other = SQLiteStore(path, "full")
         try:
             now = datetime(2026, 12, 6, 10, 0, 1, tzinfo=timezone.utc)
-            first = other.time_out(now.timestamp, now.isoformat())
+            first = other.time_out(now.timestamp, now.timestamp())
             assert [(t.instance_id, t.message) for t in first] == [("a", "timed out after 1s")]
             row = other.get_instance("waits_for_approval", "a")
             monkeypatch.setattr(instances_sql, "DUE_TIMEOUTS",
                                 "SELECT workflow, instance_id FROM instances WHERE :now > 0")
             later = now + timedelta(seconds=5)
-            assert other.time_out(later.timestamp, later.isoformat()) == []
+            assert other.time_out(later.timestamp, later.timestamp()) == []
             assert other.get_instance("waits_for_approval", "a") == row
         finally:
             other.close()

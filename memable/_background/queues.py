@@ -20,7 +20,7 @@ import difflib
 from collections.abc import Callable
 from datetime import datetime
 
-from .._clock import Clock, utc_text
+from .._clock import Clock
 from .._log import log
 from .._observe.base import Telemetry
 from .._queues import Declarations, QueueSpec
@@ -79,16 +79,9 @@ class QueueConsumer:
     """
 
     def __init__(
-        self,
-        store: Store,
-        queues: list[QueueSpec],
-        workflows: list[str],
-        clock: Clock,
-        *,
-        capacity: Callable[[], int],
-        run: Callable[[RunSnapshot], None],
-        telemetry: Telemetry | None = None,
-        check_every: float = 15.0,
+        self, store: Store, queues: list[QueueSpec], workflows: list[str], clock: Clock, *,
+        capacity: Callable[[], int], run: Callable[[RunSnapshot], None],
+        telemetry: Telemetry | None = None, check_every: float = 15.0,
     ) -> None:
         self._telemetry = telemetry or Telemetry()  # how long each waited on its queue
         self._store = store
@@ -112,7 +105,7 @@ class QueueConsumer:
             claimed = self._store.claim_queued(
                 queue.name, self._workflows, concurrency=queue.concurrency,
                 per_process=queue.per_process, rate=queue.rate, clock=self._clock.wall,
-                at=utc_text(self._clock), batch=min(free, BATCH), per_key=queue.per_key,
+                at=self._clock.wall(), batch=min(free, BATCH), per_key=queue.per_key,
             )
             now = self._clock.wall()
             for snapshot in claimed.snapshots:
@@ -136,10 +129,9 @@ class QueueConsumer:
             return
         self._next_check = started + self._check_every
         consumed = {queue.name for queue in self._queues}  # ours, stored at start too
-        for owner in self._store.live_owners(self._clock.wall()):
-            declared = Declarations.from_json(owner.declares)
-            if declared is not None:
-                consumed.update(spec.name for spec in declared.queues)
+        owners = self._store.live_owners(self._clock.wall())
+        for declared in Declarations.all_of(owner.declares for owner in owners):
+            consumed.update(spec.name for spec in declared.queues)
         for name in self._store.queue_names():
             if name in consumed or name in self._named:
                 continue

@@ -2,24 +2,21 @@
 
 ``Purger`` is a ``LoopThread`` of its own, named ``memable-retention``, so a
 long purge never delays the timer thread (due timers, the heartbeat that
-keeps this engine's lease). Each look purges in batches of at most ``BATCH``
-instances, one transaction each (``admin.purge_batches``), so a run's write
-waits at most one batch behind it; it goes on while a batch was full, and
-stops between batches when the engine stops. It knows nothing of the engine.
+keeps this engine's lease). Each look purges in batches of at most
+``admin.PURGE_BATCH`` instances, one transaction each (``admin.purge_batches``),
+so a run's write waits at most one batch behind it; it goes on while a batch
+was full, and stops between batches when the engine stops. It knows nothing
+of the engine.
 """
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
-
-from .._clock import Clock
+from .._clock import Clock, iso_utc
 from .._log import log
-from .._store.admin import PURGE_BATCH, purge_batches
+from .._store.admin import purge_batches
 from .._store.operator import OperatorStore
 from .loop import LoopThread
 
-#: Most instances one purge transaction deletes.
-BATCH = PURGE_BATCH
 #: Longest time between two looks, in seconds: a minute's lag is nothing against a
 #: retention of hours or days, and a look that finds nothing is one indexed read.
 EVERY = 60.0
@@ -36,19 +33,21 @@ def interval(retention: float, poll_interval: float) -> float:
     return min(EVERY, max(poll_interval, retention / 2))
 
 
-def cutoff(now: float, retention: float) -> str | None:
-    """The ISO 8601 time (UTC, as ``completed_at`` is stored) before which a finished
-    instance goes; None if that is before the calendar begins (nothing is that old).
+def cutoff(now: float, retention: float) -> float | None:
+    """The time (epoch seconds, UTC) before which a finished instance goes; None if that
+    is before the calendar begins (nothing is that old, and no date says it).
 
-    >>> cutoff(1767225600.0, 86400.0)
-    '2025-12-31T00:00:00+00:00'
+    >>> cutoff(1767225600.0, 86400.0)  # 2025-12-31T00:00:00+00:00
+    1767139200.0
     >>> cutoff(0.0, 1e11) is None
     True
     """
+    before = now - retention
     try:
-        return datetime.fromtimestamp(now - retention, timezone.utc).isoformat()
+        iso_utc(before)  # as the store compares it with ``completed_at``
     except (OverflowError, OSError, ValueError):
         return None
+    return before
 
 
 class Purger(LoopThread):

@@ -15,12 +15,12 @@ import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Any, NoReturn, TypeVar
 
 import click
 
-from .._clock import SYSTEM_CLOCK, utc, utc_text
+from .._clock import SYSTEM_CLOCK, iso_utc, utc
 from .._errors import EngineError, InstanceNotFound, StorageError
 from .._inspect import (
     CUT,
@@ -61,6 +61,14 @@ _SCHEMA = click.option(
     "--schema", metavar="NAME",
     help="PostgreSQL only: the schema that holds the store (default: memable).",
 )
+
+
+def _instance(command: Callable[..., None]) -> Callable[..., None]:
+    """The arguments DB WORKFLOW ID that name one instance of a store."""
+    for argument in reversed((click.argument("db"), click.argument("workflow"),
+                              click.argument("instance_id", metavar="ID"))):
+        command = argument(command)
+    return command
 
 
 def _fail(message: str) -> NoReturn:
@@ -104,9 +112,7 @@ def _duration(text: str) -> float:
 
 def _short_time(iso: str | None) -> str:
     """An ISO timestamp to the second, for tables; '-' for none."""
-    if iso is None:
-        return "-"
-    return iso[:19].replace("T", " ")
+    return "-" if iso is None else iso[:19].replace("T", " ")
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -121,6 +127,26 @@ def _json(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False)
 
 
+def _records(
+    found: list[dict[str, Any]], as_json: bool, empty: str | None, headers: list[str],
+    row: Callable[[dict[str, Any]], list[object]],
+) -> None:
+    """Print ``found`` as JSON records, or as a table with a ``row`` each (``empty``, if
+    given, instead of a table without rows)."""
+    if as_json:
+        click.echo(_json(found))
+    elif empty is not None and not found:
+        click.echo(empty)
+    else:
+        click.echo(_table(headers, [row(record) for record in found]))
+
+
+def _guess(name: str, names: list[str]) -> str:
+    """``"; did you mean 'x'?"`` for the closest of ``names``, or ``""``."""
+    hint = did_you_mean(name, names)
+    return f"; {hint}" if hint else ""
+
+
 @click.group()
 @click.version_option(package_name="memable-engine")
 def main() -> None:
@@ -128,13 +154,8 @@ def main() -> None:
 
 
 @main.command()
-@click.option(
-    "--db",
-    "path",
-    default="memable-demo.db",
-    show_default=True,
-    help="Store to run the demo on (created if missing).",
-)
+@click.option("--db", "path", default="memable-demo.db", show_default=True,
+              help="Store to run the demo on (created if missing).")
 def demo(path: str) -> None:
     """Run a workflow whose second step fails once, then resume it."""
     try:
@@ -161,26 +182,17 @@ def list_command(
         names = store.workflows() if workflow is not None and not found else []
         known = [s.name for s in store.schedules()] if schedule is not None and not found else []
     if workflow is not None and not found and workflow not in names:
-        hint = did_you_mean(workflow, names)
-        _note(f"the store has no instance of workflow {workflow!r}{'; ' + hint if hint else ''}")
+        _note(f"the store has no instance of workflow {workflow!r}{_guess(workflow, names)}")
     if schedule is not None and not found and schedule not in known:
-        hint = did_you_mean(schedule, known)
-        _note(f"the store has no schedule {schedule!r}{'; ' + hint if hint else ''}")
-    if as_json:
-        click.echo(_json(found))
-        return
-    click.echo(
-        _table(
-            ["WORKFLOW", "INSTANCE", "STATUS", "MESSAGE", "OWNER", "AGE", "CREATED", "UPDATED"],
-            [
-                [i["workflow"], i["instance_id"], i["status"],
-                 i["status_message"] if i["status"] == "running" else i["message"],
-                 _owner_cell(i["owner"]), _age(i["age_seconds"]),
-                 _short_time(i["created_at"]), _short_time(i["updated_at"])]
-                for i in found
-            ],
-        )
-    )
+        _note(f"the store has no schedule {schedule!r}{_guess(schedule, known)}")
+    _records(found, as_json, None, [
+        "WORKFLOW", "INSTANCE", "STATUS", "MESSAGE", "OWNER", "AGE", "CREATED", "UPDATED",
+    ], lambda i: [
+        i["workflow"], i["instance_id"], i["status"],
+        i["status_message"] if i["status"] == "running" else i["message"],
+        _owner_cell(i["owner"]), _age(i["age_seconds"]),
+        _short_time(i["created_at"]), _short_time(i["updated_at"]),
+    ])
 
 
 @main.command()
@@ -194,30 +206,17 @@ def schedules(db: str, as_json: bool, schema: str | None) -> None:
         found, notes = list_schedules(store, clock=CLOCK)
     for note in notes:
         _note(note)
-    if as_json:
-        click.echo(_json(found))
-        return
-    if not found:
-        click.echo("no schedules: no engine has declared one on this store")
-        return
-    click.echo(
-        _table(
-            ["SCHEDULE", "CRON", "ZONE", "WORKFLOW", "LAST", "NEXT", "SKIPPED", "MISSED",
-             "DECLARED"],
-            [
-                [s["name"], s["cron"], s["timezone"], s["workflow"], s["last_tick"],
-                 s["next_tick"], s["skipped"], s["missed"], _declared_cell(s["engines"])]
-                for s in found
-            ],
-        )
-    )
+    _records(found, as_json, "no schedules: no engine has declared one on this store", [
+        "SCHEDULE", "CRON", "ZONE", "WORKFLOW", "LAST", "NEXT", "SKIPPED", "MISSED", "DECLARED",
+    ], lambda s: [
+        s["name"], s["cron"], s["timezone"], s["workflow"], s["last_tick"], s["next_tick"],
+        s["skipped"], s["missed"], _declared_cell(s["engines"]),
+    ])
 
 
 def _declared_cell(engines: int) -> str:
     """How many running engines declare a schedule; none fires its ticks when none does."""
-    if not engines:
-        return "not declared"
-    return f"by {engines} engine{'' if engines == 1 else 's'}"
+    return f"by {engines} engine{'' if engines == 1 else 's'}" if engines else "not declared"
 
 
 @main.command("queues")
@@ -229,24 +228,14 @@ def queues_command(db: str, as_json: bool, schema: str | None) -> None:
     paused, its limits and how many running engines consume it."""
     with _store(db, schema) as store:
         found = list_queues(store, clock=CLOCK)
-    if as_json:
-        click.echo(_json(found))
-        return
-    if not found:
-        click.echo("no queues: no instance is on one, no running engine consumes one, and "
-                   "none is paused")
-        return
-    click.echo(
-        _table(
-            ["QUEUE", "QUEUED", "RUNNING", "PAUSED", "OLDEST", "LIMITS", "ENGINES"],
-            [
-                [q["name"], q["queued"], q["running"],
-                 f"since {_short_time(q['paused_at'])}" if q["paused"] else "no",
-                 _short_time(q["oldest_queued_at"]), limits_text(q["limits"]), q["engines"]]
-                for q in found
-            ],
-        )
-    )
+    empty = "no queues: no instance is on one, no running engine consumes one, and none is paused"
+    _records(found, as_json, empty, [
+        "QUEUE", "QUEUED", "RUNNING", "PAUSED", "OLDEST", "LIMITS", "ENGINES",
+    ], lambda q: [
+        q["name"], q["queued"], q["running"],
+        f"since {_short_time(q['paused_at'])}" if q["paused"] else "no",
+        _short_time(q["oldest_queued_at"]), limits_text(q["limits"]), q["engines"],
+    ])
 
 
 @main.group("queue")
@@ -259,9 +248,8 @@ def _known_queue(store: OperatorStore, name: str) -> None:
     is on it, a running engine consumes it, or it is paused."""
     names = known_queues(store, clock=CLOCK)
     if name not in names:
-        hint = did_you_mean(name, names)
         _fail(f"the store knows no queue {name!r} (no instance is on it, no running engine "
-              f"consumes it){'; ' + hint if hint else ''}")
+              f"consumes it){_guess(name, names)}")
 
 
 @queue_group.command("pause")
@@ -274,11 +262,9 @@ def queue_pause(db: str, name: str, schema: str | None) -> None:
     with _store(db, schema) as store:
         _known_queue(store, name)
         changed = pause_queue(store, name, clock=CLOCK)
-    if changed:
-        click.echo(f"queue {name} paused: no engine starts another of its instances until "
-                   f"'memable queue resume' (runs in flight finish)")
-    else:
-        click.echo(f"queue {name} is paused already")
+    click.echo(f"queue {name} paused: no engine starts another of its instances until "
+               "'memable queue resume' (runs in flight finish)" if changed
+               else f"queue {name} is paused already")
 
 
 @queue_group.command("resume")
@@ -291,11 +277,9 @@ def queue_resume(db: str, name: str, schema: str | None) -> None:
     with _store(db, schema) as store:
         _known_queue(store, name)
         changed = resume_queue(store, name, clock=CLOCK)
-    if changed:
-        click.echo(f"queue {name} resumed: the engines that consume it start its queued "
-                   "instances (on PostgreSQL at once, on a file within their poll interval)")
-    else:
-        click.echo(f"queue {name} is not paused: nothing to resume")
+    click.echo(f"queue {name} resumed: the engines that consume it start its queued "
+               "instances (on PostgreSQL at once, on a file within their poll interval)"
+               if changed else f"queue {name} is not paused: nothing to resume")
 
 
 def _owner_cell(owner: dict[str, Any] | None) -> str | None:
@@ -418,9 +402,7 @@ def _show_text(view: dict[str, Any]) -> str:
 
 
 @main.command()
-@click.argument("db")
-@click.argument("workflow")
-@click.argument("instance_id", metavar="ID")
+@_instance
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON record.")
 @click.option("--full", is_flag=True, help=f"Print values longer than {CUT} characters whole.")
 @_SCHEMA
@@ -436,9 +418,7 @@ def show(
 
 # A payload such as -5 is JSON, not an option.
 @main.command(context_settings={"ignore_unknown_options": True})
-@click.argument("db")
-@click.argument("workflow")
-@click.argument("instance_id", metavar="ID")
+@_instance
 @click.argument("key")
 @click.argument("payload", metavar="JSON")
 @_SCHEMA
@@ -460,17 +440,14 @@ def signal(
     click.echo(f"signal {key} stored for {workflow}/{instance_id}")
     if key not in awaited:
         waits = f" (it waits on {', '.join(map(repr, awaited))})" if awaited else ""
-        hint = did_you_mean(key, awaited)
         _note(
             f"{workflow}/{instance_id} is not waiting on {key!r}{waits}; the value is kept "
-            f"for when the workflow reaches that key{'; ' + hint if hint else ''}"
+            f"for when the workflow reaches that key{_guess(key, awaited)}"
         )
 
 
 @main.command()
-@click.argument("db")
-@click.argument("workflow")
-@click.argument("instance_id", metavar="ID")
+@_instance
 @_SCHEMA
 def cancel(db: str, workflow: str, instance_id: str, schema: str | None) -> None:
     """Cancel an instance: it ends Cancelled at its next step boundary."""
@@ -519,13 +496,13 @@ def resume(
                    f"{workflow!r} takes it within its poll interval")
 
 
-def _since(text: str | None) -> str | None:
-    """--since as stored ISO text (UTC): an aware ISO time, or an age like 12h back from
+def _since(text: str | None) -> float | None:
+    """--since as epoch seconds (UTC): an aware ISO time, or an age like 12h back from
     now; exit 2 for anything else."""
     if text is None:
         return None
     try:
-        return (utc(CLOCK) - timedelta(seconds=_duration(text))).isoformat()
+        return (utc(CLOCK) - timedelta(seconds=_duration(text))).timestamp()
     except click.BadParameter:
         pass
     try:
@@ -535,25 +512,25 @@ def _since(text: str | None) -> str | None:
     if moment is None or moment.tzinfo is None:
         _fail(f"--since: {text!r} is neither an ISO time with its offset "
               "(2026-12-01T00:00:00+00:00) nor an age like 12h or 7d")
-    return moment.astimezone(timezone.utc).isoformat()
+    return moment.timestamp()
 
 
 def _resume_failed(
-    db: str, schema: str | None, workflow: str, since: str | None, limit: int, yes: bool
+    db: str, schema: str | None, workflow: str, since: float | None, limit: int, yes: bool
 ) -> None:
     """Count the failed instances, confirm (unless ``yes``), resume exactly those: the
     ones that had failed when they were counted."""
+    shown = None if since is None else iso_utc(since)  # as stored: ISO 8601 in UTC
     with _store(db, schema) as store:
         if workflow not in store.workflows():
             raise_unknown(store, workflow, "")
-        until = utc_text(CLOCK)
-        found = store.failed_instances(workflow, since=since, until=until, limit=limit)
+        found = store.failed_instances(workflow, since=since, until=CLOCK.wall(), limit=limit)
         if not found:
             click.echo(f"no failed instance of {workflow!r}" + (
-                f" since {since}" if since else "") + ": nothing to resume")
+                f" since {shown}" if shown else "") + ": nothing to resume")
             return
         what = (f"{len(found)} failed instance{'' if len(found) == 1 else 's'} of "
-                f"{workflow!r}" + (f" (failed since {since})" if since else ""))
+                f"{workflow!r}" + (f" (failed since {shown})" if shown else ""))
         if not yes and not click.confirm(f"resume {what}?", err=True):
             click.echo("nothing resumed", err=True)
             sys.exit(1)
@@ -563,9 +540,7 @@ def _resume_failed(
 
 
 @main.command()
-@click.argument("db")
-@click.argument("workflow")
-@click.argument("instance_id", metavar="ID")
+@_instance
 @click.option("--from", "from_key", metavar="KEY",
               help="Re-run from this step (default: after every completed step).")
 @click.option("--id", "new_id", metavar="NEW_ID",
@@ -589,13 +564,8 @@ def fork(
 
 @main.command()
 @click.argument("db")
-@click.option(
-    "--older-than",
-    "older_than",
-    required=True,
-    metavar="AGE",
-    help="Finished longer ago than this: a number with s, m, h or d (e.g. 30d).",
-)
+@click.option("--older-than", "older_than", required=True, metavar="AGE",
+              help="Finished longer ago than this: a number with s, m, h or d (e.g. 30d).")
 @_SCHEMA
 def purge(db: str, older_than: str, schema: str | None) -> None:
     """Delete finished (completed, failed, cancelled) instances older than AGE."""
@@ -616,23 +586,16 @@ def _grace(ctx: click.Context, param: click.Parameter, value: float) -> float:
 
 @main.command()
 @click.argument("spec", metavar="MODULE:ENGINE")
-@click.option(
-    "--threads", type=click.IntRange(min=1), help="Worker threads (default: the engine's)."
-)
-@click.option(
-    "--grace", type=float, default=30.0, show_default=True, callback=_grace,
-    help="Seconds to let runs in flight end after SIGINT or SIGTERM.",
-)
-@click.option(
-    "--queues", metavar="A,B",
-    help="The declared queues to consume, comma-separated ('' for none; default: the "
-    "engine's queues option).",
-)
-@click.option(
-    "--retention", metavar="AGE",
-    help="Purge instances finished longer ago than this, in the background: a number "
-    "with s, m, h or d, e.g. 30d (default: the engine's retention option).",
-)
+@click.option("--threads", type=click.IntRange(min=1),
+              help="Worker threads (default: the engine's).")
+@click.option("--grace", type=float, default=30.0, show_default=True, callback=_grace,
+              help="Seconds to let runs in flight end after SIGINT or SIGTERM.")
+@click.option("--queues", metavar="A,B",
+              help="The declared queues to consume, comma-separated ('' for none; default: "
+              "the engine's queues option).")
+@click.option("--retention", metavar="AGE",
+              help="Purge instances finished longer ago than this, in the background: a "
+              "number with s, m, h or d, e.g. 30d (default: the engine's retention option).")
 def worker(spec: str, threads: int | None, grace: float, queues: str | None,
            retention: str | None) -> None:
     """Run the engine MODULE:ENGINE until SIGINT or SIGTERM, logging each state change."""
@@ -651,7 +614,6 @@ def worker(spec: str, threads: int | None, grace: float, queues: str | None,
     except (EngineError, ValueError) as err:  # ValueError: a queue it does not declare
         _fail(str(err))
     raise SystemExit(status)
-
 
 
 @main.command()

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from .._clock import iso_utc
 from .._engine import access
 from .._engine.engine import Engine
 from .._errors import EngineError, StorageError
@@ -183,7 +184,8 @@ def _is_cancelled(engine: Engine, workflow: str, instance_id: str) -> bool:
     return metadata is not None and metadata.status.name == "cancelled"
 
 
-def _names(runs: list[tuple[str, str, str | None, str | None]]) -> str:
+def _names(runs: list[tuple[str, str, str | None, float | None]]) -> str:
     return ", ".join(
-        f"{w}/{i}" + (f" [{key} since {since}]" if key else "") for w, i, key, since in runs
+        f"{w}/{i}" + (f" [{key} since {iso_utc(since)}]" if key and since is not None else "")
+        for w, i, key, since in runs
     )

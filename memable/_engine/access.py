@@ -95,10 +95,10 @@ def schedules(engine: Engine) -> list[str]:
     return sorted(engine._schedules.declares())
 
 
-def in_flight(engine: Engine) -> list[tuple[str, str, str | None, str | None]]:
+def in_flight(engine: Engine) -> list[tuple[str, str, str | None, float | None]]:
     """(workflow, instance id, key, since) of each run in flight in the engine: the key
-    of the step it executes and since when, or None for both while it is between steps
-    or still claiming its instance.
+    of the step it executes and since when (epoch seconds, UTC), or None for both while
+    it is between steps or still claiming its instance.
 
     >>> import threading
     >>> from memable import Engine

@@ -39,8 +39,7 @@ class EngineBuilder(Generic[E]):
     _memory: bool = False
     _schema: str | None = None
     _options: Options = _DEFAULT_OPTIONS
-    # What makes the engine from the store and options (Engine itself): the
-    # builder does not import the engine module, which imports it.
+    # What makes the engine from the store and options: Engine itself (see E).
     _factory: Callable[[Store, Options], E] = attrs.field(default=_no_factory, repr=False)
 
     def in_memory(self) -> EngineBuilder[E]:

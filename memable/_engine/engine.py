@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import attrs
 
-from .._clock import Clock
+from .._clock import Clock, iso_utc
 from .._errors import InstanceFinished, InstanceNotFound, SerializationError, WorkflowNotFound
 from .._log import log, where
 from .._observe import telemetry
@@ -24,8 +24,7 @@ from .._run.invoking import NO_INPUT, new_instance
 from .._run.options import Options
 from .._run.runner import Runner
 from .._run.workflow import Made, Workflow
-from .._schedules.cron import tick_id
-from .._schedules.scheduler import Scheduler
+from .._schedules.scheduler import Scheduler, tick_instance
 from .._schedules.spec import CatchUp, Overlap, ScheduleSpec
 from .._store import admin
 from .._store.admin import cancel_instance, purge_finished, store_signal
@@ -62,8 +61,7 @@ class Engine:
     def __init__(self, store: Store, options: Options) -> None:
         """Use ``Engine.in_memory``, ``Engine.open`` or ``Engine.builder`` instead."""
         self._store = store
-        # Spans and metrics, through OpenTelemetry if it is installed.
-        self._telemetry = telemetry()
+        self._telemetry = telemetry()  # through OpenTelemetry, if it is installed
         # The runner owns the lock, the registry, the runs and the threads.
         self._runner = Runner(store, options, self._telemetry)
         # Its declared schedules, fired at the timer thread's looks.
@@ -150,11 +148,9 @@ class Engine:
         retry backoffs sleep with on the worker (for tests); ``queues``, the
         declared queues it consumes (None: all; ``()``: none, an engine that
         only enqueues); ``retention``, how long finished instances are kept
-        (None, the default: for ever; else a thread of the engine purges the
-        completed, failed and cancelled instances that finished longer ago,
-        with their steps and timers, at most 500 per transaction, never one
-        whose run is in flight or that has a child still going; a file then
-        shrinks). Durations are float seconds or a ``timedelta``.
+        before a thread of the engine purges them (None, the default: for
+        ever; see ``EngineBuilder.retention``). Durations are float seconds or
+        a ``timedelta``.
         ``schema``, for a PostgreSQL URL only, holds the tables (``"memable"``).
         Raise ``StorageError`` if the file is not a memable store or has a
         newer schema (such a file is left as it was), or if the server does
@@ -172,9 +168,7 @@ class Engine:
         """
         options = Options(max_workers, synchronous, poll_interval, lease, recover, retry, sleep,
                           queues=check_consumed(queues), retention=retention)
-        return EngineBuilder(
-            path=target, schema=schema, options=options, factory=Engine
-        ).build()
+        return EngineBuilder(path=target, schema=schema, options=options, factory=Engine).build()
 
     # ------------------------------------------------------------------ registry
 
@@ -411,12 +405,8 @@ class Engine:
             self.start()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         if exc_type is None:
             self.wait_all()
         self.close()
@@ -490,8 +480,7 @@ class Engine:
                                   concurrency_key=concurrency_key, clock=self._runner.clock)
         instance_id = row.instance_id
         if starts is not None:  # nobody's, waiting on its start timer
-            when = datetime.fromtimestamp(starts, dt_timezone.utc).isoformat()
-            row = attrs.evolve(row, status="suspended", message=f"starts at {when}",
+            row = attrs.evolve(row, status="suspended", message=f"starts at {iso_utc(starts)}",
                                waiting_for=START_KEY, queued_at=None)
         created = False
 
@@ -630,7 +619,7 @@ class Engine:
             raise ValueError(f"limit must be a whole number from 1, not {limit!r}")
         if since is not None and (not isinstance(since, datetime) or since.tzinfo is None):
             raise ValueError(f"since must be an aware datetime, not {since!r}")
-        at = None if since is None else since.astimezone(dt_timezone.utc).isoformat()
+        at = None if since is None else since.timestamp()
         resumed = admin.resume_failed(self._store, name, since=at, limit=limit,
                                       clock=self._runner.clock)
         for workflow, instance_id in resumed:
@@ -919,7 +908,6 @@ class Engine:
         """The stored output of a Completed instance, rebuilt as its workflow returns it."""
         return decode_output(self._runner.workflows, workflow, instance_id, output, output_type)
 
-
     @property
     def _poll_interval(self) -> float:
         return self._runner.poll_interval
@@ -929,13 +917,8 @@ def _check_tick_input(
     spec: ScheduleSpec, workflow: Workflow, queues: dict[str, QueueSpec], clock: Clock,
 ) -> None:
     """A tick's instance could be stored: the input given, or the tick, fits the workflow."""
-    sample = datetime(2000, 1, 1, tzinfo=dt_timezone.utc)
-    value = spec.input
-    if value is None:
-        value = sample if workflow.takes_input else NO_INPUT
     try:
-        new_instance(workflow, value, f"{spec.name}@{tick_id(sample)}", spec.queue, 0, queues,
-                     clock=clock)
+        tick_instance(spec, workflow, datetime(2000, 1, 1, tzinfo=dt_timezone.utc), queues, clock)
     except TypeError as exc:  # an input it does not take, or none where it needs one
         raise ValueError(f"input of schedule {spec.name!r}: {exc}") from None
     except SerializationError:

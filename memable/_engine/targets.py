@@ -96,12 +96,8 @@ def check_target(target: object, schema: object) -> None:
 
 
 def open_store(
-    target: str | os.PathLike[str] | None,
-    synchronous: Synchronous,
-    *,
-    schema: str | None = None,
-    create: bool = True,
-    pool_size: int = 10,
+    target: str | os.PathLike[str] | None, synchronous: Synchronous, *,
+    schema: str | None = None, create: bool = True, pool_size: int = 10,
 ) -> Store:
     """Open the store ``target`` names (None, or ``sqlite://``: SQLite in memory)."""
     if target is not None:

@@ -1,10 +1,9 @@
 """Observability: the spans and metrics an engine reports, through OpenTelemetry.
 
-Its one job: one small interface (``base.Telemetry``) that the runner, the
-timer thread's looks, the queue consumer and the scheduler call, with a
-version that does nothing (no OpenTelemetry installed) and one that speaks
-the OpenTelemetry API (``otel``, imported only when the API is installed).
-The only package that imports ``opentelemetry``.
+Its one job: one small interface (``base.Telemetry``) that the engine's parts
+call, a version of it that does nothing, and one that speaks the OpenTelemetry
+API (``otel``, imported only when the API is installed): the only package that
+imports ``opentelemetry``.
 
 May import: the value modules; never a store, the runner or the engine.
 """

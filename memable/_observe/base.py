@@ -82,13 +82,7 @@ class Produced:
         """End it: only for an instance that was made (one never ended is never exported)."""
 
 
-def _nothing() -> None:
-    return None
-
-
 _NO_PRODUCED = Produced()
-
-
 _NO_STEP = StepTrace()
 _NO_RUN = RunTrace()
 
@@ -153,4 +147,4 @@ class Telemetry:
     def observe_queues(self, read: Callable[[], list[QueueStats]]) -> Callable[[], None]:
         """The queue gauges read ``read()`` each time the meter collects, until the
         returned function is called."""
-        return _nothing
+        return lambda: None

@@ -156,15 +156,11 @@ class OpenTelemetry(Telemetry):
                 cls._one = cls()
             return cls._one
 
-    def __init__(
-        self,
-        tracer_provider: trace.TracerProvider | None = None,
-        meter_provider: metrics.MeterProvider | None = None,
-    ) -> None:
+    def __init__(self, tracer_provider: trace.TracerProvider | None = None,
+                 meter_provider: metrics.MeterProvider | None = None) -> None:
         """Through the global providers, unless given others (a test's, say)."""
         self._own_tracing = tracer_provider is not None
-        self._tracer = (tracer_provider.get_tracer(SCOPE) if tracer_provider is not None
-                        else trace.get_tracer(SCOPE))
+        self._tracer = trace.get_tracer(SCOPE, tracer_provider=tracer_provider)
         meter = (meter_provider.get_meter(SCOPE) if meter_provider is not None
                  else metrics.get_meter(SCOPE))
         self._runs = meter.create_counter("memable.runs", "{run}", "Runs ended, by outcome")

@@ -9,6 +9,10 @@ An operation that meets a lost connection, a serialization failure or a
 deadlock is tried again on a fresh connection, with backoff, for up to
 ``RETRY_FOR`` seconds.
 
+A transaction costs no round trip of its own: its ``BEGIN`` goes with the
+body's first statement, and what only matters once it commits (its NOTIFYs,
+a relaxed durability) goes with its ``COMMIT`` (``Opening``).
+
 The commit outcome of a write whose connection went during its ``COMMIT`` is
 unknown; one rule decides it, here. A transaction learns its id and its
 server process with its ``BEGIN`` (the same round trip); after a lost
@@ -45,7 +49,7 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -59,11 +63,11 @@ from .._store.protocol import Synchronous
 from . import schema as schema_
 
 T = TypeVar("T")
-Connection = psycopg.Connection[Any]
 #: Seconds an operation is tried again across lost connections before it fails.
 RETRY_FOR = 30.0
-#: Opens a transaction and learns its id and server process, in one round trip.
-_BEGIN = "BEGIN; SELECT txid_current(), pg_backend_pid()"
+#: Opens a transaction and learns its id and server process: sent with the body's first
+#: statement, in one round trip.
+_BEGIN = "BEGIN; SELECT txid_current(), pg_backend_pid(); "
 
 #: Longest wait for a pooled connection, and longest backoff between tries: the pool
 #: gives up a connect that fails without waking its waiters, and connects again when
@@ -78,6 +82,96 @@ LEASE_USED = 0.9
 _POOLS = itertools.count(1)
 #: This thread's own: ``quiet`` while it is inside ``Connections`` (see ``_QuietPool``).
 _INSIDE = threading.local()
+
+
+class Opening:
+    """The transaction ``Connections`` holds open on a connection for one operation.
+
+    Nothing is sent until the body's first statement, which carries the
+    ``BEGIN`` (and learns the transaction's id and server process) in its own
+    round trip; what only matters once the transaction commits (``at_commit``:
+    NOTIFYs, a relaxed durability) is sent with the ``COMMIT``. A statement
+    whose result the body does not read (``later``, bound here) waits for the
+    next one, or the ``COMMIT``, and shares its round trip. Used by one thread,
+    the operation's.
+    """
+
+    __slots__ = ("at_commit", "begun", "later", "pid", "xid")
+
+    def __init__(self) -> None:
+        self.begun = False
+        self.xid = self.pid = 0
+        #: Statements (no parameters) to send just before the ``COMMIT``, in its round trip.
+        self.at_commit: list[str] = []
+        #: Statements (bound) whose results nobody reads, to send with the next one.
+        self.later: list[str] = []
+
+    def send_later(
+        self, conn: psycopg.Connection[Any], sql: str, params: Mapping[str, Any]
+    ) -> None:
+        """Send ``sql`` with the next statement, or the ``COMMIT``, in its round trip."""
+        self.later.append(psycopg.ClientCursor(conn).mogrify(sql, params))
+
+    def commit(self, conn: psycopg.Connection[Any]) -> None:
+        """Send what waits, and the ``COMMIT``, in one round trip."""
+        conn.execute("; ".join([*self.later, *self.at_commit, "COMMIT"]))
+
+    def execute(
+        self, conn: psycopg.Connection[Any], sql: str, params: Mapping[str, Any] | None
+    ) -> psycopg.Cursor[Any]:
+        """Run ``sql`` in this transaction: with what waits, and its ``BEGIN`` if it is
+        the first, in one round trip."""
+        if self.begun and not self.later:
+            return conn.execute(sql, params)
+        return self._send(conn, sql, params)
+
+    def execute_each(
+        self, conn: psycopg.Connection[Any], statements: list[tuple[str, Mapping[str, Any]]]
+    ) -> list[list[Any]]:
+        """Run each of ``statements`` in this transaction (with what waits, and its
+        ``BEGIN`` if they are the first), in one round trip; each one's rows."""
+        binder = psycopg.ClientCursor(conn)
+        texts = [binder.mogrify(sql, params) for sql, params in statements]
+        cursor = self._send(conn, "; ".join(texts), None)
+        rows = [rows_read(cursor)]
+        for _ in texts[1:]:
+            cursor.nextset()
+            rows.append(rows_read(cursor))
+        return rows
+
+    def _send(
+        self, conn: psycopg.Connection[Any], sql: str, params: Mapping[str, Any] | None
+    ) -> psycopg.Cursor[Any]:
+        """Send what waits, then ``sql`` (after the ``BEGIN`` if nothing was sent yet), in
+        one round trip; the cursor at ``sql``'s (first) result."""
+        # Several statements in one round trip: the parameters are bound here, not by
+        # the server (the bound ones' ``%`` escaped for that).
+        before = "".join(f"{text}; " for text in self.later)
+        if params is not None:
+            before = before.replace("%", "%%")
+        cursor = psycopg.ClientCursor(conn)
+        cursor.execute(("" if self.begun else _BEGIN) + before + sql, params)
+        if not self.begun:
+            self.begun = True
+            cursor.nextset()
+            self.xid, self.pid = cursor.fetchone()  # type: ignore[misc]
+            cursor.nextset()
+        for _ in self.later:
+            cursor.nextset()
+        self.later.clear()
+        return cursor
+
+
+def rows_read(cursor: psycopg.Cursor[Any]) -> list[Any]:
+    """The rows of the statement ``cursor`` is at: none for one that reads none."""
+    return [] if cursor.description is None else cursor.fetchall()
+
+
+class Connection(psycopg.Connection[Any]):
+    """A connection of a store's pool: ``opening`` is the transaction an operation holds
+    open on it (None between operations, and in a one-statement operation)."""
+
+    opening: Opening | None = None
 
 
 class _LostCommit(Exception):
@@ -162,7 +256,8 @@ class Connections:
         # a reconnect at its first failure (reconnect_timeout 0): the operations that
         # wait for a connection ask for the next one (see run).
         self._pool = psycopg_pool.ConnectionPool(
-            url, kwargs=self._kwargs, min_size=1, max_size=max(2, pool_size),
+            url, kwargs=self._kwargs, connection_class=Connection,
+            min_size=1, max_size=max(2, pool_size),
             open=False, name=f"memable-pool-{next(_POOLS)}", timeout=timeout,
             configure=self._configure, reconnect_timeout=0.0,
             reconnect_failed=lambda pool: self._went_down(None),
@@ -219,7 +314,7 @@ class Connections:
         """A connection of its own (not the pool's): opening, and listening."""
         conn: Connection | None = None
         try:
-            conn = psycopg.connect(self._url, **self._kwargs)
+            conn = Connection.connect(self._url, **self._kwargs)
             self._configure(conn)
             return conn
         except psycopg.Error as exc:
@@ -369,27 +464,37 @@ class Connections:
             return lost_commit.answer  # type: ignore[return-value]
         if not transaction:
             return fn(conn)
-        cursor = conn.execute(_BEGIN)
-        cursor.nextset()
-        xid, pid = cursor.fetchone()  # type: ignore[misc]
+        opening = conn.opening = Opening()
         try:
             answer = fn(conn)
         except BaseException:
-            if not conn.closed and conn.info.transaction_status != _IDLE:
-                # If the connection went, the server ends the transaction.
-                with contextlib.suppress(psycopg.Error):
-                    conn.execute("ROLLBACK")
+            _roll_back(conn)
             raise
+        finally:
+            conn.opening = None
+        if not opening.begun:
+            return answer  # it ran no statement: nothing to commit
         try:
-            conn.execute("COMMIT")
+            opening.commit(conn)
         except psycopg.OperationalError as exc:
             if isinstance(exc, psycopg.errors.TransactionRollback):
                 raise  # refused at commit (serialization): rolled back, tried again
-            raise _LostCommit(xid, pid, answer, exc) from exc
+            raise _LostCommit(opening.xid, opening.pid, answer, exc) from exc
+        except BaseException:  # a statement sent with the COMMIT failed: it did not commit
+            _roll_back(conn)
+            raise
         return answer
 
 
 _IDLE = psycopg.pq.TransactionStatus.IDLE
+
+
+def _roll_back(conn: Connection) -> None:
+    """End the transaction an operation left open on ``conn`` (if the connection went,
+    the server ends it)."""
+    if not conn.closed and conn.info.transaction_status != _IDLE:
+        with contextlib.suppress(psycopg.Error):
+            conn.execute("ROLLBACK")
 
 
 #: Ends the server process ``pid`` if it still holds the transaction ``xid`` (its 32-bit

@@ -17,8 +17,6 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
-import psycopg
-
 from .._records import StatusName, StepRecord
 from .._store import liveness as _liveness
 from .._store.protocol import Synchronous
@@ -48,7 +46,7 @@ from .._store.sql import retention as retention_sql
 from .._store.sql import schedules as schedules_sql
 from .._store.sql.reads import OperatorReads
 from . import schema as schema_
-from .connections import Connections
+from .connections import Connection, Connections
 from .listener import Changed, Listener
 from .transaction import PostgresTransaction
 
@@ -106,7 +104,7 @@ class PostgresStore(OperatorReads):
                          row.workflow, row.instance_id)
 
     def begin_run(
-        self, workflow: str, instance_id: str, *, now: str, claim: Claim
+        self, workflow: str, instance_id: str, *, now: float, claim: Claim
     ) -> RunSnapshot | None:
         return self._run(
             "start a run",
@@ -114,12 +112,16 @@ class PostgresStore(OperatorReads):
                                           claim=claim),
             workflow, instance_id)
 
-    def _tx(self, conn: psycopg.Connection[Any]) -> PostgresTransaction:
+    def _tx(self, conn: Connection) -> PostgresTransaction:
         return PostgresTransaction(conn, self.owner, self.channel)
 
     def save_step(self, write: StepWrite) -> None:
+        # One statement for a completed step: run again, it finds the row it wrote and
+        # refuses nothing. Another outcome (a failed attempt) counts an attempt, again if
+        # run again: a transaction, whose lost commit the server decides.
         self._run("store the step", lambda conn: steps.save(self._tx(conn), write),
-                  write.workflow, write.instance_id, write.key, transaction=False)
+                  write.workflow, write.instance_id, write.key,
+                  transaction=write.state != "completed")
 
     def check_run(self, workflow: str, instance_id: str) -> StatusName:
         return self._run("check the run",
@@ -131,7 +133,7 @@ class PostgresStore(OperatorReads):
                   lambda conn: steps.set_status(self._tx(conn), workflow, instance_id, message),
                   workflow, instance_id, transaction=False)
 
-    def record_in_flight(self, steps_: list[tuple[str, str, str, str]]) -> None:
+    def record_in_flight(self, steps_: list[tuple[str, str, str, float]]) -> None:
         if steps_:
             self._run("record the steps in flight",
                       lambda conn: steps.record_in_flight(self._tx(conn), steps_))
@@ -156,14 +158,14 @@ class PostgresStore(OperatorReads):
 
     # ------------------------------------------------------------------ from outside a run
 
-    def mark_resumable(self, workflow: str, instance_id: str, now: str) -> str:
+    def mark_resumable(self, workflow: str, instance_id: str, now: float) -> str:
         return self._run(
             "mark the instance to resume",
             lambda conn: shared.mark_resumable(self._tx(conn), workflow, instance_id, now),
             workflow, instance_id)
 
     def resume_failure(
-        self, workflow: str, instance_id: str, failed_at: str, now: str
+        self, workflow: str, instance_id: str, failed_at: str, now: float
     ) -> bool:
         return self._run(
             "resume the failed instance",
@@ -172,7 +174,7 @@ class PostgresStore(OperatorReads):
             workflow, instance_id)
 
     def fork_instance(
-        self, workflow: str, instance_id: str, new_id: str, from_key: str | None, now: str
+        self, workflow: str, instance_id: str, new_id: str, from_key: str | None, now: float
     ) -> bool:
         return self._run(
             "fork the instance",
@@ -192,7 +194,7 @@ class PostgresStore(OperatorReads):
                   write.workflow, write.instance_id, write.key)
 
     def fire_due_timers(
-        self, clock: Callable[[], float], at: str
+        self, clock: Callable[[], float], at: float
     ) -> list[tuple[str, str, str, float]]:
         # Most looks find nothing due: a read answers those, without a transaction.
         due = self._run("look for due timers", lambda conn: timers.due(self._tx(conn), clock),
@@ -201,14 +203,14 @@ class PostgresStore(OperatorReads):
             return []
         return self._run("fire due timers", lambda conn: timers.fire(self._tx(conn), due, at))
 
-    def purge_batch(self, completed_before: str, limit: int, now: float) -> int:
+    def purge_batch(self, completed_before: float, limit: int, now: float) -> int:
         # The batch's rows are locked as they are chosen, skipping those another
         # transaction holds (a run's write, or another engine's batch): no waits, and
         # two engines purging at once take different instances. Their parents and
         # children are locked next, and the rules read again (``sql.retention``). A
         # retry after a lost commit purges the next batch, or finds this one gone:
         # either is fine. Leases are judged by the server's clock.
-        def purge_them(conn: psycopg.Connection[Any]) -> int:
+        def purge_them(conn: Connection) -> int:
             return retention_sql.purge_batch(self._tx(conn), completed_before, limit, now)
 
         return self._run("purge a batch of finished instances", purge_them)
@@ -252,13 +254,13 @@ class PostgresStore(OperatorReads):
 
     # ------------------------------------------------------------------ several instances at once
 
-    def cancel(self, workflow: str, instance_id: str, *, now: str) -> Ended:
+    def cancel(self, workflow: str, instance_id: str, *, now: float) -> Ended:
         return self._run(
             "cancel the instance",
             lambda conn: cancel_sql.cancel(self._tx(conn), workflow, instance_id, now),
             workflow, instance_id)
 
-    def time_out(self, clock: Callable[[], float], at: str) -> list[TimedOut]:
+    def time_out(self, clock: Callable[[], float], at: float) -> list[TimedOut]:
         # Most looks find none due: one read answers those, outside a transaction.
         if not self._run("look for timed-out instances",
                          lambda conn: shared.any_timeout_due(self._tx(conn), clock()),
@@ -270,7 +272,7 @@ class PostgresStore(OperatorReads):
     def claim_queued(
         self, queue: str, workflows: list[str], *, concurrency: int | None,
         per_process: int | None, rate: tuple[int, float] | None, clock: Callable[[], float],
-        at: str,
+        at: float,
         batch: int,
         per_key: int | None = None,
     ) -> Claimed:
@@ -282,7 +284,7 @@ class PostgresStore(OperatorReads):
                             transaction=False):
             return Claimed()
 
-        def take(conn: psycopg.Connection[Any]) -> Claimed:
+        def take(conn: Connection) -> Claimed:
             return queue_sql.claim(
                 self._tx(conn), queue=queue, workflows=workflows, concurrency=concurrency,
                 per_process=per_process, rate=rate, clock=clock, at=at, batch=batch,
@@ -296,7 +298,7 @@ class PostgresStore(OperatorReads):
             lambda conn: queue_sql.queued(self._tx(conn), queue, workflows),
             transaction=False)
 
-    def set_queue_paused(self, queue: str, paused: bool, at: str) -> bool:
+    def set_queue_paused(self, queue: str, paused: bool, at: float) -> bool:
         what = f"{'pause' if paused else 'resume'} the queue {queue!r}"
         return self._db.run(
             what, lambda conn: queue_sql.set_paused(self._tx(conn), queue, paused, at))
@@ -317,7 +319,7 @@ class PostgresStore(OperatorReads):
 
     # ------------------------------------------------------------------ schedules
 
-    def declare_schedules(self, schedules: list[ScheduleRow], at: str) -> list[ScheduleRow]:
+    def declare_schedules(self, schedules: list[ScheduleRow], at: float) -> list[ScheduleRow]:
         return self._run(
             "declare the schedules",
             lambda conn: schedules_sql.declare(self._tx(conn), schedules, at),

@@ -3,7 +3,8 @@
 A body locks the rows it decides on (``FOR UPDATE``, ``FOR SHARE``), so
 concurrent engines' transactions on one instance take turns. ``notify``
 queues a NOTIFY on the store's channel, which the server sends to the other
-engines' listeners when the transaction commits (``listener``).
+engines' listeners when the transaction commits (``listener``); it goes with
+the ``COMMIT`` (``connections.Opening``), as does a relaxed durability.
 """
 
 from __future__ import annotations
@@ -12,27 +13,56 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from .._store.transaction import LOCK_INSTANCE, POSTGRESQL, Cursor, Dialect
+from .connections import Opening, rows_read
 from .listener import payload
+
+#: What ``relax_commit`` sends with the ``COMMIT``: its flush is not waited for.
+_RELAXED = "SELECT set_config('synchronous_commit', 'off', true)"
 
 
 class PostgresTransaction:
     """One body's view of an open transaction on ``conn``, for ``owner``, telling other
     engines on ``channel``."""
 
-    __slots__ = ("_channel", "_conn", "owner")
+    __slots__ = ("_channel", "_conn", "_opening", "owner")
     dialect: Dialect = POSTGRESQL
 
     def __init__(self, conn: psycopg.Connection[Any], owner: str, channel: str) -> None:
         self._conn = conn
         self.owner = owner
         self._channel = channel
+        # The store's own operation's transaction (None: one statement, or a connection
+        # handed in, whose transaction is its holder's).
+        self._opening: Opening | None = getattr(conn, "opening", None)
 
     def execute(self, template: str, params: Mapping[str, Any] | None = None) -> Cursor:
-        return self._conn.execute(POSTGRESQL.spell(template), params)
+        opening = self._opening
+        if opening is None:  # one statement, or a connection handed in: as it comes
+            return self._conn.execute(POSTGRESQL.spell(template), params)
+        return opening.execute(self._conn, POSTGRESQL.spell(template), params)
+
+    def execute_each(self, *statements: tuple[str, Mapping[str, Any]]) -> list[list[Any]]:
+        if self._opening is None:
+            return [rows_read(self._conn.execute(POSTGRESQL.spell(template), params))
+                    for template, params in statements]
+        return self._opening.execute_each(
+            self._conn, [(POSTGRESQL.spell(template), params) for template, params in statements])
+
+    def write(self, template: str, params: Mapping[str, Any]) -> None:
+        opening = self._opening
+        if opening is None or not opening.begun:  # (the BEGIN goes with a statement now)
+            self.execute(template, params)
+        else:
+            opening.send_later(self._conn, POSTGRESQL.spell(template), params)
 
     def executemany(self, template: str, params: Iterable[Mapping[str, Any]]) -> None:
+        opening = self._opening
+        if opening is not None and (not opening.begun or opening.later):
+            # The BEGIN, and what waits to be sent, go before the batch.
+            opening.execute(self._conn, "SELECT 1", None)
         with self._conn.cursor() as cursor:
             cursor.executemany(POSTGRESQL.spell(template), params)
 
@@ -43,4 +73,13 @@ class PostgresTransaction:
 
     def notify(self, kind: str, workflow: str | None, instance_id: str | None) -> None:
         text = payload(kind, self.owner, workflow, instance_id or "")
-        self._conn.execute("SELECT pg_notify(%s, %s)", (self._channel, text))
+        statement = sql.SQL("SELECT pg_notify({}, {})").format(self._channel, text)
+        opening = self._opening
+        if opening is None:
+            self._conn.execute(statement)
+        else:
+            opening.at_commit.append(statement.as_string(self._conn))
+
+    def relax_commit(self) -> None:
+        if self._opening is not None:
+            self._opening.at_commit.append(_RELAXED)

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from .._clock import Clock, utc_text
+from .._clock import Clock
 from .._errors import InvalidKey, StepTimeout, key_taken
 from .._observe.base import RunTrace, Telemetry
 from .._retry import Retry
@@ -94,14 +94,15 @@ class Attempts:
         # flight_lock guards in_flight. It is the runner's lock (``Registry.lock``): Engine.signal
         # holds it from its look at in_flight until the signal is stored.
         self.flight_lock = flight_lock or threading.Lock()
-        #: The keys whose function runs now, and since when (for signals, and operators).
-        self.in_flight: dict[str, str] = {}
+        #: The keys whose function runs now, and since when (epoch seconds, UTC; for signals,
+        #: and operators).
+        self.in_flight: dict[str, float] = {}
         # _lock guards _abandoned: attempts that timed out and may still run, by
         # key; the key's next attempt waits for them (never two at once).
         self._lock = threading.Lock()
         self._abandoned: dict[str, concurrent.futures.Future[Any]] = {}
 
-    def in_flight_now(self) -> tuple[str, str] | None:
+    def in_flight_now(self) -> tuple[str, float] | None:
         """The key in flight longest and since when, or None; the caller holds flight_lock."""
         if not self.in_flight:
             return None
@@ -140,7 +141,7 @@ class Attempts:
         attempt = int(stored.result or 0) if stored is not None and waited else 0
         while True:
             attempt += 1
-            started = utc_text(self._clock)
+            started = self._clock.wall()
             with self.flight_lock:  # against a signal to the key (Engine.signal)
                 self.in_flight[key] = started
             try:
@@ -290,7 +291,7 @@ class Attempts:
         *,
         result: tuple[str, str | None] | None = None,
         error: BaseException | None = None,
-        started: str | None = None,
+        started: float | None = None,
     ) -> StepWrite:
         """The row to store for ``key`` in ``state`` (kind "step"; evolve it for another)."""
         text, tag = result if result is not None else (None, None)
@@ -305,7 +306,7 @@ class Attempts:
             result_type=tag,
             status=status,
             error=None if error is None else f"{type(error).__name__}: {error}",
-            at=utc_text(self._clock),
+            at=self._clock.wall(),
             started=started,
             traceback=None if error is None else traceback_of(error),
         )

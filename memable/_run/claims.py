@@ -16,13 +16,13 @@ from collections.abc import Callable, Iterable
 
 from .._background.queues import Dispatcher, QueueConsumer
 from .._background.timers import BackgroundThread
-from .._clock import Skew, utc_text
+from .._clock import Skew
 from .._errors import NotStarted
 from .._log import log, where
-from .._observe.base import QueueStats, Telemetry
+from .._observe.base import Telemetry
 from .._queues import QueueSpec
 from .._store.protocol import Store
-from .._store.rows import Claim, Ended, RunEnd, RunSnapshot, waited
+from .._store.rows import Claim, Ended, RunEnd, RunSnapshot
 from .invocation import Watch
 from .registry import Registry
 from .runs import Runs
@@ -104,16 +104,6 @@ class Claims:
         if self.background is not None:
             self.background.armed()
 
-    def queue_stats(self, names: list[str]) -> list[QueueStats]:
-        """What the queue gauges show of the queues this engine consumes (the meter's
-        thread reads them)."""
-        now = self.clock.wall()
-        stats = []
-        for name in names:
-            queued, running, oldest = self._store.queue_stats(name, now)
-            stats.append(QueueStats(name, queued, running, waited(oldest, now) or 0.0))
-        return stats
-
     # ------------------------------------------------------------------ instances made here
 
     def start_made(
@@ -173,7 +163,7 @@ class Claims:
                 self._runs.submit_claimed(self._registry.workflows[name], instance_id, snapshot)
                 return
         # Stopping: back in the queue, in its place, for the next engine.
-        self._store.finish(name, instance_id, RunEnd("queued", utc_text(self.clock)))
+        self._store.finish(name, instance_id, RunEnd("queued", self.clock.wall()))
 
     # ------------------------------------------------------------------ wake-ups
 
@@ -230,7 +220,7 @@ class Claims:
         try:
             # Read here, not higher up: see BackgroundThread on freezegun.
             now = self.clock.wall()
-            fired = self._store.fire_due_timers(self.clock.wall, utc_text(self.clock))
+            fired = self._store.fire_due_timers(self.clock.wall, self.clock.wall())
             for name, instance_id, key, deadline in fired:
                 log.info("timer fired: %s", key, extra=where(name, instance_id, key))
                 self._telemetry.timer_fired(now - deadline)
@@ -238,7 +228,7 @@ class Claims:
             count, until = len(fired), None
             # The clock, not ``now``: the store reads it after the instances it judges
             # (``Store.time_out``), as a frozen test clock may have gone back since.
-            for out in self._store.time_out(self.clock.wall, utc_text(self.clock)):
+            for out in self._store.time_out(self.clock.wall, self.clock.wall()):
                 log.warning("%s", out.message, extra=where(out.workflow, out.instance_id))
                 self.ended_by_cancel(out.workflow, out.instance_id, out.ended)
                 count += 1
@@ -286,7 +276,8 @@ class Claims:
         if now >= self._next_heartbeat:
             self._heartbeat()
             self._next_heartbeat = now + self._registry.options.lease / 3
-            steps = [(w, i, k, t) for w, i, k, t in self._runs.in_flight() if k and t]
+            steps = [(w, i, k, t) for w, i, k, t in self._runs.in_flight()
+                     if k and t is not None]
             self._store.record_in_flight(steps)
 
     # ------------------------------------------------------------------ the poll's look
@@ -329,5 +320,5 @@ class Claims:
             # alone), so its queue's slot is free and the queue thread looks.
             log.warning("letting go of a cancelled instance whose run here did not record "
                         "its end", extra=where(name, instance_id))
-            self._store.finish(name, instance_id, RunEnd("cancelled", utc_text(self.clock)))
+            self._store.finish(name, instance_id, RunEnd("cancelled", self.clock.wall()))
             self.kick()

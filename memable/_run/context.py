@@ -58,20 +58,11 @@ class Context:
     # a map share is in ``Attempts``, locked there.
 
     def __init__(
-        self,
-        *,
-        workflow: str,
-        instance_id: str,
-        input: Any,
-        store: RunStore,
-        memo: dict[str, StoredStep],
-        publish: Callable[[WorkflowState], None],
-        run: RunControl | None = None,
-        options: Options | None = None,
-        flight_lock: threading.Lock | None = None,
-        children: ChildHost | None = None,
-        stored_status: str | None = None,
-        trace: RunTrace | None = None,
+        self, *, workflow: str, instance_id: str, input: Any, store: RunStore,
+        memo: dict[str, StoredStep], publish: Callable[[WorkflowState], None],
+        run: RunControl | None = None, options: Options | None = None,
+        flight_lock: threading.Lock | None = None, children: ChildHost | None = None,
+        stored_status: str | None = None, trace: RunTrace | None = None,
         telemetry: Telemetry | None = None,
     ) -> None:
         options = options or Options()
@@ -417,8 +408,8 @@ class Context:
                     # fails the same way while that one holds the id.
                     to_start.append(i)
                     continue
-                state = state_of(child) if child is not None else None
-                error = ChildFailed(workflow, child_id, state or _gone())
+                gone = Failed("the child instance is gone")
+                error = ChildFailed(workflow, child_id, state_of(child) if child else gone)
                 told = row.result == TOLD
                 if told and child is not None and child.status != "cancelled":
                     to_resume.append(i)
@@ -495,11 +486,8 @@ class Context:
 
     def _deadline(self, key: str, what: str, duration: object) -> tuple[float, float]:
         """``duration`` in seconds, and the wall-clock deadline that far from now; a bad
-        one fails the step ``key``.
-
-        The error (TypeError, or ValueError for a negative duration or a
-        deadline past the year 9999) names the key and the argument.
-        """
+        one (TypeError; ValueError if negative or past the year 9999) fails the step
+        ``key``, and its error names the key and the argument."""
         what = f"{what} of {key!r}"
         try:
             seconds = seconds_of(duration, what)
@@ -668,7 +656,3 @@ class Context:
         seq = self._next_seq
         self._next_seq += 1
         return seq
-
-
-def _gone() -> WorkflowState:
-    return Failed("the child instance is gone")

@@ -4,45 +4,31 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any, Protocol
 
 from .. import _clock
 from .._errors import WorkflowFailed
-from .._states import (
-    Cancelled,
-    Completed,
-    Failed,
-    Queued,
-    Started,
-    Suspended,
-    WorkflowState,
-)
+from .._states import Cancelled, Completed, Failed, Queued, Started, Suspended, WorkflowState
 from .._store.rows import InstanceRow
 from .._validate import seconds_of
 
 
 def state_of(row: InstanceRow) -> WorkflowState:
     """The WorkflowState a stored instance row stands for."""
-    if row.status == "queued":
-        return Queued()
-    if row.status == "running":
-        return Started()
-    if row.status == "suspended":
-        return Suspended(row.message or "")
-    if row.status == "completed":
-        return Completed()
-    if row.status == "failed":
-        return Failed(row.message or "")
-    return Cancelled()
+    if row.status in ("suspended", "failed"):
+        return (Suspended if row.status == "suspended" else Failed)(row.message or "")
+    return {"queued": Queued(), "running": Started(), "completed": Completed()}.get(
+        row.status, Cancelled())
 
 
-def _deadline(timeout: float | timedelta | None) -> float | None:
-    """The monotonic deadline of a wait of ``timeout`` (None: no deadline)."""
+def _remaining(timeout: float | timedelta | None) -> Callable[[], float | None]:
+    """The seconds left, when called, of a wait of ``timeout`` from now (None: no end)."""
     if timeout is None:
-        return None
-    return _clock.monotonic() + seconds_of(timeout, "timeout")
+        return lambda: None
+    deadline = _clock.monotonic() + seconds_of(timeout, "timeout")
+    return lambda: max(0.0, deadline - _clock.monotonic())
 
 
 class Host(Protocol):
@@ -158,10 +144,8 @@ class Invocation:
         self._watch = watch
 
     def __repr__(self) -> str:
-        return (
-            f"<Invocation workflow={self._watch.workflow!r} "
-            f"instance_id={self._watch.instance_id!r} state={self.state}>"
-        )
+        return (f"<Invocation workflow={self._watch.workflow!r} "
+                f"instance_id={self._watch.instance_id!r} state={self.state}>")
 
     @property
     def workflow_name(self) -> str:
@@ -226,9 +210,9 @@ class Invocation:
         Failed(message="step 'boom' failed: ZeroDivisionError: division by zero")
         """
         watch = self._watch
-        deadline = _deadline(timeout)
+        remaining = _remaining(timeout)
         while True:
-            left = None if deadline is None else max(0.0, deadline - _clock.monotonic())
+            left = remaining()
             with watch.cond:
                 stored = watch.stored  # before the read: a change after it ends the wait
                 if watch.active:
@@ -283,11 +267,7 @@ class Invocation:
         6
         """
         watch = self._watch
-        deadline = _deadline(timeout)
-
-        def remaining() -> float | None:
-            return None if deadline is None else max(0.0, deadline - _clock.monotonic())
-
+        remaining = _remaining(timeout)
         while True:
             with watch.cond:
                 if not watch.cond.wait_for(lambda: not watch.active, remaining()):

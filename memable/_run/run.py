@@ -9,7 +9,7 @@ from typing import Any
 
 import attrs
 
-from .._clock import Clock, utc_text
+from .._clock import Clock
 from .._log import log, where
 from .._observe.base import RunReason
 from .._states import Failed, Suspended, WorkflowState
@@ -95,7 +95,7 @@ def release(store: RunStore, run: Run, clock: Clock) -> WorkflowState | None:
     assert waited is not None
     try:
         store.finish(run.workflow.name, run.instance_id, RunEnd(
-            "suspended", utc_text(clock), waited.message, waiting_for=waited.key,
+            "suspended", clock.wall(), waited.message, waiting_for=waited.key,
         ))
     except BaseException:
         log.exception("could not release the instance",

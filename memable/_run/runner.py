@@ -19,10 +19,10 @@ from .._background.retention import Purger
 from .._clock import Clock
 from .._errors import AlreadyStarted, StorageError
 from .._log import log
-from .._observe.base import RunReason, Telemetry
+from .._observe.base import QueueStats, RunReason, Telemetry
 from .._queues import Declarations, QueueSpec, consumed
 from .._store.protocol import Store
-from .._store.rows import Claim, Ended
+from .._store.rows import Claim, Ended, waited
 from .children import Children
 from .claims import Claims
 from .invocation import Watch
@@ -34,6 +34,11 @@ from .workflow import Made, Workflow
 
 class Runner:
     """Starts, drains and stops an engine's runs; the engine's one way in to its parts.
+
+    The run path (``Runs`` and what a run uses) needs only a ``RunStore``; the
+    runner and its ``Claims`` hold the whole ``Store`` because the services they
+    host also read what an operator reads (the queue gauges, the queue consumers'
+    warning of unconsumed queues, the schedules, the retention purge).
 
     >>> from memable._run.options import Options
     >>> from memable._sqlite.store import SQLiteStore
@@ -169,9 +174,19 @@ class Runner:
         if queues:
             names = [queue.name for queue in queues]
             self._unobserve = self.telemetry.observe_queues(
-                lambda: self.claims.queue_stats(names)
+                lambda: self.queue_stats(names)
             )
         log.info("engine started", extra={"workflows": sorted(registry.workflows)})
+
+    def queue_stats(self, names: list[str]) -> list[QueueStats]:
+        """What the queue gauges show of the queues this engine consumes (the meter's
+        thread reads them)."""
+        now = self.clock.wall()
+        stats = []
+        for name in names:
+            queued, running, oldest = self.store.queue_stats(name, now)
+            stats.append(QueueStats(name, queued, running, waited(oldest, now) or 0.0))
+        return stats
 
     def wait_all(self) -> None:
         with self._lock:
@@ -264,7 +279,7 @@ class Runner:
         self.runs.submit(workflow, instance_id, fresh_input, traceparent=traceparent,
                          reason=reason)
 
-    def in_flight(self) -> list[tuple[str, str, str | None, str | None]]:
+    def in_flight(self) -> list[tuple[str, str, str | None, float | None]]:
         """(workflow, id, key, since) of each active run (``Runs.in_flight``)."""
         return self.runs.in_flight()
 

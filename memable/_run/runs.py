@@ -15,14 +15,13 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
-from .._clock import utc_text
 from .._errors import InstanceNotFound, InvalidKey, NotStarted, SerializationError, SignalRejected
 from .._log import log, where
 from .._observe.base import RunReason, Telemetry
 from .._records import StatusName
 from .._states import Cancelled, Completed, Failed, Suspended, WorkflowState
 from .._store.control import LeaseLost, LostInstance, RunCancelled
-from .._store.protocol import Store
+from .._store.protocol import RunStore
 from .._store.rows import UNREACHED, Claim, InstanceRow, RunEnd, RunSnapshot, StepWrite
 from .._store.serde import decode_for, store_form
 from .attempts import traceback_of
@@ -61,7 +60,7 @@ class Runs:
         self,
         registry: Registry,
         lock: threading.Lock,
-        store: Store,
+        store: RunStore,
         telemetry: Telemetry,
         children: Children,
         *,
@@ -144,9 +143,10 @@ class Runs:
         with self._lock:
             return self._registry.options.max_workers - len(self._active)
 
-    def in_flight(self) -> list[tuple[str, str, str | None, str | None]]:
-        """(workflow, id, key, since) of each active run: the step it executes (None between)."""
-        found: list[tuple[str, str, str | None, str | None]] = []
+    def in_flight(self) -> list[tuple[str, str, str | None, float | None]]:
+        """(workflow, id, key, since) of each active run: the step it executes (None between),
+        and since when (epoch seconds, UTC)."""
+        found: list[tuple[str, str, str | None, float | None]] = []
         with self._lock:  # also each run's flight lock
             for run in self._active.values():
                 ctx = run.ctx
@@ -223,7 +223,7 @@ class Runs:
             run = self._register(workflow, instance_id, None, "resume", None, reason="resume")
         try:
             run.snapshot = self.store.begin_run(
-                workflow.name, instance_id, now=utc_text(self.clock), claim="resume"
+                workflow.name, instance_id, now=self.clock.wall(), claim="resume"
             )
         except BaseException:
             self._ended(run, None)  # nothing claimed: the caller gets the error
@@ -385,7 +385,7 @@ class Runs:
             snapshot = run.snapshot
             if snapshot is None and not run.claimed:
                 snapshot = self.store.begin_run(
-                    name, instance_id, now=utc_text(self.clock), claim=run.claim
+                    name, instance_id, now=self.clock.wall(), claim=run.claim
                 )
                 if snapshot is not None:
                     _log_recovery(snapshot.instance)
@@ -519,7 +519,7 @@ class Runs:
     ) -> WorkflowState | None:
         """Record how the run ended; if the instance is no longer ours, report what is stored."""
         ended = self.store.finish(run.workflow.name, run.instance_id, RunEnd(
-            status, utc_text(self.clock), message, output, traceback=traceback,
+            status, self.clock.wall(), message, output, traceback=traceback,
         ))
         if not ended.recorded:
             return stored_state(self.store, run)

@@ -23,11 +23,12 @@ from typing import Any
 
 import attrs
 
+from .._clock import Clock
 from .._log import log, where
-from .._queues import Declarations
+from .._queues import Declarations, QueueSpec
 from .._run.invoking import NO_INPUT, new_instance
 from .._run.runner import Runner
-from .._run.workflow import Made
+from .._run.workflow import Made, Workflow
 from .._store.rows import InstanceRow, ScheduleRow, TickFiring
 from .cron import Cron, parse_tick, tick_id
 from .spec import CatchUp, ScheduleSpec
@@ -38,8 +39,7 @@ GRACE = 30.0
 CATCH_UP_ALL = 100
 #: Missed ticks are counted up to this many (a longer count says "at least").
 COUNT_AT_MOST = 100_000
-#: A store error while firing: the next try after this many seconds, doubling to the
-#: most.
+#: After a failed firing, the next try in this many seconds, doubling to the most.
 RETRY_FIRST, RETRY_MOST = 1.0, 60.0
 
 
@@ -139,7 +139,7 @@ class Scheduler:
                     other = theirs.get(name)
                     if other is not None and len(other) == 2:
                         self._differs(spec, other[0], other[1], f"engine {owner.id}")
-            for row in store.declare_schedules(rows, at.isoformat()):
+            for row in store.declare_schedules(rows, now):
                 self._seen(row, at)
 
     def look(self, now: float) -> tuple[int, float | None]:
@@ -148,27 +148,23 @@ class Scheduler:
         if not self._specs or not self._runner.accepting:
             return 0, None
         with self._lock:
-            return self._look(now)
-
-    def _look(self, now: float) -> tuple[int, float | None]:
-        # Caller holds _lock.
-        at = _utc(now)
-        fired = 0
-        for name, spec in self._specs.items():
-            retry_at, delay = self._retry.get(name, (0.0, 0.0))
-            due = self._next.get(name)
-            if now < retry_at or due is None or due > at:
-                continue
-            try:
-                fired += self._fire(spec, at)
-            except Exception:  # e.g. the store stayed locked past its busy timeout
-                delay = min(RETRY_MOST, max(RETRY_FIRST, delay * 2))
-                log.exception("schedule %r: firing failed; trying again in %g s", name, delay)
-                self._retry[name] = (now + delay, delay)
-            else:
-                self._retry.pop(name, None)
-        waits = [(due - at).total_seconds() for due in self._next.values() if due is not None]
-        waits += [retry_at - now for retry_at, _ in self._retry.values()]
+            at = _utc(now)
+            fired = 0
+            for name, spec in self._specs.items():
+                retry_at, delay = self._retry.get(name, (0.0, 0.0))
+                due = self._next.get(name)
+                if now < retry_at or due is None or due > at:
+                    continue
+                try:
+                    fired += self._fire(spec, at)
+                except Exception:  # e.g. the store stayed locked past its busy timeout
+                    delay = min(RETRY_MOST, max(RETRY_FIRST, delay * 2))
+                    log.exception("schedule %r: firing failed; trying again in %g s", name, delay)
+                    self._retry[name] = (now + delay, delay)
+                else:
+                    self._retry.pop(name, None)
+            waits = [(due - at).total_seconds() for due in self._next.values() if due is not None]
+            waits += [retry_at - now for retry_at, _ in self._retry.values()]
         return fired, max(0.0, min(waits)) if waits else None
 
     # ------------------------------------------------------------------ one schedule
@@ -188,6 +184,8 @@ class Scheduler:
     def _fire_ticks(self, spec: ScheduleSpec, at: datetime) -> tuple[int, list[Made]]:
         """Fire what is due of ``spec`` at ``at``: how many instances that created, and
         those to run here."""
+        runner = self._runner
+        workflow = runner.workflow(spec.workflow)
         # Another engine may fire between this one's last read and its firing: then plan
         # again from what that engine stored (twice at most; the next look tries again).
         for _ in range(2):
@@ -202,7 +200,8 @@ class Scheduler:
                      for t in ticks.run]
             rows = [(attrs.evolve(row, traceparent=span.traceparent), value)
                     for (row, value), span
-                    in zip((self._row(spec, tick) for tick in ticks.run), spans, strict=True)]
+                    in zip((tick_instance(spec, workflow, tick, runner.queues, runner.clock)
+                            for tick in ticks.run), spans, strict=True)]
             firing = TickFiring(tick_id(ticks.last), [row for row, _ in rows], ticks.missed,
                                 skip_overlap=spec.overlap == "skip")
             fired = self._runner.store.fire_ticks(spec.name, stored.last_tick, firing)
@@ -233,7 +232,6 @@ class Scheduler:
             log.info("schedule %r: %d tick%s skipped: an earlier tick's instance has not "
                      "ended", spec.name, fired.skipped, "" if fired.skipped == 1 else "s")
         created = set(fired.created)
-        workflow = self._runner.workflow(spec.workflow)
         made: list[Made] = []
         for (row, value), span in zip(rows, spans, strict=True):
             if row.instance_id not in created:
@@ -257,22 +255,25 @@ class Scheduler:
                         "engine fires its own ticks", spec.name, spec.cron.expr,
                         spec.cron.zone, cron, zone, where)
 
-    def _row(self, spec: ScheduleSpec, tick: datetime) -> tuple[InstanceRow, Any]:
-        """The instance of ``tick`` (running here, or queued) and its input as runs see it."""
-        workflow = self._runner.workflow(spec.workflow)
-        value = spec.input
-        if value is None:  # the tick, if the workflow takes an input
-            value = tick if workflow.takes_input else NO_INPUT
-        instance_id = f"{spec.name}@{tick_id(tick)}"
-        row, value = new_instance(workflow, value, instance_id, spec.queue, 0,
-                                  self._runner.queues, clock=self._runner.clock)
-        return attrs.evolve(row, schedule=spec.name), value
-
     def _seen(self, row: ScheduleRow, at: datetime) -> None:
         """What the store holds of a schedule (as of ``at``): plan from it; its next tick
         is the first after its start."""
         self._stored[row.name] = row
         self._next[row.name] = self._specs[row.name].cron.after(_start(row) or at)
+
+
+def tick_instance(
+    spec: ScheduleSpec, workflow: Workflow, tick: datetime, queues: dict[str, QueueSpec],
+    clock: Clock,
+) -> tuple[InstanceRow, Any]:
+    """The instance of ``tick`` (running here, or queued) and its input as runs see it: the
+    declared input, else the tick if the workflow takes an input."""
+    value = spec.input
+    if value is None:
+        value = tick if workflow.takes_input else NO_INPUT
+    row, value = new_instance(workflow, value, f"{spec.name}@{tick_id(tick)}", spec.queue, 0,
+                              queues, clock=clock)
+    return attrs.evolve(row, schedule=spec.name), value
 
 
 def _start(row: ScheduleRow) -> datetime | None:

@@ -142,7 +142,7 @@ class SQLiteStore(OperatorReads):
         )
 
     def begin_run(
-        self, workflow: str, instance_id: str, *, now: str, claim: Claim
+        self, workflow: str, instance_id: str, *, now: float, claim: Claim
     ) -> RunSnapshot | None:
         def claim_it(conn: sqlite3.Connection) -> RunSnapshot | None:
             snapshot = claims.begin_run(SQLiteTransaction(conn, self.owner), workflow,
@@ -194,7 +194,7 @@ class SQLiteStore(OperatorReads):
         where = (workflow, instance_id, None)
         self._grouped("store the status message", *where, store, single=True)
 
-    def record_in_flight(self, steps_: list[tuple[str, str, str, str]]) -> None:
+    def record_in_flight(self, steps_: list[tuple[str, str, str, float]]) -> None:
         if not steps_:
             return
 
@@ -229,7 +229,7 @@ class SQLiteStore(OperatorReads):
 
     # ------------------------------------------------------------------ from outside a run
 
-    def mark_resumable(self, workflow: str, instance_id: str, now: str) -> str:
+    def mark_resumable(self, workflow: str, instance_id: str, now: float) -> str:
         def mark(conn: sqlite3.Connection) -> str:
             return shared.mark_resumable(SQLiteTransaction(conn, self.owner), workflow,
                                          instance_id, now)
@@ -243,7 +243,7 @@ class SQLiteStore(OperatorReads):
         self._grouped("place the signal", workflow, instance_id, key, place, single=True)
 
     def resume_failure(
-        self, workflow: str, instance_id: str, failed_at: str, now: str
+        self, workflow: str, instance_id: str, failed_at: str, now: float
     ) -> bool:
         def resume(conn: sqlite3.Connection) -> bool:
             return shared.resume_failure(SQLiteTransaction(conn, self.owner), workflow,
@@ -260,7 +260,7 @@ class SQLiteStore(OperatorReads):
                       deliver)
 
     def fire_due_timers(
-        self, clock: Callable[[], float], at: str
+        self, clock: Callable[[], float], at: float
     ) -> list[tuple[str, str, str, float]]:
         # Most looks find nothing due: a read answers those, without the write lock.
         with self._using("look for due timers") as conn:
@@ -274,7 +274,7 @@ class SQLiteStore(OperatorReads):
         return self._grouped("fire due timers", None, None, None, fire)
 
     def fork_instance(
-        self, workflow: str, instance_id: str, new_id: str, from_key: str | None, now: str
+        self, workflow: str, instance_id: str, new_id: str, from_key: str | None, now: float
     ) -> bool:
         def fork_it(conn: sqlite3.Connection) -> bool:
             return forks_sql.fork(SQLiteTransaction(conn, self.owner), workflow, instance_id,
@@ -282,7 +282,7 @@ class SQLiteStore(OperatorReads):
 
         return self._grouped("fork the instance", workflow, instance_id, from_key, fork_it)
 
-    def purge_batch(self, completed_before: str, limit: int, now: float) -> int:
+    def purge_batch(self, completed_before: float, limit: int, now: float) -> int:
         with self._using("look for finished instances to purge") as conn:
             # Most looks find nothing to purge: answer those without taking the write lock.
             tx = SQLiteTransaction(conn, self.owner)
@@ -333,7 +333,7 @@ class SQLiteStore(OperatorReads):
 
     # ------------------------------------------------------------------ several instances at once
 
-    def cancel(self, workflow: str, instance_id: str, *, now: str) -> Ended:
+    def cancel(self, workflow: str, instance_id: str, *, now: float) -> Ended:
         def cancel_it(conn: sqlite3.Connection) -> Ended:
             return cancel_sql.cancel(SQLiteTransaction(conn, self.owner), workflow, instance_id,
                                      now)
@@ -342,7 +342,7 @@ class SQLiteStore(OperatorReads):
             "cancel the instance", workflow, instance_id, None, cancel_it
         )
 
-    def time_out(self, clock: Callable[[], float], at: str) -> list[TimedOut]:
+    def time_out(self, clock: Callable[[], float], at: float) -> list[TimedOut]:
         with self._using("look for timed-out instances") as conn:
             # Most looks find none due: answer those without taking the write lock.
             if not shared.any_timeout_due(SQLiteTransaction(conn, self.owner), clock()):
@@ -358,7 +358,7 @@ class SQLiteStore(OperatorReads):
     def claim_queued(
         self, queue: str, workflows: list[str], *, concurrency: int | None,
         per_process: int | None, rate: tuple[int, float] | None, clock: Callable[[], float],
-        at: str,
+        at: float,
         batch: int,
         per_key: int | None = None,
     ) -> Claimed:
@@ -388,7 +388,7 @@ class SQLiteStore(OperatorReads):
         with self._using("count the queued instances") as conn:
             return queue_sql.queued(SQLiteTransaction(conn, self.owner), queue, workflows)
 
-    def set_queue_paused(self, queue: str, paused: bool, at: str) -> bool:
+    def set_queue_paused(self, queue: str, paused: bool, at: float) -> bool:
         # One write transaction: a claim's, which reads the state, is before or after it.
         # The engines on the file find a resume at their queue thread's next poll.
         def store(conn: sqlite3.Connection) -> bool:
@@ -425,7 +425,7 @@ class SQLiteStore(OperatorReads):
 
     # ------------------------------------------------------------------ schedules
 
-    def declare_schedules(self, schedules: list[ScheduleRow], at: str) -> list[ScheduleRow]:
+    def declare_schedules(self, schedules: list[ScheduleRow], at: float) -> list[ScheduleRow]:
         return self._grouped(
             "declare the schedules", None, None, None,
             lambda conn: schedules_sql.declare(SQLiteTransaction(conn, self.owner), schedules,

@@ -31,6 +31,12 @@ class SQLiteTransaction:
     def executemany(self, template: str, params: Iterable[Mapping[str, Any]]) -> None:
         self._conn.executemany(SQLITE.spell(template), params)
 
+    def execute_each(self, *statements: tuple[str, Mapping[str, Any]]) -> list[list[Any]]:
+        return [self.execute(template, params).fetchall() for template, params in statements]
+
+    def write(self, template: str, params: Mapping[str, Any]) -> None:
+        self._conn.execute(SQLITE.spell(template), params)
+
     def lock_instance(self, workflow: str, instance_id: str) -> tuple[str, str | None] | None:
         row = self.execute(LOCK_INSTANCE, {"workflow": workflow, "instance_id": instance_id})
         found = row.fetchone()
@@ -38,3 +44,6 @@ class SQLiteTransaction:
 
     def notify(self, kind: str, workflow: str | None, instance_id: str | None) -> None:
         pass
+
+    def relax_commit(self) -> None:
+        pass  # the store's durability is the connection's (``synchronous``), for all

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
-from .._clock import Clock, utc, utc_text
+from .._clock import Clock, utc
 from .._errors import InvalidKey
 from .._queues import check_queue_name
 from .._validate import check_key, seconds_of
@@ -43,7 +43,7 @@ def store_signal(
         StepWrite(
             workflow=workflow, instance_id=instance_id, key=key, seq=0, kind="signal",
             state="completed", result=text, result_type=tag, status=None, error=None,
-            at=utc_text(clock),
+            at=clock.wall(),
         ),
         traceparent,
     )
@@ -53,12 +53,12 @@ def resume_instance(store: OperatorStore, workflow: str, instance_id: str, *, cl
     """Mark a failed, suspended or completed instance to run again, for an engine on the
     store that runs its workflow; return the status it had (a running or queued one is
     left as it is). ``InstanceNotFound``; ``InstanceFinished`` for a Cancelled one."""
-    return store.mark_resumable(workflow, instance_id, utc_text(clock))
+    return store.mark_resumable(workflow, instance_id, clock.wall())
 
 
 def resume_failed(
     store: OperatorStore, workflow: str | None, *, id_prefix: str | None = None,
-    since: str | None = None, until: str | None = None, limit: int = 1000,
+    since: float | None = None, until: float | None = None, limit: int = 1000,
     counted: list[tuple[str, str, str]] | None = None, clock: Clock,
 ) -> list[tuple[str, str]]:
     """Resume the failed instances of a filter (see ``OperatorStore.failed_instances``: a child
@@ -74,7 +74,7 @@ def resume_failed(
     if counted is None:
         counted = store.failed_instances(
             workflow, id_prefix=id_prefix, since=since, until=until, limit=limit)
-    now = utc_text(clock)
+    now = clock.wall()
     return [(name, instance_id) for name, instance_id, failed_at in counted[:limit]
             if store.resume_failure(name, instance_id, failed_at, now)]
 
@@ -96,14 +96,14 @@ def fork_instance(
     new_id = (f"{instance_id}.fork-{uuid.uuid4().hex[:8]}" if new_instance_id is None
               else new_instance_id)
     check_key(new_id, workflow, instance_id)
-    made = store.fork_instance(workflow, instance_id, new_id, from_key, utc_text(clock))
+    made = store.fork_instance(workflow, instance_id, new_id, from_key, clock.wall())
     return new_id, made
 
 
 def cancel_instance(store: RunStore, workflow: str, instance_id: str, *, clock: Clock) -> Ended:
     """Mark the instance and its descendants Cancelled and drop their timers
     (``InstanceFinished`` if it ended)."""
-    return store.cancel(workflow, instance_id, now=utc_text(clock))
+    return store.cancel(workflow, instance_id, now=clock.wall())
 
 
 #: Most instances one purge transaction deletes (retention's and a one-off purge's).
@@ -111,18 +111,18 @@ PURGE_BATCH = 500
 
 
 def purge_batches(
-    store: OperatorStore, completed_before: str, now: float,
+    store: OperatorStore, completed_before: float, now: float,
     stop: Callable[[], bool] | None = None,
 ) -> Iterator[int]:
-    """Purge what finished before ``completed_before`` (ISO 8601) in batches of at most
+    """Purge what finished before ``completed_before`` in batches of at most
     ``PURGE_BATCH``, one transaction each (``OperatorStore.purge_batch``, leases judged at
-    ``now``), so another engine's write waits at most one batch; yield each batch's
-    count, going on while a batch was full and ``stop`` (asked between batches) says
-    no. What retention's thread and ``purge`` both run.
+    ``now``; both epoch seconds, UTC), so another engine's write waits at most one batch;
+    yield each batch's count, going on while a batch was full and ``stop`` (asked between
+    batches) says no. What retention's thread and ``purge`` both run.
 
     >>> from memable._sqlite.store import SQLiteStore
     >>> store = SQLiteStore(None, "full")
-    >>> list(purge_batches(store, "2026-01-01T00:00:00+00:00", 1767225600.0))
+    >>> list(purge_batches(store, 1767225600.0, 1767225600.0))
     [0]
     >>> store.close()
     """
@@ -143,7 +143,7 @@ def purge_finished(store: OperatorStore, older_than: float | timedelta, *, clock
         cutoff = now - timedelta(seconds=seconds) + timedelta(microseconds=1)
     except OverflowError:  # older than the calendar goes: nothing is that old
         return 0
-    return sum(purge_batches(store, cutoff.isoformat(), now.timestamp()))
+    return sum(purge_batches(store, cutoff.timestamp(), now.timestamp()))
 
 
 def pause_queue(store: OperatorStore, queue: str, *, clock: Clock) -> bool:
@@ -151,11 +151,11 @@ def pause_queue(store: OperatorStore, queue: str, *, clock: Clock) -> bool:
     instances (invokes onto it are still stored queued; runs in flight finish) until
     ``resume_queue``. Return whether it was running (False: paused already, and nothing
     was written). ``ValueError`` for a name that is not a non-empty str."""
-    return store.set_queue_paused(check_queue_name(queue), True, utc_text(clock))
+    return store.set_queue_paused(check_queue_name(queue), True, clock.wall())
 
 
 def resume_queue(store: OperatorStore, queue: str, *, clock: Clock) -> bool:
     """Store ``queue`` as not paused: its consumers start its queued instances again, in
     their order (at once on PostgreSQL; on a file at their next poll). Return whether it
     was paused (False: nothing was written)."""
-    return store.set_queue_paused(check_queue_name(queue), False, utc_text(clock))
+    return store.set_queue_paused(check_queue_name(queue), False, clock.wall())

@@ -7,7 +7,8 @@ and its actions (``memable._store.admin``) that no run takes write through it.
 None of it carries a run on: what a run needs is ``memable._store.protocol.RunStore``,
 and ``Store`` is both, which each store implements. The same rules hold as there:
 every method is thread-safe, every write atomic; nothing here needs this store's
-engine to own anything.
+engine to own anything. Every time passed in is epoch seconds, UTC (a ``float``), as
+there; what a read returns is as stored.
 """
 
 from __future__ import annotations
@@ -50,11 +51,13 @@ class OperatorStore(Protocol):
         """Every schedule the store knows (declared by some engine, ever), by name."""
 
     def live_owners(self, now: float) -> list[OwnerRow]:
-        """The engines whose lease has not run out at ``now``, with what each declares."""
+        """The engines whose lease has not run out at ``now`` (epoch seconds, UTC), with what
+        each declares."""
 
     def queue_stats(self, queue: str, now: float) -> tuple[int, int, str | None]:
-        """(runnable instances, instances holding a slot at ``now``, when the oldest
-        runnable one became runnable) of ``queue``: what its gauges show."""
+        """(runnable instances, instances holding a slot at ``now`` (epoch seconds, UTC), when
+        the oldest runnable one became runnable, as stored) of ``queue``: what its gauges
+        show."""
 
     def status_counts(self) -> list[tuple[str, str, int]]:
         """(workflow, status, how many instances) of every pair the store holds."""
@@ -69,12 +72,12 @@ class OperatorStore(Protocol):
 
     def failed_instances(
         self, workflow: str | None, *, id_prefix: str | None = None,
-        since: str | None = None, until: str | None = None, limit: int,
+        since: float | None = None, until: float | None = None, limit: int,
     ) -> list[tuple[str, str, str]]:
-        """(workflow, id, when it failed) of failed instances, oldest failure first,
-        optionally of one workflow, by id prefix, failed between ``since`` and ``until``;
-        at most ``limit``. A failed child whose failure was handled (its parent ended, or
-        raised ``ChildFailed`` for it) is not one of them."""
+        """(workflow, id, when it failed, as stored) of failed instances, oldest failure
+        first, optionally of one workflow, by id prefix, failed between ``since`` and
+        ``until`` (epoch seconds, UTC); at most ``limit``. A failed child whose failure was
+        handled (its parent ended, or raised ``ChildFailed`` for it) is not one of them."""
 
     def queue_names(self) -> list[str]:
         """The queues the store has instances of."""
@@ -84,9 +87,10 @@ class OperatorStore(Protocol):
 
     # An operator's actions (``memable._store.admin``) that no run takes.
 
-    def mark_resumable(self, workflow: str, instance_id: str, now: str) -> str:
-        """Mark a failed, suspended or completed instance ready to run again, atomically, for
-        an engine's next look (``memable resume``: no engine here); return the status it had.
+    def mark_resumable(self, workflow: str, instance_id: str, now: float) -> str:
+        """Mark a failed, suspended or completed instance ready to run again at ``now`` (epoch
+        seconds, UTC), atomically, for an engine's next look (``memable resume``: no engine
+        here); return the status it had.
 
         It is stored suspended and ready (``children_pending`` 0, which every
         poll runs on, as after ``release``) and nobody's; a running or queued
@@ -95,16 +99,18 @@ class OperatorStore(Protocol):
         """
 
     def resume_failure(
-        self, workflow: str, instance_id: str, failed_at: str, now: str
+        self, workflow: str, instance_id: str, failed_at: str, now: float
     ) -> bool:
-        """Mark the instance ready to run again as ``mark_resumable`` does, atomically, only
-        if it is still the failure a bulk resume counted (failed, at ``failed_at``) and not
+        """Mark the instance ready to run again as ``mark_resumable`` does (at ``now``),
+        atomically, only if it is still the failure a bulk resume counted (failed at
+        ``failed_at``, the stored time ``failed_instances`` returned for it) and not
         a child whose failure was handled (its parent ended, or raised ``ChildFailed`` for
         it); whether it did."""
 
-    def set_queue_paused(self, queue: str, paused: bool, at: str) -> bool:
-        """Store ``queue`` as paused (since ``at``) or not, atomically; return whether that
-        changed its stored state (False: it was so already, and nothing was written).
+    def set_queue_paused(self, queue: str, paused: bool, at: float) -> bool:
+        """Store ``queue`` as paused (since ``at``: epoch seconds, UTC) or not, atomically;
+        return whether that changed its stored state (False: it was so already, and nothing
+        was written).
 
         Every claim of the queue (``claim_queued``) reads this state in its own
         transaction, under the lock that keeps the queue's other claimers out, and
@@ -115,9 +121,9 @@ class OperatorStore(Protocol):
         NOTIFY, as an enqueue does); elsewhere their poll finds it.
         """
 
-    def purge_batch(self, completed_before: str, limit: int, now: float) -> int:
-        """Delete at most ``limit`` finished instances completed before then (ISO 8601
-        text), with their steps and timers, in one transaction; how many.
+    def purge_batch(self, completed_before: float, limit: int, now: float) -> int:
+        """Delete at most ``limit`` finished instances completed before ``completed_before``
+        (epoch seconds, UTC), with their steps and timers, in one transaction; how many.
 
         An instance goes only if, in that transaction, it is terminal, has no
         run in flight (owned by nobody, or by an owner whose lease ran out at

@@ -11,6 +11,15 @@ store speaks SQL. What goes wrong below it reaches the engine as
 ``StorageError`` (naming workflow, instance and key); the checks a store
 makes inside a transaction (a signal to a finished instance, say) raise the
 matching ``EngineError``, and the transaction writes nothing.
+
+Every time a caller passes a store is a ``float``: epoch seconds, UTC (an
+engine's ``clock.wall()``), named for what it is (``now``, ``at``, ``deadline``,
+``started``). A store writes it as the stored text where a column holds ISO
+8601 (``_clock.iso_utc``: the same text for the same time), and compares it
+as a number where a column holds epoch seconds (deadlines, leases). Rows keep
+their stored form both ways: an ``InstanceRow``'s times are ISO 8601 text, and
+a value read from the store and handed back to it (a failure's ``failed_at``, a
+schedule's ``last`` tick) is passed back as it was read.
 """
 
 from __future__ import annotations
@@ -73,9 +82,10 @@ class RunStore(Protocol):
         """
 
     def begin_run(
-        self, workflow: str, instance_id: str, *, now: str, claim: Claim
+        self, workflow: str, instance_id: str, *, now: float, claim: Claim
     ) -> RunSnapshot | None:
-        """Claim the instance for a run of this engine, as ``claim`` allows.
+        """Claim the instance for a run of this engine, as ``claim`` allows, at ``now``
+        (epoch seconds, UTC).
 
         Atomically: only if the claim's condition holds (see ``Claim``; a
         live owner other than this engine never loses an instance to it),
@@ -109,8 +119,9 @@ class RunStore(Protocol):
     def set_status(self, workflow: str, instance_id: str, message: str) -> None:
         """Store the run's status message now; only if owned (else ``LostInstance``)."""
 
-    def record_in_flight(self, steps: list[tuple[str, str, str, str]]) -> None:
-        """Note, for operators, the step each run is executing: (workflow, id, key, since).
+    def record_in_flight(self, steps: list[tuple[str, str, str, float]]) -> None:
+        """Note, for operators, the step each run is executing: (workflow, id, key, since),
+        ``since`` in epoch seconds, UTC.
 
         Only for instances this engine owns and runs; written at heartbeats,
         so a step shows once it has run that long, and an entry may outlive
@@ -125,7 +136,8 @@ class RunStore(Protocol):
     def suspend(
         self, waiting: StepWrite, message: str, deadline: float | None, now: float
     ) -> Suspend:
-        """End this engine's run at a suspend point, timer or retry backoff, in one transaction.
+        """End this engine's run at a suspend point, timer or retry backoff, in one transaction
+        (``deadline`` and ``now``: epoch seconds, UTC).
 
         Only if owned (else ``LostInstance``) and still running: a cancelled
         instance gets no waiting row and no timer ("stopped"). A key stored
@@ -161,10 +173,10 @@ class RunStore(Protocol):
         resume's span); nothing if there is no such instance."""
 
     def fire_due_timers(
-        self, clock: Callable[[], float], at: str
+        self, clock: Callable[[], float], at: float
     ) -> list[tuple[str, str, str, float]]:
         """Claim every timer due by the time ``clock`` (epoch seconds) tells and complete
-        its key; return (workflow, id, key, deadline)s.
+        its key, at ``at`` (epoch seconds, UTC); return (workflow, id, key, deadline)s.
 
         As ``time_out`` does, a timer is judged due by a reading of ``clock`` taken
         after it was read from the store, never by one taken before: a timer armed
@@ -176,11 +188,11 @@ class RunStore(Protocol):
         backoff is deleted and returned; its step stays as it is.
         """
 
-    def time_out(self, clock: Callable[[], float], at: str) -> list[TimedOut]:
+    def time_out(self, clock: Callable[[], float], at: float) -> list[TimedOut]:
         """Cancel, as ``cancel`` does, each instance whose workflow timeout passed by the
         time ``clock`` (epoch seconds) tells and that has not ended (running, suspended or
-        queued), with the status "timed out after <duration>"; return them (at most 100
-        per call).
+        queued), with the status "timed out after <duration>", at ``at`` (epoch seconds,
+        UTC); return them (at most 100 per call).
 
         An instance is judged due by a reading of ``clock`` taken after it was read
         from the store (``shared.time_out_due``), never by one taken before: an
@@ -209,8 +221,9 @@ class RunStore(Protocol):
         last pending child of its group), names the parent to ``wake``.
         """
 
-    def cancel(self, workflow: str, instance_id: str, *, now: str) -> Ended:
-        """Mark the instance and its descendants that have not ended Cancelled, atomically.
+    def cancel(self, workflow: str, instance_id: str, *, now: float) -> Ended:
+        """Mark the instance and its descendants that have not ended Cancelled, at ``now``
+        (epoch seconds, UTC), atomically.
 
         Their timers are dropped. The owners stay, so a run in flight can
         store its current step; every later write that would carry a run on
@@ -225,11 +238,12 @@ class RunStore(Protocol):
     def claim_queued(
         self, queue: str, workflows: list[str], *, concurrency: int | None,
         per_process: int | None, rate: tuple[int, float] | None, clock: Callable[[], float],
-        at: str,
+        at: float,
         batch: int,
         per_key: int | None = None,
     ) -> Claimed:
-        """Claim up to ``batch`` queued instances of ``queue`` (of ``workflows``), atomically.
+        """Claim up to ``batch`` queued instances of ``queue`` (of ``workflows``), atomically,
+        at ``at`` (epoch seconds, UTC).
 
         Next by priority, then by when they became runnable; no more than
         the queue's limits let start now: ``concurrency`` running instances
@@ -265,21 +279,22 @@ class RunStore(Protocol):
         """
 
     def fork_instance(
-        self, workflow: str, instance_id: str, new_id: str, from_key: str | None, now: str
+        self, workflow: str, instance_id: str, new_id: str, from_key: str | None, now: float
     ) -> bool:
-        """Create ``new_id``, a fork of the instance from ``from_key``, atomically (see
-        ``sql.forks``): its completed steps reached before that key (every completed
-        one when None) copied, ready for an engine that runs the workflow. False, and
-        nothing written, if ``new_id`` exists; ``InstanceNotFound``, or ``StepNotFound``
-        for a key the source never reached, each writing nothing. The source is only
-        read."""
+        """Create ``new_id``, a fork of the instance from ``from_key``, at ``now`` (epoch
+        seconds, UTC), atomically (see ``sql.forks``): its completed steps reached before
+        that key (every completed one when None) copied, ready for an engine that runs the
+        workflow. False, and nothing written, if ``new_id`` exists; ``InstanceNotFound``,
+        or ``StepNotFound`` for a key the source never reached, each writing nothing. The
+        source is only read."""
 
     # Schedules' firings.
 
-    def declare_schedules(self, schedules: list[ScheduleRow], at: str) -> list[ScheduleRow]:
+    def declare_schedules(self, schedules: list[ScheduleRow], at: float) -> list[ScheduleRow]:
         """Store this engine's schedule declarations, atomically; return the stored rows.
 
-        A schedule new to the store counts its ticks from ``at`` (``since``);
+        A schedule new to the store counts its ticks from ``at`` (epoch seconds, UTC;
+        stored as ``since``);
         one whose stored cron or zone differs takes the declaration's and
         counts from ``at`` too (no catch-up across a change); its workflow
         is the declaration's.
@@ -302,8 +317,9 @@ class RunStore(Protocol):
     def register_owner(
         self, lease: float, now: float, declares: str | None = None
     ) -> float | None:
-        """Record this engine as an owner on the store, alive for ``lease`` seconds, with what
-        it ``declares`` it runs (``_queues.Declarations`` JSON).
+        """Record this engine as an owner on the store, alive for ``lease`` seconds from
+        ``now`` (epoch seconds, UTC), with what it ``declares`` it runs
+        (``_queues.Declarations`` JSON).
 
         Returns the store's own clock (seconds since the epoch) as it wrote the row,
         where leases are judged by a clock of the store's (PostgreSQL: the server's),
@@ -311,8 +327,9 @@ class RunStore(Protocol):
         """
 
     def heartbeat(self, now: float) -> float | None:
-        """Renew this engine's lease (and its owner row, if someone reaped it); the store's
-        own clock as it did, as ``register_owner`` returns it."""
+        """Renew this engine's lease from ``now`` (epoch seconds, UTC), and its owner row if
+        someone reaped it; the store's own clock as it did, as ``register_owner`` returns
+        it."""
 
     def drop_owner(self) -> None:
         """Remove this engine's owner row (at stop; it runs nothing any more).
@@ -323,7 +340,8 @@ class RunStore(Protocol):
         """
 
     def look_around(self, workflows: list[str], now: float) -> Look:
-        """What other processes changed, for these workflows.
+        """What other processes changed, for these workflows, judged at ``now`` (epoch
+        seconds, UTC).
 
         Owners in this process's PID namespace whose process is gone (or a
         zombie) are reaped first; owners elsewhere only by their lease.

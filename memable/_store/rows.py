@@ -15,6 +15,7 @@ from typing import Any, Literal, TypeVar
 import attrs
 import cattrs
 
+from .._clock import iso_utc
 from .._records import (
     MetadataStatus,
     StatusName,
@@ -193,9 +194,11 @@ class StepWrite:
     result_type: str | None
     status: str | None
     error: str | None
-    at: str
-    #: When the execution that produced this outcome began (None for signals, waits).
-    started: str | None = None
+    #: When it was stored (epoch seconds, UTC): a completed row's ``completed_at``.
+    at: float
+    #: When the execution that produced this outcome began (epoch seconds, UTC; None for
+    #: signals, waits).
+    started: float | None = None
     #: The traceback of a failed execution's error.
     traceback: str | None = None
 
@@ -298,8 +301,9 @@ class RunEnd:
     """How a run ended, as ``Store.finish`` records it."""
 
     status: StatusName
-    #: When (ISO 8601): the instance's ``updated_at``, and ``completed_at`` if terminal.
-    at: str
+    #: When (epoch seconds, UTC): the instance's ``updated_at``, and ``completed_at`` if
+    #: terminal.
+    at: float
     message: str | None = None
     #: A completed run's output: its stored text and type tag.
     output: tuple[str, str | None] | None = None
@@ -420,8 +424,8 @@ def step_params(write: StepWrite, owner: str) -> dict[str, Any]:
         "seq": write.seq, "kind": write.kind, "state": write.state,
         "result": write.result, "result_type": write.result_type,
         "status": write.status, "error": write.error,
-        "completed_at": write.at if write.state == "completed" else None,
-        "started_at": write.started,
+        "completed_at": iso_utc(write.at) if write.state == "completed" else None,
+        "started_at": None if write.started is None else iso_utc(write.started),
         "traceback": write.traceback,
         "me": owner,
     }

@@ -6,9 +6,12 @@ fork, retention, owners and leases) is one function of a ``Transaction``,
 written once. Both stores implement the interface, each on its own
 connection, and so can a connection an application hands in.
 
-A body runs statements (``execute``), locks an instance's row before it
-decides on it (``lock_instance``), and tells other engines of a change
-(``notify``: sent when the transaction commits, and never if it rolls back).
+A body runs statements (``execute``; ``execute_each`` for several whose rows
+it reads, in one round trip where the store can; ``write`` for one whose
+result it does not read, which may share the next one's round trip), locks
+an instance's row before it decides on it (``lock_instance``), and tells
+other engines of a change (``notify``: sent when the transaction commits,
+and never if it rolls back; ``relax_commit`` for a write a crash may undo).
 Statements name their parameters ``:name``; the few words each dialect
 spells differently are written ``{word}`` (see ``Dialect``) and spelled by
 the transaction.
@@ -68,11 +71,6 @@ class Dialect:
     #: locks what it decides by, and what it cannot know before it reads (a queue's
     #: next instances) by a lock of its own. SQLite serialises writers database-wide.
     row_locks: bool = False
-    #: A statement that lets the transaction commit without waiting for its flush to
-    #: disk (empty: none), for a write that a crash may undo without harm: only a
-    #: suspension that goes on at once (it changes no owner or status; the run's next
-    #: write commits durably and, the log being one sequence, makes it durable too).
-    relaxed_commit: str = ""
     #: Whether a statement takes a list as one parameter (an array): a batch of rows is
     #: then one statement (``unnest``), else one statement per row.
     array_parameters: bool = False
@@ -105,7 +103,6 @@ POSTGRESQL = Dialect(
     skip_locked=" FOR UPDATE SKIP LOCKED", share_skip_locked=" FOR SHARE SKIP LOCKED",
     now_epoch="extract(epoch FROM clock_timestamp())::double precision",
     parameter="%%(%s)s", row_locks=True, array_parameters=True,
-    relaxed_commit="SELECT set_config('synchronous_commit', 'off', true)",
 )
 
 
@@ -142,6 +139,24 @@ class Transaction(Protocol):
         """Run one statement once per set of parameters, in this transaction."""
         ...
 
+    def execute_each(self, *statements: tuple[str, Mapping[str, Any]]) -> list[list[Any]]:
+        """Run each ``(template, params)`` in order, in this transaction, and give each
+        one's rows (none for a statement that reads none): in one round trip where the
+        store can. Each statement still sees what those before it did, and what
+        committed before it began: a lock taken by one holds for those after it (and
+        a body that then refuses raises, which undoes them)."""
+        ...
+
+    def write(self, template: str, params: Mapping[str, Any]) -> None:
+        """Run one statement whose result the body does not read, in this transaction.
+
+        The store may send it with the transaction's next statement (or its
+        commit), in one round trip, in order: only for a statement that fails
+        only when the store does (no constraint it may break, nothing the body
+        would catch).
+        """
+        ...
+
     def lock_instance(self, workflow: str, instance_id: str) -> tuple[str, str | None] | None:
         """The instance's ``(status, owner)``, its row locked until this transaction ends
         (no other writer changes it meanwhile); None when there is no such instance."""
@@ -151,6 +166,13 @@ class Transaction(Protocol):
         """Tell the engines watching this store of ``kind`` of change (``"signal"``,
         ``"cancel"``, ``"timer"``, ``"queued"``) to one instance (a ``"queued"`` one may
         name a queue: workflow None, the queue's name), once this transaction commits."""
+        ...
+
+    def relax_commit(self) -> None:
+        """Let this transaction commit without waiting for its flush to disk (where the
+        store can), for a write that a crash may undo without harm: only a suspension
+        that goes on at once (it changes no owner or status; the run's next write
+        commits durably and, the log being one sequence, makes it durable too)."""
         ...
 
 

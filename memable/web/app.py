@@ -19,7 +19,7 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
-from .._clock import SYSTEM_CLOCK, Clock
+from .._clock import SYSTEM_CLOCK, Clock, epoch_seconds
 from .._engine import access
 from .._engine.engine import Engine
 from .._errors import (
@@ -61,6 +61,8 @@ DONE = {
                    "resumed; runs in flight finish.",
     "resume-queue": "Queue resumed: the engines that consume it start its queued instances.",
 }
+_READ_ONLY = ("This dashboard is read-only: it was started without allow_actions "
+              "(memable ui --allow-actions).")
 _STATIC = {"live.js": "text/javascript; charset=utf-8", "style.css": "text/css; charset=utf-8"}
 
 
@@ -145,12 +147,8 @@ class Dashboard:
         if self._owned:
             self.store.close()
 
-    def __call__(
-        self, environ: WSGIEnvironment, start_response: StartResponse
-    ) -> Iterable[bytes]:
-        request = Request(environ)
-        response = self._answer(request)
-        return response(environ, start_response)
+    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        return self._answer(Request(environ))(environ, start_response)
 
     # ------------------------------------------------------------------ answering
 
@@ -177,8 +175,7 @@ class Dashboard:
             endpoint, route_args = urls.match()
             if request.method == "POST":
                 if not self.allow_actions:
-                    return page.error(403, "This dashboard is read-only: it was started "
-                                      "without allow_actions (memable ui --allow-actions).")
+                    return page.error(403, _READ_ONLY)
                 if self.loopback_only and not guard.same_origin(
                         request.headers.get("Origin"), request.headers.get("Referer"), host):
                     return page.error(403, "The action did not come from a page of this "
@@ -193,12 +190,10 @@ class Dashboard:
             response = handler(**route_args)
         except HTTPException as exc:  # no such page, or a method it does not take
             response = page.error(exc.code or 500, f"{exc.name}. {exc.description or ''}")
-        except pages.BadRequest as exc:
+        except (pages.BadRequest, StepNotFound, InvalidKey, SerializationError) as exc:
             response = page.error(400, str(exc))
         except (InstanceNotFound, WorkflowNotFound, pages.NotFound) as exc:
             response = page.error(404, str(exc))
-        except (StepNotFound, InvalidKey, SerializationError) as exc:
-            response = page.error(400, str(exc))
         except (InstanceFinished, SignalRejected) as exc:
             response = page.error(409, str(exc))
         except EngineError as exc:  # the store failed: say so, change nothing
@@ -366,8 +361,7 @@ class _Page:
 
     def do_resume_failed(self) -> Response:
         if not self.dashboard.allow_actions:
-            return self.error(403, "This dashboard is read-only: it was started without "
-                              "allow_actions (memable ui --allow-actions).")
+            return self.error(403, _READ_ONLY)
         source = self.request.form if self.request.method == "POST" else self.request.args
         workflow, id_prefix = source.get("workflow") or None, source.get("id") or None
         if self.request.method == "GET":
@@ -375,6 +369,7 @@ class _Page:
             return self.render("resume_failed.html", view=view)
         until = pages.confirmed_time(source.get("until"))
         resumed = admin.resume_failed(self.store, workflow, id_prefix=id_prefix,
-                                      until=until, limit=pages.BULK_LIMIT, clock=self.clock)
+                                      until=epoch_seconds(until), limit=pages.BULK_LIMIT,
+                                      clock=self.clock)
         return self.render("resumed.html", resumed=resumed, workflow=workflow,
                            id_prefix=id_prefix, until=until)

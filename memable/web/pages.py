@@ -13,7 +13,7 @@ import json
 from datetime import datetime, timezone
 from typing import Any
 
-from .._clock import Clock, utc_text
+from .._clock import Clock, epoch_seconds, utc_text
 from .._inspect import STATUSES, limits_text, list_queues, list_schedules, show_instance
 from .._store.operator import OperatorStore
 from .._store.rows import TERMINAL, waited
@@ -171,7 +171,7 @@ def bulk_resume(
     """What a bulk resume of the failed instances of a filter would act on: the filter,
     the time it is judged at (failures after it are not included), and how many."""
     until = until or utc_text(clock)
-    found = store.failed_instances(workflow, id_prefix=id_prefix, until=until,
+    found = store.failed_instances(workflow, id_prefix=id_prefix, until=epoch_seconds(until),
                                    limit=BULK_LIMIT + 1)
     return {"workflow": workflow, "id": id_prefix, "until": until,
             "count": min(len(found), BULK_LIMIT), "more": len(found) > BULK_LIMIT,

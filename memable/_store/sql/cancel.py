@@ -10,6 +10,7 @@ stops.
 
 from __future__ import annotations
 
+from ..._clock import iso_utc
 from ..._errors import InstanceFinished, InstanceNotFound
 from ..rows import Ended
 from ..transaction import Transaction
@@ -25,8 +26,9 @@ CANCEL = (
 DROP_TIMERS = "DELETE FROM timers WHERE workflow = :workflow AND instance_id = :instance_id"
 
 
-def cancel(tx: Transaction, workflow: str, instance_id: str, now: str) -> Ended:
-    """Cancel the instance (its row locked first) and its descendants, at ``now``.
+def cancel(tx: Transaction, workflow: str, instance_id: str, now: float) -> Ended:
+    """Cancel the instance (its row locked first) and its descendants, at ``now`` (epoch
+    seconds, UTC).
 
     ``InstanceNotFound`` when there is no such instance, ``InstanceFinished`` when it
     completed or was cancelled already; a failed instance is cancelled (it ends for good).
@@ -39,9 +41,10 @@ def cancel(tx: Transaction, workflow: str, instance_id: str, now: str) -> Ended:
     return cancel_in(tx, workflow, instance_id, now)
 
 
-def cancel_in(tx: Transaction, workflow: str, instance_id: str, now: str) -> Ended:
+def cancel_in(tx: Transaction, workflow: str, instance_id: str, now: float) -> Ended:
     """Cancel the instance (locked by the caller) and every descendant of it that has not
-    ended, telling the engines that run them; settle its parent's step, if it is a child.
+    ended, at ``now`` (epoch seconds, UTC), telling the engines that run them; settle its
+    parent's step, if it is a child.
 
     The rows are locked top down (the instance, its descendants, then its own parent);
     a child's end (``instances.finish``) locks its row, then its parent's: where the two
@@ -50,10 +53,11 @@ def cancel_in(tx: Transaction, workflow: str, instance_id: str, now: str) -> End
     where = {"workflow": workflow, "instance_id": instance_id}
     descendants = [(str(w), str(i)) for w, i in
                    tx.execute(children.DESCENDANTS, where).fetchall()]
+    at = iso_utc(now)
     # The owners stay: a run in flight stores its current step, then stops.
     for w, i in [(workflow, instance_id), *descendants]:
         one = {"workflow": w, "instance_id": i}
-        tx.execute(CANCEL, {**one, "at": now})
+        tx.execute(CANCEL, {**one, "at": at})
         tx.execute(DROP_TIMERS, one)
         tx.notify("cancel", w, i)
     parent = tx.execute(children.PARENT_OF, where).fetchone()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..._clock import iso_utc
 from ..._errors import ChildIdTaken
 from ..transaction import Transaction
 
@@ -91,9 +92,10 @@ def settle_parent(
     status: str,
     message: str | None,
     output: tuple[str, str | None] | None,
-    at: str,
+    at: float,
 ) -> tuple[str, str] | None:
-    """Write a child's end (``status``) into its parent's step; the parent to wake, if any
+    """Write a child's end (``status``, at ``at``: epoch seconds, UTC) into its parent's
+    step; the parent to wake, if any
     (told of it: a ``"signal"`` notice).
 
     ``parent`` is the child's (parent_workflow, parent_id, parent_key,
@@ -119,7 +121,7 @@ def settle_parent(
     done = status == "completed"
     tx.execute(SETTLE_PARENT_STEP, {
         **where, "state": "completed" if done else "failed", "result": text if done else None,
-        "result_type": tag if done else None, "completed_at": at if done else None,
+        "result_type": tag if done else None, "completed_at": iso_utc(at) if done else None,
         "error": None if done else (message or status),
     })
     if before[0] != "waiting":

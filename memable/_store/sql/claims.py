@@ -27,8 +27,7 @@ second time beside the step still running).
 
 from __future__ import annotations
 
-from datetime import datetime
-
+from ..._clock import iso_utc
 from ..control import LostInstance, RunCancelled
 from ..liveness import OWNER_SUFFIX
 from ..rows import (
@@ -112,18 +111,20 @@ _CLAIMABLE: dict[Claim, str] = {
     "wake": WAKE,
     "recover": f"status = 'running' AND {_OWNER_FREE}",
 }
+#: The instance's row, locked, unless another transaction holds it (then no row): a
+#: wake-up or a recovery passes over it (SQLite: none is, writers take turns).
+_UNLESS_HELD = (
+    "(workflow, instance_id) IN (SELECT workflow, instance_id FROM instances "
+    "WHERE workflow = :workflow AND instance_id = :instance_id{skip_locked})"
+)
 #: The claim itself: the instance's row as it writes it, if it may take it.
 _TAKE: dict[Claim, str] = {
     claim: f"UPDATE instances SET {CLAIM_SET} WHERE workflow = :workflow "
     f"AND instance_id = :instance_id AND {claimable} "
-    f"RETURNING {', '.join(INSTANCE_COLUMNS)}"
+    + ("" if claim == "resume" else f"AND {_UNLESS_HELD} ")
+    + f"RETURNING {', '.join(INSTANCE_COLUMNS)}"
     for claim, claimable in _CLAIMABLE.items()
 }
-#: The instance's row, locked, unless another transaction holds it (then no row).
-_UNLESS_HELD = (
-    "SELECT 1 FROM instances WHERE workflow = :workflow AND instance_id = :instance_id"
-    "{skip_locked}"
-)
 
 
 def create(tx: Transaction, row: InstanceRow, start_at: float | None = None) -> bool:
@@ -177,10 +178,10 @@ def start_children(tx: Transaction, waits: list[StepWrite], rows: list[InstanceR
 
 
 def begin_run(
-    tx: Transaction, workflow: str, instance_id: str, *, now: str, claim: Claim
+    tx: Transaction, workflow: str, instance_id: str, *, now: float, claim: Claim
 ) -> RunSnapshot | None:
     """Claim the instance for a run of this engine, as ``claim`` allows (see the module
-    docstring), at ``now`` (ISO 8601 text); None, and nothing written, if it is unknown,
+    docstring), at ``now`` (epoch seconds, UTC); None, and nothing written, if it is unknown,
     not claimable, or (a wake-up or recovery) another transaction holds it.
 
     The claim marks it running and owned and reads its input and steps; an
@@ -190,23 +191,21 @@ def begin_run(
     counts that step's lost execution (``COUNT_LOST``) in the same transaction.
     """
     where = {"workflow": workflow, "instance_id": instance_id}
-    if (claim != "resume" and tx.dialect.row_locks
-            and tx.execute(_UNLESS_HELD, where).fetchone() is None):
-        return None  # held by another transaction (SQLite: none is, writers take turns)
-    found = tx.execute(_TAKE[claim], {
-        **where, "me": tx.owner, "at": now, "claim": claim,
-        "now": datetime.fromisoformat(now).timestamp(),  # the engine's clock (SQLite)
-    }).fetchone()
-    if found is None:
+    # The steps are read by a statement of their own, after the claim took the row: it
+    # sees every step the previous owner committed, and that owner can write no more.
+    # (Read in the claim's round trip, though a claim that takes nothing discards them.)
+    taken, steps = tx.execute_each((_TAKE[claim], {
+        **where, "me": tx.owner, "at": iso_utc(now), "claim": claim,
+        "now": now,  # the engine's clock (SQLite)
+    }), (SELECT_RUN_STEPS, where))
+    if not taken:
         return None
-    instance = instance_row(INSTANCE_COLUMNS, found)
+    instance = instance_row(INSTANCE_COLUMNS, taken[0])
     if instance.lost_owner is not None and instance.lost_step is not None:
         tx.execute(COUNT_LOST, {**where, "key": instance.lost_step,
                                 "lost_by": instance.lost_by})
+        steps = tx.execute(SELECT_RUN_STEPS, where).fetchall()  # with the lost execution
     if instance.status == "queued":  # it waits for a slot: nothing to run yet
         tx.notify("queued", workflow, instance_id)
         return RunSnapshot(instance, {})
-    # A statement of its own, after the claim took the row: it sees every step the
-    # previous owner committed, and that owner can write no more.
-    steps = tx.execute(SELECT_RUN_STEPS, where).fetchall()
     return RunSnapshot(instance, {step[0]: stored_step(step) for step in steps})

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from ..._clock import iso_utc
 from ..._errors import InstanceNotFound, StepNotFound
 from ..transaction import Transaction
 
@@ -61,11 +62,11 @@ COPY_ALL_STEPS = _COPY_STEPS
 
 def fork(
     tx: Transaction, workflow: str, instance_id: str, new_id: str, from_key: str | None,
-    at: str,
+    at: float,
 ) -> bool:
     """Create ``new_id`` as a fork of the instance from ``from_key`` (None: after every
-    completed step), atomically, and tell the engines; False, and nothing written, if
-    ``new_id`` exists.
+    completed step) at ``at`` (epoch seconds, UTC), atomically, and tell the engines;
+    False, and nothing written, if ``new_id`` exists.
 
     Raise ``InstanceNotFound`` for an unknown source and ``StepNotFound`` (naming
     the keys it has) for a key it never reached; each writes nothing. The source
@@ -79,8 +80,9 @@ def fork(
         raise StepNotFound(workflow, instance_id, from_key, list(keys))
     message = f"forked from {instance_id!r}" + (
         f" at {from_key!r}" if from_key is not None else "")
-    params = {**where, "new_id": new_id, "message": message, "at": at,
-              "created": datetime.fromisoformat(at).timestamp()}
+    text = iso_utc(at)  # as stored; its timeout counts from the stored creation time
+    params = {**where, "new_id": new_id, "message": message, "at": text,
+              "created": datetime.fromisoformat(text).timestamp()}
     if tx.execute(INSERT_FORK, params).rowcount != 1:
         return False
     if from_key is None:

@@ -17,6 +17,7 @@ from typing import Any
 
 import attrs
 
+from ..._clock import iso_utc
 from ..._errors import InstanceFinished, InstanceNotFound
 from ..rows import TERMINAL, Ended, InstanceRow, RunEnd, TimedOut
 from ..transaction import Transaction
@@ -208,16 +209,17 @@ RETURNING queue
 def finish_params(workflow: str, instance_id: str, owner: str, end: RunEnd) -> dict[str, Any]:
     """The parameters of ``FINISH`` (and ``RELEASE``) for a run of ``owner`` ending so.
 
-    >>> params = finish_params("wf", "i", "me", RunEnd("completed", "T", output=("1", None)))
+    >>> params = finish_params("wf", "i", "me", RunEnd("completed", 0.0, output=("1", None)))
     >>> params["output"], params["completed_at"]
-    ('1', 'T')
+    ('1', '1970-01-01T00:00:00+00:00')
     """
     text, tag = end.output if end.output is not None else (None, None)
+    at = iso_utc(end.at)
     return {
         "workflow": workflow, "instance_id": instance_id, "me": owner, "status": end.status,
         "message": end.message, "output": text, "output_type": tag,
-        "waiting_for": end.waiting_for, "at": end.at, "traceback": end.traceback,
-        "completed_at": end.at if end.status in TERMINAL else None,
+        "waiting_for": end.waiting_for, "at": at, "traceback": end.traceback,
+        "completed_at": at if end.status in TERMINAL else None,
     }
 
 
@@ -286,10 +288,11 @@ RESUME_FAILURE = (
 )
 
 
-def mark_resumable(tx: Transaction, workflow: str, instance_id: str, now: str) -> str:
-    """``memable resume``: make a failed, suspended or completed instance ready for the
-    next look of an engine that runs it (told of it now: a ``"signal"`` notice); a running
-    or queued one is left as it is. Its row is locked first: a resume waits its turn.
+def mark_resumable(tx: Transaction, workflow: str, instance_id: str, now: float) -> str:
+    """``memable resume``: make a failed, suspended or completed instance ready, at ``now``
+    (epoch seconds, UTC), for the next look of an engine that runs it (told of it now: a
+    ``"signal"`` notice); a running or queued one is left as it is. Its row is locked
+    first: a resume waits its turn.
 
     The status it had; ``InstanceNotFound`` when there is none, ``InstanceFinished`` when
     it is cancelled (a cancel is for good).
@@ -300,7 +303,7 @@ def mark_resumable(tx: Transaction, workflow: str, instance_id: str, now: str) -
     status = str(found[0])
     if status == "cancelled":
         raise InstanceFinished(workflow, instance_id, "it is cancelled")
-    where = {"workflow": workflow, "instance_id": instance_id, "at": now}
+    where = {"workflow": workflow, "instance_id": instance_id, "at": iso_utc(now)}
     if tx.execute(MARK_RESUMABLE, where).rowcount:
         # An engine that runs it takes it now, not at its next poll.
         tx.notify("signal", workflow, instance_id)
@@ -308,13 +311,14 @@ def mark_resumable(tx: Transaction, workflow: str, instance_id: str, now: str) -
 
 
 def resume_failure(
-    tx: Transaction, workflow: str, instance_id: str, failed_at: str, now: str
+    tx: Transaction, workflow: str, instance_id: str, failed_at: str, now: float
 ) -> bool:
-    """A bulk resume's one instance: ready to run again (as ``mark_resumable``) only if it
-    still holds the failure counted (failed at ``failed_at``) and is no handled child's
+    """A bulk resume's one instance: ready to run again (as ``mark_resumable``, at ``now``)
+    only if it still holds the failure counted (failed at ``failed_at``: its stored
+    ``completed_at``, as ``failed_instances`` read it) and is no handled child's
     (``HANDLED_CHILD``); whether it was."""
     params = {"workflow": workflow, "instance_id": instance_id, "failed_at": failed_at,
-              "at": now}
+              "at": iso_utc(now)}
     if not tx.execute(RESUME_FAILURE, params).rowcount:
         return False
     # An engine that runs it takes it now, not at its next poll.
@@ -325,8 +329,8 @@ def resume_failure(
 def set_traceparent(tx: Transaction, workflow: str, instance_id: str, traceparent: str) -> None:
     """Leave the trace context ``traceparent`` for the instance's next run (one statement:
     run again, it writes the same)."""
-    tx.execute(SET_TRACEPARENT, {"workflow": workflow, "instance_id": instance_id,
-                                 "traceparent": traceparent})
+    tx.write(SET_TRACEPARENT, {"workflow": workflow, "instance_id": instance_id,
+                               "traceparent": traceparent})
 
 
 #: The key of a delayed start (``invoke(start_at=)``): an engine's timer step, waited on
@@ -384,9 +388,10 @@ def any_timeout_due(tx: Transaction, now: float) -> bool:
     return tx.execute(DUE_TIMEOUTS, {"now": now}).fetchone() is not None
 
 
-def time_out_due(tx: Transaction, clock: Callable[[], float], at: str) -> list[TimedOut]:
+def time_out_due(tx: Transaction, clock: Callable[[], float], at: float) -> list[TimedOut]:
     """Cancel (``cancel.cancel_in``, children too) each instance whose workflow timeout
-    passed and that has not ended, and give it its "timed out after" status, at ``at``.
+    passed and that has not ended, and give it its "timed out after" status, at ``at``
+    (epoch seconds, UTC).
 
     The due ones are locked as they are read, skipping those another engine is timing
     out (or a run writes): one left is found again by the next look. Each is read

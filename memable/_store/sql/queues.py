@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..._clock import iso_utc
 from ..rows import Claimed, RunSnapshot, instance_row
 from ..transaction import Transaction
 from .instances import INSTANCE_COLUMNS
@@ -120,12 +121,14 @@ LOCK_QUEUE = (
     "SELECT pg_advisory_xact_lock(hashtextextended("
     "'memable-queue:' || current_schema() || ':' || :queue, 0))"
 )
-#: Read once after a claim's lock: whether the queue is paused, and the clock the claim
-#: judges by (the engine's, ``:now``, on SQLite; the server's on PostgreSQL).
-_PAUSED_AND_NOW = (
-    "SELECT EXISTS (SELECT 1 FROM queue_states WHERE queue = :queue AND paused = 1), "
-    "{now_epoch}"
-)
+#: Read once after a claim's lock: whether the queue is paused, the clock the claim
+#: judges by (the engine's, ``:now``, on SQLite; the server's on PostgreSQL), and how many
+#: slots are held by that clock (``RUNNING``).
+_PAUSED_NOW_RUNNING = f"""
+SELECT judged.paused, judged.now, ({RUNNING.strip().replace(":now", "judged.now")})
+FROM (SELECT EXISTS (SELECT 1 FROM queue_states WHERE queue = :queue AND paused = 1)
+    AS paused, {{now_epoch}} AS now) AS judged
+"""
 
 
 def _listing(template: str, workflows: list[str]) -> tuple[str, dict[str, Any]]:
@@ -138,8 +141,14 @@ def _listing(template: str, workflows: list[str]) -> tuple[str, dict[str, Any]]:
 def _lock(tx: Transaction, queue: str) -> None:
     """Keep every other claim and pause of ``queue`` out until ``tx`` ends (``LOCK_QUEUE``;
     SQLite's write transaction does already)."""
-    if tx.dialect.row_locks:
-        tx.execute(LOCK_QUEUE, {"queue": queue})
+    for statement, params in _locking(tx, queue):
+        tx.execute(statement, params)
+
+
+def _locking(tx: Transaction, queue: str) -> list[tuple[str, dict[str, Any]]]:
+    """The statement ``_lock`` runs, if the dialect needs one: to run first, in the round
+    trip of what the lock keeps."""
+    return [(LOCK_QUEUE, {"queue": queue})] if tx.dialect.row_locks else []
 
 
 def any_queued(tx: Transaction, queue: str) -> bool:
@@ -157,12 +166,13 @@ def claim(
     per_process: int | None,
     rate: tuple[int, float] | None,
     clock: Callable[[], float],
-    at: str,
+    at: float,
     batch: int,
     per_key: int | None = None,
 ) -> Claimed:
     """Claim up to ``batch`` queued instances of ``queue`` (of ``workflows``) within its limits
-    for this engine, each with its steps; none while the queue is paused.
+    for this engine, each with its steps, at ``at`` (epoch seconds, UTC); none while the
+    queue is paused.
 
     One claimer of the queue at a time, from its count to its claim (``_lock``);
     the instances taken are locked as they are read, passing over any another
@@ -176,14 +186,14 @@ def claim(
     durability: its runs act on it at once.
     """
     where = {"queue": queue, "me": tx.owner}
-    _lock(tx, queue)
-    paused, now = tx.execute(_PAUSED_AND_NOW, {**where, "now": clock()}).fetchone()
+    *_, read = tx.execute_each(
+        *_locking(tx, queue), (_PAUSED_NOW_RUNNING, {**where, "now": clock()}))
+    paused, now, held = read[0]
     if paused:  # nothing starts
         return Claimed()
     now = float(now)
     room = batch
     if concurrency is not None:
-        held = tx.execute(RUNNING, {**where, "now": now}).fetchone()[0]
         room = min(room, concurrency - int(held))
     if per_process is not None:
         room = min(room, per_process - int(tx.execute(RUNNING_MINE, where).fetchone()[0]))
@@ -196,13 +206,15 @@ def claim(
     taken: list[RunSnapshot] = []
 
     def take(workflow: str, instance_id: str) -> None:
-        one = {**where, "workflow": workflow, "instance_id": instance_id, "at": at}
-        row = tx.execute(TAKE, one).fetchone()
-        if row is None:
+        one = {**where, "workflow": workflow, "instance_id": instance_id, "at": iso_utc(at)}
+        took(*tx.execute_each((TAKE, one), (SELECT_RUN_STEPS, one)))
+
+    def took(row: list[Any], steps: list[Any]) -> None:
+        """One take's rows: the instance if it took it (its steps read after), else none."""
+        if not row:
             return
-        found = tx.execute(SELECT_RUN_STEPS, one).fetchall()
-        taken.append(RunSnapshot(instance_row(INSTANCE_COLUMNS, row),
-                                 {s[0]: stored_step(s) for s in found}))
+        taken.append(RunSnapshot(instance_row(INSTANCE_COLUMNS, row[0]),
+                                 {s[0]: stored_step(s) for s in steps}))
         if rate is not None:  # only a rate counts starts (and forgets old ones)
             tx.execute(STARTED, {**where, "now": now})
             starts.append(now)
@@ -210,8 +222,17 @@ def claim(
     text, params = _listing(NEXT, workflows)
     params.update(where, n=room, now=now, per_key=per_key)
     if room > 0 and per_key is None:
-        for workflow, instance_id in tx.execute(text, params).fetchall():
-            take(workflow, instance_id)
+        found = tx.execute(text, params).fetchall()
+        if rate is None and found:  # each take with its steps, all in one round trip
+            stamp = iso_utc(at)
+            rows = tx.execute_each(*(
+                (statement, {**where, "workflow": w, "instance_id": i, "at": stamp})
+                for w, i in found for statement in (TAKE, SELECT_RUN_STEPS)))
+            for row, steps in zip(rows[::2], rows[1::2], strict=True):
+                took(row, steps)
+        else:
+            for workflow, instance_id in found:
+                take(workflow, instance_id)
     # Rounds: each finds the next ones of the keys below their limit, and takes each
     # whose key is still below it (this round's takes, running already, are counted).
     # A round that takes nothing found nothing more to take.
@@ -245,8 +266,9 @@ def queued(tx: Transaction, queue: str, workflows: list[str]) -> int:
     return 0 if row is None else int(row[0])
 
 
-def set_paused(tx: Transaction, queue: str, paused: bool, at: str) -> bool:
-    """Pause ``queue`` (at ``at``) or resume it; whether that changed its state.
+def set_paused(tx: Transaction, queue: str, paused: bool, at: float) -> bool:
+    """Pause ``queue`` (at ``at``: epoch seconds, UTC) or resume it; whether that changed
+    its state.
 
     Under the claims' lock (``_lock``): a claim under way commits first, and
     every later one reads the new state. A resume tells the queue's consumers,
@@ -254,7 +276,7 @@ def set_paused(tx: Transaction, queue: str, paused: bool, at: str) -> bool:
     """
     _lock(tx, queue)
     text = PAUSE if paused else RESUME
-    changed = tx.execute(text, {"queue": queue, "at": at}).rowcount == 1
+    changed = tx.execute(text, {"queue": queue, "at": iso_utc(at)}).rowcount == 1
     if changed and not paused:
         tx.notify("queued", None, queue)
     return changed

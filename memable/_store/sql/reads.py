@@ -17,6 +17,7 @@ from typing import Any
 
 import attrs
 
+from ..._clock import iso_utc
 from ..._records import StepRecord
 from ..rows import (
     UNREACHED,
@@ -328,11 +329,12 @@ def instance_page(
 
 def failed_instances(
     read: ReadRows, workflow: str | None, *, id_prefix: str | None = None,
-    since: str | None = None, until: str | None = None, limit: int,
+    since: float | None = None, until: float | None = None, limit: int,
 ) -> list[tuple[str, str, str]]:
-    """(workflow, id, when it failed) of failed instances, oldest failure first: of one
-    workflow, whose id starts with ``id_prefix``, failed at or after ``since`` and at or
-    before ``until`` (ISO times), where given; at most ``limit``. A failed child whose
+    """(workflow, id, when it failed, as stored) of failed instances, oldest failure first:
+    of one workflow, whose id starts with ``id_prefix``, failed at or after ``since`` and
+    at or before ``until`` (epoch seconds, UTC; compared with the stored text as
+    ``iso_utc`` writes it), where given; at most ``limit``. A failed child whose
     failure was handled (``HANDLED_CHILD``: its parent ended, or raised ChildFailed for
     it) is left out: a bulk resume leaves it alone."""
     where, params = _filter(workflow, "failed", id_prefix)
@@ -341,7 +343,7 @@ def failed_instances(
         if bound is not None:
             name = "since" if op == ">=" else "until"
             where.append(f"completed_at {op} :{name}")
-            params[name] = bound
+            params[name] = iso_utc(bound)
     rows = read(
         "list failed instances",
         f"SELECT workflow, instance_id, completed_at FROM instances "
@@ -403,7 +405,7 @@ class OperatorReads:
 
     def failed_instances(
         self, workflow: str | None, *, id_prefix: str | None = None,
-        since: str | None = None, until: str | None = None, limit: int,
+        since: float | None = None, until: float | None = None, limit: int,
     ) -> list[tuple[str, str, str]]:
         return failed_instances(self.read_rows, workflow, id_prefix=id_prefix, since=since,
                                 until=until, limit=limit)

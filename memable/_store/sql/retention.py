@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from ..._clock import iso_utc
 from ..transaction import Transaction
 
 _TERMINAL = "('completed', 'failed', 'cancelled')"
@@ -86,16 +87,18 @@ _CHUNK = 500
 Row = tuple[str, str, str | None, str | None]
 
 
-def any_purgeable(tx: Transaction, before: str, now: float) -> bool:
+def any_purgeable(tx: Transaction, before: float, now: float) -> bool:
     """Whether an instance completed before ``before`` may be purged (leases judged at
-    ``now`` on SQLite): most looks find none, and are answered by this read."""
-    params = {"before": before, "limit": 1, "now": now}
+    ``now`` on SQLite; both epoch seconds, UTC): most looks find none, and are answered
+    by this read."""
+    params = {"before": iso_utc(before), "limit": 1, "now": now}
     return tx.execute(purgeable(), params).fetchone() is not None
 
 
-def purge_batch(tx: Transaction, before: str, limit: int, now: float) -> int:
-    """Delete at most ``limit`` purgeable instances completed before ``before`` (ISO
-    8601 text), with their timers and steps, in ``tx``; how many.
+def purge_batch(tx: Transaction, before: float, limit: int, now: float) -> int:
+    """Delete at most ``limit`` purgeable instances completed before ``before`` (epoch
+    seconds, UTC; compared with the stored ISO 8601 text as ``iso_utc`` writes it), with
+    their timers and steps, in ``tx``; how many.
 
     Leases are judged by the store's clock (``now`` on SQLite). Where the
     database locks rows, not the whole store (PostgreSQL), the choice locks
@@ -122,7 +125,7 @@ def purge_batch(tx: Transaction, before: str, limit: int, now: float) -> int:
     ...     "INSERT INTO owners VALUES ('e1', 100.0, 30.0), ('e2', 10.0, 30.0);"
     ...     "INSERT INTO steps VALUES ('wf', 'old', 'a', 'step', 'completed'),"
     ...     " ('wf', 'new', 'a', 'step', 'completed');") and None
-    >>> purge_batch(SQLiteTransaction(conn, "me"), "2026-02-01", 500, now=110.0)
+    >>> purge_batch(SQLiteTransaction(conn, "me"), 1769904000.0, 500, now=110.0)  # 2026-02-01
     2
     >>> conn.execute("SELECT instance_id FROM instances ORDER BY 1").fetchall()
     [('held',), ('held/c',), ('new',)]
@@ -130,7 +133,7 @@ def purge_batch(tx: Transaction, before: str, limit: int, now: float) -> int:
     [('new',)]
     >>> conn.close()
     """
-    params = {"before": before, "limit": limit, "now": now}
+    params = {"before": iso_utc(before), "limit": limit, "now": now}
     chosen: list[Row] = [tuple(row) for row in tx.execute(CHOOSE, params).fetchall()]
     if tx.dialect.row_locks and chosen:
         chosen = _judged_again(tx, chosen, params)

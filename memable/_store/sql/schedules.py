@@ -10,6 +10,7 @@ engines that fire one tick, one writes it and the others write nothing.
 
 from __future__ import annotations
 
+from ..._clock import iso_utc
 from ..rows import ScheduleRow, TickFiring, TicksFired, by_name
 from ..transaction import Transaction
 from .instances import insert_instance
@@ -47,18 +48,19 @@ AND status NOT IN ('completed', 'failed', 'cancelled') LIMIT 1
 """
 
 
-def declare(tx: Transaction, schedules: list[ScheduleRow], at: str) -> list[ScheduleRow]:
+def declare(tx: Transaction, schedules: list[ScheduleRow], at: float) -> list[ScheduleRow]:
     """Store this engine's schedule declarations, atomically; return the stored rows, in
     order.
 
-    A schedule new to the store counts its ticks from ``at`` (``since``); one
+    A schedule new to the store counts its ticks from ``at`` (epoch seconds, UTC; stored
+    as ``since``); one
     whose stored cron or zone differs takes the declaration's and counts from
     ``at`` too (no catch-up across a change); its workflow is the declaration's.
     """
     stored = []
     for row in schedules:
         params = {"name": row.name, "cron": row.cron, "timezone": row.timezone,
-                  "workflow": row.workflow, "at": at}
+                  "workflow": row.workflow, "at": iso_utc(at)}
         tx.execute(INSERT, params)
         tx.execute(RESTART, params)
         tx.execute(WORKFLOW, params)

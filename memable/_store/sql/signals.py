@@ -9,10 +9,11 @@ the key.
 
 from __future__ import annotations
 
+from ..._clock import iso_utc
 from ..._errors import InstanceFinished, InstanceNotFound, SignalRejected
 from ..control import LostInstance
 from ..rows import TERMINAL, UNREACHED, StepWrite
-from ..transaction import Transaction
+from ..transaction import LOCK_INSTANCE, Transaction
 from . import timers
 from .instances import OWNED, set_traceparent
 from .steps import SELECT_STEP, stored_step
@@ -51,20 +52,21 @@ def deliver(tx: Transaction, write: StepWrite, traceparent: str | None = None) -
     later finds no row.
     """
     workflow, instance_id, key = write.workflow, write.instance_id, write.key
-    found = tx.lock_instance(workflow, instance_id)
-    if found is None:
+    where = {"workflow": workflow, "instance_id": instance_id, "key": key}
+    # In one round trip where the store can: the lock, then the deadline's drop and the
+    # key's row (undone if the lock's row refuses the signal).
+    found, _, stored_rows = tx.execute_each(
+        (LOCK_INSTANCE, where), (timers.DROP, where), (SELECT_STEP, where))
+    if not found:
         raise InstanceNotFound(workflow, instance_id)
-    status = found[0]
+    status = found[0][0]
     if status in TERMINAL:
         raise InstanceFinished(
             workflow, instance_id,
             f"it is {status}" + ("; resume it instead" if status == "failed" else ""),
         )
-    where = {"workflow": workflow, "instance_id": instance_id, "key": key}
-    tx.execute(timers.DROP, where)
-    stored = tx.execute(SELECT_STEP, where).fetchone()
-    if stored is not None:
-        step = stored_step(stored)
+    if stored_rows:
+        step = stored_step(stored_rows[0])
         if step.kind != "signal":
             why = f"the key is a {step.kind}, not a suspend point"
             raise SignalRejected(workflow, instance_id, key, why)
@@ -76,8 +78,8 @@ def deliver(tx: Transaction, write: StepWrite, traceparent: str | None = None) -
         seq = step.seq
     else:  # not reached yet: after every step until the run reaches it
         seq = UNREACHED
-    tx.execute(_STORE, {**where, "seq": seq, "result": write.result,
-                        "result_type": write.result_type, "at": write.at})
+    tx.write(_STORE, {**where, "seq": seq, "result": write.result,
+                      "result_type": write.result_type, "at": iso_utc(write.at)})
     if traceparent is not None:  # in the signal's transaction
         set_traceparent(tx, workflow, instance_id, traceparent)
     tx.notify("signal", workflow, instance_id)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..._clock import iso_utc
 from ..._errors import key_taken
 from ..._records import StatusName
 from ..control import LostInstance
@@ -108,10 +109,11 @@ def set_status(tx: Transaction, workflow: str, instance_id: str, message: str) -
         raise LostInstance(workflow, instance_id)
 
 
-def record_in_flight(tx: Transaction, steps: list[tuple[str, str, str, str]]) -> None:
-    """Name each ``(workflow, instance_id, key, started)`` step in flight on its instance,
-    where the instance is still this engine's and running."""
+def record_in_flight(tx: Transaction, steps: list[tuple[str, str, str, float]]) -> None:
+    """Name each ``(workflow, instance_id, key, started)`` step in flight on its instance
+    (``started``: epoch seconds, UTC), where the instance is still this engine's and
+    running."""
     tx.executemany(_SET_IN_FLIGHT, [
-        {"workflow": w, "instance_id": i, "key": k, "started": t, "me": tx.owner}
+        {"workflow": w, "instance_id": i, "key": k, "started": iso_utc(t), "me": tx.owner}
         for w, i, k, t in steps
     ])

@@ -10,6 +10,7 @@ engine's, and the run goes on with the steps stored.
 
 from __future__ import annotations
 
+from ..._clock import iso_utc
 from ..._errors import key_taken
 from ..control import LostInstance
 from ..rows import (
@@ -21,7 +22,7 @@ from ..rows import (
     settled,
     step_params,
 )
-from ..transaction import Transaction
+from ..transaction import LOCK_INSTANCE, Transaction
 from . import timers
 from .children import PENDING_IN_GROUP
 from .instances import INSERT_WAITING, INSTANCE_COLUMNS
@@ -63,7 +64,13 @@ def suspend(
     none is.
     """
     workflow, instance_id, key = waiting.workflow, waiting.instance_id, waiting.key
-    state = tx.lock_instance(workflow, instance_id)
+    where = {"workflow": workflow, "instance_id": instance_id, "key": key}
+    # In one round trip where the store can: the lock, then the key's row and the
+    # deadline armed for it if it may have one (a group has no row of its own).
+    reads = [] if waiting.kind == "children" else [
+        (SELECT_STEP, where), *([] if deadline is None else [(timers.ARMED, where)])]
+    locked, *read = tx.execute_each((LOCK_INSTANCE, where), *reads)
+    state = locked[0] if locked else None
     if state is None or state[1] != tx.owner:
         raise LostInstance(workflow, instance_id)
     if state[0] != "running":  # cancelled meanwhile: arm nothing, write nothing
@@ -77,22 +84,21 @@ def suspend(
         if not pending:
             return _go_on(tx, workflow, instance_id)
         return _suspended(tx, waiting, message, int(pending), None)
-    where = {"workflow": workflow, "instance_id": instance_id, "key": key}
-    stored = tx.execute(SELECT_STEP, where).fetchone()
-    step = None if stored is None else stored_step(stored)
+    found, *armed_rows = read
+    step = stored_step(found[0]) if found else None
     if step is not None and step.kind != waiting.kind:
         raise key_taken(workflow, instance_id, key, step.kind, waiting.kind)
     ready = step is not None and settled(step.kind, step.state)
     armed = None
     if not ready and deadline is not None:
         # The first arming sets the deadline; runs after it do not move it.
-        row = tx.execute(timers.ARMED, where).fetchone()
+        row = armed_rows[0][0] if armed_rows[0] else None
         armed = deadline if row is None else float(row[0])
         if armed <= now:  # due already: fire it here, no timer thread needed
             if row is not None:
                 timers.fire_key(tx, workflow, instance_id, key, waiting.at)
             elif waiting.kind != "step":  # never armed: store it fired (or timed out)
-                tx.execute(UPSERT_STEP, step_params(fired_now(waiting), tx.owner))
+                tx.write(UPSERT_STEP, step_params(fired_now(waiting), tx.owner))
             # (a retry backoff already over: the next attempt goes on now)
             ready = True
         elif row is None:
@@ -101,7 +107,7 @@ def suspend(
     # retry backoff's failed row turns waiting either way. The timer statements above
     # touch no row of another kind than a timer's or a suspend point's.
     if waiting.kind == "step" or not ready:
-        tx.execute(INSERT_WAITING, step_params(waiting, tx.owner))
+        tx.write(INSERT_WAITING, step_params(waiting, tx.owner))
     if ready:  # go on at once: the instance stays running, and ours
         return _go_on(tx, workflow, instance_id)
     return _suspended(tx, waiting, message, None, armed)
@@ -112,15 +118,15 @@ def _go_on(tx: Transaction, workflow: str, instance_id: str) -> Suspend:
 
     Nothing here changes an owner or a status: the instance stays running and
     this engine's. So the transaction may commit without waiting for its flush
-    (``Dialect.relaxed_commit``): the run's next write commits durably and
+    (``Transaction.relax_commit``): the run's next write commits durably and
     makes this durable too.
     """
-    if tx.dialect.relaxed_commit:
-        tx.execute(tx.dialect.relaxed_commit)
+    tx.relax_commit()
     where = {"workflow": workflow, "instance_id": instance_id}
-    instance = tx.execute(_SELECT_INSTANCE, where).fetchone()
-    memo = {s[0]: stored_step(s) for s in tx.execute(SELECT_RUN_STEPS, where).fetchall()}
-    return Suspend("ready", snapshot=RunSnapshot(instance_row(INSTANCE_COLUMNS, instance), memo))
+    instance, steps = tx.execute_each((_SELECT_INSTANCE, where), (SELECT_RUN_STEPS, where))
+    memo = {s[0]: stored_step(s) for s in steps}
+    return Suspend("ready",
+                   snapshot=RunSnapshot(instance_row(INSTANCE_COLUMNS, instance[0]), memo))
 
 
 def _suspended(
@@ -130,7 +136,7 @@ def _suspended(
     """The instance suspended on ``waiting.key`` and nobody's ("waiting", with the
     deadline ``armed``); "stopped" if it is no longer this engine's running one."""
     suspended = tx.execute(_SUSPENDED, {
-        "message": message, "key": waiting.key, "pending": pending, "at": waiting.at,
+        "message": message, "key": waiting.key, "pending": pending, "at": iso_utc(waiting.at),
         "workflow": waiting.workflow, "instance_id": waiting.instance_id, "me": tx.owner,
     }).rowcount
     if not suspended:  # cancelled meanwhile

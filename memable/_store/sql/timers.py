@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..._clock import iso_utc
 from ..transaction import Transaction
 from .instances import NEXT_TIMEOUT, due_after_read
 
@@ -70,18 +71,18 @@ _NEXT_DEADLINE = f"SELECT (SELECT MIN(deadline) FROM timers), ({NEXT_TIMEOUT})"
 def arm(tx: Transaction, workflow: str, instance_id: str, key: str, deadline: float) -> None:
     """Arm the key's deadline, and tell the engines watching the store (their timer
     threads wait for it)."""
-    tx.execute(ARM, {"workflow": workflow, "instance_id": instance_id, "key": key,
-                     "deadline": deadline})
+    tx.write(ARM, {"workflow": workflow, "instance_id": instance_id, "key": key,
+                   "deadline": deadline})
     tx.notify("timer", workflow, instance_id)
 
 
 def fire_key(
-    tx: Transaction, workflow: str, instance_id: str, key: str, at: str,
+    tx: Transaction, workflow: str, instance_id: str, key: str, at: float,
     due_by: float | None = None,
 ) -> bool:
     """Claim the key's timer row (waiting for a transaction that holds it; only if its
     deadline is ``due_by`` at the latest, when given) and, if this claimed it, fire its
-    key (``FIRE_KEY``, at ``at``); whether it did."""
+    key (``FIRE_KEY``, at ``at``: epoch seconds, UTC); whether it did."""
     where = {"workflow": workflow, "instance_id": instance_id, "key": key}
     if due_by is None:
         claimed = tx.execute(DROP, where).rowcount
@@ -89,7 +90,7 @@ def fire_key(
         claimed = tx.execute(_DROP_DUE, {**where, "now": due_by}).rowcount
     if not claimed:
         return False
-    tx.execute(_FIRE, {**where, "at": at})
+    tx.write(_FIRE, {**where, "at": iso_utc(at)})
     return True
 
 
@@ -104,9 +105,10 @@ def due(tx: Transaction, clock: Callable[[], float]) -> list[tuple[str, str, str
 
 
 def fire(
-    tx: Transaction, due: list[tuple[str, str, str, float]], at: str
+    tx: Transaction, due: list[tuple[str, str, str, float]], at: float
 ) -> list[tuple[str, str, str, float]]:
-    """Claim the timers ``due`` read and fire each (``FIRE_KEY``, at ``at``); return
+    """Claim the timers ``due`` read and fire each (``FIRE_KEY``, at ``at``: epoch seconds,
+    UTC); return
     those this transaction claimed.
 
     Deleting a row claims it: of several engines, exactly one fires each
@@ -122,7 +124,7 @@ def fire(
         return []
     if tx.dialect.row_locks:
         rows = tx.execute(FIRE_DUE, {
-            "now": max(row[3] for row in due), "at": at,
+            "now": max(row[3] for row in due), "at": iso_utc(at),
             "workflows": [row[0] for row in due],
             "ids": [row[1] for row in due], "keys": [row[2] for row in due],
         }).fetchall()
