@@ -144,13 +144,12 @@ class Opening:
     ) -> psycopg.Cursor[Any]:
         """Send what waits, then ``sql`` (after the ``BEGIN`` if nothing was sent yet), in
         one round trip; the cursor at ``sql``'s (first) result."""
-        # Several statements in one round trip: the parameters are bound here, not by
-        # the server (the bound ones' ``%`` escaped for that).
-        before = "".join(f"{text}; " for text in self.later)
+        # Several statements in one round trip (the simple protocol): their parameters
+        # are bound here, not by the server.
         if params is not None:
-            before = before.replace("%", "%%")
-        cursor = psycopg.ClientCursor(conn)
-        cursor.execute(("" if self.begun else _BEGIN) + before + sql, params)
+            sql = psycopg.ClientCursor(conn).mogrify(sql, params)
+        before = "".join(f"{text}; " for text in self.later)
+        cursor = conn.execute(("" if self.begun else _BEGIN) + before + sql)
         if not self.begun:
             self.begun = True
             cursor.nextset()
