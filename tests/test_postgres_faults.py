@@ -402,14 +402,17 @@ class _CommitLost:
         self._conn, self._plan = conn, plan
 
     def execute(self, sql: str, *args: Any) -> Any:
-        # (What waits for the COMMIT goes in its round trip: "...; COMMIT". A write run
-        # as one statement loses its answer as the COMMIT's would.)
-        one_statement = isinstance(sql, str) and sql.lstrip().startswith("INSERT INTO steps")
+        # (A step write run as one statement, outside a transaction the store opened,
+        # loses its answer as a COMMIT's would.)
+        one_statement = (isinstance(sql, str) and sql.lstrip().startswith("INSERT INTO steps")
+                         and getattr(self, "opening", None) is None)
         if (isinstance(sql, str) and (sql.endswith("COMMIT") or one_statement)
                 and self._plan["left"]):
             self._plan["left"] -= 1
             if self._plan["after"]:
                 self._conn.execute(sql, *args)  # the server commits...
+                with self._conn.pipeline():  # (sent now, if a pipeline held it back)
+                    pass
             self._conn.close()  # ...and the answer never arrives: the connection is gone
             raise psycopg.OperationalError("server closed the connection unexpectedly")
         return self._conn.execute(sql, *args)

@@ -11,7 +11,8 @@ deadlock is tried again on a fresh connection, with backoff, for up to
 
 A transaction costs no round trip of its own: its ``BEGIN`` goes with the
 body's first statement, and what only matters once it commits (its NOTIFYs,
-a relaxed durability) goes with its ``COMMIT`` (``Opening``).
+a relaxed durability) goes with its ``COMMIT`` (``Opening``, by psycopg's
+pipeline mode).
 
 The commit outcome of a write whose connection went during its ``COMMIT`` is
 unknown; one rule decides it, here. A transaction learns its id and its
@@ -49,7 +50,7 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -63,11 +64,13 @@ from .._store.protocol import Synchronous
 from . import schema as schema_
 
 T = TypeVar("T")
+Cursor = psycopg.Cursor[Any]
+#: A statement's parameters: by name or by position, or none.
+Parameters = Mapping[str, Any] | Sequence[Any] | None
+#: A statement and its parameters.
+Statement = tuple[str, Parameters]
 #: Seconds an operation is tried again across lost connections before it fails.
 RETRY_FOR = 30.0
-#: Opens a transaction and learns its id and server process: sent with the body's first
-#: statement, in one round trip.
-_BEGIN = "BEGIN; SELECT txid_current(), pg_backend_pid(); "
 
 #: Longest wait for a pooled connection, and longest backoff between tries: the pool
 #: gives up a connect that fails without waking its waiters, and connects again when
@@ -87,12 +90,14 @@ _INSIDE = threading.local()
 class Opening:
     """The transaction ``Connections`` holds open on a connection for one operation.
 
-    Nothing is sent until the body's first statement, which carries the
-    ``BEGIN`` (and learns the transaction's id and server process) in its own
-    round trip; what only matters once the transaction commits (``at_commit``:
-    NOTIFYs, a relaxed durability) is sent with the ``COMMIT``. A statement
-    whose result the body does not read (``later``, bound here) waits for the
-    next one, or the ``COMMIT``, and shares its round trip. Used by one thread,
+    Nothing is sent until the body's first statement, which goes with the
+    ``BEGIN`` (and the question of the transaction's id and server process) in
+    one round trip; what only matters once the transaction commits
+    (``at_commit``: NOTIFYs, a relaxed durability) is sent with the ``COMMIT``.
+    A statement whose result the body does not read (``later``) waits for the
+    next one, or the ``COMMIT``, and shares its round trip. Several statements
+    share a round trip by psycopg's pipeline mode: each is still a statement of
+    its own, prepared once the connection has run it often. Used by one thread,
     the operation's.
     """
 
@@ -101,64 +106,47 @@ class Opening:
     def __init__(self) -> None:
         self.begun = False
         self.xid = self.pid = 0
-        #: Statements (no parameters) to send just before the ``COMMIT``, in its round trip.
-        self.at_commit: list[str] = []
-        #: Statements (bound) whose results nobody reads, to send with the next one.
-        self.later: list[str] = []
-
-    def send_later(
-        self, conn: psycopg.Connection[Any], sql: str, params: Mapping[str, Any]
-    ) -> None:
-        """Send ``sql`` with the next statement, or the ``COMMIT``, in its round trip."""
-        self.later.append(psycopg.ClientCursor(conn).mogrify(sql, params))
+        #: Statements to send just before the ``COMMIT``, in its round trip.
+        self.at_commit: list[Statement] = []
+        #: Statements whose results nobody reads, to send with the next one.
+        self.later: list[Statement] = []
 
     def commit(self, conn: psycopg.Connection[Any]) -> None:
         """Send what waits, and the ``COMMIT``, in one round trip."""
-        conn.execute("; ".join([*self.later, *self.at_commit, "COMMIT"]))
+        with conn.pipeline():
+            for sql, params in [*self.later, *self.at_commit]:
+                conn.execute(sql, params)
+            conn.execute("COMMIT")
 
-    def execute(
-        self, conn: psycopg.Connection[Any], sql: str, params: Mapping[str, Any] | None
-    ) -> psycopg.Cursor[Any]:
+    def execute(self, conn: psycopg.Connection[Any], sql: str, params: Parameters) -> Cursor:
         """Run ``sql`` in this transaction: with what waits, and its ``BEGIN`` if it is
         the first, in one round trip."""
         if self.begun and not self.later:
             return conn.execute(sql, params)
-        return self._send(conn, sql, params)
+        return self._send(conn, [(sql, params)])[0]
 
-    def execute_each(
-        self, conn: psycopg.Connection[Any], statements: list[tuple[str, Mapping[str, Any]]]
-    ) -> list[list[Any]]:
+    def execute_each(self, conn: psycopg.Connection[Any], statements: list[Statement]) -> list[
+            list[Any]]:
         """Run each of ``statements`` in this transaction (with what waits, and its
         ``BEGIN`` if they are the first), in one round trip; each one's rows."""
-        binder = psycopg.ClientCursor(conn)
-        texts = [binder.mogrify(sql, params) for sql, params in statements]
-        cursor = self._send(conn, "; ".join(texts), None)
-        rows = [rows_read(cursor)]
-        for _ in texts[1:]:
-            cursor.nextset()
-            rows.append(rows_read(cursor))
-        return rows
+        return [rows_read(cursor) for cursor in self._send(conn, statements)]
 
-    def _send(
-        self, conn: psycopg.Connection[Any], sql: str, params: Mapping[str, Any] | None
-    ) -> psycopg.Cursor[Any]:
-        """Send what waits, then ``sql`` (after the ``BEGIN`` if nothing was sent yet), in
-        one round trip; the cursor at ``sql``'s (first) result."""
-        # Several statements in one round trip (the simple protocol): their parameters
-        # are bound here, not by the server.
-        if params is not None:
-            sql = psycopg.ClientCursor(conn).mogrify(sql, params)
-        before = "".join(f"{text}; " for text in self.later)
-        cursor = conn.execute(("" if self.begun else _BEGIN) + before + sql)
-        if not self.begun:
+    def _send(self, conn: psycopg.Connection[Any], statements: list[Statement]) -> list[Cursor]:
+        """Send the ``BEGIN`` if nothing was sent yet, what waits, then ``statements``, in
+        one round trip; the cursors of ``statements``, their results read."""
+        asked = None
+        with conn.pipeline():
+            if not self.begun:
+                conn.execute("BEGIN")
+                asked = conn.execute("SELECT txid_current(), pg_backend_pid()")
+            for sql, params in self.later:
+                conn.execute(sql, params)
+            cursors = [conn.execute(sql, params) for sql, params in statements]
+        if asked is not None:
             self.begun = True
-            cursor.nextset()
-            self.xid, self.pid = cursor.fetchone()  # type: ignore[misc]
-            cursor.nextset()
-        for _ in self.later:
-            cursor.nextset()
+            self.xid, self.pid = asked.fetchone()  # type: ignore[misc]
         self.later.clear()
-        return cursor
+        return cursors
 
 
 def rows_read(cursor: psycopg.Cursor[Any]) -> list[Any]:

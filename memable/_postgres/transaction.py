@@ -13,7 +13,6 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import psycopg
-from psycopg import sql
 
 from .._store.transaction import LOCK_INSTANCE, POSTGRESQL, Cursor, Dialect
 from .connections import Opening, rows_read
@@ -56,7 +55,7 @@ class PostgresTransaction:
         if opening is None or not opening.begun:  # (the BEGIN goes with a statement now)
             self.execute(template, params)
         else:
-            opening.send_later(self._conn, POSTGRESQL.spell(template), params)
+            opening.later.append((POSTGRESQL.spell(template), params))
 
     def executemany(self, template: str, params: Iterable[Mapping[str, Any]]) -> None:
         opening = self._opening
@@ -73,13 +72,12 @@ class PostgresTransaction:
 
     def notify(self, kind: str, workflow: str | None, instance_id: str | None) -> None:
         text = payload(kind, self.owner, workflow, instance_id or "")
-        statement = sql.SQL("SELECT pg_notify({}, {})").format(self._channel, text)
-        opening = self._opening
-        if opening is None:
-            self._conn.execute(statement)
+        notify = ("SELECT pg_notify(%s, %s)", (self._channel, text))
+        if self._opening is None:
+            self._conn.execute(*notify)
         else:
-            opening.at_commit.append(statement.as_string(self._conn))
+            self._opening.at_commit.append(notify)
 
     def relax_commit(self) -> None:
         if self._opening is not None:
-            self._opening.at_commit.append(_RELAXED)
+            self._opening.at_commit.append((_RELAXED, None))
