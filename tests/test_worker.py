@@ -407,11 +407,14 @@ def test_sigterm_with_the_server_unreachable_exits_within_the_lease_in_one_line(
         with signaller:
             signaller.signal("gated", "x", "go", True)
         worker.wait_for(r"gated/x: running")
+        # Opened while the step waits for it (so writing to it later never blocks: were
+        # the worker gone, the write would raise instead of waiting for a reader).
+        opened = open(gate, "w")  # noqa: SIM115 - closed below, after the SIGTERM
         proxy.drop()
         began = time.monotonic()
         worker.proc.send_signal(signal.SIGTERM)
         worker.wait_for(r"taking no new work")
-        with open(gate, "w") as opened:  # the step returns; its write meets the outage
+        with opened:  # the step returns; its write meets the outage
             opened.write("through")
         assert worker.proc.wait(timeout=WAIT) == 0
         took = time.monotonic() - began
