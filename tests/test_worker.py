@@ -375,8 +375,8 @@ def test_sigterm_with_the_server_unreachable_exits_within_the_lease_in_one_line(
     tmp_path: Path, pg_schema: str, workers: list[Worker],
 ) -> None:
     """A worker on PostgreSQL through a proxy holds a run in a step; the proxy drops every
-    connection and refuses new ones, the worker gets SIGTERM and the step returns (its
-    write meets the outage). The worker exits 0 within its 3 s lease, without a
+    connection and refuses new ones, the step returns (its write meets the outage) and
+    the worker gets SIGTERM. The worker exits 0 within its 3 s lease, without a
     traceback: the run stops once the lease is known lost, and stopping says in one line
     that the owner row stays for its lease to expire. psycopg's pool's reconnect tries
     print nothing (its WARNINGs used to reach stderr, one per try)."""
@@ -407,15 +407,15 @@ def test_sigterm_with_the_server_unreachable_exits_within_the_lease_in_one_line(
         with signaller:
             signaller.signal("gated", "x", "go", True)
         worker.wait_for(r"gated/x: running")
-        # Opened while the step waits for it (so writing to it later never blocks: were
-        # the worker gone, the write would raise instead of waiting for a reader).
-        opened = open(gate, "w")  # noqa: SIM115 - closed below, after the SIGTERM
         proxy.drop()
         began = time.monotonic()
+        # The step returns once the store is gone: its write meets the outage. (Let go
+        # after the SIGTERM instead, a slow test could find the worker gone at its lease's
+        # end, and its gate's open waited forever for a reader.)
+        with open(gate, "w") as opened:
+            opened.write("through")
         worker.proc.send_signal(signal.SIGTERM)
         worker.wait_for(r"taking no new work")
-        with opened:  # the step returns; its write meets the outage
-            opened.write("through")
         assert worker.proc.wait(timeout=WAIT) == 0
         took = time.monotonic() - began
         worker._reader.join(timeout=WAIT)
