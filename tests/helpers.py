@@ -125,23 +125,6 @@ def dump(engine: Engine) -> list[str]:
     ]
 
 
-def _statements(text: str) -> list[str]:
-    """The statements of ``text``, split at each ``;`` outside a quoted string.
-
-    >>> _statements("BEGIN; SELECT 'a;b'; COMMIT")
-    ['BEGIN', "SELECT 'a;b'", 'COMMIT']
-    """
-    found, start, quoted = [], 0, False
-    for at, char in enumerate(text):
-        if char == "'":
-            quoted = not quoted  # a doubled quote inside a string flips twice
-        elif char == ";" and not quoted:
-            found.append(text[start:at])
-            start = at + 1
-    found.append(text[start:])
-    return [statement.strip() for statement in found if statement.strip()]
-
-
 class _TracedConnection:
     """A pooled psycopg connection that notes each statement, and BEGIN/COMMIT around
     transactions, as SQLite's trace callback would. A transaction's statements are noted
@@ -164,8 +147,7 @@ class _TracedConnection:
                 self._open = None
 
     def execute(self, sql: str, *args: Any) -> Any:
-        for statement in _statements(sql):  # a round trip may carry several
-            self._note(statement)
+        self._note(sql.strip())
         try:
             return self._conn.execute(sql, *args)
         except BaseException:

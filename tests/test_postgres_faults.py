@@ -406,8 +406,7 @@ class _CommitLost:
         # loses its answer as a COMMIT's would.)
         one_statement = (isinstance(sql, str) and sql.lstrip().startswith("INSERT INTO steps")
                          and getattr(self, "opening", None) is None)
-        if (isinstance(sql, str) and (sql.endswith("COMMIT") or one_statement)
-                and self._plan["left"]):
+        if (sql == "COMMIT" or one_statement) and self._plan["left"]:
             self._plan["left"] -= 1
             if self._plan["after"]:
                 self._conn.execute(sql, *args)  # the server commits...

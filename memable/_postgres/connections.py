@@ -131,6 +131,10 @@ class Opening:
         ``BEGIN`` if they are the first), in one round trip; each one's rows."""
         return [rows_read(cursor) for cursor in self._send(conn, statements)]
 
+    def flush(self, conn: psycopg.Connection[Any]) -> None:
+        """Send the ``BEGIN`` if nothing was sent yet, and what waits."""
+        self._send(conn, [])
+
     def _send(self, conn: psycopg.Connection[Any], statements: list[Statement]) -> list[Cursor]:
         """Send the ``BEGIN`` if nothing was sent yet, what waits, then ``statements``, in
         one round trip; the cursors of ``statements``, their results read."""

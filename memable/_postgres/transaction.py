@@ -60,8 +60,7 @@ class PostgresTransaction:
     def executemany(self, template: str, params: Iterable[Mapping[str, Any]]) -> None:
         opening = self._opening
         if opening is not None and (not opening.begun or opening.later):
-            # The BEGIN, and what waits to be sent, go before the batch.
-            opening.execute(self._conn, "SELECT 1", None)
+            opening.flush(self._conn)  # the BEGIN, and what waits, go before the batch
         with self._conn.cursor() as cursor:
             cursor.executemany(POSTGRESQL.spell(template), params)
 

@@ -121,14 +121,12 @@ LOCK_QUEUE = (
     "SELECT pg_advisory_xact_lock(hashtextextended("
     "'memable-queue:' || current_schema() || ':' || :queue, 0))"
 )
-#: Read once after a claim's lock: whether the queue is paused, the clock the claim
-#: judges by (the engine's, ``:now``, on SQLite; the server's on PostgreSQL), and how many
-#: slots are held by that clock (``RUNNING``).
-_PAUSED_NOW_RUNNING = f"""
-SELECT judged.paused, judged.now, ({RUNNING.strip().replace(":now", "judged.now")})
-FROM (SELECT EXISTS (SELECT 1 FROM queue_states WHERE queue = :queue AND paused = 1)
-    AS paused, {{now_epoch}} AS now) AS judged
-"""
+#: Read once after a claim's lock: whether the queue is paused, and the clock the claim
+#: judges by (the engine's, ``:now``, on SQLite; the server's on PostgreSQL).
+_PAUSED_AND_NOW = (
+    "SELECT EXISTS (SELECT 1 FROM queue_states WHERE queue = :queue AND paused = 1), "
+    "{now_epoch}"
+)
 
 
 def _listing(template: str, workflows: list[str]) -> tuple[str, dict[str, Any]]:
@@ -187,13 +185,14 @@ def claim(
     """
     where = {"queue": queue, "me": tx.owner}
     *_, read = tx.execute_each(
-        *_locking(tx, queue), (_PAUSED_NOW_RUNNING, {**where, "now": clock()}))
-    paused, now, held = read[0]
+        *_locking(tx, queue), (_PAUSED_AND_NOW, {**where, "now": clock()}))
+    paused, now = read[0]
     if paused:  # nothing starts
         return Claimed()
     now = float(now)
     room = batch
     if concurrency is not None:
+        held = tx.execute(RUNNING, {**where, "now": now}).fetchone()[0]
         room = min(room, concurrency - int(held))
     if per_process is not None:
         room = min(room, per_process - int(tx.execute(RUNNING_MINE, where).fetchone()[0]))
@@ -207,10 +206,8 @@ def claim(
 
     def take(workflow: str, instance_id: str) -> None:
         one = {**where, "workflow": workflow, "instance_id": instance_id, "at": iso_utc(at)}
-        took(*tx.execute_each((TAKE, one), (SELECT_RUN_STEPS, one)))
-
-    def took(row: list[Any], steps: list[Any]) -> None:
-        """One take's rows: the instance if it took it (its steps read after), else none."""
+        # Its steps are read after the take, in its round trip (discarded if it took none).
+        row, steps = tx.execute_each((TAKE, one), (SELECT_RUN_STEPS, one))
         if not row:
             return
         taken.append(RunSnapshot(instance_row(INSTANCE_COLUMNS, row[0]),
@@ -222,17 +219,8 @@ def claim(
     text, params = _listing(NEXT, workflows)
     params.update(where, n=room, now=now, per_key=per_key)
     if room > 0 and per_key is None:
-        found = tx.execute(text, params).fetchall()
-        if rate is None and found:  # each take with its steps, all in one round trip
-            stamp = iso_utc(at)
-            rows = tx.execute_each(*(
-                (statement, {**where, "workflow": w, "instance_id": i, "at": stamp})
-                for w, i in found for statement in (TAKE, SELECT_RUN_STEPS)))
-            for row, steps in zip(rows[::2], rows[1::2], strict=True):
-                took(row, steps)
-        else:
-            for workflow, instance_id in found:
-                take(workflow, instance_id)
+        for workflow, instance_id in tx.execute(text, params).fetchall():
+            take(workflow, instance_id)
     # Rounds: each finds the next ones of the keys below their limit, and takes each
     # whose key is still below it (this round's takes, running already, are counted).
     # A round that takes nothing found nothing more to take.
