@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import faulthandler
 import fcntl
 import os
+import re
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
@@ -44,6 +46,35 @@ def _one_heavy_test_at_a_time(request: pytest.FixtureRequest) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+#: A test (setup, call and teardown) still running after this many seconds is taken for
+#: hung: its process writes every thread's stack to a file of ``HANG_DIR`` and exits, so
+#: that the run fails, naming the test (pytest -n reports its worker crashed), where it
+#: would otherwise wait until CI's own limit and print nothing. The slowest test takes
+#: about a minute and a half on 2 cores; a heavy one may first wait for others to end.
+HANG_AFTER = float(os.environ.get("MEMABLE_TEST_HANG_AFTER", "600"))
+
+#: Where the stacks of a hung test go (.ci/run prints the files when the run ends).
+HANG_DIR = Path(os.environ.get("MEMABLE_TEST_HANG_DIR", tempfile.gettempdir()))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    """Arm the hang watchdog (``HANG_AFTER``) around each test. The stacks go to a file,
+    not to stderr: pytest captures the test's stderr, and an exiting process loses it."""
+    HANG_DIR.mkdir(parents=True, exist_ok=True)
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", item.nodeid)[-150:]
+    path = HANG_DIR / f"memable-hang-{os.getpid()}-{name}.txt"
+    with open(path, "w") as stacks:
+        stacks.write(f"{item.nodeid} still running after {HANG_AFTER:.0f} s:\n")
+        stacks.flush()
+        faulthandler.dump_traceback_later(HANG_AFTER, exit=True, file=stacks)
+        try:
+            yield
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+    path.unlink()
 
 
 def postgres_or_skip() -> None:
