@@ -396,15 +396,18 @@ def test_stop_with_the_server_unreachable_returns_within_the_lease(
 class _CommitLost:
     """A pooled connection whose next ``COMMIT`` loses its answer: the connection closes
     as the answer would come, after the server committed (``after=True``) or before the
-    COMMIT was sent (``after=False``). Everything else goes to the real connection."""
+    COMMIT was sent (``after=False``). Everything else goes to the real connection.
+
+    A write run as one statement, outside a transaction the store opened, whose text
+    starts with ``plan["one"]`` (a step's, unless told) loses its answer as a COMMIT's
+    would."""
 
     def __init__(self, conn: Any, plan: dict[str, Any]) -> None:
         self._conn, self._plan = conn, plan
 
     def execute(self, sql: str, *args: Any) -> Any:
-        # (A step write run as one statement, outside a transaction the store opened,
-        # loses its answer as a COMMIT's would.)
-        one_statement = (isinstance(sql, str) and sql.lstrip().startswith("INSERT INTO steps")
+        one_statement = (isinstance(sql, str)
+                         and sql.lstrip().startswith(self._plan.get("one", "INSERT INTO steps"))
                          and getattr(self, "opening", None) is None)
         if (sql == "COMMIT" or one_statement) and self._plan["left"]:
             self._plan["left"] -= 1
@@ -462,28 +465,33 @@ def test_a_failed_attempt_whose_answer_is_lost_counts_once(pg_schema: str) -> No
 
 
 @pytest.mark.parametrize("after", [True, False], ids=["committed", "not-committed"])
-def test_a_commit_whose_answer_is_lost_is_decided_by_the_server(
-    pg_schema: str, after: bool
+@pytest.mark.parametrize("start_at", [None, 1796601600.0], ids=["one-statement", "delayed"])
+def test_a_creation_whose_answer_is_lost_answers_as_made(
+    pg_schema: str, after: bool, start_at: float | None
 ) -> None:
-    """The connection goes during the COMMIT of an instance's creation (a write whose
-    answer a second run would change: "made it" the first time, "it was there" after).
-    Committed before the connection went: the creation answers True, as made, and is not
-    run again (run again, it answered False, and the invoke took its own instance for
-    another's). Not committed: it runs again and makes the instance. One row either way."""
+    """The connection goes as the answer to an instance's creation would come (a write
+    whose answer a second run would change: "made it" the first time, "it was there"
+    after). Stored before the connection went: the creation answers True, as made (run
+    again blindly, it answered False, and the invoke took its own instance for
+    another's). A delayed start, a transaction, is decided by the server and not run
+    again; a plain creation, one statement, runs again and recognises its own row by
+    its call's token. Not stored: it runs again and makes the instance. One row either
+    way, and a second creation of the id, another call, still finds it taken."""
     from memable._postgres.store import PostgresStore
     from memable._store.rows import InstanceRow
 
     store = PostgresStore(POSTGRES_URL, "full", schema=pg_schema)
     try:
-        plan = {"left": 1, "after": after}
+        plan = {"left": 1, "after": after, "one": "INSERT INTO instances"}
         store._db._pool = _LosingPool(store._db._pool, plan)  # type: ignore[assignment]
         now = "2026-12-07T00:00:00+00:00"
         row = InstanceRow(workflow="wf", instance_id="i", status="queued", message=None,
                           input="null", input_type=None, output=None, output_type=None,
                           created_at=now, updated_at=now, completed_at=None, queue="q",
                           priority=0, queued_at=now)
-        assert store.create_instance(row) is True
-        assert plan["left"] == 0  # the COMMIT's answer was lost once
+        assert store.create_instance(row, start_at) is True
+        assert plan["left"] == 0  # the answer was lost once
+        assert store.create_instance(row, start_at) is False
         with psycopg.connect(POSTGRES_URL) as conn:
             rows = conn.execute(
                 f'SELECT count(*) FROM "{pg_schema}".instances WHERE instance_id = %s', ("i",)

@@ -23,7 +23,7 @@ from .._store.sql.instances import CONCURRENCY_KEY_INDEX, TIMEOUTS_INDEX
 #: The schema version this code writes (the SQLite store's columns, in PostgreSQL).
 #: Versions before it also created PL/pgSQL functions (``memable_claim`` and others);
 #: this code calls none, and a store keeps those it has, unused.
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 #: Seconds to wait for the server unless the URL's ``connect_timeout`` says.
 CONNECT_TIMEOUT = 10
 SCHEMES = ("postgresql://", "postgres://")
@@ -107,6 +107,11 @@ ALTER TABLE instances ADD COLUMN IF NOT EXISTS timeout double precision,
 _V9 = """
 ALTER TABLE instances ADD COLUMN IF NOT EXISTS lost_by text;
 """
+#: Version 10: the token of the call that created an instance, by which a creation run
+#: again after its answer was lost recognises its row (as on SQLite, schema version 15).
+_V10 = """
+ALTER TABLE instances ADD COLUMN IF NOT EXISTS created_by text;
+"""
 _TABLES = f"""
 CREATE TABLE IF NOT EXISTS instances (
     workflow text NOT NULL, instance_id text NOT NULL, status text NOT NULL, message text,
@@ -140,6 +145,7 @@ CREATE TABLE IF NOT EXISTS schema_version (version integer NOT NULL);
 {_V7}
 {_V8}
 {_V9}
+{_V10}
 """
 
 
@@ -318,4 +324,5 @@ def prepare(conn: Any, schema: str, where: str, *, create: bool) -> None:
             conn.execute(_V7)
             conn.execute(_V8)
             conn.execute(_V9)
+            conn.execute(_V10)
             conn.execute("UPDATE schema_version SET version = %s", (SCHEMA_VERSION,))

@@ -11,6 +11,7 @@ cancel or a timer NOTIFY the other engines (``listener``).
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -98,10 +99,13 @@ class PostgresStore(OperatorReads):
     # ------------------------------------------------------------------ runs
 
     def create_instance(self, row: InstanceRow, start_at: float | None = None) -> bool:
-        # A transaction: whether it created the row is not the same on a second run.
+        # A delayed start is a transaction (the row, its start's step and timer). Else
+        # one statement: run again after a lost answer, it recognises the row it wrote
+        # by this call's token, and answers alike.
+        token = None if start_at is not None else secrets.token_hex(16)
         return self._run("create the instance",
-                         lambda conn: claims.create(self._tx(conn), row, start_at),
-                         row.workflow, row.instance_id)
+                         lambda conn: claims.create(self._tx(conn), row, start_at, token),
+                         row.workflow, row.instance_id, transaction=token is None)
 
     def begin_run(
         self, workflow: str, instance_id: str, *, now: float, claim: Claim

@@ -21,7 +21,7 @@ from .._store.protocol import Synchronous
 from .._store.sql.instances import CONCURRENCY_KEY_INDEX, INSTANCE_COLUMNS, TIMEOUTS_INDEX
 
 #: The schema this code writes; ``PRAGMA user_version`` of every store.
-SCHEMA_VERSION = 14
+SCHEMA_VERSION = 15
 #: Seconds a statement waits for another process's lock before failing.
 BUSY_TIMEOUT = 10.0
 #: ``PRAGMA auto_vacuum`` of a store that returns freed pages (retention): incremental.
@@ -254,6 +254,11 @@ def migrate_to_14(db: sqlite_utils.Database) -> None:
     db["instances"].add_column("lost_by", str)  # type: ignore[union-attr]
 
 
+def migrate_to_15(db: sqlite_utils.Database) -> None:
+    """The token of the call that created an instance (``instances.INSERT_INSTANCE``)."""
+    db["instances"].add_column("created_by", str)  # type: ignore[union-attr]
+
+
 #: Migration to version N is MIGRATIONS[N - 1]; all run in the opening transaction.
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     migrate_to_1,
@@ -270,6 +275,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     migrate_to_12,
     migrate_to_13,
     migrate_to_14,
+    migrate_to_15,
 ]
 
 

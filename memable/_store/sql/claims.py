@@ -127,16 +127,23 @@ _TAKE: dict[Claim, str] = {
 }
 
 
-def create(tx: Transaction, row: InstanceRow, start_at: float | None = None) -> bool:
+def create(
+    tx: Transaction, row: InstanceRow, start_at: float | None = None, token: str | None = None
+) -> bool:
     """Create the instance ``row`` (running: this engine's; else nobody's yet); False, and
     nothing written, if its id is taken. A queued one tells its queue's consumers.
+
+    Without ``start_at`` it may run as one statement, outside a transaction, and again
+    after its answer was lost: with ``token``, unique to the call, it then answers as
+    its first run did (``insert_instance``). A queued one's consumers are told after
+    the row committed (a telling without a new row is a late wake-up, no more).
 
     With ``start_at`` (epoch seconds), a delayed start, atomically with the row: the
     instance (stored suspended, nobody's, waiting on the key ``instances.START_KEY``)
     gets that key as a waiting timer step and its timer, due then, and the engines are
     told of the timer; its firing makes the instance ready, as any timer does.
     """
-    if not insert_instance(tx, row):
+    if not insert_instance(tx, row, token):
         return False
     if start_at is not None:
         params = {"workflow": row.workflow, "instance_id": row.instance_id,

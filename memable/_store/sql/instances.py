@@ -83,10 +83,19 @@ INSTANCE_COLUMNS: dict[str, type] = {
 }
 
 _COLUMNS = ", ".join(INSTANCE_COLUMNS)
-#: A new instance's row, unless its id is taken (then nothing is written).
+#: A new instance's row, unless its id is taken (then nothing is written), with the token
+#: of the call that creates it (``created_by``: SQLite schema 15, PostgreSQL 10; never
+#: read by a run): a one-statement creation run again after its answer was lost
+#: recognises its own row by it (``CREATED_BY``).
 INSERT_INSTANCE = (
-    f"INSERT INTO instances ({_COLUMNS}) "
-    f"VALUES ({', '.join(f':{name}' for name in INSTANCE_COLUMNS)}) ON CONFLICT DO NOTHING"
+    f"INSERT INTO instances ({_COLUMNS}, created_by) "
+    f"VALUES ({', '.join(f':{name}' for name in INSTANCE_COLUMNS)}, :created_by) "
+    "ON CONFLICT DO NOTHING"
+)
+#: The instance, if the call of the token ``created_by`` created it.
+CREATED_BY = (
+    "SELECT 1 FROM instances WHERE workflow = :workflow AND instance_id = :instance_id "
+    "AND created_by = :created_by"
 )
 _ARRAY_OF = {str: "text[]", int: "integer[]", float: "double precision[]"}
 #: New instances' rows from one array per column (a dialect with ``array_parameters``),
@@ -104,11 +113,20 @@ def _owned_row(tx: Transaction, row: InstanceRow) -> InstanceRow:
     return attrs.evolve(row, owner=tx.owner if row.status == "running" else None)
 
 
-def insert_instance(tx: Transaction, row: InstanceRow) -> bool:
+def insert_instance(tx: Transaction, row: InstanceRow, token: str | None = None) -> bool:
     """Create the instance ``row`` (owned as ``_owned_row`` says); False, and nothing
-    written, if its id is taken."""
+    written, if its id is taken.
+
+    With ``token`` (unique to the call, the same each time it is run), a row that
+    this very call created counts as created: the call is one statement of its own,
+    run again because its answer was lost (the row committed, the answer never came).
+    """
     values = attrs.asdict(_owned_row(tx, row), recurse=False)
-    return int(tx.execute(INSERT_INSTANCE, values).rowcount) == 1
+    if int(tx.execute(INSERT_INSTANCE, {**values, "created_by": token}).rowcount) == 1:
+        return True
+    return token is not None and tx.execute(CREATED_BY, {
+        "workflow": row.workflow, "instance_id": row.instance_id, "created_by": token,
+    }).fetchone() is not None
 
 
 def insert_instances(tx: Transaction, rows: list[InstanceRow]) -> list[str]:
