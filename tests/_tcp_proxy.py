@@ -5,7 +5,9 @@ stops forwarding in both directions without closing anything (packets of a
 partition are not answered; they are held here, as a network would delay
 them), ``heal()`` delivers what was held and forwards again. ``drop()`` is the
 server going away instead: every connection is closed at once and new ones are
-closed as soon as accepted, until ``heal()``. ``close()`` ends every connection
+closed as soon as accepted, until ``heal()``. ``connect_delay`` (seconds) holds
+each new connection that long before it is forwarded: a slow network or a
+loaded server. ``close()`` ends every connection
 and joins every thread.
 """
 
@@ -29,6 +31,7 @@ class Proxy:
         self._lock = threading.Lock()
         self._sockets: list[socket.socket] = [self._server]
         self._down = False  # set by drop(): connections are refused until heal()
+        self.connect_delay = 0.0
         self._threads: list[threading.Thread] = []
         self._open = threading.Event()
         self._open.set()
@@ -69,6 +72,8 @@ class Proxy:
             if down:
                 _reset(client)
                 continue
+            if self.connect_delay:  # a slow connection: its latency, nothing to wait for
+                self._closing.wait(self.connect_delay)
             upstream = socket.create_connection(self._target)
             with self._lock:
                 self._sockets += [client, upstream]

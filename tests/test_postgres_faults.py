@@ -335,6 +335,31 @@ def test_an_outage_shorter_than_the_lease_costs_no_run(
                 or "could not be recorded" in r.getMessage()]
 
 
+def test_an_operation_after_an_outage_past_the_lease_gets_a_connection(
+    pg_schema: str, proxy: Proxy,
+) -> None:
+    """The server was unreachable past the engine's lease, and answers again; until the
+    next heartbeat commits, the lease is known lost. An operation outside a run still
+    gets a connection, though each new one takes 0.2 s to open (a loaded server): it
+    used to try once, for 0.05 s, and fail ("couldn't get a connection")."""
+    from memable._postgres.store import PostgresStore
+    from memable._store.rows import InstanceRow
+
+    store = PostgresStore(_through(proxy), "full", schema=pg_schema)
+    try:
+        store._db.renewed(time.monotonic() - 60.0, 15.0)  # known lost 46.5 s ago
+        proxy.drop()  # every connection goes...
+        proxy.connect_delay = 0.2
+        proxy.heal()  # ...and the server is back, slow to connect to
+        now = "2026-12-07T00:00:00+00:00"
+        row = InstanceRow(workflow="wf", instance_id="i", status="running", message=None,
+                          input="null", input_type=None, output=None, output_type=None,
+                          created_at=now, updated_at=now, completed_at=None)
+        assert store.create_instance(row) is True
+    finally:
+        store.close()
+
+
 def test_stop_with_the_server_unreachable_returns_within_the_lease(
     pg_schema: str, proxy: Proxy, caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -368,6 +368,7 @@ class Connections:
         key: str | None = None,
         *,
         transaction: bool = True,
+        past_lease: float = OUTAGE_WAIT,
     ) -> T:
         """Run ``fn`` on a pooled connection (in a transaction unless told not to).
 
@@ -376,10 +377,15 @@ class Connections:
         lost connection is retried for
         ``RETRY_FOR`` seconds, and no longer than this engine's lease is known
         held; in a run's ``session``, until then, whatever ``RETRY_FOR`` says,
-        and then ``LeaseLost`` is raised instead of ``StorageError``.
+        and then ``LeaseLost`` is raised instead of ``StorageError``. An operation
+        outside a run is tried for ``past_lease`` seconds at least, even if the
+        lease was known lost when it began: once the server answers again, it gets
+        a connection that takes a moment to open (the lease stays known lost until
+        the next heartbeat commits).
         """
         in_run = bool(getattr(self._held, "active", False))
-        deadline = time.monotonic() + RETRY_FOR  # for a serialization failure or deadlock
+        began = time.monotonic()
+        deadline = began + RETRY_FOR  # for a serialization failure or deadlock
         delay = 0.05
         lost_commit: _LostCommit | None = None
         quiet, _INSIDE.quiet = getattr(_INSIDE, "quiet", False), True
@@ -393,8 +399,9 @@ class Connections:
                 with self._state_lock:
                     lease_until = self._lease_until
                 lost_deadline = deadline
-                if lease_until is not None:
-                    lost_deadline = lease_until if in_run else min(deadline, lease_until)
+                if lease_until is not None:  # (outside a run, one real try at least)
+                    lost_deadline = lease_until if in_run else max(
+                        min(deadline, lease_until), began + past_lease)
                 # A wait for a pooled connection is short, and tried again: the pool
                 # gives up a connect that fails and does not wake its waiters, it
                 # connects again when asked.
