@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from memable import Completed, Context, Engine, MetadataStatus, Suspended
+from memable._engine import access
 
 from ._stats import latencies
 
@@ -282,7 +283,7 @@ def suspended(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
         quick_start = time.perf_counter()
         check(engine.invoke("quick").result(timeout=60) == "quick", "a new workflow failed")
         quick_ms = (time.perf_counter() - quick_start) * 1e3
-        busy = len(engine._runner.runs._active)
+        busy = len(access.in_flight(engine))
         threads = threading.active_count() - threads_before
         parked = sum(
             meta.status == MetadataStatus.Suspended("go")

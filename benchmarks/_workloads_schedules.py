@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from memable import Context, MetadataStatus
+from memable._engine import access
 
 from ._workloads import BenchFailure, _engine, check
 
@@ -91,11 +92,11 @@ def tick_lag(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
             assert meta is not None
             lags_ms.append((meta.created_at - tick).total_seconds() * 1e3)
             ran_ms.append((body_at - tick.timestamp()) * 1e3)
-            row = engine._store.get_instance("tick", instance_id)
+            row = access.store(engine).get_instance("tick", instance_id)
             check(row is not None and row.schedule == "w9",
                   f"W9 {instance_id} not created by the schedule")
         ids = sorted(instance_id for instance_id, _ in engine.list_instances("tick"))
-        stored = {s.name: s for s in engine._store.schedules()}.get("w9")
+        stored = {s.name: s for s in access.store(engine).schedules()}.get("w9")
     want = sorted(["warm-up", *(f"w9@{_tick_id(tick)}" for tick in expected)])
     check(ids == want, f"W9 instances {ids}, expected {want}")
     check(calls == {WARM_UP: 1, **dict.fromkeys(expected, 1)}, f"W9 step runs {calls}")
