@@ -407,12 +407,16 @@ def test_sigterm_with_the_server_unreachable_exits_within_the_lease_in_one_line(
         with signaller:
             signaller.signal("gated", "x", "go", True)
         worker.wait_for(r"gated/x: running")
-        proxy.drop()
-        began = time.monotonic()
-        # The step returns once the store is gone: its write meets the outage. (Let go
-        # after the SIGTERM instead, a slow test could find the worker gone at its lease's
-        # end, and its gate's open waited forever for a reader.)
+        # The gate opens for writing once the step has opened it for reading: the step
+        # is in flight, before the store goes. (The run logs "running" before its first
+        # look at the store: dropped then, the run stopped at its lease's end without
+        # reaching the step, and this open waited forever for a reader.)
         with open(gate, "w") as opened:
+            proxy.drop()
+            began = time.monotonic()
+            # The step returns once the store is gone (its write meets the outage), and
+            # before the SIGTERM: let go after it, a slow test could find the worker gone
+            # at its lease's end.
             opened.write("through")
         worker.proc.send_signal(signal.SIGTERM)
         worker.wait_for(r"taking no new work")
