@@ -57,13 +57,13 @@ HANG_AFTER = float(os.environ.get("MEMABLE_TEST_HANG_AFTER", "600"))
 
 #: Where the stacks of a hung test go (.ci/run prints the files when the run ends).
 HANG_DIR = Path(os.environ.get("MEMABLE_TEST_HANG_DIR", tempfile.gettempdir()))
+HANG_DIR.mkdir(parents=True, exist_ok=True)
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
     """Arm the hang watchdog (``HANG_AFTER``) around each test. The stacks go to a file,
     not to stderr: pytest captures the test's stderr, and an exiting process loses it."""
-    HANG_DIR.mkdir(parents=True, exist_ok=True)
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", item.nodeid)[-150:]
     path = HANG_DIR / f"memable-hang-{os.getpid()}-{name}.txt"
     with open(path, "w") as stacks:

@@ -247,9 +247,9 @@ class PostgresStore(OperatorReads):
         # Tried until the lease is known lost at the latest, and no longer (see
         # Connections.run), so that stop() returns within the lease: an unreachable
         # server leaves the row for the lease to expire.
-        self._db.run("remove the engine's owner row",
-                     lambda conn: owners_sql.drop(self._tx(conn)), transaction=False,
-                     past_lease=0.0)
+        self._run("remove the engine's owner row",
+                  lambda conn: owners_sql.drop(self._tx(conn)), transaction=False,
+                  past_lease=0.0)
         self._db.renewed(None, self._lease)
 
     def look_around(self, workflows: list[str], now: float) -> Look:
