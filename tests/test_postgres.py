@@ -519,3 +519,53 @@ def test_placing_a_signal_waits_for_a_takeover_under_way_and_then_is_refused(
         assert stored.seq == UNREACHED
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("other", ["commits", "rolls back"])
+def test_a_creation_racing_another_for_its_id_answers_by_what_committed(
+    pg_schema: str, other: str
+) -> None:
+    """Another transaction (a second connection, as another engine's creation) has
+    inserted the same instance id and not committed. The creation, one statement, waits
+    for it: if it commits, the id is taken (False: the row holds another call's token,
+    not this one's); if it rolls back, the creation makes the instance (True). One row
+    either way."""
+    store = PostgresStore(POSTGRES_URL, "full", schema=pg_schema)
+    now = "2026-12-07T00:00:00+00:00"
+    row = InstanceRow(workflow="wf", instance_id="i", status="running", message=None,
+                      input="null", input_type=None, output=None, output_type=None,
+                      created_at=now, updated_at=now, completed_at=None)
+    answers: list[bool] = []
+    try:
+        with psycopg.connect(POSTGRES_URL) as holder:  # a transaction of its own
+            holder.execute(
+                f'INSERT INTO "{pg_schema}".instances (workflow, instance_id, status, '
+                "input, created_at, updated_at, created_by) VALUES ('wf', 'i', 'running', "
+                "'null', %s, %s, 'another call')", (now, now))
+            blocker = holder.execute("SELECT pg_backend_pid()").fetchone()
+            creating = threading.Thread(
+                target=lambda: answers.append(store.create_instance(row)), name="creating")
+            creating.start()
+            with psycopg.connect(POSTGRES_URL, autocommit=True) as watch:
+                def waiting() -> bool:  # the creation waits on the holder's row
+                    return watch.execute(
+                        "SELECT count(*) FROM pg_stat_activity "
+                        "WHERE %s = ANY(pg_blocking_pids(pid))", blocker).fetchone() == (1,)
+                deadline = time.monotonic() + 30
+                while not waiting():
+                    assert time.monotonic() < deadline, "the creation never waited"
+                    time.sleep(0.01)  # a poll of pg_locks, nothing to wait on
+            assert answers == []  # still waiting
+            if other == "commits":
+                holder.commit()
+            else:
+                holder.rollback()
+        creating.join(30)
+        assert answers == [other == "rolls back"]
+        with psycopg.connect(POSTGRES_URL) as conn:
+            found = conn.execute(
+                f'SELECT created_by IS NULL OR created_by <> %s FROM "{pg_schema}".instances',
+                ("another call",)).fetchall()
+        assert found == [(other == "rolls back",)]
+    finally:
+        store.close()
