@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -125,6 +126,39 @@ def dump(engine: Engine) -> list[str]:
     ]
 
 
+#: A statement of a text of several (``memable._postgres.batch``): where one ends.
+_NEXT_STATEMENT = re.compile(
+    r";\s+(?=(?:BEGIN|COMMIT|ROLLBACK|PREPARE|EXECUTE|SELECT|INSERT|UPDATE|DELETE|WITH)\b)")
+#: What each statement a PostgreSQL store prepared runs, by its name (unique in a process).
+_PREPARED: dict[str, str] = {}
+
+
+def statements_of(text: str, conn: Any) -> list[str]:
+    """The statements a text sent to PostgreSQL on ``conn`` runs, as written: a text of
+    several (``memable._postgres.batch``) is split, each ``EXECUTE`` is the statement it
+    runs (prepared before, maybe before tracing began), and a ``PREPARE`` runs none."""
+    out = []
+    for statement in _NEXT_STATEMENT.split(text):
+        if _prepare(statement):
+            continue
+        executed = re.match(r"EXECUTE (\w+)", statement)
+        if executed and executed[1] not in _PREPARED:  # the server has its text
+            source = conn.execute("SELECT statement FROM pg_prepared_statements "
+                                  "WHERE name = %s", (executed[1],)).fetchone()[0]
+            for part in _NEXT_STATEMENT.split(source):
+                _prepare(part)
+        out.append(_PREPARED[executed[1]] if executed else statement)
+    return out
+
+
+def _prepare(statement: str) -> bool:
+    """Note what a ``PREPARE`` prepares; whether ``statement`` is one."""
+    prepared = re.match(r"PREPARE (\w+)(?: \([^)]*\))? AS (.*)", statement, re.S)
+    if prepared:
+        _PREPARED[prepared[1]] = prepared[2]
+    return prepared is not None
+
+
 class _TracedConnection:
     """A pooled psycopg connection that notes each statement, and BEGIN/COMMIT around
     transactions, as SQLite's trace callback would. A transaction's statements are noted
@@ -146,10 +180,11 @@ class _TracedConnection:
                 self._statements.extend(self._open)
                 self._open = None
 
-    def execute(self, sql: str, *args: Any) -> Any:
-        self._note(sql.strip())
+    def execute(self, sql: str, *args: Any, **kwargs: Any) -> Any:
+        for statement in statements_of(sql.strip(), self._conn):
+            self._note(statement)
         try:
-            return self._conn.execute(sql, *args)
+            return self._conn.execute(sql, *args, **kwargs)
         except BaseException:
             if self._open is not None and self._conn.info.transaction_status == 3:  # INERROR
                 self._note("ROLLBACK")

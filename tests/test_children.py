@@ -387,9 +387,10 @@ def test_a_child_ending_while_its_parent_records_its_wait_is_counted(
 
     def parent_recorded_or_waiting() -> bool:
         with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+            # (The parent's statements run prepared: its text names the instance.)
             blocked = conn.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                "AND query LIKE %s", ("%SELECT status, owner FROM instances%FOR UPDATE",),
+                "AND query LIKE %s", ("%EXECUTE memable_%('parent', 'p'%",),
             ).fetchone()
             suspended = conn.execute(
                 f'SELECT count(*) FROM "{pg_schema}".instances WHERE instance_id = %s '

@@ -24,7 +24,7 @@ import psycopg
 import pytest
 from _tcp_proxy import Proxy
 from conftest import POSTGRES_URL
-from helpers import build, query, store_of
+from helpers import build, query, statements_of, store_of
 
 from memable import Context, Engine
 from memable._postgres.schema import parse
@@ -430,19 +430,20 @@ class _CommitLost:
     def __init__(self, conn: Any, plan: dict[str, Any]) -> None:
         self._conn, self._plan = conn, plan
 
-    def execute(self, sql: str, *args: Any) -> Any:
-        one_statement = (isinstance(sql, str)
-                         and sql.lstrip().startswith(self._plan.get("one", "INSERT INTO steps"))
-                         and getattr(self, "opening", None) is None)
-        if (sql == "COMMIT" or one_statement) and self._plan["left"]:
+    def execute(self, sql: str, *args: Any, **kwargs: Any) -> Any:
+        prefix = self._plan.get("one", "INSERT INTO steps")
+        one_statement = (isinstance(sql, str) and getattr(self, "opening", None) is None
+                         and any(statement.lstrip().startswith(prefix)
+                                 for statement in statements_of(sql, self._conn)))
+        # (A transaction's last statements go with its COMMIT, as one text.)
+        commit = isinstance(sql, str) and (sql == "COMMIT" or sql.endswith("; COMMIT"))
+        if (commit or one_statement) and self._plan["left"]:
             self._plan["left"] -= 1
             if self._plan["after"]:
-                self._conn.execute(sql, *args)  # the server commits...
-                with self._conn.pipeline():  # (sent now, if a pipeline held it back)
-                    pass
+                self._conn.execute(sql, *args, **kwargs)  # the server commits...
             self._conn.close()  # ...and the answer never arrives: the connection is gone
             raise psycopg.OperationalError("server closed the connection unexpectedly")
-        return self._conn.execute(sql, *args)
+        return self._conn.execute(sql, *args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._conn, name)

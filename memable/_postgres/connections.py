@@ -11,8 +11,9 @@ deadlock is tried again on a fresh connection, with backoff, for up to
 
 A transaction costs no round trip of its own: its ``BEGIN`` goes with the
 body's first statement, and what only matters once it commits (its NOTIFYs,
-a relaxed durability) goes with its ``COMMIT`` (``Opening``, by psycopg's
-pipeline mode).
+a relaxed durability) goes with its ``COMMIT`` (``Opening``; statements that
+share a round trip go as one text, each planned once per connection:
+``batch``).
 
 The commit outcome of a write whose connection went during its ``COMMIT`` is
 unknown; one rule decides it, here. A transaction learns its id and its
@@ -50,7 +51,7 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -61,14 +62,11 @@ from .._errors import StorageError
 from .._log import log
 from .._store.control import LeaseLost
 from .._store.protocol import Synchronous
+from . import batch
 from . import schema as schema_
 
 T = TypeVar("T")
 Cursor = psycopg.Cursor[Any]
-#: A statement's parameters: by name or by position, or none.
-Parameters = Mapping[str, Any] | Sequence[Any] | None
-#: A statement and its parameters.
-Statement = tuple[str, Parameters]
 #: Seconds an operation is tried again across lost connections before it fails.
 RETRY_FOR = 30.0
 
@@ -95,10 +93,9 @@ class Opening:
     one round trip; what only matters once the transaction commits
     (``at_commit``: NOTIFYs, a relaxed durability) is sent with the ``COMMIT``.
     A statement whose result the body does not read (``later``) waits for the
-    next one, or the ``COMMIT``, and shares its round trip. Several statements
-    share a round trip by psycopg's pipeline mode: each is still a statement of
-    its own, prepared once the connection has run it often. Used by one thread,
-    the operation's.
+    next one, or the ``COMMIT``, and shares its round trip. Statements that
+    share a round trip go as one text (``batch``). Used by one thread, the
+    operation's.
     """
 
     __slots__ = ("at_commit", "begun", "later", "pid", "xid")
@@ -107,55 +104,47 @@ class Opening:
         self.begun = False
         self.xid = self.pid = 0
         #: Statements to send just before the ``COMMIT``, in its round trip.
-        self.at_commit: list[Statement] = []
+        self.at_commit: list[batch.Statement] = []
         #: Statements whose results nobody reads, to send with the next one.
-        self.later: list[Statement] = []
+        self.later: list[batch.Statement] = []
 
     def commit(self, conn: psycopg.Connection[Any]) -> None:
         """Send what waits, and the ``COMMIT``, in one round trip."""
-        with conn.pipeline():
-            for sql, params in [*self.later, *self.at_commit]:
-                conn.execute(sql, params)
-            conn.execute("COMMIT")
+        batch.send(conn, [*self.later, *self.at_commit, ("COMMIT", None)])
 
-    def execute(self, conn: psycopg.Connection[Any], sql: str, params: Parameters) -> Cursor:
+    def execute(
+        self, conn: psycopg.Connection[Any], sql: str, params: batch.Parameters
+    ) -> batch.Read:
         """Run ``sql`` in this transaction: with what waits, and its ``BEGIN`` if it is
         the first, in one round trip."""
-        if self.begun and not self.later:
-            return conn.execute(sql, params)
         return self._send(conn, [(sql, params)])[0]
 
-    def execute_each(self, conn: psycopg.Connection[Any], statements: list[Statement]) -> list[
-            list[Any]]:
+    def execute_each(
+        self, conn: psycopg.Connection[Any], statements: list[batch.Statement]
+    ) -> list[list[Any]]:
         """Run each of ``statements`` in this transaction (with what waits, and its
         ``BEGIN`` if they are the first), in one round trip; each one's rows."""
-        return [rows_read(cursor) for cursor in self._send(conn, statements)]
+        return [read.rows for read in self._send(conn, statements)]
 
     def flush(self, conn: psycopg.Connection[Any]) -> None:
         """Send the ``BEGIN`` if nothing was sent yet, and what waits."""
         self._send(conn, [])
 
-    def _send(self, conn: psycopg.Connection[Any], statements: list[Statement]) -> list[Cursor]:
+    def _send(self, conn: psycopg.Connection[Any], statements: list[batch.Statement]) -> list[
+            batch.Read]:
         """Send the ``BEGIN`` if nothing was sent yet, what waits, then ``statements``, in
-        one round trip; the cursors of ``statements``, their results read."""
-        asked = None
-        with conn.pipeline():
-            if not self.begun:
-                conn.execute("BEGIN")
-                asked = conn.execute("SELECT txid_current(), pg_backend_pid()")
-            for sql, params in self.later:
-                conn.execute(sql, params)
-            cursors = [conn.execute(sql, params) for sql, params in statements]
-        if asked is not None:
+        one round trip; what each of ``statements`` read."""
+        first: list[batch.Statement] = [] if self.begun else [("BEGIN", None), (_ASK_XID, None)]
+        reads = batch.send(conn, [*first, *self.later, *statements])
+        if first:
             self.begun = True
-            self.xid, self.pid = asked.fetchone()  # type: ignore[misc]
+            self.xid, self.pid = reads[1].rows[0]
         self.later.clear()
-        return cursors
+        return reads[len(reads) - len(statements):]
 
 
-def rows_read(cursor: psycopg.Cursor[Any]) -> list[Any]:
-    """The rows of the statement ``cursor`` is at: none for one that reads none."""
-    return [] if cursor.description is None else cursor.fetchall()
+#: A transaction's id and server process, asked with its ``BEGIN``.
+_ASK_XID = "SELECT txid_current(), pg_backend_pid()"
 
 
 class Connection(psycopg.Connection[Any]):

@@ -15,7 +15,8 @@ from typing import Any
 import psycopg
 
 from .._store.transaction import LOCK_INSTANCE, POSTGRESQL, Cursor, Dialect
-from .connections import Opening, rows_read
+from . import batch
+from .connections import Opening
 from .listener import payload
 
 #: What ``relax_commit`` sends with the ``COMMIT``: its flush is not waited for.
@@ -40,15 +41,15 @@ class PostgresTransaction:
     def execute(self, template: str, params: Mapping[str, Any] | None = None) -> Cursor:
         opening = self._opening
         if opening is None:  # one statement, or a connection handed in: as it comes
-            return self._conn.execute(POSTGRESQL.spell(template), params)
-        return opening.execute(self._conn, POSTGRESQL.spell(template), params)
+            return batch.send(self._conn, [(POSTGRESQL.spell(template), params or {})])[0]
+        return opening.execute(self._conn, POSTGRESQL.spell(template), params or {})
 
     def execute_each(self, *statements: tuple[str, Mapping[str, Any]]) -> list[list[Any]]:
+        spelled: list[batch.Statement] = [
+            (POSTGRESQL.spell(template), params) for template, params in statements]
         if self._opening is None:
-            return [rows_read(self._conn.execute(POSTGRESQL.spell(template), params))
-                    for template, params in statements]
-        return self._opening.execute_each(
-            self._conn, [(POSTGRESQL.spell(template), params) for template, params in statements])
+            return [read.rows for read in batch.send(self._conn, spelled)]
+        return self._opening.execute_each(self._conn, spelled)
 
     def write(self, template: str, params: Mapping[str, Any]) -> None:
         opening = self._opening

@@ -1,0 +1,120 @@
+"""How a PostgreSQL store's statements reach the server (``memable._postgres.batch``):
+several in one text, answered in order, their parameters arriving as sent, each
+prepared once per connection, and no more kept prepared than ``PREPARED``."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from conftest import POSTGRES_URL, postgres_or_skip
+
+from memable._postgres import batch
+
+
+@pytest.fixture
+def conn() -> Iterator[psycopg.Connection[Any]]:
+    """A connection as the store opens its own: autocommit, psycopg preparing nothing."""
+    postgres_or_skip()
+    with psycopg.connect(POSTGRES_URL, autocommit=True, prepare_threshold=None) as conn:
+        yield conn
+
+
+def _prepared(conn: psycopg.Connection[Any]) -> list[str]:
+    """What the statements prepared on ``conn`` run (the server keeps the whole text
+    each was prepared by)."""
+    rows = conn.execute("SELECT name, statement FROM pg_prepared_statements")
+    return sorted(re.search(rf"PREPARE {name} \([^)]*\) AS (.*?)(?:; EXECUTE|$)", text)[1]
+                  for name, text in rows)
+
+
+def test_a_text_of_several_statements_answers_each_in_order(
+    conn: psycopg.Connection[Any],
+) -> None:
+    """Each statement's rows (none for one that reads none) and count, in order; the
+    statements the text adds to prepare them answer nothing."""
+    conn.execute("CREATE TEMP TABLE t (id int PRIMARY KEY)")
+    reads = batch.send(conn, [
+        ("BEGIN", None),
+        ("INSERT INTO t SELECT generate_series(1, %(n)s)", {"n": 3}),
+        ("SELECT id FROM t WHERE id >= %(low)s ORDER BY id", {"low": 2}),
+        ("SELECT %s::text", ("positional",)),
+        ("COMMIT", None),
+    ])
+    assert [read.rows for read in reads] == [[], [], [(2,), (3,)], [("positional",)], []]
+    assert reads[1].rowcount == 3
+    assert reads[1].description is None
+    assert reads[2].description == [("id",)]
+    assert reads[2].fetchone() == (2,)
+
+
+@pytest.mark.parametrize("value", [
+    "it's", "back\\slash", "x'); DROP TABLE t; --", "100%", "%(n)s", "naïve ✓", "", None,
+    "line\nbreak",
+])
+def test_a_string_parameter_arrives_as_sent(conn: psycopg.Connection[Any], value: Any) -> None:
+    """Bound into the text, a string arrives unchanged, whatever it holds: quotes,
+    backslashes, statement separators, placeholders, anything but a NUL."""
+    for _ in range(2):  # prepared, then run by name
+        assert batch.send(conn, [("SELECT %(v)s::text", {"v": value})])[0].rows == [(value,)]
+
+
+def test_numbers_and_lists_arrive_as_sent(conn: psycopg.Connection[Any]) -> None:
+    """A number keeps its type where the statement gives it none; a list arrives as an
+    array; a parameter prepared from a None takes a value the next time."""
+    sql = "SELECT %(i)s, %(f)s, %(b)s, %(items)s::text[], %(maybe)s::bigint"
+    first = {"i": 7, "f": 0.5, "b": True, "items": ["a", "b'c"], "maybe": None}
+    then = {"i": 2**40, "f": -1e-9, "b": False, "items": [], "maybe": 3}
+    assert batch.send(conn, [(sql, first)])[0].rows == [(7, 0.5, True, ["a", "b'c"], None)]
+    assert batch.send(conn, [(sql, then)])[0].rows == [(2**40, -1e-9, False, [], 3)]
+
+
+def test_a_statement_is_prepared_once_per_connection(conn: psycopg.Connection[Any]) -> None:
+    """Sent again (alone, or twice in one text), it runs by name: the server plans it
+    once. A ROLLBACK leaves it prepared."""
+    sql = "SELECT %(a)s::int + 1"
+    assert batch.send(conn, [(sql, {"a": 1}), (sql, {"a": 2})])[1].rows == [(3,)]
+    batch.send(conn, [("BEGIN", None), (sql, {"a": 3}), ("ROLLBACK", None)])
+    assert batch.send(conn, [(sql, {"a": 4})])[0].rows == [(5,)]
+    assert _prepared(conn) == ["SELECT $1::int + 1"]
+
+
+def test_on_a_connection_psycopg_prepares_on_nothing_is_prepared() -> None:
+    """psycopg deallocates every prepared statement of a connection it prepares on after
+    a ROLLBACK: there, each statement is bound and planned each time."""
+    postgres_or_skip()
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+        for a in range(3):
+            assert batch.send(conn, [("SELECT %(a)s::int", {"a": a})])[0].rows == [(a,)]
+        assert _prepared(conn) == []
+
+
+def test_the_statements_used_longest_ago_are_deallocated(
+    conn: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past ``PREPARED`` statements, the one used longest ago goes; sent again, it is
+    prepared again."""
+    monkeypatch.setattr(batch, "PREPARED", 2)
+    one, two, three = "SELECT 1 + %(a)s::int", "SELECT 2 + %(a)s::int", "SELECT 3 + %(a)s::int"
+    for sql in (one, two, one, three):  # two is used longest ago when three comes
+        batch.send(conn, [(sql, {"a": 0})])
+    assert _prepared(conn) == ["SELECT 1 + $1::int", "SELECT 3 + $1::int"]
+    assert batch.send(conn, [(two, {"a": 10})])[0].rows == [(12,)]
+    assert _prepared(conn) == ["SELECT 2 + $1::int", "SELECT 3 + $1::int"]
+
+
+def test_a_text_that_fails_prepares_its_statements_again(
+    conn: psycopg.Connection[Any],
+) -> None:
+    """A statement prepared by a text that then failed is prepared anew (under another
+    name) the next time: nothing refers to a name that may not exist."""
+    sql = "SELECT 10 / %(d)s::int"
+    with pytest.raises(psycopg.errors.DivisionByZero):
+        batch.send(conn, [(sql, {"d": 0})])
+    assert batch.send(conn, [(sql, {"d": 5})])[0].rows == [(2,)]
+    with pytest.raises(psycopg.errors.UndefinedTable):  # (its PREPARE never ran)
+        batch.send(conn, [("SELECT * FROM nowhere", None), ("SELECT 20 / %(d)s::int", {"d": 1})])
+    assert batch.send(conn, [("SELECT 20 / %(d)s::int", {"d": 4})])[0].rows == [(5,)]
