@@ -13,13 +13,15 @@ import pytest
 from conftest import POSTGRES_URL, postgres_or_skip
 
 from memable._postgres import batch
+from memable._postgres.connections import Connection, _roll_back
 
 
 @pytest.fixture
 def conn() -> Iterator[psycopg.Connection[Any]]:
-    """A connection as the store opens its own: autocommit, psycopg preparing nothing."""
+    """A connection as the store opens its own (``connections.Connection``): autocommit,
+    the store preparing its statements on it."""
     postgres_or_skip()
-    with psycopg.connect(POSTGRES_URL, autocommit=True, prepare_threshold=None) as conn:
+    with Connection.connect(POSTGRES_URL, autocommit=True) as conn:
         yield conn
 
 
@@ -74,7 +76,7 @@ def test_numbers_and_lists_arrive_as_sent(conn: psycopg.Connection[Any]) -> None
 
 def test_a_statement_is_prepared_once_per_connection(conn: psycopg.Connection[Any]) -> None:
     """Sent again (alone, or twice in one text), it runs by name: the server plans it
-    once. A ROLLBACK leaves it prepared."""
+    once. A ROLLBACK the server sees alone leaves it prepared."""
     sql = "SELECT %(a)s::int + 1"
     assert batch.send(conn, [(sql, {"a": 1}), (sql, {"a": 2})])[1].rows == [(3,)]
     batch.send(conn, [("BEGIN", None), (sql, {"a": 3}), ("ROLLBACK", None)])
@@ -82,14 +84,29 @@ def test_a_statement_is_prepared_once_per_connection(conn: psycopg.Connection[An
     assert _prepared(conn) == ["SELECT $1::int + 1"]
 
 
-def test_on_a_connection_psycopg_prepares_on_nothing_is_prepared() -> None:
-    """psycopg deallocates every prepared statement of a connection it prepares on after
-    a ROLLBACK: there, each statement is bound and planned each time."""
+def test_on_a_connection_not_the_stores_nothing_is_prepared() -> None:
+    """On a connection of another (an application's: its ROLLBACKs are not the store's
+    to see) each statement is bound and planned each time."""
     postgres_or_skip()
     with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
         for a in range(3):
             assert batch.send(conn, [("SELECT %(a)s::int", {"a": a})])[0].rows == [(a,)]
         assert _prepared(conn) == []
+
+
+def test_a_rollback_deallocates_and_forgets_what_was_prepared(
+    conn: psycopg.Connection[Any],
+) -> None:
+    """psycopg deallocates every prepared statement of a connection after a ROLLBACK,
+    once it prepared any itself: the store's rollback deallocates them all, and the
+    next text prepares its statements again."""
+    for _ in range(6):  # psycopg prepares a statement it ran 5 times
+        conn.execute("SELECT %s::int", (1,))
+    sql = "SELECT %(a)s::int * 2"
+    batch.send(conn, [("BEGIN", None), (sql, {"a": 1})])
+    _roll_back(conn)  # type: ignore[arg-type]
+    assert _prepared(conn) == []
+    assert batch.send(conn, [(sql, {"a": 4})])[0].rows == [(8,)]
 
 
 def test_the_statements_used_longest_ago_are_deallocated(

@@ -1,16 +1,20 @@
 """Several statements in one round trip to the server: one text, each statement planned
 once per connection.
 
-Every statement of a store's transaction bodies goes through ``send``. Those
-that need no answer between them (a transaction's ``BEGIN`` and first reads;
-its last writes, NOTIFYs and ``COMMIT``) go to the server as one text (the
-simple query protocol: one message out, one answer read, however many
-statements), where psycopg's pipeline mode costs a round of its own Python
-per statement (measured: a claim's CPU here fell from about 400 µs to 270).
-On the store's own connections, a statement with named parameters is
-prepared the first time it goes there (``PREPARE``, in the same text) and
-run by name after (``EXECUTE``), so the server plans it once per connection
-(the ``PREPARED`` used last are kept), not once per call. Its parameters are
+Every statement of a store's transaction goes through ``send`` (an operation
+of one statement goes through psycopg, which prepares it itself). Those that
+need no answer between them (a transaction's ``BEGIN`` and first reads; its
+last writes, NOTIFYs and ``COMMIT``) go to the server as one text (the simple
+query protocol: one message out, one answer read, however many statements),
+where psycopg's pipeline mode costs a round of its own Python per statement
+(measured: a claim's CPU here fell from about 400 µs to 270). On the store's
+own connections (``connections.Connection``: ``prepares``), a statement with
+named parameters is prepared the first time it goes there (``PREPARE``, in
+the same text) and run by name after (``EXECUTE``), so the server plans it
+once per connection (the ``PREPARED`` used last are kept), not once per
+call. psycopg deallocates every statement of a connection after a
+``ROLLBACK`` (once it prepared any itself): the store deallocates them all
+with its own, and ``forget``s them. Its parameters are
 bound into the text by psycopg (``ClientCursor.mogrify``: quoted as the
 connection needs), and typed as psycopg types them when it sends them
 itself: a string or None as ``unknown`` (the server infers the type from
@@ -87,9 +91,8 @@ def send(conn: psycopg.Connection[Any], statements: list[Statement]) -> list[Rea
     """Run ``statements`` on ``conn`` as one text, in one round trip; what each read, in
     order. The first that fails raises (those after it do not run)."""
     binder = psycopg.ClientCursor(conn)
-    # Only where psycopg prepares nothing itself (the store's own connections): it
-    # deallocates every statement of the connection after a ``ROLLBACK``.
-    ours = conn.prepare_threshold is None
+    # Only on the store's own connections, whose ROLLBACKs forget what was prepared.
+    ours = getattr(conn, "prepares", False)
     with _prepared_lock:
         prepared = _prepared.get(conn.pgconn)
         if prepared is None:
@@ -128,6 +131,19 @@ def send(conn: psycopg.Connection[Any], statements: list[Statement]) -> list[Rea
             reads.append(Read(result, cursor.rowcount, []))
         if not cursor.nextset():
             return reads
+
+
+def forget(conn: psycopg.Connection[Any]) -> None:
+    """Every statement prepared on ``conn`` is deallocated (with a ``ROLLBACK``)."""
+    with _prepared_lock:
+        _prepared.pop(conn.pgconn, None)
+
+
+def rows_of(cursor: psycopg.Cursor[Any]) -> list[Any]:
+    """The rows of the statement ``cursor`` is at: none for one that reads none."""
+    # (Asked of the result, not of ``description``: that builds every column's record.)
+    result = cursor.pgresult
+    return cursor.fetchall() if result is not None and result.status == _ROWS else []
 
 
 def _parameters(sql: str) -> tuple[str, ...]:

@@ -152,6 +152,8 @@ class Connection(psycopg.Connection[Any]):
     open on it (None between operations, and in a one-statement operation)."""
 
     opening: Opening | None = None
+    #: The store prepares its statements on it (``batch``).
+    prepares = True
 
 
 class _LostCommit(Exception):
@@ -480,8 +482,11 @@ def _roll_back(conn: Connection) -> None:
     """End the transaction an operation left open on ``conn`` (if the connection went,
     the server ends it)."""
     if not conn.closed and conn.info.transaction_status != _IDLE:
+        # Every prepared statement goes too, in the same round trip: psycopg deallocates
+        # them all after a ROLLBACK once it prepared any itself; now always, and known.
+        batch.forget(conn)
         with contextlib.suppress(psycopg.Error):
-            conn.execute("ROLLBACK")
+            conn.execute("ROLLBACK; DEALLOCATE ALL")
 
 
 #: Ends the server process ``pid`` if it still holds the transaction ``xid`` (its 32-bit

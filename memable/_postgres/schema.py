@@ -220,14 +220,10 @@ def connect_kwargs(
     ``options`` as an escape and a space as a separator): ``session_sql``
     sets it, quoted as an identifier, on each new connection.
 
-    Statements are prepared by the store (``batch``), never by psycopg: its
-    own would have it deallocate every prepared statement of the connection
-    after a ``ROLLBACK``, the store's too.
-
     >>> sorted(connect_kwargs({"dbname": "test"}, "full", "memable"))
-    ['application_name', 'autocommit', 'connect_timeout', 'prepare_threshold']
+    ['application_name', 'autocommit', 'connect_timeout']
     """
-    kwargs: dict[str, Any] = {"autocommit": True, "prepare_threshold": None}
+    kwargs: dict[str, Any] = {"autocommit": True}
     if "connect_timeout" not in params:
         kwargs["connect_timeout"] = CONNECT_TIMEOUT
     if "application_name" not in params:

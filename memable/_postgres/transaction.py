@@ -41,14 +41,14 @@ class PostgresTransaction:
     def execute(self, template: str, params: Mapping[str, Any] | None = None) -> Cursor:
         opening = self._opening
         if opening is None:  # one statement, or a connection handed in: as it comes
-            return batch.send(self._conn, [(POSTGRESQL.spell(template), params or {})])[0]
+            return self._conn.execute(POSTGRESQL.spell(template), params)
         return opening.execute(self._conn, POSTGRESQL.spell(template), params or {})
 
     def execute_each(self, *statements: tuple[str, Mapping[str, Any]]) -> list[list[Any]]:
         spelled: list[batch.Statement] = [
             (POSTGRESQL.spell(template), params) for template, params in statements]
         if self._opening is None:
-            return [read.rows for read in batch.send(self._conn, spelled)]
+            return [batch.rows_of(self._conn.execute(*statement)) for statement in spelled]
         return self._opening.execute_each(self._conn, spelled)
 
     def write(self, template: str, params: Mapping[str, Any]) -> None:
