@@ -169,6 +169,18 @@ class InstanceFinished(EngineError):
         )
 
 
+def instance_finished(workflow: str, instance_id: str, status: str) -> InstanceFinished:
+    """The error of a signal to an instance that ended ``status``.
+
+    >>> print(instance_finished("ship", "order-1", "failed"))
+    ... # doctest: +NORMALIZE_WHITESPACE
+    instance has finished (it is failed; resume it instead): workflow 'ship',
+    instance 'order-1'
+    """
+    why = f"it is {status}" + ("; resume it instead" if status == "failed" else "")
+    return InstanceFinished(workflow, instance_id, why)
+
+
 class SignalRejected(EngineError):
     """A signal cannot be delivered, e.g. its key already holds a value.
 

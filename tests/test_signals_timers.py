@@ -26,6 +26,7 @@ from helpers import (
 )
 
 from memable import (
+    Cancelled,
     Completed,
     Context,
     Engine,
@@ -554,6 +555,33 @@ def test_early_signal_for_a_step_key_fails_the_workflow_at_that_step(
         assert "'b'" in str(state.message)
         assert ran == []
         assert record(engine, "wf", inv.instance_id, "b").kind == "signal"
+
+
+def test_a_signal_for_the_step_in_flight_of_a_cancelled_instance_finds_it_finished(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """Cancelled while a step runs (the step finishes: a cancel lets it), the instance
+    has ended: a signal for that step's key raises InstanceFinished, as for any key of
+    an ended instance, not SignalRejected (found by tests/test_stateful.py)."""
+    inside, release = threading.Event(), threading.Event()
+
+    def body() -> str:
+        inside.set()
+        release.wait(PATIENCE)
+        return "stepped"
+
+    engine = make_engine()
+    engine.register("wf", lambda ctx: ctx.step("s").run(body))
+    with engine:
+        inv = engine.invoke("wf")
+        assert inside.wait(PATIENCE)
+        try:
+            engine.cancel("wf", inv.instance_id)
+            with pytest.raises(InstanceFinished, match="it is cancelled"):
+                engine.signal("wf", inv.instance_id, "s", 1)
+        finally:
+            release.set()
+        assert final_state(inv) == Cancelled()
 
 
 def test_signal_for_a_step_in_flight_is_rejected(make_engine: Callable[..., Engine]) -> None:

@@ -15,14 +15,29 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
-from .._errors import InstanceNotFound, InvalidKey, NotStarted, SerializationError, SignalRejected
+from .._errors import (
+    InstanceNotFound,
+    InvalidKey,
+    NotStarted,
+    SerializationError,
+    SignalRejected,
+    instance_finished,
+)
 from .._log import log, where
 from .._observe.base import RunReason, Telemetry
 from .._records import StatusName
 from .._states import Cancelled, Completed, Failed, Suspended, WorkflowState
 from .._store.control import LeaseLost, LostInstance, RunCancelled
 from .._store.protocol import RunStore
-from .._store.rows import UNREACHED, Claim, InstanceRow, RunEnd, RunSnapshot, StepWrite
+from .._store.rows import (
+    TERMINAL,
+    UNREACHED,
+    Claim,
+    InstanceRow,
+    RunEnd,
+    RunSnapshot,
+    StepWrite,
+)
 from .._store.serde import decode_for, store_form
 from .attempts import traceback_of
 from .children import Children
@@ -175,16 +190,21 @@ class Runs:
     def signalling(self, workflow: str, instance_id: str, key: str) -> Iterator[None]:
         """Hold off steps starting while a signal to ``key`` is stored here.
 
-        Raise SignalRejected if a run here is executing ``key``. A run marks
-        its key in flight under this same lock and then looks at the keys
-        signalled while it was active, so it either is seen here, or sees the
-        signal and refuses the key; a run that starts later reads the signal
-        with its steps.
+        Raise SignalRejected if a run here is executing ``key``, or
+        InstanceFinished if its instance has ended meanwhile (a cancel lets the
+        step in flight finish), as the store answers an ended instance first. A
+        run marks its key in flight under this same lock and then looks at the
+        keys signalled while it was active, so it either is seen here, or sees
+        the signal and refuses the key; a run that starts later reads the
+        signal with its steps.
         """
         with self._lock:
             run = self._active.get((workflow, instance_id))
             ctx = None if run is None else run.ctx
             if ctx is not None and key in ctx.attempts.in_flight:
+                stored = self.store.get_instance(workflow, instance_id)
+                if stored is not None and stored.status in TERMINAL:
+                    raise instance_finished(workflow, instance_id, stored.status)
                 raise SignalRejected(workflow, instance_id, key, "the key is a step in flight")
             yield
             if run is not None:

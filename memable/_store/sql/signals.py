@@ -10,7 +10,7 @@ the key.
 from __future__ import annotations
 
 from ..._clock import iso_utc
-from ..._errors import InstanceFinished, InstanceNotFound, SignalRejected
+from ..._errors import InstanceNotFound, SignalRejected, instance_finished
 from ..control import LostInstance
 from ..rows import TERMINAL, UNREACHED, StepWrite
 from ..transaction import LOCK_INSTANCE, Transaction
@@ -61,10 +61,7 @@ def deliver(tx: Transaction, write: StepWrite, traceparent: str | None = None) -
         raise InstanceNotFound(workflow, instance_id)
     status = found[0][0]
     if status in TERMINAL:
-        raise InstanceFinished(
-            workflow, instance_id,
-            f"it is {status}" + ("; resume it instead" if status == "failed" else ""),
-        )
+        raise instance_finished(workflow, instance_id, status)
     if stored_rows:
         step = stored_step(stored_rows[0])
         if step.kind != "signal":
