@@ -557,52 +557,45 @@ def test_early_signal_for_a_step_key_fails_the_workflow_at_that_step(
         assert record(engine, "wf", inv.instance_id, "b").kind == "signal"
 
 
+@contextmanager
+def _step_held(engine: Engine) -> Iterator[Invocation]:
+    """On a started ``engine``, an instance of "wf" whose step "s" is held in flight
+    inside, let go on leaving."""
+    inside, release = threading.Event(), threading.Event()
+
+    def body() -> str:
+        inside.set()
+        release.wait(PATIENCE)
+        return "stepped"
+
+    engine.register("wf", lambda ctx: ctx.step("s").run(body))
+    inv = engine.invoke("wf")
+    assert inside.wait(PATIENCE)
+    try:
+        yield inv
+    finally:
+        release.set()
+
+
 def test_a_signal_for_the_step_in_flight_of_a_cancelled_instance_finds_it_finished(
     make_engine: Callable[..., Engine],
 ) -> None:
     """Cancelled while a step runs (the step finishes: a cancel lets it), the instance
     has ended: a signal for that step's key raises InstanceFinished, as for any key of
     an ended instance, not SignalRejected (found by tests/test_stateful.py)."""
-    inside, release = threading.Event(), threading.Event()
-
-    def body() -> str:
-        inside.set()
-        release.wait(PATIENCE)
-        return "stepped"
-
-    engine = make_engine()
-    engine.register("wf", lambda ctx: ctx.step("s").run(body))
-    with engine:
-        inv = engine.invoke("wf")
-        assert inside.wait(PATIENCE)
-        try:
+    with make_engine() as engine:
+        with _step_held(engine) as inv:
             engine.cancel("wf", inv.instance_id)
             with pytest.raises(InstanceFinished, match="it is cancelled"):
                 engine.signal("wf", inv.instance_id, "s", 1)
-        finally:
-            release.set()
         assert final_state(inv) == Cancelled()
 
 
 def test_signal_for_a_step_in_flight_is_rejected(make_engine: Callable[..., Engine]) -> None:
     """A signal for the key of a step in flight raises SignalRejected; the step's value wins."""
-    inside, release = threading.Event(), threading.Event()
-
-    def body() -> str:
-        inside.set()
-        release.wait(PATIENCE)
-        return "stepped"
-
-    engine = make_engine()
-    engine.register("wf", lambda ctx: ctx.step("s").run(body))
-    with engine:
-        inv = engine.invoke("wf")
-        assert inside.wait(PATIENCE)
-        try:
-            with pytest.raises(SignalRejected):
-                engine.signal("wf", inv.instance_id, "s", 1)
-        finally:
-            release.set()
+    with make_engine() as engine:
+        with _step_held(engine) as inv, pytest.raises(SignalRejected):
+            engine.signal("wf", inv.instance_id, "s", 1)
         assert final_state(inv) == Completed()
         assert inv.result(timeout=PATIENCE) == "stepped"
         assert record(engine, "wf", inv.instance_id, "s").kind == "step"
