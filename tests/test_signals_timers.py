@@ -557,24 +557,26 @@ def test_early_signal_for_a_step_key_fails_the_workflow_at_that_step(
         assert record(engine, "wf", inv.instance_id, "b").kind == "signal"
 
 
-@contextmanager
-def _step_held(engine: Engine) -> Iterator[Invocation]:
-    """On a started ``engine``, an instance of "wf" whose step "s" is held in flight
-    inside, let go on leaving."""
-    inside, release = threading.Event(), threading.Event()
+class _StepHeld:
+    """Registers on ``engine`` a workflow "wf" whose step "s" is held: entered (the engine
+    started), an instance of it runs into the step; left, the step is let go."""
 
-    def body() -> str:
-        inside.set()
-        release.wait(PATIENCE)
+    def __init__(self, engine: Engine) -> None:
+        self._engine, self._inside, self._release = engine, threading.Event(), threading.Event()
+        engine.register("wf", lambda ctx: ctx.step("s").run(self._body))
+
+    def _body(self) -> str:
+        self._inside.set()
+        self._release.wait(PATIENCE)
         return "stepped"
 
-    engine.register("wf", lambda ctx: ctx.step("s").run(body))
-    inv = engine.invoke("wf")
-    assert inside.wait(PATIENCE)
-    try:
-        yield inv
-    finally:
-        release.set()
+    def __enter__(self) -> Invocation:
+        inv = self._engine.invoke("wf")
+        assert self._inside.wait(PATIENCE)
+        return inv
+
+    def __exit__(self, *exc: object) -> None:
+        self._release.set()
 
 
 def test_a_signal_for_the_step_in_flight_of_a_cancelled_instance_finds_it_finished(
@@ -583,8 +585,10 @@ def test_a_signal_for_the_step_in_flight_of_a_cancelled_instance_finds_it_finish
     """Cancelled while a step runs (the step finishes: a cancel lets it), the instance
     has ended: a signal for that step's key raises InstanceFinished, as for any key of
     an ended instance, not SignalRejected (found by tests/test_stateful.py)."""
-    with make_engine() as engine:
-        with _step_held(engine) as inv:
+    engine = make_engine()
+    held = _StepHeld(engine)
+    with engine:
+        with held as inv:
             engine.cancel("wf", inv.instance_id)
             with pytest.raises(InstanceFinished, match="it is cancelled"):
                 engine.signal("wf", inv.instance_id, "s", 1)
@@ -593,8 +597,10 @@ def test_a_signal_for_the_step_in_flight_of_a_cancelled_instance_finds_it_finish
 
 def test_signal_for_a_step_in_flight_is_rejected(make_engine: Callable[..., Engine]) -> None:
     """A signal for the key of a step in flight raises SignalRejected; the step's value wins."""
-    with make_engine() as engine:
-        with _step_held(engine) as inv, pytest.raises(SignalRejected):
+    engine = make_engine()
+    held = _StepHeld(engine)
+    with engine:
+        with held as inv, pytest.raises(SignalRejected):
             engine.signal("wf", inv.instance_id, "s", 1)
         assert final_state(inv) == Completed()
         assert inv.result(timeout=PATIENCE) == "stepped"
