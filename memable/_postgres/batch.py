@@ -7,23 +7,23 @@ need no answer between them (a transaction's ``BEGIN`` and first reads; its
 last writes, NOTIFYs and ``COMMIT``) go to the server as one text (the simple
 query protocol: one message out, one answer read, however many statements),
 where psycopg's pipeline mode costs a round of its own Python per statement
-(measured: a claim's CPU here fell from about 400 µs to 270). On the store's
-own connections (``connections.Connection``: ``prepares``), a statement with
-named parameters is prepared the first time it goes there (``PREPARE``, in
-the same text) and run by name after (``EXECUTE``), so the server plans it
-once per connection (the ``PREPARED`` used last are kept), not once per
-call. psycopg deallocates every statement of a connection after a
-``ROLLBACK`` (once it prepared any itself): the store deallocates them all
-with its own, and ``forget``s them. Its parameters are
-bound into the text by psycopg (``ClientCursor.mogrify``: quoted as the
-connection needs), and typed as psycopg types them when it sends them
-itself: a string or None as ``unknown`` (the server infers the type from
-where it is used), a number or a bool as what it is.
+(measured: a claim's CPU here fell from about 400 µs to 270).
 
-A prepared statement outlives a transaction that rolls back; a text that
-failed may have prepared some of its statements, which are then prepared
-again under new names (the old ones stay unused until the connection
-closes).
+On the store's own connections (``connections.Connection``: ``prepares``), a
+statement with named parameters is prepared the first time it goes there
+(``PREPARE``, in the same text) and run by name after (``EXECUTE``), so the
+server plans it once per connection (the ``PREPARED`` used last are kept),
+not once per call. Its parameters are bound into the text by psycopg
+(``ClientCursor.mogrify``: quoted as the connection needs), and typed as
+psycopg types them when it sends them itself: a string or None as
+``unknown`` (the server infers the type from where it is used), a number or
+a bool as what it is.
+
+A text that failed may have prepared some of its statements: they are
+prepared again under new names (the old ones stay unused). A rollback
+deallocates every statement of its connection and ``forget``s them
+(``connections``): psycopg does so after a ``ROLLBACK`` anyway, once it
+prepared any itself.
 """
 
 from __future__ import annotations
@@ -51,15 +51,14 @@ _NAMES = itertools.count(1)
 #: ``%(name)s``, a named parameter as a spelled statement writes it.
 _PARAMETER = re.compile(r"%\((\w+)\)s")
 _ROWS = psycopg.pq.ExecStatus.TUPLES_OK
-#: The results of the statements ``send`` adds: not answers to the caller's.
-_UNREAD = (b"PREPARE", b"DEALLOCATE")
 
+#: A statement prepared on a connection: its name, and the ``EXECUTE`` that runs it.
+_Prepared = tuple[str, str]
 # _prepared_lock guards _prepared: per libpq connection (the same under any wrapper of
-# it), the statements prepared there (each with its parameters' types), as the text
-# that runs each by name. Each inner dict is used by the one thread that holds its
-# connection.
+# it), the statements prepared there, by text and parameters' types. Each inner dict
+# is used by the one thread that holds its connection.
 _prepared_lock = threading.Lock()
-_prepared: weakref.WeakKeyDictionary[Any, dict[tuple[str, tuple[str, ...]], str]] = (
+_prepared: weakref.WeakKeyDictionary[Any, dict[tuple[str, tuple[str, ...]], _Prepared]] = (
     weakref.WeakKeyDictionary())
 
 
@@ -90,47 +89,48 @@ class Read:
 def send(conn: psycopg.Connection[Any], statements: list[Statement]) -> list[Read]:
     """Run ``statements`` on ``conn`` as one text, in one round trip; what each read, in
     order. The first that fails raises (those after it do not run)."""
-    binder = psycopg.ClientCursor(conn)
     # Only on the store's own connections, whose ROLLBACKs forget what was prepared.
     ours = getattr(conn, "prepares", False)
     with _prepared_lock:
         prepared = _prepared.get(conn.pgconn)
         if prepared is None:
             prepared = _prepared[conn.pgconn] = {}
-    parts: list[str] = []
-    made: dict[tuple[str, tuple[str, ...]], str] = {}
+    binder: psycopg.ClientCursor[Any] | None = None
+    # The text's statements, each with whether its result is one of ``statements``'
+    # (not a PREPARE or a DEALLOCATE added here).
+    parts: list[tuple[str, bool]] = []
+    made: dict[tuple[str, tuple[str, ...]], _Prepared] = {}
     for sql, params in statements:
         if params is None:
-            parts.append(sql)
+            parts.append((sql, True))
             continue
-        if not isinstance(params, Mapping) or not ours:
-            parts.append(binder.mogrify(sql, params))
-            continue
-        names = _parameters(sql)
-        # Prepared again for other types: an int too large for the type it had first.
-        key = (sql, tuple(_type_of(params[name]) for name in names))
-        call = prepared.pop(key, None) or made.get(key)
-        if call is None:
-            if len(prepared) >= PREPARED:  # the statement used longest ago goes
-                parts.append(f"DEALLOCATE {_name(prepared.pop(next(iter(prepared))))}")
-            call, prepare = _prepare(*key, names)
-            parts.append(prepare)
-            made[key] = call
-        else:
-            prepared[key] = call  # (the last used go last)
-        parts.append(binder.mogrify(call, params))
+        if isinstance(params, Mapping) and ours:
+            names = _parameters(sql)
+            # Prepared again for other types: an int too large for the type it had first.
+            key = (sql, tuple(_type_of(params[name]) for name in names))
+            found = prepared.pop(key, None) or made.get(key)
+            if found is None:
+                if len(prepared) >= PREPARED:  # the statement used longest ago goes
+                    parts.append((f"DEALLOCATE {prepared.pop(next(iter(prepared)))[0]}", False))
+                found, prepare = _prepare(*key, names)
+                parts.append((prepare, False))
+                made[key] = found
+            else:
+                prepared[key] = found  # (the last used go last)
+            sql = found[1]
+        binder = binder or psycopg.ClientCursor(conn)
+        parts.append((binder.mogrify(sql, params), True))
     # No parameters, never prepared by psycopg: the simple query protocol, one message.
-    cursor = conn.execute("; ".join(parts), prepare=False)
+    cursor = conn.execute("; ".join(text for text, _ in parts), prepare=False)
     prepared.update(made)
     reads = []
-    while True:
+    for _, answers in parts:  # one result per statement, in order
         result = cursor.pgresult
-        if result is not None and result.status == _ROWS:
-            reads.append(Read(result, cursor.rowcount, cursor.fetchall()))
-        elif result is None or result.command_status not in _UNREAD:
-            reads.append(Read(result, cursor.rowcount, []))
-        if not cursor.nextset():
-            return reads
+        if answers:
+            rows = cursor.fetchall() if result is not None and result.status == _ROWS else []
+            reads.append(Read(result, cursor.rowcount, rows))
+        cursor.nextset()
+    return reads
 
 
 def forget(conn: psycopg.Connection[Any]) -> None:
@@ -164,31 +164,26 @@ def _parameters(sql: str) -> tuple[str, ...]:
 _NAMES_OF: dict[str, tuple[str, ...]] = {}
 
 
-def _prepare(sql: str, types: tuple[str, ...], names: tuple[str, ...]) -> tuple[str, str]:
-    """``sql``'s ``EXECUTE`` (its parameters ``names`` as arguments) and its ``PREPARE``,
-    with those ``types``, under a new name.
+def _prepare(sql: str, types: tuple[str, ...], names: tuple[str, ...]) -> tuple[
+        _Prepared, str]:
+    """``sql`` prepared under a new name (its name and ``EXECUTE``, its parameters
+    ``names`` as arguments), and its ``PREPARE``, with those ``types``.
 
-    >>> call, prepare = _prepare("SELECT %(a)s, %(b)s, %(a)s, 5 %% 2", ("smallint", "unknown"),
-    ...                          ("a", "b"))
-    >>> call.split("(", 1)[1], prepare.split(" (", 1)[1]
-    ('%(a)s, %(b)s)', 'smallint, unknown) AS SELECT $1, $2, $1, 5 % 2')
+    >>> (name, call), prepare = _prepare(
+    ...     "SELECT %(a)s, %(b)s, %(a)s, 5 %% 2", ("smallint", "unknown"), ("a", "b"))
+    >>> call == f"EXECUTE {name}(%(a)s, %(b)s)"
+    True
+    >>> prepare == f"PREPARE {name} (smallint, unknown) AS SELECT $1, $2, $1, 5 % 2"
+    True
     """
     number = {name: f"${i}" for i, name in enumerate(names, 1)}
     body = _PARAMETER.sub(lambda found: number[found[1]], sql).replace("%%", "%")
     name = f"memable_{next(_NAMES)}"
     if not names:
-        return f"EXECUTE {name}", f"PREPARE {name} AS {body}"
-    arguments = ", ".join(f"%({name})s" for name in names)
-    return f"EXECUTE {name}({arguments})", f"PREPARE {name} ({', '.join(types)}) AS {body}"
-
-
-def _name(call: str) -> str:
-    """The name of the prepared statement ``call`` runs.
-
-    >>> _name("EXECUTE memable_7(%(a)s)")
-    'memable_7'
-    """
-    return call.split()[1].split("(")[0]
+        return (name, f"EXECUTE {name}"), f"PREPARE {name} AS {body}"
+    arguments = ", ".join(f"%({key})s" for key in names)
+    return ((name, f"EXECUTE {name}({arguments})"),
+            f"PREPARE {name} ({', '.join(types)}) AS {body}")
 
 
 def _type_of(value: Any) -> str:
