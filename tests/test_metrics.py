@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from freezegun import freeze_time
-from helpers import T0
+from helpers import T0, store_of
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader, Metric
 
@@ -132,6 +132,33 @@ def test_a_suspended_run_is_counted_and_a_timer_reports_its_lag(
     [lag] = metrics["memable.timer.lag"].data.data_points
     assert (lag.count, lag.sum) == (1, 30.0)  # type: ignore[union-attr]
     assert metrics["memable.timer.lag"].unit == "s"
+
+
+def test_a_timer_judged_due_after_the_clock_moved_reports_the_lag_since_its_deadline(
+    make_engine: Callable[..., Engine], reader: InMemoryMetricReader,
+) -> None:
+    """The clock moves 90 s (30 s past the deadline) after the look read the time, before
+    the store judges the timer due: the lag is 30 s, by a reading after the firing, not 0
+    by the one before it (the timer thread met this under CI)."""
+    engine = make_engine(poll_interval=60)
+    engine.register("wf", lambda ctx: ctx.timer("t", 60))
+    with freeze_time(T0) as clock, engine:
+        inv = engine.invoke("wf", instance_id="w")
+        assert inv.wait(TIMEOUT) == Suspended("timer t")
+        store: Any = store_of(engine)
+        fire, caller = store.fire_due_timers, threading.current_thread()
+
+        def moved_then_fired(*args: Any) -> Any:
+            if threading.current_thread() is caller:  # (not the timer thread's looks)
+                clock.tick(90)
+            return fire(*args)
+
+        store.fire_due_timers = moved_then_fired
+        assert engine.fire_due_timers() == 1
+        inv.result(TIMEOUT)
+        metrics = collected(reader)
+    [lag] = metrics["memable.timer.lag"].data.data_points
+    assert (lag.count, lag.sum) == (1, 30.0)  # type: ignore[union-attr]
 
 
 def test_schedule_ticks_are_counted_fired_skipped_and_missed(

@@ -221,9 +221,12 @@ class Claims:
             # Read here, not higher up: see BackgroundThread on freezegun.
             now = self.clock.wall()
             fired = self._store.fire_due_timers(self.clock.wall, self.clock.wall())
+            # Each lag by a reading taken after the firing: the store judged each timer
+            # due by a reading after ``now`` (a frozen test clock may move in between).
+            fired_at = self.clock.wall() if fired else now
             for name, instance_id, key, deadline in fired:
                 log.info("timer fired: %s", key, extra=where(name, instance_id, key))
-                self._telemetry.timer_fired(now - deadline)
+                self._telemetry.timer_fired(fired_at - deadline)
                 self.wake(name, instance_id)
             count, until = len(fired), None
             # The clock, not ``now``: the store reads it after the instances it judges
