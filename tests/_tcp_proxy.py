@@ -67,8 +67,15 @@ class Proxy:
                 client, _ = self._server.accept()
             except OSError:
                 return  # closed
+            # The client is registered in the same hold of _lock that finds the proxy
+            # up, so a drop() from then on resets it; a drop() while the upstream
+            # connection is made is seen when that is registered. (Checked apart from
+            # the registration, a connection accepted just before a drop() was
+            # forwarded after it: the server was reachable again.)
             with self._lock:
                 down = self._down
+                if not down:
+                    self._sockets.append(client)
             if down:
                 _reset(client)
                 continue
@@ -76,7 +83,13 @@ class Proxy:
                 self._closing.wait(self.connect_delay)
             upstream = socket.create_connection(self._target)
             with self._lock:
-                self._sockets += [client, upstream]
+                dropped = client not in self._sockets
+                if not dropped:
+                    self._sockets.append(upstream)
+            if dropped:
+                _reset(client)
+                _reset(upstream)
+                continue
             self._start(self._pump, "proxy-up", client, upstream)
             self._start(self._pump, "proxy-down", upstream, client)
 
