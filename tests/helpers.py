@@ -181,10 +181,16 @@ class _TracedConnection:
                 self._open = None
 
     def execute(self, sql: str, *args: Any, **kwargs: Any) -> Any:
+        return self._traced(sql, lambda: self._conn.execute(sql, *args, **kwargs))
+
+    def send_text(self, text: bytes) -> Any:  # a text of several (memable._postgres.batch)
+        return self._traced(text.decode(), lambda: self._conn.send_text(text))
+
+    def _traced(self, sql: str, run: Callable[[], Any]) -> Any:
         for statement in statements_of(sql.strip(), self._conn):
             self._note(statement)
         try:
-            return self._conn.execute(sql, *args, **kwargs)
+            return run()
         except BaseException:
             if self._open is not None and self._conn.info.transaction_status == 3:  # INERROR
                 self._note("ROLLBACK")

@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -431,6 +431,12 @@ class _CommitLost:
         self._conn, self._plan = conn, plan
 
     def execute(self, sql: str, *args: Any, **kwargs: Any) -> Any:
+        return self._lost(sql, lambda: self._conn.execute(sql, *args, **kwargs))
+
+    def send_text(self, text: bytes) -> Any:  # a text of several (memable._postgres.batch)
+        return self._lost(text.decode(), lambda: self._conn.send_text(text))
+
+    def _lost(self, sql: str, run: Callable[[], Any]) -> Any:
         prefix = self._plan.get("one", "INSERT INTO steps")
         one_statement = (isinstance(sql, str) and getattr(self, "opening", None) is None
                          and any(statement.lstrip().startswith(prefix)
@@ -440,10 +446,10 @@ class _CommitLost:
         if (commit or one_statement) and self._plan["left"]:
             self._plan["left"] -= 1
             if self._plan["after"]:
-                self._conn.execute(sql, *args, **kwargs)  # the server commits...
+                run()  # the server commits...
             self._conn.close()  # ...and the answer never arrives: the connection is gone
             raise psycopg.OperationalError("server closed the connection unexpectedly")
-        return self._conn.execute(sql, *args, **kwargs)
+        return run()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._conn, name)

@@ -69,9 +69,12 @@ def test_numbers_and_lists_arrive_as_sent(conn: psycopg.Connection[Any]) -> None
     array; a parameter prepared from a None takes a value the next time."""
     sql = "SELECT %(i)s, %(f)s, %(b)s, %(items)s::text[], %(maybe)s::bigint"
     first = {"i": 7, "f": 0.5, "b": True, "items": ["a", "b'c"], "maybe": None}
-    then = {"i": 2**40, "f": -1e-9, "b": False, "items": [], "maybe": 3}
+    then = {"i": -(2**40), "f": -1e-9, "b": False, "items": [], "maybe": 3}
+    last = {"i": 2**70, "f": float("-inf"), "b": True, "items": ["\\"], "maybe": -1}
     assert batch.send(conn, [(sql, first)])[0].rows == [(7, 0.5, True, ["a", "b'c"], None)]
-    assert batch.send(conn, [(sql, then)])[0].rows == [(2**40, -1e-9, False, [], 3)]
+    assert batch.send(conn, [(sql, then)])[0].rows == [(-(2**40), -1e-9, False, [], 3)]
+    assert batch.send(conn, [(sql, last)])[0].rows == [
+        (2**70, float("-inf"), True, ["\\"], -1)]
 
 
 def test_a_statement_is_prepared_once_per_connection(conn: psycopg.Connection[Any]) -> None:

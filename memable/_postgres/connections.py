@@ -155,6 +155,11 @@ class Connection(psycopg.Connection[Any]):
     #: The store prepares its statements on it (``batch``).
     prepares = True
 
+    def send_text(self, text: bytes) -> list[Any]:
+        """Run the statements of ``text`` in one round trip (``batch.run_text``): where a
+        test stands in for the connection to watch, or lose, what ``batch`` sends."""
+        return batch.run_text(self, text)
+
 
 class _LostCommit(Exception):
     """A transaction's ``COMMIT`` went unanswered: the server decides whether it happened."""

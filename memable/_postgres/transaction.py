@@ -34,21 +34,20 @@ class PostgresTransaction:
         self._conn = conn
         self.owner = owner
         self._channel = channel
-        # The store's own operation's transaction (None: one statement, or a connection
-        # handed in, whose transaction is its holder's).
+        # The store's own operation's transaction (None: each statement is one).
         self._opening: Opening | None = getattr(conn, "opening", None)
 
     def execute(self, template: str, params: Mapping[str, Any] | None = None) -> Cursor:
         opening = self._opening
-        if opening is None:  # one statement, or a connection handed in: as it comes
-            return self._conn.execute(POSTGRESQL.spell(template), params)
+        if opening is None:  # one statement (in a transaction of its own)
+            return batch.send(self._conn, [(POSTGRESQL.spell(template), params or {})])[0]
         return opening.execute(self._conn, POSTGRESQL.spell(template), params or {})
 
     def execute_each(self, *statements: tuple[str, Mapping[str, Any]]) -> list[list[Any]]:
         spelled: list[batch.Statement] = [
             (POSTGRESQL.spell(template), params) for template, params in statements]
         if self._opening is None:
-            return [batch.rows_of(self._conn.execute(*statement)) for statement in spelled]
+            return [batch.send(self._conn, [statement])[0].rows for statement in spelled]
         return self._opening.execute_each(self._conn, spelled)
 
     def write(self, template: str, params: Mapping[str, Any]) -> None:
