@@ -1,11 +1,9 @@
 """The ``memable`` logger, and the fields every record of it carries.
 
-Every record carries ``workflow``, ``instance`` and ``step`` attributes
-(from ``extra``; None where one does not apply), so a formatter or a
-structured-logging handler can rely on the three being there; and the
-message of a record about an instance starts with ``workflow/instance`` (and
-`` [step]``), so a plain format shows which one it is about.
-"""
+Every record has ``workflow``, ``instance`` and ``step`` attributes (from ``extra``; None where one
+does not apply), so a formatter or structured-logging handler can rely on them; and the message of
+a record about an instance starts with ``workflow/instance`` (and `` [step]``), so a plain format
+shows which one it is about."""
 
 from __future__ import annotations
 

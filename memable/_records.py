@@ -15,10 +15,9 @@ StatusName = Literal["queued", "running", "suspended", "completed", "failed", "c
 class MetadataStatus:
     """Base and namespace of the stored status of an instance.
 
-    The variants are ``MetadataStatus.Queued()``, ``MetadataStatus.Running()``,
-    ``MetadataStatus.Suspended(message)``, ``MetadataStatus.Completed()``,
-    ``MetadataStatus.Failed(message)`` and ``MetadataStatus.Cancelled()``;
-    each has ``message`` (None where it carries none) and ``is_terminal``.
+    The variants are ``MetadataStatus.Queued()``, ``.Running()``, ``.Suspended(message)``,
+    ``.Completed()``, ``.Failed(message)`` and ``.Cancelled()``; each has ``message`` (None where
+    it carries none) and ``is_terminal``.
 
     >>> from memable import MetadataStatus
     >>> status = MetadataStatus.Failed("boom")
@@ -106,8 +105,8 @@ class _Cancelled(MetadataStatus):
 
 _BY_NAME: dict[str, type[MetadataStatus]] = {}
 for _variant in (_Queued, _Running, _Suspended, _Completed, _Failed, _Cancelled):
-    # Named as users spell them, like classes nested in MetadataStatus: reprs
-    # and tracebacks read MetadataStatus.Failed, pickle finds them there.
+    # Named as users spell them, like classes nested in MetadataStatus: reprs and tracebacks
+    # read MetadataStatus.Failed, pickle finds them there.
     _label = _variant.name.capitalize()
     _variant.__name__ = _label
     _variant.__qualname__ = f"MetadataStatus.{_label}"
@@ -119,10 +118,9 @@ for _variant in (_Queued, _Running, _Suspended, _Completed, _Failed, _Cancelled)
 class WorkflowMetadata:
     """The stored status and timestamps of one instance.
 
-    Timestamps are aware UTC datetimes; ``completed_at`` is set once the
-    instance is terminal and cleared when a resume runs it again.
-    ``status_message`` is the progress the workflow last reported with
-    ``ctx.set_status``, e.g. for a web page to show while it runs.
+    Timestamps are aware UTC datetimes; ``completed_at`` is set once the instance is terminal and
+    cleared when a resume runs it again. ``status_message`` is the progress the workflow last
+    reported with ``ctx.set_status``, e.g. for a web page to show while it runs.
 
     >>> from memable import Engine, MetadataStatus
     >>> engine = Engine.in_memory()
@@ -154,9 +152,7 @@ class WorkflowMetadata:
     status_message: str | None = None
 
 
-#: Kinds of stored keys.
 StepKind = Literal["step", "signal", "timer", "child"]
-#: States of stored keys.
 StepState = Literal["completed", "failed", "waiting", "timed_out"]
 
 
@@ -164,13 +160,12 @@ StepState = Literal["completed", "failed", "waiting", "timed_out"]
 class StepRecord:
     """One key an instance reached, as stored.
 
-    ``result`` is the stored value as decoded JSON (not rebuilt into its
-    type), None unless ``state`` is ``"completed"``. ``error`` is the last
-    error of a failed step, and ``traceback`` its traceback; ``attempts``
-    counts executions so far, every one that started: an execution lost with an
-    engine that died (or stalled past its lease) in it is counted when another
-    engine recovers the instance, if that engine's heartbeat had named the step
-    in flight (within ``lease / 3`` of its start).
+    ``result`` is the stored value as decoded JSON (not rebuilt into its type), None unless
+    ``state`` is ``"completed"``. ``error`` is the last error of a failed step, ``traceback`` its
+    traceback (else None). ``attempts`` counts every execution that started, including one lost
+    with an engine that died (or stalled past its lease), once another engine recovers the
+    instance, if the lost engine's heartbeat had named the step in flight (within ``lease / 3`` of
+    its start).
 
     >>> from memable import Engine
     >>> def wf(ctx):
@@ -194,5 +189,4 @@ class StepRecord:
     error: str | None
     attempts: int
     completed_at: datetime | None
-    #: The traceback of a failed step's last error (None otherwise).
     traceback: str | None = None

@@ -9,9 +9,9 @@ import attrs
 class WorkflowState:
     """Base class of the states a run of an instance goes through.
 
-    The subclasses are frozen values, equal by value and usable in ``match``:
-    ``Started()``, ``InProgress(message)``, ``Suspended(message)``,
-    ``Completed()``, ``Failed(message)``, ``Cancelled()``.
+    The subclasses are frozen values, equal by value and usable in ``match``: ``Started()``,
+    ``InProgress(message)``, ``Suspended(message)``, ``Completed()``, ``Failed(message)``,
+    ``Cancelled()``.
 
     >>> from memable import Completed, InProgress, WorkflowState
     >>> state = InProgress("syncing records")
@@ -117,9 +117,7 @@ class Completed(WorkflowState):
 
 @attrs.frozen
 class Failed(WorkflowState):
-    """The run raised; ``message`` names the step and the error.
-
-    ``resume`` continues a Failed instance.
+    """The run raised; ``message`` names the step and the error (``resume`` continues it).
 
     >>> from memable import Failed
     >>> str(Failed("boom")), Failed("boom").is_terminal

@@ -32,8 +32,8 @@ def check_key(key: object, workflow: str, instance_id: str) -> str:
 def seconds_of(duration: object, what: str = "duration") -> float:
     """A duration given as float seconds or a timedelta, in seconds.
 
-    Raise ``TypeError`` for anything else (a ``str`` included) and
-    ``ValueError`` for a negative, NaN or infinite one, naming ``what``.
+    Raise ``TypeError`` for anything else (a ``str`` included) and ``ValueError`` for a negative,
+    NaN or infinite one, naming ``what``.
 
     >>> seconds_of(timedelta(minutes=1), "lease")
     60.0

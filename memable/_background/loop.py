@@ -1,12 +1,8 @@
 """The one shape of memable's background threads: look, then wait for a reason to look again.
 
-A ``LoopThread`` knows nothing of the engine. Each time round it calls its
-``_look()``, which does the work (one committed transaction at a time) and
-answers how many seconds may pass before the next look; then it waits on its
-condition until that time is up, it is kicked (``kick()``: something to look
-at now), or it is stopped. A look that raises is logged and the loop goes on:
-a ``StorageError`` in one line, once for a run of failed looks.
-"""
+A ``LoopThread`` knows nothing of the engine. Its ``_look()`` does the work (one committed
+transaction at a time) and returns the seconds until the next look. A look that raises is logged
+and the loop goes on: a ``StorageError`` in one line, once for a run of failed looks."""
 
 from __future__ import annotations
 
@@ -71,16 +67,14 @@ class LoopThread(threading.Thread):
         with self._cond:
             if self._stopping:
                 return True
-            # What arrived before now, the look below sees; what arrives from now
-            # on kicks the thread again.
+            # What arrived before now the look below sees; what arrives later kicks it again.
             self._kicked = False
             self._taking()
         try:
             wait = self._look()
             self._failing = False
         except StorageError as exc:  # locked past its busy timeout, or unreachable
-            # One line, once for a run of failed looks; none for the last look of a
-            # thread told to stop meanwhile (the store being down is said elsewhere).
+            # Once per run of failed looks; not once told to stop (the outage is logged elsewhere).
             with self._cond:
                 stopping = self._stopping
             if not self._failing and not stopping:

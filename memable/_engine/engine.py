@@ -41,10 +41,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 class Engine:
     """The durable execution engine: registered workflows, run on a thread pool.
 
-    Build it with ``Engine.in_memory()``, ``Engine.open(path)`` or
-    ``Engine.builder()``; register workflows; ``start()``; invoke them by
-    name; ``wait_all()`` or ``stop()``, then ``close()``. ``with engine:``
-    starts it, and on exit drains and closes it.
+    Build it with ``Engine.in_memory()``, ``Engine.open(path)`` or ``Engine.builder()``; register
+    workflows; ``start()``; invoke them by name; ``wait_all()`` or ``stop()``, then ``close()``.
+    ``with engine:`` starts it, and on exit drains and closes it.
 
     >>> from memable import Completed, Context, Engine
     >>> def greet(ctx: Context) -> str:
@@ -64,7 +63,6 @@ class Engine:
         self._telemetry = telemetry()  # through OpenTelemetry, if it is installed
         # The runner owns the lock, the registry, the runs and the threads.
         self._runner = Runner(store, options, self._telemetry)
-        # Its declared schedules, fired at the timer thread's looks.
         self._schedules = Scheduler(self._runner)
         self._runner.add_ticker(self._schedules)
 
@@ -99,9 +97,7 @@ class Engine:
         queues: Iterable[str] | None = None,
         retention: float | timedelta | None = None,
     ) -> Engine:
-        """An engine on an in-memory store: nothing survives the process. For tests.
-
-        Takes the options of ``Engine.open`` (``synchronous`` does nothing here).
+        """An in-memory engine, for tests: ``Engine.open``'s options (``synchronous`` unused).
 
         >>> from memable import Engine
         >>> engine = Engine.in_memory(max_workers=4)
@@ -129,34 +125,27 @@ class Engine:
         queues: Iterable[str] | None = None,
         retention: float | timedelta | None = None,
     ) -> Engine:
-        """An engine on the SQLite file at ``target``, created if missing, or on the
-        PostgreSQL database a ``postgresql://`` (or ``postgres://``) URL names.
+        """An engine on the SQLite file ``target`` (created if missing) or a PostgreSQL URL.
 
-        ``target`` may also be a SQLite URL as SQLAlchemy spells it:
-        ``sqlite:///relative/path``, ``sqlite:////absolute/path``, or
-        ``sqlite://`` for a store in memory. Any other scheme (``mysql:``,
-        ``sqlite:x.db``, a misspelt ``postgresq://``) raises ``StorageError``
-        naming the accepted ones, and creates nothing; a file whose name
-        starts like a scheme is opened as ``./name``.
+        ``target`` is a path, a ``postgresql://`` or ``postgres://`` URL, or a SQLite URL as
+        SQLAlchemy spells it (``sqlite:///relative``, ``sqlite:////absolute``, ``sqlite://`` for
+        memory). Any other scheme raises ``StorageError`` naming the accepted ones and creates
+        nothing; a file whose name starts like a scheme is opened as ``./name``.
 
-        Options: ``max_workers`` worker threads (8); ``synchronous`` ``"full"``
-        (survives power loss) or ``"normal"`` (faster; survives process
-        crashes); ``poll_interval`` seconds between looks at the store for what
-        other processes wrote (1.0); ``lease`` seconds an engine counts as alive
-        without a heartbeat (15.0); ``recover`` instances whose engine died
-        (True); ``retry``, every step's default ``Retry`` (None); ``sleep``, what
-        retry backoffs sleep with on the worker (for tests); ``queues``, the
-        declared queues it consumes (None: all; ``()``: none, an engine that
-        only enqueues); ``retention``, how long finished instances are kept
-        before a thread of the engine purges them (None, the default: for
-        ever; see ``EngineBuilder.retention``). Durations are float seconds or
-        a ``timedelta``.
-        ``schema``, for a PostgreSQL URL only, holds the tables (``"memable"``).
-        Raise ``StorageError`` if the file is not a memable store or has a
-        newer schema (such a file is left as it was), or if the server does
-        not answer within its connect timeout (10 s unless the URL sets
-        ``connect_timeout``; the message names host and port, never the
-        password).
+        Options (durations in float seconds or a ``timedelta``): ``max_workers`` worker threads
+        (8); ``synchronous`` ``"full"`` (survives power loss) or ``"normal"`` (faster; survives
+        process crashes); ``poll_interval`` between looks at the store for what other processes
+        wrote (1.0); ``lease``, how long an engine counts as alive without a heartbeat (15.0);
+        ``recover`` instances whose engine died (True); ``retry``, every step's default ``Retry``
+        (None); ``sleep``, what retry backoffs sleep with (for tests); ``queues``, the declared
+        queues it consumes (None: all; ``()``: none, it only enqueues); ``retention``, how long
+        finished instances are kept before the engine purges them (None: for ever; see
+        ``EngineBuilder.retention``); ``schema``, PostgreSQL only, holds the tables
+        (``"memable"``).
+
+        Raise ``StorageError`` if the file is not a memable store or has a newer schema (it is left
+        as it was), or if the server does not answer within its connect timeout (10 s unless the
+        URL sets ``connect_timeout``; the message names host and port, never the password).
 
         >>> import os, tempfile
         >>> from memable import Engine
@@ -183,17 +172,14 @@ class Engine:
     ) -> None:
         """Declare the queue ``name`` and its limits (before ``start``; None is unlimited).
 
-        ``concurrency``: at most that many of its instances run at once across
-        every engine on the store; ``per_process``: at most that many in this
-        engine; ``rate=(count, period)``: at most ``count`` runs start in any
-        window of ``period`` (seconds or a timedelta) across every engine;
-        ``per_key``: at most that many instances invoked with one
-        ``concurrency_key`` run at once across every engine (one tenant's
-        backlog does not starve the others). A slot is held by a running run
-        only: a queued or suspended instance holds none. Each engine enforces
-        its own declaration when it claims, so declare a queue the same way
-        everywhere. A bad limit raises
-        ``ValueError``; a declaration after ``start()``, ``AlreadyStarted``.
+        ``concurrency``: at most that many of its instances run at once across every engine on the
+        store; ``per_process``: at most that many in this engine; ``rate=(count, period)``: at most
+        ``count`` runs start in any window of ``period`` across every engine; ``per_key``: at most
+        that many instances with one ``concurrency_key`` run at once across every engine (one
+        tenant's backlog does not starve the others). Only a running run holds a slot, not a queued
+        or suspended instance. Each engine enforces its own declaration when it claims, so declare
+        a queue the same way everywhere. A bad limit raises ``ValueError``; a declaration after
+        ``start()``, ``AlreadyStarted``.
 
         >>> from memable import Engine, Queued
         >>> engine = Engine.in_memory()
@@ -223,22 +209,17 @@ class Engine:
     ) -> None:
         """Invoke ``workflow`` at each tick of ``cron`` in ``timezone`` (before ``start``).
 
-        ``cron`` has five fields (minute hour day month weekday) or is one of
-        ``@hourly``, ``@daily``, ``@weekly``, ``@monthly``, ``@yearly``;
-        ``timezone`` is an IANA name (daylight saving as Debian's cron has
-        it). Each tick is the instance ``"{name}@{tick}"`` (the tick in UTC,
-        ``YYYY-MM-DDTHH:MM:SSZ``), so each tick runs once however many
-        engines declare the schedule. Its input is ``input`` if given (not
-        None), else the tick (an aware UTC datetime) if the workflow takes one. On
-        ``queue`` (else the workflow's default queue) a tick waits for a
-        slot like any invocation.
+        ``cron`` has five fields (minute hour day month weekday) or is ``@hourly``, ``@daily``,
+        ``@weekly``, ``@monthly`` or ``@yearly``; ``timezone`` is an IANA name (daylight saving as
+        Debian's cron has it). Each tick is the instance ``"{name}@{tick}"`` (the tick in UTC,
+        ``YYYY-MM-DDTHH:MM:SSZ``), so it runs once however many engines declare the schedule. Its
+        input is ``input`` if not None, else the tick (an aware UTC datetime) if the workflow takes
+        one. On ``queue`` (else the workflow's) a tick waits for a slot like any invocation.
 
-        Ticks that fell due while no engine fired them are missed:
-        ``catch_up="latest"`` runs the newest of them, ``"all"`` runs each
-        (the newest 100, oldest first), ``"none"`` runs none. ``overlap="skip"``
-        skips (and counts) a tick while an earlier tick's instance has not
-        ended; ``"allow"`` runs it. A bad argument raises ``ValueError``
-        naming it; a declaration after ``start()``, ``AlreadyStarted``.
+        Ticks missed while no engine fired them: ``catch_up="latest"`` runs the newest, ``"all"``
+        each (the newest 100, oldest first), ``"none"`` none. ``overlap="skip"`` skips (and counts)
+        a tick while an earlier tick's instance has not ended; ``"allow"`` runs it. A bad argument
+        raises ``ValueError`` naming it; a declaration after ``start()``, ``AlreadyStarted``.
 
         >>> from datetime import datetime
         >>> from freezegun import freeze_time
@@ -274,14 +255,11 @@ class Engine:
     ) -> None:
         """Register ``fn`` as the workflow ``name``; ``fn`` is ``fn(ctx)`` or ``fn(ctx, input)``.
 
-        The input's annotation types the stored input, the return
-        annotation the stored output. ``queue``, a declared queue, is the
-        one ``invoke`` puts it on unless told otherwise (``ValueError`` if
-        not declared). ``timeout`` (float seconds or a timedelta) is each
-        instance's workflow timeout unless ``invoke(timeout=)`` gives one: see
-        ``invoke``. Raise ``AlreadyStarted`` after ``start()``, and ``TypeError``
-        for an async ``fn`` or one whose first positional parameter is annotated
-        with a type a ``Context`` is not.
+        The input's annotation types the stored input, the return annotation the stored output.
+        ``queue``, a declared queue (else ``ValueError``), is the one ``invoke`` uses by default.
+        ``timeout`` is each instance's workflow timeout unless ``invoke(timeout=)`` gives one.
+        Raise ``AlreadyStarted`` after ``start()``, and ``TypeError`` for an async ``fn`` or one
+        whose first positional parameter is annotated with a type a ``Context`` is not.
 
         >>> from memable import Engine
         >>> def my_workflow(ctx, order_id: int) -> str:
@@ -306,8 +284,7 @@ class Engine:
     def workflow(
         self, name: str, queue: str | None = None, *, timeout: float | timedelta | None = None,
     ) -> Callable[[F], F]:
-        """Register the decorated function as the workflow ``name`` (on ``queue``, if given,
-        with ``timeout``, if given: see ``register``).
+        """Register the decorated function as the workflow ``name`` (see ``register``).
 
         >>> from memable import Engine
         >>> engine = Engine.in_memory()
@@ -329,8 +306,7 @@ class Engine:
 
     def _configure(self, max_workers: int | None, queues: Iterable[str] | None,
                    retention: float | None = None) -> None:
-        """Before ``start()``: ``memable worker --threads``, ``--queues`` and
-        ``--retention`` (None: keep)."""
+        """Before ``start()``: ``memable worker --threads``, ``--queues``, ``--retention``."""
         if max_workers is not None:
             self._runner.set_options(max_workers=max_workers)
         if queues is not None:
@@ -339,9 +315,9 @@ class Engine:
             self._runner.set_options(retention=retention)
 
     def start(self) -> None:
-        """Start the worker pool (and the queue thread, if it consumes queues); from now on
-        invocations are taken. Raise ``AlreadyStarted`` if called twice, ``ValueError``
-        if the ``queues`` option names a queue not declared.
+        """Start taking invocations: the worker pool, and the queue thread if it consumes queues.
+
+        ``AlreadyStarted`` if called twice; ``ValueError`` if ``queues`` names an undeclared one.
 
         >>> from memable import Engine
         >>> engine = Engine.in_memory()
@@ -353,8 +329,7 @@ class Engine:
         self._runner.start()
 
     def wait_all(self) -> None:
-        """Take no new invocations, wait until no run is active (nor any queued instance this
-        engine runs), then ``stop()``.
+        """Take no new invocations; wait until its runs (queued ones too) end; then ``stop()``.
 
         >>> from memable import Engine
         >>> done = []
@@ -427,39 +402,29 @@ class Engine:
     ) -> Invocation:
         """Create an instance of workflow ``name`` with ``input`` and start running it.
 
-        The input is stored with the instance and typed by the workflow's
-        annotation; a workflow whose input parameter has no default must be
-        given one (``TypeError`` otherwise; ``None`` counts as given). With
-        ``instance_id`` given and already stored, return that instance's
-        Invocation and start nothing (the stored input stands). Raise
-        ``SerializationError`` (storing nothing) for an input that cannot be
-        stored.
+        The input is stored typed by the workflow's annotation; an input parameter without a
+        default must be given one (``TypeError``; ``None`` counts as given). If ``instance_id`` is
+        already stored, return that instance's Invocation and start nothing (the stored input
+        stands). An input that cannot be stored raises ``SerializationError`` and stores nothing.
 
-        Onto a queue (``queue``, else the workflow's default one; a name not
-        declared raises ``ValueError``) the instance is stored ``Queued()``
-        and this returns at once: an engine that consumes the queue runs it
-        when a slot is free, lower ``priority`` first, then in the order
-        instances became runnable. Without a queue it runs in this engine.
+        Onto a queue (``queue``, else the workflow's; undeclared: ``ValueError``) the instance is
+        stored ``Queued()`` and this returns at once: an engine that consumes the queue runs it
+        when a slot is free, lower ``priority`` first, then in the order instances became runnable.
+        Without a queue it runs in this engine.
 
-        With ``start_at`` (an aware datetime, or a duration from now: float
-        seconds or a timedelta), the instance is stored at once, shows
-        ``Suspended("starts at <UTC time>")`` and holds no thread; a durable
-        timer (the engine's step ``_start``) starts it when due, in whichever
-        engine on the store fires it first (onto its queue, if it has one),
-        across restarts.
+        With ``start_at`` (an aware datetime, or a duration from now) the instance is stored at
+        once, shows ``Suspended("starts at <UTC time>")`` and holds no thread; a durable timer
+        starts it when due, in whichever engine on the store fires it first (onto its queue, if
+        any), across restarts.
 
-        ``timeout`` (float seconds or a timedelta; None: the one the workflow
-        was registered with, if any) is a durable deadline from now: when it
-        passes, the instance is cancelled as ``cancel`` does (its children
-        too) and ends ``Cancelled()`` with the status message ``"timed out
-        after <duration>"``, whether it is running, suspended or queued, by
-        whichever engine on the store looks first (a run in flight stops at
-        its next step boundary).
+        ``timeout`` (None: the workflow's, if registered with one) is a durable deadline from now:
+        when it passes, the instance is cancelled as ``cancel`` does (children too) and ends
+        ``Cancelled()`` with the status message ``"timed out after <duration>"``, whether running,
+        suspended or queued (a run in flight stops at its next step boundary).
 
-        ``concurrency_key`` (a non-empty str): on a queue declared with
-        ``per_key=n``, at most ``n`` instances with this key run at once
-        across every engine, so one tenant's backlog does not hold up the
-        others; ``ValueError`` on a queue without ``per_key`` (or none).
+        ``concurrency_key`` (a non-empty str): on a queue declared with ``per_key=n``, at most
+        ``n`` instances with this key run at once across every engine; ``ValueError`` on a queue
+        without ``per_key`` (or none).
 
         >>> from memable import Engine
         >>> runs = []
@@ -497,18 +462,17 @@ class Engine:
         if not created:
             return self.invocation(name, instance_id)
         log.debug("invoked", extra=where(name, instance_id))
-        if starts is not None or row.timeout_at is not None:  # a new deadline: the
-            self._runner.armed()  # timer thread looks at its deadlines again
-        if row.queue is not None and starts is None:  # an engine that consumes it runs it
+        if starts is not None or row.timeout_at is not None:  # a new deadline
+            self._runner.armed()
+        if row.queue is not None and starts is None:
             self._runner.kick()
         return Invocation(self, watches[0] if watches else self._runner.watch(name, instance_id))
 
     def resume(self, name: str, instance_id: str) -> Invocation:
         """Run an instance again: stored steps return their results, the rest execute.
 
-        A Completed instance replays to Completed, a Failed or Suspended one
-        continues, a running one just returns its Invocation. Raise
-        ``InstanceNotFound`` for an unknown id.
+        A Completed instance replays to Completed, a Failed or Suspended one continues, a running
+        one just returns its Invocation. Raise ``InstanceNotFound`` for an unknown id.
 
         >>> from memable import Engine
         >>> attempts = []
@@ -542,17 +506,14 @@ class Engine:
         self, name: str, instance_id: str, *, from_key: str | None = None,
         new_instance_id: str | None = None,
     ) -> Invocation:
-        """Start a new instance of workflow ``name`` with the input of ``instance_id``, whose
-        completed steps reached before ``from_key`` are copied as results: the new run
-        executes ``from_key`` and what follows (``from_key`` None: every completed step
-        is copied, and the run executes what none of them covers).
+        """Fork an instance: a new one with its input and the completed steps before ``from_key``.
 
-        The source instance is only read. ``new_instance_id`` defaults to
-        ``"{instance_id}.fork-{8 hex digits}"``; one that exists raises
-        ``ValueError`` and forks nothing. A key the source never reached raises
-        ``ValueError`` naming the keys it has; an unknown source
-        ``InstanceNotFound``. The new instance runs here, or through the
-        source's queue if it has one.
+        The new run executes ``from_key`` and what follows (``from_key`` None: every completed step
+        is copied). The source is only read. ``new_instance_id`` defaults to
+        ``"{instance_id}.fork-{8 hex digits}"``; one that exists raises ``ValueError`` and forks
+        nothing. A key the source never reached raises ``ValueError`` naming the keys it has; an
+        unknown source ``InstanceNotFound``. The new instance runs here, or through the source's
+        queue if it has one.
 
         >>> from memable import Engine
         >>> charged = []
@@ -590,12 +551,12 @@ class Engine:
     def resume_failed(
         self, name: str | None = None, *, since: datetime | None = None, limit: int = 1000
     ) -> int:
-        """Resume the failed instances of workflow ``name`` (None: of every workflow) that
-        failed at or after ``since`` (an aware datetime; None: any time), oldest failure
-        first, at most ``limit`` of them, each as ``memable resume`` does (an engine that
-        runs its workflow takes it, this one first); return how many. A failed child whose
-        parent has ended, or caught its ``ChildFailed``, is left alone (its failure was
-        handled), and so is an instance that failed again after it was counted.
+        """Resume failed instances of workflow ``name`` (None: every workflow); return how many.
+
+        Those that failed at or after ``since`` (an aware datetime; None: any time), oldest failure
+        first, at most ``limit``, each as ``memable resume`` does (an engine that runs its workflow
+        takes it, this one first). A failed child whose parent has ended or caught its
+        ``ChildFailed`` is left alone, and so is one that failed again after it was counted.
 
         >>> from memable import Engine
         >>> tries = {}
@@ -630,13 +591,11 @@ class Engine:
     def signal(self, name: str, instance_id: str, key: str, payload: Any) -> Invocation:
         """Store ``payload`` as the value of the suspend point ``key`` and run the instance.
 
-        The instance's ``ctx.suspend(key)`` returns the payload. A signal
-        that arrives while the instance is running is kept: the run uses it
-        when it reaches ``key``, or a run starts right after it suspends.
-        An engine without the workflow registered only stores the signal;
-        the engine that has it picks it up within its poll interval. Raise
-        ``InstanceNotFound``, ``InstanceFinished`` (Completed, Cancelled, or
-        Failed: resume that instead), ``SignalRejected`` (``key`` already
+        The instance's ``ctx.suspend(key)`` returns the payload. A signal that arrives while the
+        instance runs is kept: the run uses it when it reaches ``key``, or a run starts right after
+        it suspends. An engine without the workflow registered only stores it; the engine that has
+        it picks it up within its poll interval. Raise ``InstanceNotFound``, ``InstanceFinished``
+        (Completed, Cancelled, or Failed: resume that instead), ``SignalRejected`` (``key`` already
         holds a value) or ``SerializationError``; each writes nothing.
 
         >>> from memable import Engine, SignalRejected
@@ -675,11 +634,10 @@ class Engine:
         return Invocation(self, watch)
 
     def fire_due_timers(self) -> int:
-        """Fire every timer due now (wall clock) and start the runs they resume.
+        """Fire the timers due now (wall clock), start the runs they resume; return how many fired.
 
-        The timer thread does this by itself; call it in tests that move the
-        clock with freezegun. Return how many timers fired; the resumed runs
-        are started, not waited for.
+        The timer thread does this by itself; call it in tests that move the clock with freezegun.
+        The resumed runs are started, not waited for.
 
         >>> from datetime import datetime, timedelta, timezone
         >>> from freezegun import freeze_time
@@ -706,12 +664,11 @@ class Engine:
     def cancel(self, name: str, instance_id: str) -> None:
         """Cancel an instance: it ends Cancelled, its timers are dropped, signals refused.
 
-        A running instance stops at its next step boundary (the step in
-        flight finishes and is stored); in another process, within that
-        engine's poll interval. Its children that have not ended (and theirs)
-        are cancelled with it; a cancelled child's parent gets ``ChildFailed``.
-        Cancelling a Failed or Suspended instance works; a Completed or
-        Cancelled one raises ``InstanceFinished``.
+        A running instance stops at its next step boundary (the step in flight finishes and is
+        stored); in another process, within that engine's poll interval. Its children that have not
+        ended (and theirs) are cancelled with it; a cancelled child's parent gets ``ChildFailed``.
+        Cancelling a Failed or Suspended instance works; a Completed or Cancelled one raises
+        ``InstanceFinished``.
 
         >>> from memable import Cancelled, Engine, InstanceFinished
         >>> engine = Engine.in_memory()
@@ -737,13 +694,11 @@ class Engine:
     def purge(self, older_than: float | timedelta) -> int:
         """Delete finished instances completed more than ``older_than`` ago; return how many.
 
-        Finished means Completed, Failed or Cancelled; their steps and timers
-        go with them, in batches of 500 instances, one transaction each (as
-        ``retention`` purges), so another engine's write waits for one batch
-        at most. Running, queued and suspended instances are never touched,
-        nor, as with ``retention``, a finished one whose run is still in
-        flight or whose child has not ended, a finished child of an instance
-        in a run, or a failed child its parent has resumed.
+        Finished means Completed, Failed or Cancelled; their steps and timers go with them, in
+        batches of 500 instances, one transaction each, so another engine's write waits for one
+        batch at most. As with ``retention``, it never touches a running, queued or suspended
+        instance, a finished one whose run is still in flight or whose child has not ended, a
+        finished child of an instance in a run, or a failed child its parent has resumed.
 
         >>> from memable import Engine
         >>> engine = Engine.in_memory()
@@ -761,13 +716,11 @@ class Engine:
     def pause_queue(self, name: str) -> None:
         """Pause the queue ``name`` for every engine on the store, until ``resume_queue``.
 
-        The pause is stored: each engine reads it when it claims, so none
-        starts another of the queue's instances, and it outlives this engine.
-        Invokes onto the queue are still accepted (stored ``Queued()``, in their
-        order), and runs of it in flight finish. ``wait_all`` does not wait for
-        the instances of a paused queue. Pausing a paused queue changes nothing.
-        Raise ``ValueError`` for a queue this engine does not declare (as
-        ``invoke(queue=)`` does); the store may be read before ``start``.
+        The pause is stored and outlives this engine: each engine reads it when it claims, so none
+        starts another of the queue's instances. Invokes onto the queue are still stored
+        ``Queued()``, and runs in flight finish; ``wait_all`` does not wait for a paused queue.
+        Pausing a paused queue changes nothing. Raise ``ValueError`` for a queue this engine does
+        not declare; the store may be read before ``start``.
 
         >>> from memable import Engine
         >>> engine = Engine.in_memory()
@@ -790,12 +743,10 @@ class Engine:
     def resume_queue(self, name: str) -> None:
         """Let the paused queue ``name`` start instances again, in every engine on the store.
 
-        Its queued instances start in their order (priority, then when each
-        became runnable), within its limits: this engine's queue thread looks
-        at once; on PostgreSQL the other engines are told at once too (NOTIFY),
-        on a file they find it at their next poll. Resuming a queue that is
-        not paused changes nothing. ``ValueError`` for a queue this engine
-        does not declare.
+        Its queued instances start in their order, within its limits: this engine's queue thread
+        looks at once; on PostgreSQL the other engines are told at once (NOTIFY), on a file at
+        their next poll. Resuming a queue that is not paused changes nothing. ``ValueError`` for a
+        queue this engine does not declare.
 
         >>> from memable import Engine
         >>> ran = []
@@ -815,7 +766,7 @@ class Engine:
         self._declared_queue(name)
         if admin.resume_queue(self._store, name, clock=self._runner.clock):
             log.info("queue %r resumed", name)
-        self._runner.kick()  # this engine's queue thread looks now
+        self._runner.kick()
 
     def _declared_queue(self, name: str) -> None:
         """Raise ValueError unless this engine declares the queue ``name``."""
@@ -868,9 +819,7 @@ class Engine:
         return [(row.instance_id, metadata_of(row)) for row in self._store.list_instances(name)]
 
     def steps(self, name: str, instance_id: str) -> list[StepRecord]:
-        """The stored keys of an instance, in the order first reached.
-
-        Raise ``InstanceNotFound`` for an unknown instance.
+        """An instance's stored keys, in the order first reached (``InstanceNotFound`` if unknown).
 
         >>> from memable import Engine
         >>> def wf(ctx):
@@ -889,8 +838,8 @@ class Engine:
 
     # ------------------------------------------------------------------ Invocation host
     def _continue_trace(self, name: str, instance_id: str, stored: str | None) -> None:
-        """A span ``invoke <name>`` for a resume (a child of the active span, else of the
-        instance's stored context), stored as its next run's parent."""
+        """A span ``invoke <name>`` for a resume (child of the active span, else of the stored
+        context), stored as its next run's parent."""
         if not self._telemetry.tracing:
             return
         with self._telemetry.producing(name, stored, instance_id) as traceparent:
@@ -932,8 +881,7 @@ def _check_tick_input(
 
 
 def _start_deadline(start_at: object, now: float) -> float:
-    """``invoke``'s ``start_at`` as epoch seconds: an aware datetime, or a duration from
-    ``now``; ValueError/TypeError naming it for anything else.
+    """``invoke``'s ``start_at`` as epoch seconds: an aware datetime, or a duration from ``now``.
 
     >>> from datetime import datetime, timezone
     >>> _start_deadline(90, 1000.0), _start_deadline(timedelta(minutes=1), 0.0)

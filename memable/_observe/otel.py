@@ -1,12 +1,10 @@
 """``Telemetry`` through the OpenTelemetry API: what an engine reports when it is installed.
 
-Spans go through the global tracer provider and metrics through a ``Meter``
-named ``memable`` of the global meter provider: whatever the application set
-with the SDK, even after the engine started (the API's proxies follow it).
-Until one is set, no span is recorded and no ``traceparent`` stored: the
-API's no-op spans are not even made (they would cost each invoke and run
-some microseconds, and carry an ambient span's context into the store).
-"""
+Spans go through the global tracer provider and metrics through a ``Meter`` named ``memable`` of
+the global meter provider: whatever the application set with the SDK, even after the engine started
+(the API's proxies follow it). Until one is set, no span is recorded and no ``traceparent`` stored:
+the API's no-op spans are not even made (they would cost each invoke and run some microseconds, and
+carry an ambient span's context into the store)."""
 
 from __future__ import annotations
 
@@ -96,8 +94,7 @@ class _QueueGauges:
     """The queues' reads of every engine in the process, read once per collection."""
 
     def __init__(self) -> None:
-        # _lock guards _reads and the cache: the meter's thread collects, engines come
-        # and go.
+        # _lock guards _reads and the cache: the meter's thread collects as engines come and go.
         self._lock = threading.Lock()
         self._reads: list[Callable[[], list[QueueStats]]] = []
         self._cached: list[QueueStats] = []

@@ -1,13 +1,11 @@
 """The PostgreSQL store: several hosts on one database, with the file store's guarantees.
 
-Each operation is one function run on a pooled connection by
-``connections.Connections``, which retries it across lost connections (a
-write whose commit outcome is unknown is decided there, by one rule). Every
-write of a run is fenced by its instance row's lock (see ``sql``). Claims
-of due timers, and wake-ups and recoveries of instances, skip rows another
-transaction holds. Leases are judged by the server's clock. The transactions that store a signal, a
-cancel or a timer NOTIFY the other engines (``listener``).
-"""
+Each operation is one function run on a pooled connection by ``connections.Connections``, which
+retries it across lost connections (a write whose commit outcome is unknown is decided there, by
+one rule). Every write of a run is fenced by its instance row's lock (see ``sql``). Claims of due
+timers, and wake-ups and recoveries of instances, skip rows another transaction holds. Leases are
+judged by the server's clock. The transactions that store a signal, a cancel or a timer NOTIFY the
+other engines (``listener``)."""
 
 from __future__ import annotations
 
@@ -99,9 +97,8 @@ class PostgresStore(OperatorReads):
     # ------------------------------------------------------------------ runs
 
     def create_instance(self, row: InstanceRow, start_at: float | None = None) -> bool:
-        # A delayed start is a transaction (the row, its start's step and timer). Else
-        # one statement: run again after a lost answer, it recognises the row it wrote
-        # by this call's token, and answers alike.
+        # A delayed start is a transaction (the row, its start's step and timer); else one
+        # statement, which, run again after a lost answer, knows its row by this call's token.
         token = None if start_at is not None else secrets.token_hex(16)
         return self._run("create the instance",
                          lambda conn: claims.create(self._tx(conn), row, start_at, token),
@@ -208,12 +205,10 @@ class PostgresStore(OperatorReads):
         return self._run("fire due timers", lambda conn: timers.fire(self._tx(conn), due, at))
 
     def purge_batch(self, completed_before: float, limit: int, now: float) -> int:
-        # The batch's rows are locked as they are chosen, skipping those another
-        # transaction holds (a run's write, or another engine's batch): no waits, and
-        # two engines purging at once take different instances. Their parents and
-        # children are locked next, and the rules read again (``sql.retention``). A
-        # retry after a lost commit purges the next batch, or finds this one gone:
-        # either is fine. Leases are judged by the server's clock.
+        # The batch's rows are locked as chosen, skipping those another transaction holds (a
+        # run's write, another engine's batch): no waits, and two engines purging at once take
+        # different instances (the rest is ``sql.retention``'s). A retry after a lost commit
+        # purges the next batch, or finds this one gone: either is fine.
         def purge_them(conn: Connection) -> int:
             return retention_sql.purge_batch(self._tx(conn), completed_before, limit, now)
 
@@ -244,9 +239,8 @@ class PostgresStore(OperatorReads):
         return server
 
     def drop_owner(self) -> None:
-        # Tried until the lease is known lost at the latest, and no longer (see
-        # Connections.run), so that stop() returns within the lease: an unreachable
-        # server leaves the row for the lease to expire.
+        # Tried no longer than until the lease is known lost (Connections.run), so stop()
+        # returns within the lease: an unreachable server leaves the row for the lease to expire.
         self._run("remove the engine's owner row",
                   lambda conn: owners_sql.drop(self._tx(conn)), transaction=False,
                   past_lease=0.0)

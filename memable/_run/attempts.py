@@ -1,10 +1,7 @@
-"""The attempts of one step key: its function, timeout, retries and backoffs, and the store
-write of each outcome.
+"""The attempts of one step key: its function, timeout, retries, backoffs and stored outcomes.
 
-``Attempts`` belongs to one run (one ``Context``). Several threads of that run
-may use it at once (``ctx.step(key).map`` runs its items side by side), each
-for keys of its own; what they share is locked where it is declared.
-"""
+``Attempts`` belongs to one run (one ``Context``). Several threads of that run may use it at once
+(``ctx.step(key).map``), each for keys of its own; what they share is locked where declared."""
 
 from __future__ import annotations
 
@@ -91,11 +88,10 @@ class Attempts:
         self.run = run
         self._clock = clock
         self._sleep = sleep
-        # flight_lock guards in_flight. It is the runner's lock (``Registry.lock``): Engine.signal
-        # holds it from its look at in_flight until the signal is stored.
+        # flight_lock guards in_flight: the runner's lock (``Registry.lock``), which Engine.signal
+        # holds from its look at in_flight until the signal is stored.
         self.flight_lock = flight_lock or threading.Lock()
-        #: The keys whose function runs now, and since when (epoch seconds, UTC; for signals,
-        #: and operators).
+        #: The keys whose function runs now, and since when (epoch seconds, UTC).
         self.in_flight: dict[str, float] = {}
         # _lock guards _abandoned: attempts that timed out and may still run, by
         # key; the key's next attempt waits for them (never two at once).
@@ -110,11 +106,7 @@ class Attempts:
         return key, self.in_flight[key]
 
     def boundary(self) -> None:
-        """Between steps: stop here if the instance was cancelled.
-
-        The flag is set by a cancel in this engine and by the poll for one
-        from elsewhere.
-        """
+        """Between steps: stop here if the instance was cancelled (here, or found by the poll)."""
         if self.run.cancel_requested:
             raise RunCancelled()
 
@@ -133,9 +125,8 @@ class Attempts:
     ) -> Any:
         """Run ``call`` for ``key`` until it succeeds or its retries end; return its value.
 
-        Each outcome is stored before the next attempt (or the return); the
-        error that ends the retries is noted (``note``) and raised.
-        """
+        Each outcome is stored before the next attempt (or the return); the error that ends the
+        retries is noted (``note``) and raised."""
         # A step waiting out a retry backoff goes on counting its attempts.
         waited = stored is not None and stored.state == "waiting"
         attempt = int(stored.result or 0) if stored is not None and waited else 0
@@ -192,13 +183,10 @@ class Attempts:
             self.in_flight.pop(key, None)
 
     def _before(self, key: str, note: Note) -> None:
-        """Before ``key`` executes (already marked in flight): the boundary, and more.
-
-        Also read the instance's status (the store may answer unread while
-        nothing can have changed it), so a cancel from another process stops
-        the run before the step starts; and refuse the key if this engine
-        stored a signal for it since the run read its steps.
-        """
+        """Before ``key`` executes (marked in flight): stop if the instance was cancelled, here or
+        in another process (the status read, which the store may answer unread while nothing can
+        have changed it); refuse the key if this engine stored a signal for it since the run read
+        its steps."""
         run = self.run
         if run.cancel_requested:
             raise RunCancelled()
@@ -215,12 +203,8 @@ class Attempts:
         raise exc
 
     def _await_abandoned(self, key: str, timeout: float | None, note: Note) -> None:
-        """Wait for an abandoned attempt of ``key`` before the next one starts.
-
-        An attempt that timed out may still be running: the next one waits
-        for it, up to the step's timeout again, and past that the step fails
-        without another attempt.
-        """
+        """Wait for an attempt of ``key`` that timed out and may still run, up to the step's
+        timeout again; past that the step fails without another attempt."""
         with self._lock:
             previous = self._abandoned.pop(key, None)
         if previous is None or timeout is None:
@@ -239,10 +223,8 @@ class Attempts:
     ) -> None:
         """Wait ``delay`` seconds before the next attempt of ``key``.
 
-        A long backoff ends the run: the step waits as a durable timer and the
-        run holds no thread. A short one waits on the thread, and a cancel or
-        the engine stopping ends the wait at once.
-        """
+        A long backoff ends the run: the step waits as a durable timer, holding no thread. A short
+        one waits on the thread, and a cancel or the engine stopping ends the wait at once."""
         self.boundary()
         if self._sleep is not None:  # a test's fake: every backoff goes through it
             self._sleep(delay)
@@ -256,9 +238,8 @@ class Attempts:
             raise EngineStopping(waiting, deadline)
 
     def _with_timeout(self, key: str, seconds: float, call: Callable[[], Any]) -> Any:
-        # A thread of its own per call: a function past its timeout cannot be
-        # killed, so it must not hold a pooled thread or block interpreter
-        # exit. It is a daemon, finishes on its own, and its late result goes
+        # A daemon thread of its own per call: a function past its timeout cannot be killed, so
+        # it must not hold a pooled thread or block interpreter exit. Its late result goes
         # nowhere: only the waiting thread stores, and it has stopped waiting.
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
 

@@ -38,13 +38,11 @@ def new_instance(
 ) -> tuple[InstanceRow, Any]:
     """The row of a new instance (running here, or queued) and its input as runs see it.
 
-    Its times are ``clock``'s (the engine's). ``timeout`` (None: the workflow's) arms
-    its deadline from now;
-    ``concurrency_key`` needs a queue declared with ``per_key``.
-    Raise ``TypeError`` for an input the workflow does not take (or a missing
-    one it needs), ``ValueError`` for a queue not declared, a bad timeout or a
-    key its queue has no ``per_key`` for, ``InvalidKey`` for a bad id,
-    ``SerializationError`` for an input that cannot be stored.
+    Its times are ``clock``'s; ``timeout`` (None: the workflow's) arms a deadline from now. Raise
+    ``TypeError`` for an input the workflow does not take (or a missing one it needs),
+    ``ValueError`` for an undeclared queue, a bad timeout or a ``concurrency_key`` whose queue has
+    no ``per_key``, ``InvalidKey`` for a bad id, ``SerializationError`` for an input that cannot be
+    stored.
 
     >>> from memable._clock import SYSTEM_CLOCK
     >>> wf = Workflow.of("double", lambda ctx, n: n * 2)

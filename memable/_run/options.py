@@ -37,15 +37,14 @@ class Options:
     lease: float = attrs.field(default=15.0, converter=_lease)
     recover: bool = True
     retry: Retry | None = None
-    # Retry backoff waits through this when given (tests pass a fake); None
-    # waits on the run's interrupt event, so cancel and stop end it at once.
+    # Retry backoffs wait through this when given (tests pass a fake); None waits on the run's
+    # interrupt event, so cancel and stop end it at once.
     sleep: Callable[[float], None] | None = None
     # Where deadlines, leases and waits read the time.
     clock: Clock = SYSTEM_CLOCK
     # The declared queues this engine consumes: None all, () none (enqueue only).
     queues: tuple[str, ...] | None = attrs.field(default=None, converter=check_consumed)
-    # How long finished instances are kept before the retention thread purges them
-    # (None: kept for ever).
+    # How long finished instances are kept before the retention thread purges them (None: ever).
     retention: float | None = attrs.field(default=None, converter=_retention)
 
     def __attrs_post_init__(self) -> None:

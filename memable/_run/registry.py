@@ -1,10 +1,4 @@
-"""The registry: what an engine runs, and where its lifecycle is.
-
-``Registry`` holds what is declared before start (workflows, queues, tickers, the
-options) and the phase of the lifecycle, and owns the runner's one lock: the lock
-that guards what the runs in flight (``runs.Runs``) and the claims
-(``claims.Claims``) share with it, all named at its declaration.
-"""
+"""The registry: what an engine runs, where its lifecycle is, and the runner's one lock."""
 
 from __future__ import annotations
 
@@ -52,29 +46,23 @@ class Registry:
     """
 
     def __init__(self, options: Options) -> None:
-        # The runner's one lock. The phase is checked under it in the same hold as what
-        # depends on it (a run registered only while started; stop interrupts every run
-        # registered before it), so the parts share it rather than each having its own.
-        # It guards:
-        #   here: phase and accepting; the options and the declarations (workflows,
-        #     queues, tickers) until start: fixed once started, then read without it;
-        #   in Runs: _active, _watches, turnover, _firing and the _idle condition (on
-        #     it), _executor (made at start); and in each active Run, rerun,
-        #     cancel_requested (read without it by the run's own thread) and
-        #     signalled; a run's Context takes it as its flight lock (the steps in
-        #     flight, against Engine.signal);
-        #   in Claims: _claiming; its queue consumer and threads are made under it at
-        #     start, and fixed after.
-        # Lock order: this lock, then a Watch's cond, then the store's lock; never
-        # the other way round.
+        # The runner's one lock: the phase is checked in the same hold as what depends on it (a
+        # run registered only while started; stop interrupts every run registered before it),
+        # so the parts share it rather than each having its own. It guards:
+        #   here: phase, accepting; the options and declarations (workflows, queues, tickers)
+        #     until start, then fixed and read without it;
+        #   in Runs: _active, _watches, turnover, _firing, the _idle condition (on it) and
+        #     _executor (made at start); in each active Run, rerun, cancel_requested (read
+        #     without it by the run's own thread) and signalled; a run's Context takes it as its
+        #     flight lock (the steps in flight, against Engine.signal);
+        #   in Claims: _claiming; its queue consumer and threads are made under it at start.
+        # Lock order: this lock, then a Watch's cond, then the store's lock; never the reverse.
         self.lock = threading.Lock()
         self.phase: Phase = "new"
         self.accepting = False  # user calls (invoke, resume) are taken
         self.options = options
         self.workflows: dict[str, Workflow] = {}
-        #: Declared queues, by name.
         self.queues: dict[str, QueueSpec] = {}
-        #: Parts the timer thread looks with too.
         self.tickers: list[Ticker] = []
         self._fork = ForkGuard()  # nothing here works in a forked child
 

@@ -1,10 +1,6 @@
 """The runs in flight: an engine's active runs, from submit to recorded end.
 
-``Runs`` keeps the active runs and the watches on instances, submits runs to the
-worker pool, executes each (the workflow function, once or on past a wait already
-satisfied) and records how it ended. Its fields are guarded by the runner's one
-lock, the registry's (``Registry.lock`` names all it guards).
-"""
+``Runs``'s fields are guarded by the runner's one lock (``Registry.lock`` names all it guards)."""
 
 from __future__ import annotations
 
@@ -56,8 +52,8 @@ Wake = Callable[[str, str], None]
 class Runs:
     """Starts runs on the worker pool, records how they end, and keeps watch.
 
-    A method whose docstring says "the caller holds the lock" is called with
-    ``lock`` (the registry's) held; every other takes it itself.
+    A method whose docstring says "the caller holds the lock" is called with ``lock`` (the
+    registry's) held; every other takes it itself.
 
     >>> from memable._run.options import Options
     >>> from memable._sqlite.store import SQLiteStore
@@ -119,14 +115,12 @@ class Runs:
         return self._executor
 
     def interrupt_all(self) -> None:
-        """Runs waiting out a retry backoff stop waiting (the engine stops; the caller
-        holds the lock)."""
+        """Stop every run's retry backoff wait (the engine stops; the caller holds the lock)."""
         for run in self._active.values():
             run.interrupt.set()
 
     def drained(self) -> bool:
-        """No run active here and no work under way that may submit one (the caller holds
-        the lock)."""
+        """No active run and no work under way that may submit one (the caller holds the lock)."""
         return not self._active and not self._firing
 
     def wait_drained(self) -> None:
@@ -134,13 +128,11 @@ class Runs:
         self._idle.wait_for(lambda: not self._active and not self._firing)
 
     def wait_idle(self, timeout: float) -> None:
-        """Wait up to ``timeout`` seconds for a run to end, or work under way to end (the
-        caller holds the lock)."""
+        """Wait up to ``timeout`` s for a run or work to end (the caller holds the lock)."""
         self._idle.wait(timeout)
 
     def work_began(self) -> None:
-        """A timer firing or queue claim, which may submit runs, began (the caller holds
-        the lock)."""
+        """A timer firing or queue claim began: it may submit runs (the caller holds the lock)."""
         self._firing += 1
 
     def work_ended(self) -> None:
@@ -190,14 +182,11 @@ class Runs:
     def signalling(self, workflow: str, instance_id: str, key: str) -> Iterator[None]:
         """Hold off steps starting while a signal to ``key`` is stored here.
 
-        Raise SignalRejected if a run here is executing ``key``, or
-        InstanceFinished if its instance has ended meanwhile (a cancel lets the
-        step in flight finish), as the store answers an ended instance first. A
-        run marks its key in flight under this same lock and then looks at the
-        keys signalled while it was active, so it either is seen here, or sees
-        the signal and refuses the key; a run that starts later reads the
-        signal with its steps.
-        """
+        Raise SignalRejected if a run here is executing ``key``, or InstanceFinished if its
+        instance has ended meanwhile (a cancel lets the step in flight finish), as the store
+        answers an ended instance first. A run marks its key in flight under this same lock and
+        then looks at the keys signalled while it was active, so it either is seen here, or sees
+        the signal and refuses the key; a run that starts later reads the signal with its steps."""
         with self._lock:
             run = self._active.get((workflow, instance_id))
             ctx = None if run is None else run.ctx
@@ -221,9 +210,8 @@ class Runs:
     ) -> Watch:
         """Submit a run the user asked for, unless one is active; return its Watch.
 
-        User calls need the engine accepting; runs that timers and signals
-        start (``wake``) only need it started: they go on while wait_all drains.
-        """
+        User calls need the engine accepting; runs that timers and signals start (``wake``) only
+        need it started: they go on while wait_all drains."""
         if fresh_input is None and claim == "resume":
             return self._resume(workflow, instance_id)
         with self._lock:
@@ -317,16 +305,15 @@ class Runs:
         self, workflow: Workflow, instance_id: str, fresh_input: tuple[Any] | None,
         *, traceparent: str | None = None, reason: RunReason | None = None,
     ) -> None:
-        """Run an instance here (a child a run starts or resumes, a schedule's tick) while
-        the engine is started."""
+        """Run an instance here if started (a child a run starts or resumes, a schedule's tick)."""
         with self._lock:
             if self._registry.phase == "started":
                 self.submit_locked(workflow, instance_id, fresh_input, "resume", traceparent,
                                    reason)
 
     def cancelled(self, name: str, instance_id: str) -> None:
-        """The instance was cancelled: its run here (if any) stops at once, and what
-        waits on it here looks at the store again."""
+        """The instance was cancelled: its run here stops at once; what waits on it here looks
+        again."""
         with self._lock:
             run = self._active.get((name, instance_id))
             if run is not None:
@@ -341,9 +328,8 @@ class Runs:
     def _execute(self, first: Run) -> None:
         """Worker thread: run the workflow function and record how it ended.
 
-        A run that ends at a wait whose key had already completed is followed
-        by the next run of the instance on this same thread: no hand-off.
-        """
+        A run that ends at a wait whose key had already completed is followed by the instance's
+        next run on this same thread: no hand-off."""
         run: Run | None = first
         while run is not None:
             state: WorkflowState | None
@@ -410,8 +396,7 @@ class Runs:
                 if snapshot is not None:
                     _log_recovery(snapshot.instance)
             if snapshot is not None and snapshot.instance.status == "queued":
-                # It waits for a slot; whichever engine consumes its queue runs it.
-                # Nothing ran here: watchers follow the instance (None).
+                # It waits for a slot, for whichever engine consumes its queue: nothing ran here.
                 self._kick()
                 return None
             if snapshot is None:  # gone, or run by a live engine, or not waiting any more
@@ -472,8 +457,7 @@ class Runs:
             return self._suspend(run, stopping.waiting, f"retry {stopping.waiting.key}",
                                  stopping.deadline, None)
         except (RunCancelled, LostInstance) as stop:
-            # Cancelled (already recorded), or taken over by another engine:
-            # nothing more to write but letting go of the instance.
+            # Cancelled (already recorded) or taken over: nothing to write but letting go.
             if isinstance(stop, LostInstance):
                 log.warning("run stopped: the instance was taken over by another engine",
                             extra=where(name, instance_id))
@@ -561,7 +545,6 @@ class Runs:
         )
 
 
-
 #: The outcome a run's span and metrics name, by the state it ended in.
 _OUTCOMES: dict[type[WorkflowState], str] = {
     Completed: "completed", Failed: "failed", Cancelled: "cancelled", Suspended: "suspended",
@@ -569,11 +552,10 @@ _OUTCOMES: dict[type[WorkflowState], str] = {
 
 
 def _woken_by(snapshot: RunSnapshot) -> RunReason:
-    """Why a run that continues an instance began: what the claim that queued it said
-    (a resume, a recovery), else judged by the key it stopped at last (the one of the
-    highest seq): a signal, a timer or deadline, a retry backoff, a child's end; an
-    instance with no key stored yet starts ("invoke", or its schedule's tick)."""
-    said = snapshot.instance.run_reason  # the claim that queued it was a resume or recovery
+    """Why a run that continues an instance began: what the claim that queued it said (a resume, a
+    recovery), else judged by the key of the highest seq (a signal, a timer or deadline, a retry
+    backoff, a child's end); with no key stored yet, "invoke" or "schedule"."""
+    said = snapshot.instance.run_reason
     if said in ("resume", "recovery"):
         return said  # type: ignore[return-value]
     # A signal stored before the run reached its key has no place yet (UNREACHED).

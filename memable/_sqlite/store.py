@@ -1,23 +1,17 @@
 """The SQLite store: every statement memable runs against a store.
 
-One connection per engine, shared by all threads behind one lock. The
-connection is in driver autocommit mode (``isolation_level=None``) and every
-write goes through ``group_commit.GroupCommit``: writes that arrive while a
-commit is in progress share the next ``BEGIN IMMEDIATE`` ... ``COMMIT``, so a
-busy database makes them wait (busy timeout) instead of failing half way; a
-lone one-statement write runs as its own autocommit transaction. No write
-returns before its commit, and any failure rolls it back.
-sqlite-utils creates and migrates the tables (``schema``) and serves the
-reads people make (metadata, listings); the per-step hot path uses fixed SQL
-on the connection, because sqlite-utils introspects the schema on every call.
+One connection per engine, shared by all threads behind one lock, in driver autocommit mode
+(``isolation_level=None``). Every write goes through ``group_commit.GroupCommit``: writes that
+arrive while a commit is in progress share the next ``BEGIN IMMEDIATE`` ... ``COMMIT``, so a busy
+database makes them wait (busy timeout) instead of failing half way; a lone one-statement write is
+its own autocommit transaction. No write returns before its commit, and any failure rolls it back.
+sqlite-utils creates and migrates the tables (``schema``); the per-step hot path uses fixed SQL,
+because sqlite-utils introspects the schema on every call.
 
-Each engine is an owner: a row in ``owners`` with a heartbeat. A run claims
-its instance (``instances.owner``), and each of its writes checks, in the
-same statement or transaction, that the instance is still its own. SQLite
-serialises writers database-wide, so a check and the write it guards in one
-transaction see no other writer in between: that is how this store meets the
-guarantees ``memable._store.protocol.Store`` states.
-"""
+A run claims its instance (``instances.owner``), and each of its writes checks, in the same
+statement or transaction, that the instance is still its own. SQLite serialises writers
+database-wide, so no other writer comes between the check and the write: that is how this store
+meets the guarantees ``memable._store.protocol.Store`` states."""
 
 from __future__ import annotations
 
@@ -164,9 +158,8 @@ class SQLiteStore(OperatorReads):
         self._grouped("store the step", *where, store, single=True)
 
     def check_run(self, workflow: str, instance_id: str) -> StatusName:
-        # Before every executed step: the lock and one statement, without the
-        # context manager of _using (a generator per call); no statement at
-        # all while nothing can have changed the instance (``watch``).
+        # Before every executed step: the lock and one statement, not _using (a generator per
+        # call); no statement while nothing can have changed the instance (``watch``).
         with self._lock:
             checks = self._checks
             if checks is not None and not self._closed and checks.known_running(
@@ -300,9 +293,8 @@ class SQLiteStore(OperatorReads):
         deleted = self._grouped("purge a batch of finished instances", None, None, None,
                                 purge_them)
         if deleted == limit:
-            # Another batch follows: leave the file to the other writers for as long as
-            # this one held it (SQLite's busy handler retries a writer that has waited
-            # a while every 100 ms; without a gap the next batch takes the lock first).
+            # Another batch follows: leave the file to other writers as long as this one held it
+            # (``PURGE_GAP``); without a gap the next batch takes the lock first.
             time.sleep(min(_clock.monotonic() - started, PURGE_GAP))
         return deleted
 
@@ -390,7 +382,6 @@ class SQLiteStore(OperatorReads):
 
     def set_queue_paused(self, queue: str, paused: bool, at: float) -> bool:
         # One write transaction: a claim's, which reads the state, is before or after it.
-        # The engines on the file find a resume at their queue thread's next poll.
         def store(conn: sqlite3.Connection) -> bool:
             return queue_sql.set_paused(SQLiteTransaction(conn, self.owner), queue, paused, at)
 

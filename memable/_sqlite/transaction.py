@@ -1,10 +1,8 @@
 """The transaction interface (``memable._store.transaction``) on a SQLite connection.
 
-SQLite serialises writers database-wide: a body that runs inside the store's
-write transaction (``group_commit``) sees no other writer between its read
-and its write, so locking a row is reading it. No other engine listens for
-changes here: ``notify`` sends nothing (they poll).
-"""
+SQLite serialises writers database-wide: a body inside the store's write transaction
+(``group_commit``) sees no other writer between its read and its write, so locking a row is reading
+it. No other engine listens here: ``notify`` sends nothing (they poll)."""
 
 from __future__ import annotations
 

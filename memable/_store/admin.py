@@ -1,14 +1,9 @@
-"""Signal, resume (one, or the failed in bulk), cancel, fork, purge, and pausing and
-resuming a queue, as store operations, shared by the engine, the CLI and the dashboard.
+"""Operator actions as store operations, shared by the engine, the CLI and the dashboard.
 
-Each is one transaction on the store (a purge, or a bulk resume, one per
-batch or instance) and needs no running engine: the
-engine calls them and then wakes its own runs; the command line calls them
-on a store that an engine elsewhere acts on within its poll interval.
-
-Each dates what it writes by the ``clock`` its caller gives: an engine its own
-(``Options.clock``), the command line and the dashboard ``SYSTEM_CLOCK``.
-"""
+Each is one transaction (a purge or a bulk resume, one per batch or instance) and needs no running
+engine: the engine calls them and then wakes its own runs; the command line calls them on a store
+that an engine elsewhere acts on within its poll interval. Each dates what it writes by its
+caller's ``clock``: an engine's own (``Options.clock``), else ``SYSTEM_CLOCK``."""
 
 from __future__ import annotations
 
@@ -31,12 +26,11 @@ def store_signal(
     store: RunStore, workflow: str, instance_id: str, key: str, payload: Any,
     traceparent: str | None = None, *, clock: Clock,
 ) -> None:
-    """Store ``payload`` as the value of the suspend point ``key`` (with the trace context
-    its next run continues, if given).
+    """Store ``payload`` as the value of the suspend point ``key`` (and its next run's trace
+    context).
 
-    Raise ``InvalidKey``, ``SerializationError``, ``InstanceNotFound``,
-    ``InstanceFinished`` or ``SignalRejected``; each writes nothing.
-    """
+    Raise ``InvalidKey``, ``SerializationError``, ``InstanceNotFound``, ``InstanceFinished`` or
+    ``SignalRejected``; each writes nothing."""
     check_key(key, workflow, instance_id)
     text, tag, _ = store_form(workflow, instance_id, key, payload)
     store.deliver_signal(
@@ -61,15 +55,12 @@ def resume_failed(
     since: float | None = None, until: float | None = None, limit: int = 1000,
     counted: list[tuple[str, str, str]] | None = None, clock: Clock,
 ) -> list[tuple[str, str]]:
-    """Resume the failed instances of a filter (see ``OperatorStore.failed_instances``: a child
-    whose failure was handled is not one), oldest failure first, each as
-    ``resume_instance`` does (one transaction each); return (workflow, id) of those
-    resumed.
+    """Resume the failed instances of a filter (``OperatorStore.failed_instances``), oldest failure
+    first, each as ``resume_instance`` does; return (workflow, id) of those resumed.
 
-    It acts on exactly the failures it counted (``counted``, as ``failed_instances``
-    returned them to a caller that showed their number; None: counted here), at most
-    ``limit`` of them. One that is no longer that failure when its turn comes (resumed,
-    failed again since, purged or cancelled), or whose parent has handled it since, is
+    It acts on exactly the failures counted (``counted``, as a caller that showed their number got
+    them; None: counted here), at most ``limit``. One that is no longer that failure when its turn
+    comes (resumed, failed again, purged or cancelled), or whose parent has handled it since, is
     passed over."""
     if counted is None:
         counted = store.failed_instances(
@@ -83,13 +74,11 @@ def fork_instance(
     store: RunStore, workflow: str, instance_id: str, from_key: str | None = None,
     new_instance_id: str | None = None, *, clock: Clock,
 ) -> tuple[str, bool]:
-    """Fork the instance from ``from_key`` (see ``RunStore.fork_instance``) as
-    ``new_instance_id`` (None: ``"{id}.fork-{8 hex digits}"``, so a search by the
-    source's id finds its forks); return the new id, and whether this call made it
-    (False: that id existed, and nothing was written).
+    """Fork the instance from ``from_key`` (``RunStore.fork_instance``) as ``new_instance_id``
+    (None: ``"{id}.fork-{8 hex digits}"``, so a search by the source's id finds its forks); return
+    the new id, and whether this call made it (False: that id existed; nothing was written).
 
-    ``InvalidKey`` for a bad new id, ``InstanceNotFound``, ``StepNotFound``.
-    """
+    ``InvalidKey`` for a bad new id, ``InstanceNotFound``, ``StepNotFound``."""
     if from_key is not None and (not isinstance(from_key, str) or not from_key):
         raise InvalidKey(from_key, "keys are non-empty str", workflow=workflow,
                          instance_id=instance_id)
@@ -114,11 +103,10 @@ def purge_batches(
     store: OperatorStore, completed_before: float, now: float,
     stop: Callable[[], bool] | None = None,
 ) -> Iterator[int]:
-    """Purge what finished before ``completed_before`` in batches of at most
-    ``PURGE_BATCH``, one transaction each (``OperatorStore.purge_batch``, leases judged at
-    ``now``; both epoch seconds, UTC), so another engine's write waits at most one batch;
-    yield each batch's count, going on while a batch was full and ``stop`` (asked between
-    batches) says no. What retention's thread and ``purge`` both run.
+    """Purge what finished before ``completed_before`` (leases judged at ``now``; both epoch
+    seconds, UTC) in batches of at most ``PURGE_BATCH``, one transaction each, so another engine's
+    write waits at most one batch; yield each batch's count, going on while a batch was full and
+    ``stop`` (asked between batches) says no.
 
     >>> from memable._sqlite.store import SQLiteStore
     >>> store = SQLiteStore(None, "full")
@@ -147,15 +135,13 @@ def purge_finished(store: OperatorStore, older_than: float | timedelta, *, clock
 
 
 def pause_queue(store: OperatorStore, queue: str, *, clock: Clock) -> bool:
-    """Store ``queue`` as paused: from now on no engine on the store starts another of its
-    instances (invokes onto it are still stored queued; runs in flight finish) until
-    ``resume_queue``. Return whether it was running (False: paused already, and nothing
-    was written). ``ValueError`` for a name that is not a non-empty str."""
+    """Store ``queue`` as paused (``Engine.pause_queue`` says what that does); return whether it
+    was running (False: nothing was written). ``ValueError`` for a name that is not a non-empty
+    str."""
     return store.set_queue_paused(check_queue_name(queue), True, clock.wall())
 
 
 def resume_queue(store: OperatorStore, queue: str, *, clock: Clock) -> bool:
-    """Store ``queue`` as not paused: its consumers start its queued instances again, in
-    their order (at once on PostgreSQL; on a file at their next poll). Return whether it
-    was paused (False: nothing was written)."""
+    """Store ``queue`` as not paused: its consumers start its queued instances again; return
+    whether it was paused (False: nothing was written)."""
     return store.set_queue_paused(check_queue_name(queue), False, clock.wall())

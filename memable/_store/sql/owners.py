@@ -1,16 +1,9 @@
 """Owners and leases, and what a poll of the store finds, written once for both stores.
 
-Each engine is an owner: a row in ``owners`` with a heartbeat and a lease,
-both judged by the store's clock (``{now_epoch}``: the engine's on SQLite,
-the server's on PostgreSQL, so hosts whose clocks differ agree). An engine
-registers its row at start, renews its lease by its heartbeat (and registers
-again if someone reaped its row meanwhile), and drops its row at stop.
-
-An engine's poll reaps the owners on this host whose process is gone, and
-finds what is left to do: the suspended instances of its workflows that are
-ready, the running ones whose owner is dead, and its own that were cancelled
-or that it runs (or ran: the runner recovers those it no longer runs).
-"""
+Each engine is an owner: a row in ``owners`` with a heartbeat and a lease, both judged by the
+store's clock (``{now_epoch}``: the engine's on SQLite, the server's on PostgreSQL, so hosts whose
+clocks differ agree). An engine registers its row at start, renews its lease by its heartbeat
+(registering again if its row was reaped meanwhile), and drops its row at stop."""
 
 from __future__ import annotations
 
@@ -56,9 +49,9 @@ AND (owner IS NULL OR owner <> :me) AND {_OWNER_FREE} AND workflow IN ({{marks}}
 
 
 def register(tx: Transaction, lease: float, now: float, declares: str | None) -> float:
-    """Record this engine (``tx.owner``, this process) as an owner alive for ``lease``
-    seconds from the store's clock, started at ``now``, with what it ``declares`` it
-    runs; the store's clock as it wrote the row (SQLite: ``now``)."""
+    """Record this engine (``tx.owner``, this process) as an owner alive for ``lease`` seconds from
+    the store's clock, started at ``now``, declaring ``declares``; return the store's clock as it
+    wrote the row (SQLite: ``now``)."""
     me = liveness.current()
     # Every row read: on SQLite a statement ends (and its autocommit commits) once read.
     [(heartbeat,)] = tx.execute(REGISTER, {
@@ -70,9 +63,8 @@ def register(tx: Transaction, lease: float, now: float, declares: str | None) ->
 
 
 def heartbeat(tx: Transaction, now: float) -> float | None:
-    """Renew this engine's lease from the store's clock (``now`` on SQLite); that clock
-    as it did, or None when its owner row is gone (reaped while it stalled: its runs
-    are lost already, and it registers again)."""
+    """Renew this engine's lease; the store's clock as it did (``now`` on SQLite), or None if its
+    row is gone (reaped while it stalled: its runs are lost already, and it registers again)."""
     rows = tx.execute(HEARTBEAT, {"me": tx.owner, "now": now}).fetchall()
     return float(rows[0][0]) if rows else None
 
@@ -83,8 +75,10 @@ def drop(tx: Transaction) -> None:
 
 
 def look_around(tx: Transaction, workflows: list[str], now: float) -> Look:
-    """Reap this host's dead owners and find what other processes left to do, for
-    ``workflows``; leases judged by the store's clock (``now`` on SQLite)."""
+    """Reap this host's dead owners and find what is left to do for ``workflows``: their ready
+    suspended instances, their running ones whose owner is dead, and this engine's own cancelled
+    and running ones (the runner recovers those it no longer runs); leases judged by the store's
+    clock (``now`` on SQLite)."""
     me = liveness.current()
     # An owner in this PID namespace whose process is gone is dead at once.
     local = tx.execute(LOCAL_OWNERS, {"host": me.host, "me": tx.owner}).fetchall()

@@ -1,21 +1,12 @@
 """Queues: their claims, counts and pauses, written once for both stores.
 
-A queued instance has ``status = 'queued'``, no owner, its ``queue``,
-``priority`` and ``queued_at`` (when it became runnable). Claiming takes the
-next ones, by priority then ``queued_at``, within the queue's limits, and
-marks them running and owned in the transaction that counted: SQLite's
-write lock, or on PostgreSQL a transaction-scoped advisory lock per queue,
-keeps any other claimer of the queue out between the count and the claim.
-A cancelled instance holds its slot until its run has stopped (see ``RUNNING``).
-Under a rate limit each claim is a row of ``queue_starts``, which the limit
-counts; a claim forgets the rows older than the limit's period.
-A paused queue has a row in ``queue_states`` with ``paused = 1``: a claim reads it
-first, in its transaction and under the same lock, and claims nothing; pausing takes
-that lock too (PostgreSQL), so it waits for a claim under way to commit.
-Under a per-key limit a claim skips the instances of each ``concurrency_key`` that
-holds that many slots already (counting those it took itself), in the queue's order,
-so one key's backlog at the head of the queue does not hold up the other keys.
-"""
+A queued instance has ``status = 'queued'``, no owner, its ``queue``, ``priority`` and
+``queued_at`` (when it became runnable). A claim takes the next ones, by priority then
+``queued_at``, within the queue's limits, and marks them running and owned in the transaction that
+counted: SQLite's write lock, or on PostgreSQL a transaction-scoped advisory lock per queue, keeps
+any other claimer of the queue out between the count and the claim. A paused queue has a row in
+``queue_states`` with ``paused = 1``, which a claim reads first under that lock; pausing takes the
+lock too, so it waits for a claim under way to commit."""
 
 from __future__ import annotations
 
@@ -40,9 +31,7 @@ HOLDS_SLOT = f"(status = 'running' OR ({_CANCELLED_HOLDING}))"
 ANY_QUEUED = (
     "SELECT 1 FROM instances WHERE status = 'queued' AND queue = :queue LIMIT 1"
 )
-#: Whether ``:queue`` is paused (a row, or none).
 PAUSED = "SELECT paused_at FROM queue_states WHERE queue = :queue AND paused = 1"
-#: Every paused queue, with when it was paused.
 PAUSED_ALL = "SELECT queue, paused_at FROM queue_states WHERE paused = 1 ORDER BY queue"
 #: Pause ``:queue`` at ``:at``; a row written (rowcount 1) only if it was not paused.
 PAUSE = """
@@ -54,8 +43,6 @@ WHERE queue_states.paused <> 1
 RESUME = (
     "UPDATE queue_states SET paused = 0, paused_at = NULL WHERE queue = :queue AND paused = 1"
 )
-#: The instances of ``workflows`` a claim of ``:queue`` could take now, limits aside: none
-#: while it is paused.
 COUNT_QUEUED = (
     "SELECT count(*) FROM instances WHERE status = 'queued' AND queue = :queue "
     "AND workflow IN ({workflows}) AND NOT EXISTS ("
@@ -79,10 +66,9 @@ SELECT workflow, instance_id FROM instances
 WHERE queue = :queue AND status = 'queued' AND workflow IN ({workflows})
 ORDER BY priority, queued_at, instance_id LIMIT :n{skip_locked}
 """
-#: The keys of ``:queue`` whose instances hold ``:per_key`` slots or more (``HOLDS_SLOT``,
-# read as ``RUNNING`` reads them: the (queue, status) index, not every keyed instance the
-# queue ever had). ``count(concurrency_key)`` counts keys only, so the group of the
-# instances without one is never at a limit (and a NULL never reaches ``NOT IN``).
+#: The keys of ``:queue`` whose instances hold ``:per_key`` slots or more (``HOLDS_SLOT``, read
+# as ``RUNNING`` reads them). ``count(concurrency_key)`` counts keys only, so the instances
+# without one are never at a limit (and a NULL never reaches ``NOT IN``).
 SATURATED_KEYS = f"""
 SELECT concurrency_key FROM (
     SELECT concurrency_key FROM instances WHERE queue = :queue AND status = 'running'
@@ -90,8 +76,7 @@ SELECT concurrency_key FROM (
     SELECT concurrency_key FROM instances WHERE queue = :queue AND {_CANCELLED_HOLDING}
 ) AS held GROUP BY concurrency_key HAVING count(concurrency_key) >= :per_key
 """
-#: ``NEXT`` under a per-key limit: with each one's key, and none of a key at its limit
-#: (an instance without a key is not limited by it).
+#: ``NEXT`` under a per-key limit: with each one's key, and none of a key at its limit.
 NEXT_KEYED = f"""
 SELECT workflow, instance_id, concurrency_key FROM instances
 WHERE queue = :queue AND status = 'queued' AND workflow IN ({{workflows}})
@@ -130,8 +115,7 @@ _PAUSED_AND_NOW = (
 
 
 def _listing(template: str, workflows: list[str]) -> tuple[str, dict[str, Any]]:
-    """``template`` with its ``{workflows}`` the marks of ``workflows``, and their
-    parameters."""
+    """``template`` with marks for ``workflows`` in its ``{workflows}``, and their parameters."""
     marks = ", ".join(f":w{i}" for i in range(len(workflows)))
     return template.replace("{workflows}", marks), {f"w{i}": w for i, w in enumerate(workflows)}
 
@@ -144,14 +128,13 @@ def _lock(tx: Transaction, queue: str) -> None:
 
 
 def _locking(tx: Transaction, queue: str) -> list[tuple[str, dict[str, Any]]]:
-    """The statement ``_lock`` runs, if the dialect needs one: to run first, in the round
-    trip of what the lock keeps."""
+    """The statement ``_lock`` runs, if the dialect needs one, to run first in the round trip of
+    what the lock keeps."""
     return [(LOCK_QUEUE, {"queue": queue})] if tx.dialect.row_locks else []
 
 
 def any_queued(tx: Transaction, queue: str) -> bool:
-    """Whether ``queue`` has a queued instance: most looks find none, and are answered
-    by this read, before any lock."""
+    """Whether ``queue`` has a queued instance (read before any lock: most looks find none)."""
     return tx.execute(ANY_QUEUED, {"queue": queue}).fetchone() is not None
 
 
@@ -168,21 +151,17 @@ def claim(
     batch: int,
     per_key: int | None = None,
 ) -> Claimed:
-    """Claim up to ``batch`` queued instances of ``queue`` (of ``workflows``) within its limits
-    for this engine, each with its steps, at ``at`` (epoch seconds, UTC); none while the
-    queue is paused.
+    """Claim up to ``batch`` queued instances of ``queue`` (of ``workflows``) for this engine,
+    within its limits, each with its steps, at ``at`` (epoch seconds, UTC); none while paused.
 
-    One claimer of the queue at a time, from its count to its claim (``_lock``);
-    the instances taken are locked as they are read, passing over any another
-    transaction holds. The limits are judged by the store's clock, read once
-    after the lock (``clock`` on SQLite). ``concurrency``: slots of the queue
-    (``RUNNING``); ``per_process``: slots of this engine; ``rate``: ``(count,
-    period)``, starts per period (each claim a row of ``queue_starts``, the rows
-    older than the period forgotten); ``per_key``: no instance of a
-    concurrency key that holds that many slots (with those this claim took) is
-    taken; the next ones of other keys are. The claim commits at the store's
-    durability: its runs act on it at once.
-    """
+    One claimer of the queue at a time, from its count to its claim (``_lock``); the instances
+    taken are locked as they are read, passing over any another transaction holds. The limits are
+    judged by the store's clock, read once after the lock (``clock`` on SQLite): ``concurrency``,
+    slots of the queue (``RUNNING``); ``per_process``, slots of this engine; ``rate``, ``(count,
+    period)`` starts per period (each claim a row of ``queue_starts``; older rows are forgotten);
+    ``per_key``, no instance of a concurrency key holding that many slots (with this claim's) is
+    taken, but the next ones of other keys are, so one key's backlog does not hold up the others.
+    The claim commits at the store's durability: its runs act on it at once."""
     where = {"queue": queue, "me": tx.owner}
     *_, read = tx.execute_each(
         *_locking(tx, queue), (_PAUSED_AND_NOW, {**where, "now": clock()}))
@@ -221,9 +200,8 @@ def claim(
     if room > 0 and per_key is None:
         for workflow, instance_id in tx.execute(text, params).fetchall():
             take(workflow, instance_id)
-    # Rounds: each finds the next ones of the keys below their limit, and takes each
-    # whose key is still below it (this round's takes, running already, are counted).
-    # A round that takes nothing found nothing more to take.
+    # Rounds: each finds the next ones of the keys below their limit, and takes each whose key
+    # is still below it (counting this round's takes); a round that takes nothing ends them.
     text = _listing(NEXT_KEYED, workflows)[0]
     while per_key is not None and len(taken) < room:
         params["n"] = room - len(taken)
@@ -255,13 +233,11 @@ def queued(tx: Transaction, queue: str, workflows: list[str]) -> int:
 
 
 def set_paused(tx: Transaction, queue: str, paused: bool, at: float) -> bool:
-    """Pause ``queue`` (at ``at``: epoch seconds, UTC) or resume it; whether that changed
-    its state.
+    """Pause or resume ``queue`` (at ``at``: epoch seconds, UTC); whether that changed its state.
 
-    Under the claims' lock (``_lock``): a claim under way commits first, and
-    every later one reads the new state. A resume tells the queue's consumers,
-    who look now, as after an enqueue (on SQLite they find it at their next poll).
-    """
+    Under the claims' lock (``_lock``): a claim under way commits first, and every later one reads
+    the new state. A resume tells the queue's consumers, who look now (on SQLite, at their next
+    poll)."""
     _lock(tx, queue)
     text = PAUSE if paused else RESUME
     changed = tx.execute(text, {"queue": queue, "at": iso_utc(at)}).rowcount == 1
@@ -270,10 +246,8 @@ def set_paused(tx: Transaction, queue: str, paused: bool, at: float) -> bool:
     return changed
 
 
-#: What the queue gauges show of ``:queue``: its runnable instances, the ones holding a
-#: slot (judged at ``:now``, counted as a claim counts them: ``RUNNING``, two index range
-#: reads, not a read of every instance the queue ever had), and when the oldest runnable
-#: one became runnable.
+#: What the queue gauges show of ``:queue``: its runnable instances, those holding a slot at
+#: ``:now`` (counted as a claim counts them, ``RUNNING``), and when the oldest became runnable.
 STATS = f"""
 SELECT (SELECT count(*) FROM instances WHERE queue = :queue AND status = 'queued') AS queued,
     ({RUNNING}) AS running,

@@ -1,14 +1,8 @@
-"""The reads of a store: the plain reads of the API (an instance, a workflow's instances,
-an instance's steps) as transaction bodies, and the reads an operator makes
-(``memable list`` and ``show``), for every store.
+"""The reads of a store: the API's plain reads as transaction bodies, and an operator's reads.
 
-Plain SQL that SQLite and PostgreSQL both run, with ``:name`` parameters;
-each store runs it through its own ``read_rows`` (PostgreSQL's turns the
-parameters into its driver's). Nothing here writes. The command line reaches
-these only through the store's methods (``Store.list_view``,
-``Store.inspect``, ``Store.workflows``, ``Store.awaited_signals``,
-``Store.paused_queues``), which each store has from ``OperatorReads``.
-"""
+Plain SQL that SQLite and PostgreSQL both run, with ``:name`` parameters, through each store's own
+``read_rows``; nothing here writes. The command line reaches these only through the store's
+methods, which each store has from ``OperatorReads``."""
 
 from __future__ import annotations
 
@@ -74,8 +68,7 @@ def list_steps(tx: Transaction, workflow: str, instance_id: str) -> list[StepRec
 
 
 def read_rows(tx: Transaction, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-    """The rows of one read-only query (``:name`` parameters), as dicts of their columns:
-    what a store's ``read_rows`` answers (``ReadRows``)."""
+    """The rows of one read-only query (``:name`` parameters) as dicts: a store's ``read_rows``."""
     return _dicts(tx.execute(sql, params))
 
 
@@ -97,7 +90,6 @@ def _owner(row: dict[str, Any]) -> OwnerRow | None:
     return by_name(OwnerRow, _OWNER_COLUMNS, (row[f"owner_{c}"] for c in _OWNER_COLUMNS))
 
 
-#: The columns of a ``StepView``, as ``inspect`` reads them.
 _STEP_VIEW_COLUMNS = tuple(field.name for field in attrs.fields(StepView))
 
 
@@ -178,8 +170,7 @@ def inspect(
 
 
 def queue_look(read: ReadRows, row: InstanceRow, now: float) -> QueueLook | None:
-    """Where the queued instance ``row`` stands in its queue, and who could run it, at
-    ``now`` (epoch seconds)."""
+    """Where the queued instance ``row`` stands in its queue, and who could run it, at ``now``."""
     if row.queue is None:
         return None
     where = {"queue": row.queue, "priority": row.priority or 0,
@@ -217,10 +208,8 @@ def queue_look(read: ReadRows, row: InstanceRow, now: float) -> QueueLook | None
 
 
 def awaited_signals(read: ReadRows, workflow: str, instance_id: str) -> list[str]:
-    """The keys of the suspend points the instance waits on now.
-
-    A finished instance awaits nothing, whatever rows its last run left waiting.
-    """
+    """The keys of the suspend points the instance waits on now (a finished instance awaits
+    nothing, whatever rows its last run left waiting)."""
     rows = read(
         "read the awaited signals",
         "SELECT s.key FROM steps AS s JOIN instances AS i "
@@ -273,10 +262,9 @@ def live_owners(read: ReadRows, now: float) -> list[OwnerRow]:
 
 
 def status_counts(read: ReadRows) -> list[tuple[str, str, int]]:
-    """(workflow, status, instances) for every pair the store holds, by workflow and
-    status: one pass over the index on (workflow, status, created_at, instance_id), or
-    over the table where PostgreSQL's planner prefers it (the one read here that grows
-    with the store)."""
+    """(workflow, status, instances) for every pair the store holds, by workflow and status: one
+    pass over the index on (workflow, status, created_at, instance_id), or over the table where
+    PostgreSQL's planner prefers it (the one read here that grows with the store)."""
     rows = read(
         "count the instances by workflow and status",
         "SELECT workflow, status, count(*) AS n FROM instances "
@@ -308,13 +296,11 @@ def instance_page(
     read: ReadRows, workflow: str | None, status: str | None, id_prefix: str | None,
     offset: int, limit: int,
 ) -> list[InstanceRow]:
-    """One page of instances, newest first (of one workflow, in one status, whose id
-    starts with ``id_prefix``, where given): ``limit`` rows after the first ``offset``.
+    """One page of instances, newest first (of one workflow, in one status, whose id starts with
+    ``id_prefix``, where given): ``limit`` rows after the first ``offset``.
 
-    Walks an index in the page's order, (``created_at``, workflow, id) alone or after
-    the workflow, the status or both, backwards, and stops after ``offset + limit``
-    entries: no sort, no scan of the rest (an id prefix is checked on the way).
-    """
+    Walks an index in the page's order backwards and stops after ``offset + limit`` entries: no
+    sort, no scan of the rest (an id prefix is checked on the way)."""
     where, params = _filter(workflow, status, id_prefix)
     rows = read(
         "list a page of instances",
@@ -331,12 +317,11 @@ def failed_instances(
     read: ReadRows, workflow: str | None, *, id_prefix: str | None = None,
     since: float | None = None, until: float | None = None, limit: int,
 ) -> list[tuple[str, str, str]]:
-    """(workflow, id, when it failed, as stored) of failed instances, oldest failure first:
-    of one workflow, whose id starts with ``id_prefix``, failed at or after ``since`` and
-    at or before ``until`` (epoch seconds, UTC; compared with the stored text as
-    ``iso_utc`` writes it), where given; at most ``limit``. A failed child whose
-    failure was handled (``HANDLED_CHILD``: its parent ended, or raised ChildFailed for
-    it) is left out: a bulk resume leaves it alone."""
+    """(workflow, id, when it failed, as stored) of failed instances, oldest failure first: of one
+    workflow, whose id starts with ``id_prefix``, failed at or after ``since`` and at or before
+    ``until`` (epoch seconds, UTC, compared with the stored ``iso_utc`` text), where given; at most
+    ``limit``. A failed child whose failure was handled (``HANDLED_CHILD``) is left out: a bulk
+    resume leaves it alone."""
     where, params = _filter(workflow, "failed", id_prefix)
     where.append(f"NOT {HANDLED_CHILD}")
     for bound, op in ((since, ">="), (until, "<=")):

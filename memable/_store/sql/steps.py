@@ -1,11 +1,9 @@
 """A run's writes of its own steps and status: each fenced by the instance's owner.
 
-A step write stores the outcome of one step of an instance this engine
-runs, only while the instance is still this engine's (its row kept from a
-takeover until commit): an engine that lost the instance writes nothing,
-and learns so (``LostInstance``). A completed step is never overwritten,
-nor a row of another kind: that is the exactly-once record.
-"""
+A step write stores one step's outcome only while the instance is still this engine's (its row kept
+from a takeover until commit): an engine that lost it writes nothing, and learns so
+(``LostInstance``). A completed step is never overwritten, nor a row of another kind: that is the
+exactly-once record."""
 
 from __future__ import annotations
 
@@ -36,7 +34,6 @@ ON CONFLICT (workflow, instance_id, key) DO UPDATE SET
     traceback = excluded.traceback
 WHERE steps.state <> 'completed' AND steps.kind = excluded.kind
 """
-#: The columns of a ``StoredStep``, as ``SELECT_RUN_STEPS`` and ``SELECT_STEP`` read them.
 STORED_STEP_COLUMNS = (
     "key", "seq", "kind", "state", "result", "result_type", "status", "attempts",
 )
@@ -67,8 +64,7 @@ _SET_IN_FLIGHT = (
 
 
 def save(tx: Transaction, write: StepWrite) -> None:
-    """Store ``write`` (one statement); refused as ``refused`` says when it matched no
-    row."""
+    """Store ``write`` (one statement); when it matched no row, ``refused`` says why."""
     if tx.execute(UPSERT_STEP, step_params(write, tx.owner)).rowcount == 0:
         refused(tx, write)
 
@@ -110,9 +106,8 @@ def set_status(tx: Transaction, workflow: str, instance_id: str, message: str) -
 
 
 def record_in_flight(tx: Transaction, steps: list[tuple[str, str, str, float]]) -> None:
-    """Name each ``(workflow, instance_id, key, started)`` step in flight on its instance
-    (``started``: epoch seconds, UTC), where the instance is still this engine's and
-    running."""
+    """Name each ``(workflow, instance_id, key, started)`` step in flight (``started``: epoch
+    seconds, UTC) on its instance, while that is still this engine's and running."""
     tx.executemany(_SET_IN_FLIGHT, [
         {"workflow": w, "instance_id": i, "key": k, "started": iso_utc(t), "me": tx.owner}
         for w, i, k, t in steps
