@@ -1,8 +1,6 @@
 """An engine started for a test, and the check that it leaked no thread when done.
 
-``memable.testing.running`` and the pytest plugin's ``engine`` fixture are this
-module's ``running``; it needs neither pytest nor freezegun.
-"""
+Behind ``memable.testing.running`` and the pytest fixture; needs neither pytest nor freezegun."""
 
 from __future__ import annotations
 
@@ -28,12 +26,10 @@ def running(
 ) -> Iterator[Engine]:
     """Register ``workflows`` on ``engine``, start it, and check it leaks nothing when done.
 
-    On leaving the block normally: ``wait_all()``, ``close()``, then every
-    thread named ``memable...`` started since entering must have ended (the
-    threads of timed-out steps get ``thread_timeout`` seconds in all);
-    otherwise the test fails (``pytest.fail``) naming them. On an exception
-    the engine is only closed. This is the ``engine`` fixture's body, for an
-    engine you build yourself, e.g. on a file.
+    On leaving the block normally: ``wait_all()``, ``close()``, then every thread named
+    ``memable...`` started since entering must have ended (those of timed-out steps get
+    ``thread_timeout`` seconds in all), or the test fails (``pytest.fail``) naming them. On
+    an exception the engine is only closed. The fixture's body, for an engine of your own.
 
     >>> import os, tempfile
     >>> from memable import Engine
@@ -58,8 +54,7 @@ def running(
 
 
 def _fail(report: str) -> None:
-    """Fail the test with ``report``: ``pytest.fail`` under pytest (no traceback), else
-    ``AssertionError`` (unittest, or a script with freezegun alone)."""
+    """Fail with ``report``: ``pytest.fail`` (no traceback), else ``AssertionError``."""
     try:
         import pytest
     except ImportError:
@@ -72,11 +67,8 @@ def memable_threads() -> set[threading.Thread]:
 
 
 def leaked_threads(before: set[threading.Thread], timeout: float) -> list[threading.Thread]:
-    """The memable threads started since ``before`` that are still alive.
-
-    Threads of timed-out steps are abandoned daemons that end on their own:
-    they get ``timeout`` seconds, in all, to do so.
-    """
+    """The memable threads started since ``before`` still alive; those of timed-out steps
+    (abandoned daemons that end on their own) get ``timeout`` seconds in all to end."""
     deadline = _clock.monotonic() + timeout
     for thread in memable_threads() - before:
         if thread.name.startswith("memable-step"):

@@ -1,25 +1,10 @@
 """The memable pytest plugin: a ``memable_engine`` fixture and ``advance`` for frozen clocks.
 
-pytest loads this module by itself once memable is installed (the ``pytest11``
-entry point ``memable``). It gives every test suite three fixtures:
-
-- ``memable_workflows``: the workflows the ``memable_engine`` fixture registers, by
-  name; ``{}`` unless a conftest overrides it.
-- ``memable_options``: the keyword options of ``Engine.in_memory``; ``{}``
-  unless overridden (e.g. ``{"poll_interval": 60}``).
-- ``memable_engine``: an in-memory ``Engine`` with those workflows, started. At
-  teardown it is drained (``wait_all``) and closed, and a thread named
-  ``memable...`` that the test started and that outlived it fails the test.
-
-and two functions: ``advance(engine, clock, by)`` moves a freezegun clock and
-fires the timers that fell due, and ``running(engine, workflows)`` does for an
-engine of your own (a file-backed one, say) what the ``memable_engine`` fixture
-does. The fixture's old name, ``engine``, works for one more release and warns.
-The ini option ``memable_thread_timeout`` (seconds, 10 by default) bounds how
-long teardown waits for the threads of timed-out steps to end. ``advance``,
-``running`` and ``FrozenClock`` need freezegun alone: without pytest this
-module imports, without the fixtures (``running`` then fails a leak with
-``AssertionError``).
+pytest loads it by itself once memable is installed (the ``pytest11`` entry point
+``memable``); its fixtures (``memable_engine``, ``memable_workflows``, ``memable_options``)
+and ini option ``memable_thread_timeout`` are described in the testing guide. ``advance``,
+``running`` and ``FrozenClock`` need freezegun alone (without pytest, ``running`` fails a
+leak with ``AssertionError``).
 
 >>> from datetime import timedelta
 >>> from freezegun import freeze_time
@@ -71,9 +56,8 @@ _TimerId = tuple[str, str, str]  # (workflow, instance id, timer key)
 class FrozenClock(Protocol):
     """What ``advance`` needs of a clock: the object ``freezegun.freeze_time`` yields.
 
-    That is a ``FrozenDateTimeFactory`` (the default, ``tick=False``), a
-    ``TickingDateTimeFactory`` (``tick=True``) or a ``StepTickTimeFactory``
-    (``auto_tick_seconds``); each has ``tick(delta)``.
+    A ``FrozenDateTimeFactory``, ``TickingDateTimeFactory`` (``tick=True``) or
+    ``StepTickTimeFactory`` (``auto_tick_seconds``): each has ``tick(delta)``.
 
     >>> from datetime import timedelta
     >>> from freezegun import freeze_time
@@ -88,30 +72,20 @@ class FrozenClock(Protocol):
         """Move the clock forward by ``delta``."""
 
 
-# ---------------------------------------------------------------------- helpers
-
-
 def advance(engine: Engine, clock: FrozenClock, by: timedelta | float) -> int:
     """Move the frozen ``clock`` forward by ``by`` and fire the timers that fell due.
 
-    Suspend points' deadlines (``ctx.suspend(key, timeout=...)``) count as timers,
-    and so do each tick of a schedule that runs (``engine.schedule``) and each
-    instance a workflow timeout cancels (``invoke(..., timeout=...)``).
+    Suspend points' deadlines, schedule ticks and workflow timeouts count as timers.
+    ``clock`` is what ``freezegun.freeze_time(...)`` yields (with ``tick=True``, it moves
+    from the time it shows now); ``by`` is a ``timedelta`` or seconds, never negative
+    (``ValueError``). Return how many timers fired; the runs they resume are started, not
+    waited for (follow them with ``inv.result(timeout=...)``). Raise ``NotStarted``, without
+    moving the clock, if ``engine`` is not started.
 
-    ``clock`` is what ``freezegun.freeze_time(...)`` yields (with
-    ``tick=True``, it moves from the time the clock shows now); ``by`` is a
-    ``timedelta`` or seconds, never negative (``ValueError``). Return how many
-    timers fired. The runs they resume are started, not waited for: follow
-    them with ``inv.result(timeout=...)`` or ``inv.wait(timeout=...)``. Raise
-    ``NotStarted``, without moving the clock, if ``engine`` is not started.
-
-    The engine's timer thread may fire a due timer itself the moment the
-    clock moves (it looks at the store every ``poll_interval``, and when a
-    timer is armed). Those count too, if they belong to this engine's
-    workflows and were armed when ``advance`` was called: the number does
-    not depend on which thread won. Call ``advance`` once the runs that arm
-    timers have ended (``inv.wait()``): a run still going may arm one from
-    the clock before or after the move.
+    Timers the engine's timer thread fires itself as the clock moves count too, if of this
+    engine's workflows and armed when ``advance`` was called. Call ``advance`` once the runs
+    that arm timers have ended (``inv.wait()``): a run still going may arm one from the
+    clock before or after the move.
 
     >>> from datetime import timedelta
     >>> from freezegun import freeze_time
@@ -147,16 +121,12 @@ def advance(engine: Engine, clock: FrozenClock, by: timedelta | float) -> int:
     due = {timer for timer, deadline in armed.items() if deadline <= now}
     fired = engine.fire_due_timers()
     _until_fired(engine)
-    # Every timer due now is fired by now: by this call, or by the timer thread
-    # (firing deletes its row). Count those that were armed before. A tick the
-    # timer thread was firing has been too: this call's look at the schedules
-    # waited for it.
+    # Every timer due now is fired by now, by this call or the timer thread (firing deletes
+    # its row): count those armed before. So is a tick the timer thread was firing: this
+    # call's look at the schedules waited for it.
     left = _timers(engine, {(name, instance_id) for name, instance_id, _ in due})
     fired_meanwhile = len(due - set(left))
     return max(fired, fired_meanwhile + len(_ticks(engine) - ticks))
-
-
-# ---------------------------------------------------------------------- private
 
 
 def _delta(by: timedelta | float) -> timedelta:
@@ -177,13 +147,9 @@ def _delta(by: timedelta | float) -> timedelta:
 
 
 def _until_fired(engine: Engine, timeout: float = 10.0) -> None:
-    """Wait until no timer is due any more: another thread's firing has committed.
-
-    A store that claims due timers with ``SKIP LOCKED`` (PostgreSQL) skips
-    the ones the timer thread is firing instead of waiting for them. The
-    store offers no event for another connection's commit, so this looks
-    again every few milliseconds, for ``timeout`` seconds at most.
-    """
+    """Wait, ``timeout`` seconds at most, until no timer is due: a store that claims timers
+    with ``SKIP LOCKED`` (PostgreSQL) skips those the timer thread is firing, and nothing
+    tells of another connection's commit, so this looks again every 5 ms."""
     now = _clock.wall()
     store = access.store(engine)
     pause = threading.Event()
@@ -195,11 +161,8 @@ def _until_fired(engine: Engine, timeout: float = 10.0) -> None:
 
 
 def _move(clock: FrozenClock, delta: timedelta) -> None:
-    """``clock.tick(delta)``; for a ticking freezegun clock, from the time it shows now.
-
-    freezegun's ``TickingDateTimeFactory.tick`` moves from where the clock was
-    last put, dropping the time that ran since; ``move_to`` keeps it.
-    """
+    """``clock.tick(delta)``, from the time a ticking clock shows now: freezegun's
+    ``TickingDateTimeFactory.tick`` moves from where it was last put; ``move_to`` does not."""
     api = sys.modules.get("freezegun.api")  # no freezegun imported: not one of its clocks
     ticking = getattr(api, "TickingDateTimeFactory", None)
     if ticking is not None and isinstance(clock, ticking):
@@ -229,9 +192,8 @@ def _live_instances(engine: Engine) -> set[tuple[str, str]]:
 
 
 def _timers(engine: Engine, instances: set[tuple[str, str]]) -> dict[_TimerId, float]:
-    """The deadline of every armed timer of ``instances`` (a timer, a suspend point's
-    deadline, a retry backoff, and a workflow timeout as the key ``_timeout``, armed until
-    the instance ends), by (workflow, id, key)."""
+    """The deadlines of ``instances``' timers, suspend points, retry backoffs and workflow
+    timeouts (key ``_timeout``, while not ended), by (workflow, id, key)."""
     armed: dict[_TimerId, float] = {}
     store, clock = access.store(engine), access.clock(engine)
     for name, instance_id in sorted(instances):
@@ -244,9 +206,6 @@ def _timers(engine: Engine, instances: set[tuple[str, str]]) -> dict[_TimerId, f
     return armed
 
 
-# The fixtures and the ini option, for pytest (which loads this module through its
-# ``pytest11`` entry point). Without pytest, ``advance``, ``running`` and ``FrozenClock``
-# work with freezegun alone.
 if find_spec("pytest") is not None:
     # pytest finds fixtures and hooks by this module's names.
     from ._pytest_plugin import (  # noqa: F401

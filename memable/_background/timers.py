@@ -1,8 +1,6 @@
 """The timer thread: due timers, the heartbeat, polling the store, recovery.
 
-It knows nothing of the engine: it calls one function, ``tick(poll)``, that
-does the work and answers how many seconds remain until the next deadline.
-"""
+It knows nothing of the engine: it calls ``tick(poll)``, which does the work."""
 
 from __future__ import annotations
 
@@ -19,16 +17,12 @@ Tick = Callable[[bool], "float | None"]
 class BackgroundThread(LoopThread):
     """One named daemon thread per engine that sleeps until the earliest deadline.
 
-    It wakes when that deadline passes, when ``armed()`` reports an earlier
-    one, every ``poll_interval`` seconds to see what other processes wrote
-    (their timers, signals, cancels, dead owners), and when ``stop()`` is
-    called.
+    It wakes when that deadline passes, when ``armed()`` reports an earlier one, every
+    ``poll_interval`` seconds to see what other processes wrote, and at ``stop()``.
 
-    freezegun gives real time to any caller with a frame of an ignored module
-    (``threading`` among them) within five frames of the clock call. The
-    tick reads the wall clock at least five frames of memable below
-    ``threading`` (``run``, ``_loop``, ``_once``, ``_look``, the tick, and the
-    reader), so a frozen test sees this thread keep frozen time.
+    freezegun gives real time to a caller with a frame of an ignored module (``threading``)
+    within five frames of the clock call, so the tick reads the wall clock at least five
+    memable frames below ``threading``: a frozen test sees this thread keep frozen time.
 
     >>> from memable._clock import SYSTEM_CLOCK
     >>> polls = []

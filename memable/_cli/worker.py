@@ -1,12 +1,7 @@
 """``memable worker MODULE:ENGINE``: run a user's engine until SIGINT or SIGTERM.
 
-The worker imports the engine, starts it (recovery, timers, and the poll
-that picks up signals and cancels other processes wrote), logs one line per
-state change, and on SIGINT or SIGTERM takes no new work and lets the runs
-in flight end. A run still going when the grace period ends is left: the
-process exits 1, and the next engine on the store recovers the instance
-(its completed steps stay completed).
-"""
+On a signal the worker takes no new work and lets the runs in flight end; a run still going
+after the grace period is left (exit 1), for the next engine on the store to recover."""
 
 from __future__ import annotations
 
@@ -71,10 +66,8 @@ _STOP = {signal.SIGINT, signal.SIGTERM}
 def _stop_signals() -> Iterator[Callable[[], int]]:
     """Hold SIGINT and SIGTERM for a wait; yield the function that waits for one.
 
-    On POSIX the signals are blocked before any engine thread starts (threads
-    inherit the mask) and taken with ``sigwait``: no handler runs in the
-    middle of other code. Elsewhere a handler notes the signal for a loop.
-    """
+    On POSIX they are blocked before any engine thread starts (threads inherit the mask) and
+    taken with ``sigwait``, so no handler interrupts other code; elsewhere a handler notes one."""
     if hasattr(signal, "pthread_sigmask"):
         old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP)
         try:
@@ -104,16 +97,12 @@ def run_worker(
     load: Callable[[], Engine], *, threads: int | None, grace: float,
     queues: list[str] | None = None, retention: float | None = None,
 ) -> int:
-    """Run the engine ``load()`` makes until SIGINT or SIGTERM, then drain it; return the
-    exit status.
+    """Run the engine ``load()`` makes until SIGINT or SIGTERM, drain it; return the exit code.
 
-    The engine is loaded with the signals already blocked, so every thread its
-    module starts (an OpenTelemetry exporter's, say) inherits the mask and a
-    second signal during the drain is not delivered to one of them, which would
-    end the process at once. ``queues``: the declared queues it consumes (None:
-    the engine's ``queues`` option); ``retention``: seconds finished instances are
-    kept (None: the engine's ``retention`` option).
-    """
+    The engine is loaded with the signals blocked, so every thread its module starts (an
+    OpenTelemetry exporter's, say) inherits the mask: a second signal during the drain
+    cannot reach one and end the process at once. ``queues`` and ``retention`` (seconds)
+    override the engine's options of those names unless None."""
     handler = _log_to_stderr()
     try:
         with _stop_signals() as wait_for_signal:
@@ -123,8 +112,7 @@ def run_worker(
             log.info("worker %d started: %r", os.getpid(), engine)
             signum = wait_for_signal()
             log.info("received %s: taking no new work", signal.Signals(signum).name)
-            # stop() lets the runs in flight end; a thread of its own so the
-            # grace period can run out while it waits.
+            # stop() on a thread of its own, so the grace period can run out while it waits.
             drain = threading.Thread(target=engine.stop, name="memable-drain", daemon=True)
             drain.start()
             left = _drain(engine, drain, grace)
@@ -141,13 +129,9 @@ def run_worker(
 def _drain(engine: Engine, drain: threading.Thread, grace: float) -> int | None:
     """Wait for ``drain`` (engine.stop) up to ``grace`` seconds; None once it ended.
 
-    With nothing in flight it ends at once, whatever the grace. It gives up
-    before the grace ends when every run left is of a cancelled instance
-    (a step that hangs: nothing of it is to be recovered), looking at the
-    store once per poll interval. Else, past the grace, it logs the runs
-    left and returns the exit status: 1 if some are to be recovered by the
-    next engine, 0 if all were cancelled.
-    """
+    It gives up sooner when every run left is of a cancelled instance (a hung step: nothing
+    to recover), looking once per poll interval; else, past the grace, it logs the runs left
+    and returns 1 if the next engine is to recover some, 0 if all were cancelled."""
     deadline = time.monotonic() + grace
     while True:
         runs = access.in_flight(engine)

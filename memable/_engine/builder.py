@@ -66,8 +66,7 @@ class EngineBuilder(Generic[E]):
     def schema(self, name: str) -> EngineBuilder[E]:
         """The PostgreSQL schema that holds the store's tables (default ``"memable"``).
 
-        Two schemas of one database are two stores. A SQLite target refuses
-        it at ``build()``.
+        Two schemas of one database are two stores. A SQLite target refuses it at ``build()``.
 
         >>> from memable import Engine
         >>> Engine.builder().open("jobs.db").schema("jobs").build()
@@ -88,10 +87,8 @@ class EngineBuilder(Generic[E]):
     def synchronous(self, mode: Synchronous) -> EngineBuilder[E]:
         """Set SQLite ``synchronous``: ``"full"`` (default) or the faster ``"normal"``.
 
-        ``"full"`` loses nothing acknowledged even on power loss.
-
-        ``"normal"`` may lose the last commits on power loss or an OS crash,
-        never on a process crash.
+        ``"full"`` loses nothing acknowledged even on power loss; ``"normal"`` may lose the
+        last commits on power loss or an OS crash, never on a process crash.
 
         >>> from memable import Engine
         >>> Engine.builder().in_memory().synchronous("normal").build().close()
@@ -137,9 +134,9 @@ class EngineBuilder(Generic[E]):
     def sleep(self, sleep: Callable[[float], None] | None) -> EngineBuilder[E]:
         """What every retry backoff sleeps with, on the worker; tests pass a fake.
 
-        By default (None) a backoff under a second waits on the worker until
-        a cancel or ``stop()`` interrupts it, and a longer one ends the run
-        and waits as a durable timer (``Suspended("retry <key>")``).
+        By default (None) a backoff under a second waits on the worker until a cancel or
+        ``stop()`` interrupts it; a longer one ends the run and waits as a durable timer
+        (``Suspended("retry <key>")``).
 
         >>> from memable import Engine
         >>> slept = []
@@ -159,11 +156,9 @@ class EngineBuilder(Generic[E]):
     def retention(self, keep: float | timedelta | None) -> EngineBuilder[E]:
         """Keep finished instances this long, then purge them (default None: for ever).
 
-        The engine's retention thread purges completed, failed and cancelled
-        instances that finished longer ago, with their steps and timers, in
-        batches of at most 500 per transaction; never one whose run is in
-        flight, nor one with a child still going. A SQLite file shrinks by the
-        pages they held (incremental auto-vacuum).
+        Completed, failed and cancelled instances are purged with their steps and timers,
+        at most 500 per transaction; never one whose run is in flight, nor one with a child
+        still going. A SQLite file shrinks by their pages (incremental auto-vacuum).
 
         >>> from datetime import timedelta
         >>> from memable import Engine

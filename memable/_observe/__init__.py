@@ -1,12 +1,9 @@
 """Observability: the spans and metrics an engine reports, through OpenTelemetry.
 
-Its one job: one small interface (``base.Telemetry``) that the engine's parts
-call, a version of it that does nothing, and one that speaks the OpenTelemetry
-API (``otel``, imported only when the API is installed): the only package that
-imports ``opentelemetry``.
+Its one job: the interface the engine's parts call (``base.Telemetry``, which does nothing)
+and its OpenTelemetry version (``otel``): the only package that imports ``opentelemetry``.
 
-May import: the value modules; never a store, the runner or the engine.
-"""
+May import: the value modules; never a store, the runner or the engine."""
 
 from __future__ import annotations
 

@@ -1,21 +1,8 @@
 """What an engine reports to tracing and metrics, and the version that does nothing.
 
-``memable._observe.telemetry()`` gives what an engine reports through: with the extra
-``memable-engine[otel]`` (``opentelemetry-api``) installed, spans and
-metrics made through the global tracer and meter providers (whatever the
-application configured with the SDK; with none configured, no span is
-made); without it, ``Telemetry``, which does nothing. ``import memable``
-imports no OpenTelemetry module: ``telemetry()`` imports it (and
-``memable._observe.otel``) when an engine is made.
-
-Spans: ``invoke <workflow>`` (PRODUCER) where an instance is invoked,
-signalled, resumed, started as a child or fired as a tick, whose W3C
-``traceparent`` is stored with the instance (no baggage: it often carries
-user data); ``workflow <name>`` (CONSUMER) for each run, a child of the stored
-context, ended when the run ends (at a suspension too); ``step <key>`` for each
-executed attempt. Metrics: a ``Meter`` named ``memable``; no data point is
-labelled by a step key or an instance id (user strings, unbounded).
-"""
+Without ``opentelemetry-api``, ``telemetry()`` gives this ``Telemetry`` (the spans and
+metrics: the tracing how-to). The stored ``traceparent`` carries no baggage (it often holds
+user data); no data point is labelled by a step key or instance id (user strings, unbounded)."""
 
 from __future__ import annotations
 
@@ -68,8 +55,7 @@ class RunTrace:
         return _NO_STEP
 
     def end(self, outcome: str | None, replayed_steps: int) -> None:
-        """The run ended in ``outcome`` (None: not recorded here, its instance lost), after
-        replaying ``replayed_steps`` stored steps."""
+        """The run ended in ``outcome`` (None: its instance lost) after ``replayed_steps``."""
 
 
 class Produced:
@@ -88,8 +74,7 @@ _NO_RUN = RunTrace()
 
 
 class Telemetry:
-    """What an engine reports: spans and metrics. This one, without OpenTelemetry, does
-    nothing, at the cost of a method call.
+    """What an engine reports: spans and metrics. This one does nothing, for a method call.
 
     >>> telemetry = Telemetry()
     >>> with telemetry.producing("wf") as traceparent:
@@ -101,22 +86,19 @@ class Telemetry:
 
     @property
     def tracing(self) -> bool:
-        """Whether spans are recorded (an application set a tracer provider): else no
-        ``traceparent`` is stored, and none is read to continue a trace."""
+        """Whether spans are recorded: else no ``traceparent`` is stored or read."""
         return False
 
     @contextmanager
     def producing(
         self, workflow: str, parent: str | None = None, instance_id: str | None = None
     ) -> Iterator[str | None]:
-        """A PRODUCER span ``invoke <workflow>`` around the block; yield its traceparent to
-        store with the instance (None: nothing to store). Its parent is the active span,
-        else ``parent`` (the instance's stored context), else none."""
+        """A PRODUCER span ``invoke <workflow>`` around the block, yielding its traceparent
+        (None: nothing to store); its parent is the active span, else ``parent``, else none."""
         yield None
 
     def produce(self, workflow: str, instance_id: str | None = None) -> Produced:
-        """A PRODUCER span ``invoke <workflow>`` started with no parent (a schedule's tick),
-        ended by the caller if the instance was made."""
+        """A parentless PRODUCER span (a tick's), ended by the caller if the instance was made."""
         return _NO_PRODUCED
 
     def run(
@@ -129,8 +111,7 @@ class Telemetry:
         """``memable.runs`` and ``memable.run.duration``."""
 
     def step_ended(self, workflow: str, outcome: str, seconds: float) -> None:
-        """``memable.steps`` (outcome ``completed``, ``failed``, ``timed_out``) and
-        ``memable.step.duration``."""
+        """``memable.steps`` (completed, failed, timed_out) and ``memable.step.duration``."""
 
     def step_retried(self, workflow: str) -> None:
         """``memable.step.retries``."""
@@ -145,6 +126,5 @@ class Telemetry:
         """``memable.timer.lag``: from due to fired."""
 
     def observe_queues(self, read: Callable[[], list[QueueStats]]) -> Callable[[], None]:
-        """The queue gauges read ``read()`` each time the meter collects, until the
-        returned function is called."""
+        """The queue gauges read ``read()`` at each collection, until the returned call."""
         return lambda: None

@@ -1,12 +1,8 @@
 """Child workflows, as a parent's run starts and follows them (``ctx.child``, ``ctx.children``).
 
-``ChildHost`` is what a Context asks of its engine: the registered workflow
-of a child, creating children (in one transaction with the parent's steps
-that wait for them) and starting their runs here, and resuming one. The
-engine side is ``Children``, given the runner's registry, store and a way to
-submit runs; the store's ``finish`` is what settles a parent's step when a
-child ends (see ``memable._store.sql.children``).
-"""
+``ChildHost`` is what a Context asks of its engine (``Children``): creating children, in one
+transaction with the parent's steps that wait for them, running and resuming them. The
+store's ``finish`` settles a parent's step when a child ends."""
 
 from __future__ import annotations
 
@@ -45,8 +41,7 @@ class ChildHost(Protocol):
         """Create the children that do not exist yet and run them here (or queue them).
 
         ``children``: (child id, the parent's key for it, stored input, input
-        value); ``waits``: the parent's steps for them, written with them.
-        """
+        value); ``waits``: the parent's steps for them, written with them."""
 
     def queue_of(self, workflow: Workflow, queue: str | None) -> str | None:
         """The queue a child runs through (``ValueError`` for one not declared)."""
@@ -115,7 +110,6 @@ class Children:
         parent = waits[0]
         started = utc(self._clock)
         now = started.isoformat()
-        # Each child's own workflow timeout, if its workflow was registered with one.
         timeout_at = None if workflow.timeout is None else started.timestamp() + workflow.timeout
         rows = []
         for child_id, key, (text, tag), _ in children:

@@ -1,13 +1,8 @@
 """The claims and recovery: how instances come to run here besides a user's call.
 
-``Claims`` wakes instances (a timer fired, a signal or a child's end, another
-engine's word), claims queued ones (the queue thread), makes instances this engine
-runs (``start_made``), and looks around at each poll: what other engines left
-ready, orphaned or cancelled, and runs of its own whose end was lost. It keeps
-the engine's lease (the heartbeat) and judges its clock against the store's.
-Its ``_claiming`` is guarded by the runner's one lock, the registry's
-(``Registry.lock`` names all it guards).
-"""
+``Claims`` wakes, claims (the queue thread), makes and recovers instances to run here, and
+keeps the lease. ``_claiming`` is guarded by the registry's lock (``Registry.lock`` names
+all it guards)."""
 
 from __future__ import annotations
 
@@ -62,24 +57,18 @@ class Claims:
         self._store = store
         self._telemetry = telemetry
         self.clock = registry.options.clock  # the runner's (see Runner.clock)
-        # Under lock: instances this engine took or made, owned here and not yet
-        # registered as runs: queue claims, invokes, children started, schedule ticks
-        # (see look_around).
+        # Under lock: claims and makes under way, instances ours but not yet runs (look_around).
         self._claiming = 0
         # Made by prepare() under lock, at start; fixed after.
         self.consumer: QueueConsumer | None = None  # claims the queues this engine consumes
         self.dispatcher: Dispatcher | None = None  # the queue thread: consumes queues
         self.background: BackgroundThread | None = None  # the timer thread: tick()
         self._next_heartbeat = 0.0  # wall clock; the background thread's alone
-        # How far the wall clock is from the store's (PostgreSQL's server): start's, then
-        # the background thread's alone (it heartbeats).
+        # The wall clock against the store's: start's, then the background thread's alone.
         self._skew = Skew()
 
-    # ------------------------------------------------------------------ the lifecycle's
-
     def prepare(self, queues: list[QueueSpec]) -> None:
-        """Make the queue consumer (for ``queues``, if any) and the threads (the engine
-        starts; the caller holds the lock)."""
+        """Make the queue consumer (for ``queues``) and the threads; the caller holds the lock."""
         options = self._registry.options
         if queues:
             self.consumer = QueueConsumer(
@@ -94,8 +83,7 @@ class Claims:
         )
 
     def registered(self, now: float, server: float | None) -> None:
-        """The engine's owner row was stored at ``now`` (``server``: the store's clock then):
-        judge the clock, and beat again a third of the lease on."""
+        """The owner row was stored at ``now`` (the store's clock: ``server``): judge the clock."""
         self._judge_clock(now, server)
         self._next_heartbeat = now + self._registry.options.lease / 3
 
@@ -104,17 +92,13 @@ class Claims:
         if self.background is not None:
             self.background.armed()
 
-    # ------------------------------------------------------------------ instances made here
-
     def start_made(
         self, make: Callable[[], Iterable[Made]], *, asked: bool = False
     ) -> list[Watch]:
-        """Store instances this engine runs and start their runs, as one call: ``make``
-        stores them (one store call) and returns those it made to run here; this starts
-        their runs (``asked``: as ``start_run`` does for a user's call, which needs the
-        engine accepting; else while it is started, as ``submit``: children, ticks).
-        Until they are registered, the poll does not take one of them, stored as ours and
-        not yet active, for a run whose end was lost."""
+        """Store instances (``make``: one store call, returning those to run here) and start
+        their runs: ``asked``, as ``start_run`` does for a user's call (the engine
+        accepting); else while started, as ``submit`` (children, ticks). Until they are runs,
+        the poll does not take one, owned here and not active, for a run whose end was lost."""
         with self._lock:
             self._claiming += 1
         try:
@@ -133,8 +117,6 @@ class Claims:
         finally:
             with self._lock:
                 self._claiming -= 1
-
-    # ------------------------------------------------------------------ the queue thread's
 
     def kick(self) -> None:
         """An instance was queued, or a slot freed: the queue thread looks now."""
@@ -165,13 +147,8 @@ class Claims:
         # Stopping: back in the queue, in its place, for the next engine.
         self._store.finish(name, instance_id, RunEnd("queued", self.clock.wall()))
 
-    # ------------------------------------------------------------------ wake-ups
-
     def wake(self, name: str, instance_id: str, claim: Claim = "wake") -> None:
-        """A key the instance may wait on completed (or its owner died): run it.
-
-        Now, or when its active run here ends.
-        """
+        """A key it may wait on completed (or its owner died): run it, now or after its run."""
         workflow = self._registry.workflows.get(name)
         with self._lock:
             active = self._runs.get(name, instance_id)
@@ -179,8 +156,7 @@ class Claims:
                 active.rerun = active.rerun or claim == "wake"
             elif workflow is not None and self._registry.phase == "started":
                 self._runs.submit_locked(workflow, instance_id, None, claim)
-            # Else another engine has the workflow, or this one stopped: the
-            # next poll of whichever engine runs it picks the instance up.
+            # Else the next poll of an engine that runs the workflow picks the instance up.
 
     def ended_by_cancel(self, name: str, instance_id: str, ended: Ended) -> None:
         """A cancel stored (``Store.cancel``, or a workflow timeout): the runs here of the
@@ -200,11 +176,8 @@ class Claims:
         elif background is not None:  # a timer armed (look at deadlines again), or anything
             background.armed() if kind == "timer" else background.poll_soon()
 
-    # ------------------------------------------------------------------ the timer thread's look
-
     def fire_due(self) -> int:
-        """Fire the timers (and schedule ticks) due now and start the runs they resume or
-        make; return how many."""
+        """Fire the timers (and schedule ticks) due now, start the runs they make; how many."""
         self._registry.check_fork()
         with self._lock:
             if self._registry.phase != "started":
@@ -213,8 +186,7 @@ class Claims:
         return fired
 
     def _fire_due(self) -> tuple[int, float, float | None]:
-        """Fire the timers due now, and what the tickers find due; return how many, the
-        wall-clock time used, and the seconds until a ticker needs its next look."""
+        """Fire due timers and ticks: (how many, wall time used, seconds to a ticker's look)."""
         with self._lock:
             self._runs.work_began()
         try:
@@ -229,8 +201,7 @@ class Claims:
                 self._telemetry.timer_fired(fired_at - deadline)
                 self.wake(name, instance_id)
             count, until = len(fired), None
-            # The clock, not ``now``: the store reads it after the instances it judges
-            # (``Store.time_out``), as a frozen test clock may have gone back since.
+            # The clock, not ``now``: ``Store.time_out`` reads it after the instances it judges.
             for out in self._store.time_out(self.clock.wall, self.clock.wall()):
                 log.warning("%s", out.message, extra=where(out.workflow, out.instance_id))
                 self.ended_by_cancel(out.workflow, out.instance_id, out.ended)
@@ -246,8 +217,7 @@ class Claims:
                 self._runs.work_ended()
 
     def tick(self, poll: bool) -> float | None:
-        """Fire due timers (and ticks), and look at the store; return seconds to the next
-        deadline."""
+        """Fire due timers (and ticks), look at the store; return seconds to the next deadline."""
         self._renew()  # first: after an outage, the lease before anything else
         _, now, until = self._fire_due()
         if poll:
@@ -256,18 +226,14 @@ class Claims:
         waits = [w for w in (until, None if deadline is None else deadline - now) if w is not None]
         return min(waits) if waits else None
 
-    # ------------------------------------------------------------------ the lease
-
     def _heartbeat(self) -> None:
-        """Renew the lease, and compare the wall clock with the store's as it did (read
-        here, as ``_fire_due`` reads it: see BackgroundThread on freezegun)."""
+        """Renew the lease and judge the wall clock (read here: see BackgroundThread)."""
         before = self.clock.wall()
         self._judge_clock(before, self._store.heartbeat(before))
 
     def _judge_clock(self, before: float, server: float | None) -> None:
-        """Log a WARNING when the wall clock read at ``before`` (and now) differs from the
-        store's clock ``server`` read between the two (None: the store has none of its
-        own) by more than a second, once per difference (``_clock.Skew``)."""
+        """Log a WARNING, once per difference (``_clock.Skew``), when the wall clock read at
+        ``before`` and now differs by over a second from the store's ``server`` read between."""
         if server is not None and (said := self._skew.judge(before, server,
                                                             self.clock.wall())):
             log.warning("%s", said)
@@ -283,8 +249,6 @@ class Claims:
                      if k and t is not None]
             self._store.record_in_flight(steps)
 
-    # ------------------------------------------------------------------ the poll's look
-
     def look_around(self, now: float) -> None:
         """Run what other engines left ready (and, with recover, orphaned), stop what was
         cancelled, and take back instances owned here whose run's end was lost."""
@@ -299,15 +263,10 @@ class Claims:
                 self.wake(name, instance_id, "recover")
         for name, instance_id in look.cancelled:
             self._runs.cancelled(name, instance_id)
-        # Instances this engine owns but no longer runs (a run whose end could
-        # not be recorded): run them again, or, cancelled, let go of them (and
-        # of their queue's slot). Only when no run here began or ended while the
-        # store was read, and no queue claim is under way: else "owned, and not
-        # active now" may be a run that ended meanwhile, or one claimed and not
-        # yet begun, and the next poll looks again.
+        # Instances ours with no run (its end unrecorded): run them again, or, cancelled, let
+        # go of them and their slot; only if no run here began or ended during the read and no
+        # claim is under way, else "ours, not active" may be a run just ended or not yet begun.
         with self._lock:
-            # A queue claim under way has instances ours in the store and not yet
-            # active here: look again at the next poll.
             if self._runs.turnover != turnover or self._claiming:
                 return
             lost = [key for key in look.mine if self._runs.get(*key) is None]
@@ -318,9 +277,8 @@ class Claims:
                             extra=where(name, instance_id))
                 self.wake(name, instance_id, "recover")
         for name, instance_id in dropped:
-            # Its run stopped on the cancel and could not record that: the release
-            # it would have written (``finish`` of a cancelled instance writes that
-            # alone), so its queue's slot is free and the queue thread looks.
+            # Its run stopped on the cancel without recording it: the release it would have
+            # written (``finish`` of a cancelled instance writes only that) frees the slot.
             log.warning("letting go of a cancelled instance whose run here did not record "
                         "its end", extra=where(name, instance_id))
             self._store.finish(name, instance_id, RunEnd("cancelled", self.clock.wall()))

@@ -1,11 +1,8 @@
 """Fan-out inside a run: the items of ``ctx.step(key).map(fn, items)`` side by side.
 
-Each item is a step of its own (``"{key}[{i}]"``), run by ``Attempts`` on a
-thread of a pool made for the one call and shut down (its threads joined)
-before the call returns. Every item ends before the run goes on: those that
-completed are stored whatever the others did, and what the run does next is
-decided from all of their outcomes (``first_to_raise``).
-"""
+Each item is a step (``"{key}[{i}]"``) run by ``Attempts`` on a pool joined before the call
+returns. Every item ends before the run goes on: those that completed are stored, and what
+the run does next is decided from all outcomes (``first_to_raise``)."""
 
 from __future__ import annotations
 
@@ -37,9 +34,8 @@ def run_items(
 ) -> list[tuple[Any, BaseException | None]]:
     """Run every job, at most ``max_concurrency`` at once; each one's (value, exception).
 
-    The pool's threads are named ``name`` (plus a number) and joined before
-    this returns; a job's exception, ``BaseException`` included, is its
-    outcome, not raised here.
+    The pool's threads are named ``name`` (plus a number); a job's exception,
+    ``BaseException`` included, is its outcome, not raised here.
 
     >>> run_items([lambda: 1, lambda: 1 / 0], 2, "memable-map doc")
     ... # doctest: +ELLIPSIS
@@ -59,10 +55,9 @@ def run_items(
 def first_to_raise(errors: Sequence[BaseException | None]) -> int | None:
     """The index of the item whose exception the run raises, or None if none failed.
 
-    An item whose instance was lost, then one that was cancelled, stop the
-    run; then a wait (a retry backoff that ends the run, or the engine
-    stopping in one), the earliest deadline first; then the first failed
-    item by index, as a failing step would raise it.
+    An item whose instance was lost, then one cancelled, stop the run; then a wait (a retry
+    backoff that ends the run, or the engine stopping in one), the earliest deadline first;
+    then the first failed item by index, as a failing step would raise it.
 
     >>> from memable._store.control import RunCancelled
     >>> first_to_raise([None, ValueError("a"), RunCancelled()]), first_to_raise([None])

@@ -1,8 +1,7 @@
 """Engines made before ``os.fork()``: unusable in the child, with an error that says why.
 
-A forked child shares its parent's store connection, owner id and (dead)
-threads. Every engine notes the fork in its ``ForkGuard`` and refuses every
-call in the child; the parent's engine keeps working.
+A forked child shares its parent's store connection, owner id and (dead) threads: every
+engine's ``ForkGuard`` notes the fork and refuses every call there.
 
 >>> guard = ForkGuard()
 >>> guard.check()

@@ -47,10 +47,8 @@ class Host(Protocol):
 class Watch:
     """The live state of one instance in this engine, shared by its runs and Invocations.
 
-    One exists per instance while anything refers to it (the engine keeps
-    them in a weak dictionary), so every Invocation of an instance sees every
-    run of it, whichever call started the run.
-    """
+    One exists per instance while anything refers to it (the engine keeps them in a weak
+    dictionary), so every Invocation of an instance sees every run of it."""
 
     def __init__(self, workflow: str, instance_id: str) -> None:
         self.workflow = workflow
@@ -59,27 +57,25 @@ class Watch:
         self.cond = threading.Condition()
         self.active = False  # a run of the instance is in progress in this engine
         self.begun = 0  # number of runs that have begun
-        # The last state the active run published; None while its claim is in flight
-        # (until then the stored state is the instance's).
+        # The active run's last state; None while its claim is in flight (the store's holds).
         self.live: WorkflowState | None = Started()
         self.last_end: WorkflowState | None = None  # state the latest run ended in
         self.ended = 0  # number of runs that have ended
         # The output a run here stored with a Completed end it recorded (text, type tag).
         self.output: tuple[str, str | None] | None = None
         self.subscribers: list[deque[tuple[WorkflowState, bool]]] = []
-        # Times the stored row was said to have changed (a cancel, here or from
-        # another engine): waits on the store read it again at once, not at a poll.
+        # Times the stored row was said to have changed (a cancel, here or elsewhere): waits
+        # on the store read it again at once, not at a poll.
         self.stored = 0
 
     def changed(self) -> None:
-        """The instance's stored row changed: whatever waits on the store looks again."""
+        """The stored row changed: whatever waits on the store looks again."""
         with self.cond:
             self.stored += 1
             self.cond.notify_all()
 
     def begin(self, claimed: bool) -> None:
-        """A run starts: ``claimed`` already (the instance is running and ours), or about to
-        claim it, when its state is Started only once ``claimed()`` says so."""
+        """A run starts, its claim made (``claimed``) or to come (Started at ``claimed()``)."""
         with self.cond:
             self.active = True
             self.begun += 1
@@ -103,20 +99,17 @@ class Watch:
     def finish(
         self, state: WorkflowState | None, output: tuple[str, str | None] | None = None
     ) -> None:
-        """The active run ended in ``state`` (already recorded in the store).
+        """The active run ended in ``state`` (stored), with ``output`` if Completed.
 
-        None: the run stopped here without recording an end (the store
-        failed); the instance runs again, and watchers follow it in the store.
-        ``output``: what the run stored with the Completed end it recorded.
-        """
+        None: it stopped unrecorded (the store failed); watchers follow the store."""
         with self.cond:
             if state is not None:
                 self.live = state
             self.last_end = state
             self.output = output if isinstance(state, Completed) else None
             self.ended += 1
-            # The run that goes on after this one (a signal or timer came while
-            # it ran) begins before this one finishes: the instance stays active.
+            # A run that goes on after this one (a signal or timer came while it ran) begins
+            # before this one finishes: the instance stays active.
             self.active = self.begun > self.ended
             for queue in self.subscribers:
                 queue.append((state or self.live or Started(), True))
@@ -194,11 +187,10 @@ class Invocation:
     def wait(self, timeout: float | timedelta | None = None) -> WorkflowState:
         """Wait for the current run to end; return the state it ended in.
 
-        That is Completed, Failed, Cancelled, or Suspended for a run that
-        waits on a timer or signal; never Started. With no run active, return
-        the stored state at once, unless another engine is running the
-        instance: then wait for that run to end. Raise ``TimeoutError`` if
-        the run has not ended in ``timeout`` seconds.
+        That is Completed, Failed, Cancelled, or Suspended for a run that waits on a timer or
+        signal; never Started. With no run active, return the stored state at once, unless
+        another engine is running the instance: then wait for that run to end. Raise
+        ``TimeoutError`` if the run has not ended in ``timeout`` seconds.
 
         >>> from memable import Engine, Failed
         >>> def wf(ctx):
@@ -230,10 +222,8 @@ class Invocation:
             row = self._row()
             if row.status not in ("running", "queued"):
                 return state_of(row)
-            # Running, and not here: another engine has it (or a run here is
-            # about to begin); or queued, until an engine takes it. Look again
-            # when a run here begins or ends, when the row is said to have
-            # changed, or after a poll.
+            # Running elsewhere (or a run here is about to begin), or queued: look again when
+            # a run here begins or ends, when the row is said to have changed, or after a poll.
             if left == 0.0:
                 break
             poll = self._host._poll_interval
@@ -252,10 +242,9 @@ class Invocation:
     def result(self, timeout: float | timedelta | None = None) -> Any:
         """Wait until the instance is terminal and return its output.
 
-        Follows the instance through suspensions and the runs that timers and
-        signals start. The output is rebuilt as the workflow's return
-        annotation says. Raise ``WorkflowFailed`` if the instance ended
-        Failed or Cancelled, ``TimeoutError`` if it is not terminal in time.
+        Follows the instance through suspensions and the runs timers and signals start; the
+        output is rebuilt as the workflow's return annotation says. Raise ``WorkflowFailed``
+        if it ended Failed or Cancelled, ``TimeoutError`` if not terminal in time.
 
         >>> from memable import Engine
         >>> def add(ctx, numbers: list[int]) -> int:
@@ -287,8 +276,7 @@ class Invocation:
             left = remaining()
             if left == 0.0:
                 break
-            # Wake when a run here ends or the row is said to have changed, or
-            # poll for what another process wrote.
+            # Wake when a run here ends or the row changed, or poll for other processes' writes.
             poll = self._host._poll_interval
             with watch.cond:
                 watch.cond.wait_for(

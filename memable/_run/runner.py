@@ -1,13 +1,8 @@
 """The runner: the lifecycle of an engine's runs, from start to stop.
 
-``Runner`` is the composition the engine talks to: the registry (what the engine
-runs, the phase, and the one lock, ``registry.Registry``), the runs in flight
-(``runs.Runs``: the worker pool, each run from submit to recorded end) and the
-claims and recovery (``claims.Claims``: wake-ups, the queue thread, the timer
-thread's look, the lease). It starts, drains and stops them, and the purger. It is
-handed what it needs (a store and the options, with their clock), not the engine;
-``Engine`` is the public face in front of it.
-"""
+``Runner`` composes the registry (what the engine runs, the phase, the one lock), the runs
+in flight (``runs.Runs``) and the claims and recovery (``claims.Claims``), and starts,
+drains and stops them; it is handed a store and the options, not the engine."""
 
 from __future__ import annotations
 
@@ -35,10 +30,8 @@ from .workflow import Made, Workflow
 class Runner:
     """Starts, drains and stops an engine's runs; the engine's one way in to its parts.
 
-    The run path (``Runs`` and what a run uses) needs only a ``RunStore``; the
-    runner and its ``Claims`` hold the whole ``Store`` because the services they
-    host also read what an operator reads (the queue gauges, the queue consumers'
-    warning of unconsumed queues, the schedules, the retention purge).
+    The run path needs only a ``RunStore``; the runner and ``Claims`` hold a whole ``Store``
+    for what their services read as an operator does (queue gauges, schedules, retention).
 
     >>> from memable._run.options import Options
     >>> from memable._sqlite.store import SQLiteStore
@@ -75,16 +68,13 @@ class Runner:
 
     @property
     def clock(self) -> Clock:
-        """The clock the runner reads (the options'); set (a test's, before start), it is
-        the one its runs in flight and claims read too (not the runs' contexts nor the
-        children, which read the options' clock)."""
+        """The runner's clock (the options'); set before start (a test's), runs and claims
+        read it too, but not the runs' contexts nor the children (the options' clock)."""
         return self._clock
 
     @clock.setter
     def clock(self, clock: Clock) -> None:
         self._clock = self.runs.clock = self.claims.clock = clock
-
-    # ------------------------------------------------------------------ the registry's
 
     @property
     def phase(self) -> Phase:
@@ -136,8 +126,6 @@ class Runner:
         """Change options before start (``memable worker --threads``, ``--queues``)."""
         self.registry.set_options(**changes)
 
-    # ------------------------------------------------------------------ lifecycle
-
     def start(self) -> None:
         self.check_fork()
         registry = self.registry
@@ -161,9 +149,8 @@ class Runner:
         self.claims.registered(now, server)
         for ticker in registry.tickers:
             ticker.start(now)
-        # Its first tick fires what fell due while no engine ran, resumes
-        # instances whose awaited signal or timer arrived meanwhile, and (with
-        # recover) those whose owner died.
+        # Its first tick fires what fell due while no engine ran, resumes instances whose
+        # signal or timer arrived meanwhile, and (with recover) those whose owner died.
         assert self.claims.background is not None
         self.claims.background.start()
         if self.claims.dispatcher is not None:
@@ -179,8 +166,7 @@ class Runner:
         log.info("engine started", extra={"workflows": sorted(registry.workflows)})
 
     def queue_stats(self, names: list[str]) -> list[QueueStats]:
-        """What the queue gauges show of the queues this engine consumes (the meter's
-        thread reads them)."""
+        """The queue gauges of the queues this engine consumes (read on the meter's thread)."""
         now = self.clock.wall()
         stats = []
         for name in names:
@@ -220,8 +206,7 @@ class Runner:
             registry.phase = "stopped"
             executor, background = self.runs.executor, self.claims.background
             dispatcher, purger = self.claims.dispatcher, self._purger
-            # Runs waiting out a retry backoff stop waiting (and store the rest
-            # of it as a timer for the next engine).
+            # Runs in a retry backoff stop waiting (the rest is stored as a timer).
             self.runs.interrupt_all()
         self.store.listen(None)
         self._unobserve()
@@ -231,8 +216,7 @@ class Runner:
             purger.stop()
         if background is not None:
             background.stop()
-        # Runs submitted before the phase changed still run; shutdown waits for
-        # them and joins the worker threads.
+        # Runs submitted before the phase changed still run: shutdown waits for them.
         if executor is not None:
             executor.shutdown(wait=True)
             try:
@@ -251,8 +235,6 @@ class Runner:
                 return False
             self.registry.phase = "closed"
         return True
-
-    # ------------------------------------------------------------------ the runs'
 
     def watch(self, workflow: str, instance_id: str) -> Watch:
         return self.runs.watch(workflow, instance_id)
@@ -282,8 +264,6 @@ class Runner:
     def in_flight(self) -> list[tuple[str, str, str | None, float | None]]:
         """(workflow, id, key, since) of each active run (``Runs.in_flight``)."""
         return self.runs.in_flight()
-
-    # ------------------------------------------------------------------ the claims'
 
     def start_made(
         self, make: Callable[[], Iterable[Made]], *, asked: bool = False

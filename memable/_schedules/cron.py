@@ -1,16 +1,7 @@
 """Cron expressions and their ticks: the one adapter over ``cronsim``.
 
-A schedule's expression has five fields (minute, hour, day of month, month,
-day of week) or is one of the ``@`` aliases, and is evaluated in an IANA
-zone (``zoneinfo``). cronsim copies Debian cron's daylight-saving rules. When
-neither the minute nor the hour field starts with ``*`` (a fixed time of
-day, such as ``30 2 * * *`` or ``0 0-23 * * *``), a time in the hour skipped
-in spring runs once, at the end of the gap, and a time in the hour repeated
-in autumn runs once, the first time. When either starts with ``*`` (such as
-``0 * * * *`` or ``*/30 2 * * *``), ticks follow the wall clock through both
-changes: none in the skipped hour, both passes through the repeated one.
-Ticks leave here as aware UTC datetimes.
-"""
+An expression (five fields, or an ``@`` alias) is read in an IANA zone with Debian cron's
+daylight-saving rules (see the schedules how-to); ticks leave here in UTC."""
 
 from __future__ import annotations
 
@@ -121,9 +112,8 @@ class Cron:
 def _plain(moment: datetime) -> datetime:
     """``moment`` (aware) in UTC, as an instance of the standard ``datetime`` class.
 
-    A frozen clock (freezegun) hands out a subclass whose arithmetic and
-    ``astimezone`` drop ``fold``, and with it one of the two ticks of an hour
-    that autumn repeats: cronsim is given the standard class, which keeps it.
+    freezegun's subclass drops ``fold`` in arithmetic and ``astimezone``, and with it one of
+    the two ticks of an hour autumn repeats: cronsim gets the standard class, which keeps it.
 
     >>> type(_plain(datetime(2026, 10, 25, 1, 0, tzinfo=timezone.utc))) is datetime
     True
@@ -151,4 +141,3 @@ def parse_tick(text: str) -> datetime:
     datetime.datetime(2026, 3, 29, 1, 0, tzinfo=datetime.timezone.utc)
     """
     return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
-

@@ -1,16 +1,12 @@
 """One cattrs converter between user values and the JSON text the store keeps.
 
-A stored value is a pair: the JSON text, and a type tag naming the class the
-value had when it was stored (None for values JSON rebuilds by itself: dict,
-list, str, int, float, bool, None). On the way back the type is, in order:
-an explicit ``returns``, the function's return annotation, the tag.
-
-The first run gets the value back as the store rebuilds it, so it sees what
-every replay will see (an ``int`` from a step annotated ``-> float`` is
-``0.0`` on every run). A value that would not come back equal is refused
-rather than mangled: ``{1: "a"}`` without an annotation (JSON keys are
-strings) raises SerializationError.
-"""
+A stored value is the JSON text and a type tag naming the value's class (None for what JSON
+rebuilds by itself: dict, list, str, int, float, bool, None). On the way back the type is,
+in order: an explicit ``returns``, the function's return annotation, the tag. The first run
+gets the value back as rebuilt, so it sees what every replay sees (an ``int`` 0 from a step
+annotated ``-> float`` is ``0.0``). A value that would not come back equal is refused, not
+mangled: ``{1: "a"}`` without an annotation (JSON keys are strings) raises
+SerializationError."""
 
 from __future__ import annotations
 
@@ -45,9 +41,8 @@ HOW_TO_STORE = (
 #: Types JSON rebuilds exactly, so they need no tag.
 _NATIVE: frozenset[type] = frozenset({dict, list, str, int, float, bool, type(None)})
 
-# Classes seen when storing, by tag, so that classes defined inside functions
-# (which no import can reach) still rebuild in this process. Guarded by
-# _types_lock; written when a tag's class changes, read on every tagged decode.
+# Classes stored, by tag, so function-local ones (no import reaches them) rebuild in this
+# process. Written under _types_lock when a tag's class changes; read on every tagged decode.
 _types_lock = threading.Lock()
 _types_by_tag: dict[str, type] = {}
 
@@ -61,8 +56,7 @@ def _type_for_tag(tag: str) -> type:
     if cls is not None:
         return cls
     module_name, _, qualname = tag.partition(":")
-    # Only modules already imported: a tag read from a store file must not
-    # make us import (and run) arbitrary code.
+    # Only imported modules: a tag read from a store must not import (run) arbitrary code.
     obj: Any = sys.modules.get(module_name)
     if obj is None:
         raise TypeError(
@@ -88,14 +82,12 @@ def encode(value: Any) -> tuple[str, str | None]:
         tag = None
     else:
         tag = _tag_of(cls)
-        # The latest class stored under a tag wins: a class defined again (a
-        # function-local class, made anew per call) rebuilds as itself.
+        # The latest class under a tag wins: a function-local class made anew rebuilds as itself.
         if _types_by_tag.get(tag) is not cls:
             with _types_lock:
                 _types_by_tag[tag] = cls
     if tag is None:
-        # JSON-native already (the common step result): the C encoder alone. What
-        # JSON would change (tuples, int keys) is caught by store_form's check.
+        # The common case: the C encoder alone. store_form's check catches what JSON changes.
         try:
             return _dumps(value), None
         except TypeError:  # something inside needs the converter
@@ -103,9 +95,7 @@ def encode(value: Any) -> tuple[str, str | None]:
     return _dumps(converter.unstructure(value)), tag
 
 
-# The C scanner behind json.loads, without its whitespace regexes: stored
-# texts are our own dumps, with nothing around the value. Replay runs this
-# once per stored step.
+# json.loads's C scanner, minus whitespace regexes (our own dumps): replay's per-step decode.
 _scan: Callable[[str, int], tuple[Any, int]] = (
     json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # set in __init__, untyped
 )
@@ -117,8 +107,7 @@ def _builder(hint: Any) -> Callable[[Any], Any]:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if hint in _SCALARS or hint in (dict, list):
         hook = converter.get_structure_hook(hint)
-        # JSON already gives an exact str/bool/dict/list; an int where a float
-        # is meant (or the reverse) still goes through the hook.
+        # JSON gives an exact str/bool/dict/list; an int meant as a float (or back) takes the hook.
         return lambda data: data if type(data) is hint else hook(data, hint)
     if origin in (dict, list) and all(arg is Any for arg in args[1:] or args) and (
         origin is list or args[0] is str
@@ -165,11 +154,8 @@ def _where(key: str) -> dict[str, str]:
 def store_form(
     workflow: str, instance_id: str | None, key: str, value: Any, hint: Any = None
 ) -> tuple[str, str | None, Any]:
-    """Encode ``value`` for the store; return (JSON text, tag, the value as rebuilt).
-
-    Raise SerializationError naming where the value was going if it cannot
-    be stored, or would not come back equal to itself.
-    """
+    """Encode ``value`` for the store; return (JSON text, tag, the value as rebuilt), or raise
+    SerializationError naming where it was going if it cannot be stored or come back equal."""
     try:
         text, tag = encode(value)
     except (TypeError, ValueError, OverflowError, RecursionError) as exc:
@@ -212,8 +198,7 @@ def decode_for(
         ) from exc
 
 
-# Resolved annotations of functions that have any, weakly keyed so that a
-# cache entry never keeps a step closure alive. Written under _hints_lock.
+# Resolved annotations, weakly keyed to keep no closure alive. Written under _hints_lock.
 _hints_lock = threading.Lock()
 _hints_cache: weakref.WeakKeyDictionary[Callable[..., Any], dict[str, Any]] = (
     weakref.WeakKeyDictionary()
@@ -222,8 +207,7 @@ _hints_cache: weakref.WeakKeyDictionary[Callable[..., Any], dict[str, Any]] = (
 
 def hints_of(fn: Callable[..., Any]) -> dict[str, Any]:
     """The resolved annotations of ``fn``; {} where there are none."""
-    # A bound method is a new object at every attribute access: key the cache
-    # on the function underneath, which has the same annotations.
+    # A bound method is a new object at every access: key on the function underneath.
     fn = getattr(fn, "__func__", fn)
     if not getattr(fn, "__annotations__", None):
         return {}  # lambdas and unannotated functions: nothing to resolve

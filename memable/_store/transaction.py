@@ -1,23 +1,9 @@
 """The transaction interface: what a transaction body needs of a store, and nothing else.
 
-Each guarantee a store gives (``memable._store.sql``: create, claim, step
-write, suspend, signal, timer, cancel, finish, queue claim, children, tick,
-fork, retention, owners and leases) is one function of a ``Transaction``,
-written once. Both stores implement the interface, each on its own
-connection, and so can a connection an application hands in.
-
-A body runs statements (``execute``; ``execute_each`` for several whose rows
-it reads, in one round trip where the store can; ``write`` for one whose
-result it does not read, which may share the next one's round trip), locks
-an instance's row before it decides on it (``lock_instance``), and tells
-other engines of a change (``notify``: sent when the transaction commits,
-and never if it rolls back; ``relax_commit`` for a write a crash may undo).
-Statements name their parameters ``:name``; the few words each dialect
-spells differently are written ``{word}`` (see ``Dialect``) and spelled by
-the transaction.
-
-Atomicity is the store's: a body runs inside one transaction, and refuses
-its write by raising an ``EngineError`` or a control exception
+Each guarantee a store gives (``memable._store.sql``) is one function of a ``Transaction``,
+written once; both stores implement it, and so can a connection an application hands in.
+Parameters are ``:name``; words the dialects spell differently are ``{word}`` (``Dialect``).
+A body refuses its write by raising an ``EngineError`` or a control exception
 (``LostInstance``, ``RunCancelled``), which undoes every statement it ran.
 
 >>> SQLITE.spell("SELECT 1 FROM instances WHERE owner = :me{for_update}")
@@ -37,7 +23,6 @@ import attrs
 #: The words a statement writes ``{word}``, and what each dialect makes of them.
 _WORD = re.compile(r"\{(for_update|for_share|skip_locked|share_skip_locked|now_epoch)\}")
 
-
 #: How many spelled statements a dialect keeps (see ``Dialect.spell``).
 SPELLED = 4096
 
@@ -46,12 +31,8 @@ SPELLED = 4096
 class Dialect:
     """How one SQL dialect spells what the two stores' dialects spell differently.
 
-    SQLite serialises writers database-wide, so its transactions need no row
-    locks: each locking clause is empty there. Leases are judged by the
-    store's clock: on SQLite the engine's (the ``:now`` parameter, seconds
-    since the epoch), on PostgreSQL the server's, so hosts whose clocks
-    differ agree.
-    """
+    SQLite serialises writers, so its locking clauses are empty. Leases are judged by the
+    store's clock: SQLite's ``:now`` (the engine's), PostgreSQL's server's, so hosts agree."""
 
     name: str
     #: After a ``SELECT``: lock the rows read against writers until commit.
@@ -67,21 +48,17 @@ class Dialect:
     #: How a statement writes its named parameter ``name``: ``%s`` formats the name.
     parameter: str = ":%s"
     _spelled: dict[str, str] = attrs.field(factory=dict, eq=False, repr=False)
-    #: Whether the database locks rows, not the whole store (PostgreSQL): a body
-    #: locks what it decides by, and what it cannot know before it reads (a queue's
-    #: next instances) by a lock of its own. SQLite serialises writers database-wide.
+    #: Whether the database locks rows (PostgreSQL): a body locks what it decides by, and what
+    #: it cannot know before it reads (a queue's next instances) by a lock of its own.
     row_locks: bool = False
-    #: Whether a statement takes a list as one parameter (an array): a batch of rows is
-    #: then one statement (``unnest``), else one statement per row.
+    #: Whether a list is one parameter (an array): a batch of rows is then one ``unnest``.
     array_parameters: bool = False
 
     def spell(self, template: str) -> str:
         """``template`` in this dialect: its ``{word}`` spelled, its parameters named.
 
-        Cached by text: a body's statements are constants, spelled once. A statement
-        built per call (an ``IN`` list of a purge's batch) is spelled too; the cache
-        starts again once it holds ``SPELLED`` texts, so it never grows without bound.
-        """
+        Cached by text; the cache starts again at ``SPELLED`` texts, so statements built per
+        call (a purge batch's ``IN`` list) never grow it without bound."""
         text = self._spelled.get(template)
         if text is None:
             if len(self._spelled) >= SPELLED:
@@ -131,8 +108,7 @@ class Transaction(Protocol):
     owner: str
 
     def execute(self, template: str, params: Mapping[str, Any] | None = None) -> Cursor:
-        """Run one statement (``:name`` parameters, ``{word}`` spellings) in this
-        transaction."""
+        """Run one statement (``:name`` parameters, ``{word}`` spellings) in this transaction."""
         ...
 
     def executemany(self, template: str, params: Iterable[Mapping[str, Any]]) -> None:
@@ -140,21 +116,16 @@ class Transaction(Protocol):
         ...
 
     def execute_each(self, *statements: tuple[str, Mapping[str, Any]]) -> list[list[Any]]:
-        """Run each ``(template, params)`` in order, in this transaction, and give each
-        one's rows (none for a statement that reads none): in one round trip where the
-        store can. Each statement still sees what those before it did, and what
-        committed before it began: a lock taken by one holds for those after it (and
-        a body that then refuses raises, which undoes them)."""
+        """Run each ``(template, params)`` in order and give each one's rows, in one round trip
+        where the store can. Each sees what those before it did and what committed before it
+        began: a lock taken by one holds for those after it."""
         ...
 
     def write(self, template: str, params: Mapping[str, Any]) -> None:
         """Run one statement whose result the body does not read, in this transaction.
 
-        The store may send it with the transaction's next statement (or its
-        commit), in one round trip, in order: only for a statement that fails
-        only when the store does (no constraint it may break, nothing the body
-        would catch).
-        """
+        The store may send it with the next statement (or the commit), in one round trip, in
+        order: only for one that fails only when the store does (no constraint it may break)."""
         ...
 
     def lock_instance(self, workflow: str, instance_id: str) -> tuple[str, str | None] | None:
@@ -169,10 +140,9 @@ class Transaction(Protocol):
         ...
 
     def relax_commit(self) -> None:
-        """Let this transaction commit without waiting for its flush to disk (where the
-        store can), for a write that a crash may undo without harm: only a suspension
-        that goes on at once (it changes no owner or status; the run's next write
-        commits durably and, the log being one sequence, makes it durable too)."""
+        """Commit without waiting for the flush to disk (where the store can), for a write a
+        crash may undo harmlessly: only a suspension that goes on at once (no owner or status
+        changes; the run's next durable commit makes it durable too, the log being one)."""
         ...
 
 

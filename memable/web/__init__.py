@@ -1,16 +1,11 @@
 """The dashboard: every instance, why it failed, and acting on it, from a browser.
 
-``app(target)`` is a WSGI application over a store (a SQLite file, a
-PostgreSQL URL, or an ``Engine``'s own store) to mount in a Flask or Django
-project behind its own login, or to serve with ``memable ui``. It reads and
-acts only through the store protocol, so it shows a file and a server alike.
-Read-only unless ``allow_actions``; with a ``token``, every page asks for it.
-Needs the extra ``web`` (Werkzeug and Jinja2): ``pip install
-'memable-engine[web]'``.
+``app(target)`` is a WSGI application over a store (a SQLite file, a PostgreSQL URL, or an
+``Engine``'s) to mount in a Flask or Django project behind its own login, or to serve with
+``memable ui``. Needs the extra ``web``: ``pip install 'memable-engine[web]'``.
 
 Imports Werkzeug and Jinja2 (only this package does), the operator views
-(``memable._inspect``) and the store protocol; nothing imports it but the
-``memable ui`` command.
+(``memable._inspect``) and the store protocol; only ``memable ui`` imports it.
 
 >>> from memable import Engine
 >>> from memable.web import app

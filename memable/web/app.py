@@ -1,13 +1,9 @@
 """The dashboard's WSGI application: routes, access, CSRF, actions, and their answers.
 
-``app(target, *, allow_actions=False, token=None)`` makes one. GET pages read
-(``pages``); actions are POSTs, only with ``allow_actions``, each carrying the
-browser's CSRF token, each one store operation of ``memable._store.admin``
-(what ``memable signal``, ``cancel``, ``resume``, ``fork`` and ``queue pause|resume``
-do), answered with a redirect to what it changed. Bad input gets a page that says
-what was wrong, with 400 (a parameter), 404 (an unknown instance or queue) or 409
-(the instance cannot take it now), and changes nothing.
-"""
+Actions are POSTs (only with ``allow_actions``, each with the browser's CSRF token), each
+one operation of ``memable._store.admin``, answered with a redirect to what it changed. Bad
+input gets a page saying what was wrong, with 400 (a parameter), 404 (an unknown instance
+or queue) or 409 (the instance cannot take it now), and changes nothing."""
 
 from __future__ import annotations
 
@@ -72,16 +68,14 @@ def app(
 ) -> Dashboard:
     """The dashboard over the store ``target`` names, as a WSGI application.
 
-    ``target``: a SQLite file or a PostgreSQL URL (which must hold a store;
-    ``schema`` names a PostgreSQL schema other than ``memable``), or an
-    ``Engine``, whose store it shares. Read-only unless ``allow_actions``;
-    with a ``token``, every page answers 401 without it. With
-    ``loopback_only`` (what ``memable ui`` does when it has no token), a
-    request whose ``Host`` is not a loopback name or address (``localhost``,
-    ``127.0.0.1``, ``[::1]``, any port) is 403, and so is an action whose
-    ``Origin`` (or ``Referer``) is not the dashboard's own: a page of a
-    domain rebound to 127.0.0.1 reads and changes nothing. Mounted in an
-    application, that application's own login and host checks guard it.
+    ``target``: a SQLite file or a PostgreSQL URL (which must hold a store; ``schema``
+    names a PostgreSQL schema other than ``memable``), or an ``Engine``, whose store it
+    shares. Read-only unless ``allow_actions``; with a ``token``, every page answers 401
+    without it. With ``loopback_only`` (``memable ui`` without a token), a request whose
+    ``Host`` is not a loopback name or address (``localhost``, ``127.0.0.1``, ``[::1]``,
+    any port) is 403, and so is an action whose ``Origin`` (or ``Referer``) is not the
+    dashboard's own: a page of a domain rebound to 127.0.0.1 reads and changes nothing.
+    Mounted in an application, that application's own login and host checks guard it.
 
     >>> from memable import Engine
     >>> from werkzeug.test import Client
@@ -96,7 +90,6 @@ def app(
     if isinstance(target, Engine):
         if schema is not None:
             raise ValueError("schema is for a PostgreSQL URL, not an Engine")
-        # An engine's dashboard reads its engine's clock; one on a store alone, the system's.
         return Dashboard(access.store(target), allow_actions=allow_actions, token=token,
                          owned=False, loopback_only=loopback_only, clock=access.clock(target))
     if not isinstance(target, (str, os.PathLike)):
@@ -106,8 +99,7 @@ def app(
 
 
 class Dashboard:
-    """A WSGI application showing one store (see ``app``); ``close()`` closes the store
-    it opened."""
+    """A WSGI application showing one store (see ``app``)."""
 
     def __init__(
         self, store: Store, *, allow_actions: bool, token: str | None, owned: bool,
@@ -149,8 +141,6 @@ class Dashboard:
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         return self._answer(Request(environ))(environ, start_response)
-
-    # ------------------------------------------------------------------ answering
 
     def _answer(self, request: Request) -> Response:
         urls = self._routes.bind_to_environ(request.environ)
@@ -199,9 +189,8 @@ class Dashboard:
         except EngineError as exc:  # the store failed: say so, change nothing
             response = page.error(503, str(exc))
         if guard.CSRF_COOKIE not in request.cookies:
-            # Lax, not Strict: a link from another site (a chat, a mail) then brings the
-            # cookie along, so its page does not replace it and break the forms open in
-            # other tabs; a POST from another site still comes without it.
+            # Lax, not Strict: a link from another site brings the cookie along, so its page
+            # keeps the forms of other tabs working; a cross-site POST still comes without it.
             response.set_cookie(guard.CSRF_COOKIE, csrf, httponly=True, samesite="Lax",
                                 path=request.script_root or "/")
         # Everything is the dashboard's own: no inline script, no other origin.
@@ -248,8 +237,7 @@ class _Page:
         return Response("", status=303, headers={"Location": location})
 
     def take_token(self, given: str, token: str) -> Response:
-        """``?token=``: right, keep it in a cookie and show the page without it in the URL;
-        wrong, 401."""
+        """``?token=``: right, keep it in a cookie and redirect to the URL without it; else 401."""
         if not guard.same(given, token):
             return self.error(401, "That token is not this dashboard's.")
         args = {k: v for k, v in self.request.args.items() if k != "token"}
@@ -270,8 +258,6 @@ class _Page:
 
     def _detail_url(self, workflow: str, instance_id: str, done: str | None = None) -> str:
         return self.url("instance", workflow=workflow, id=instance_id, done=done)
-
-    # ------------------------------------------------------------------ pages
 
     def do_overview(self) -> Response:
         done = DONE.get(self.request.args.get("done", ""))
@@ -303,8 +289,6 @@ class _Page:
             return self.error(404, "no such file")
         body = resources.files("memable.web").joinpath("static", name).read_bytes()
         return Response(body, content_type=_STATIC[name])
-
-    # ------------------------------------------------------------------ actions
 
     def do_signal(self) -> Response:
         form = self.request.form
@@ -342,8 +326,7 @@ class _Page:
         return self.redirect(self._detail_url(workflow, new_id, "fork"))
 
     def _queue_arg(self) -> str:
-        """The queue a form names, which the store must know (400 without one, 404 for
-        one it does not know)."""
+        """The queue the form names: 400 without one, 404 for one the store does not know."""
         name = self.request.form.get("queue")
         if not name:
             raise pages.BadRequest("a queue name is needed")

@@ -1,28 +1,21 @@
 """Retention: purging finished instances in batches, written once for both stores.
 
-An instance may go when it is terminal (completed, failed, cancelled), has no
-run in flight or to come (owned by nobody, or by a dead owner: a cancel keeps
-the owner, and an engine that died holding a cancelled instance never clears
-it), completed before the cutoff, has no child that has not ended (or whose
-run is in flight), is not the child of an instance in a run (that run may
-read it, or resume it if it failed), and is not a child its parent waits for
-(the parent has not ended and its step for the child is waiting: the parent
-resumed it, and the child's run is about to start). A batch is ``:limit``
-such instances, found through the index on (status, completed_at), so a
-batch reads about as many rows as it deletes, however many instances are
-kept; the deletes then take their timers, steps and rows by key (the
-primary keys' order: workflow, then the ids of a batch as one IN list).
+An instance may go when it is terminal, completed before the cutoff, and has no run in
+flight or to come (owned by nobody, or by a dead owner: a cancel keeps the owner, and an
+engine that died holding a cancelled instance never clears it); no child not ended (or in a
+run); no parent in a run (that run may read it, or resume it if it failed); and no parent
+waiting for it (its step for the child waiting: the child's run is about to start). A batch
+is ``:limit`` such instances, found through the index on (status, completed_at), so it reads
+about as many rows as it deletes however many are kept; the deletes take timers, steps and
+rows by key (workflow, then the batch's ids as one IN list).
 
-On SQLite the batch's transaction holds the write lock from the choice to
-the commit. On PostgreSQL the chosen rows are locked as they are chosen
-(``CHOOSE``), but the rules read their parents and children in the
-statement's snapshot: a parent's run may take its failed child back, or an
-operator resume a failed parent's child, just after. So the batch then locks
-those parents and children (``FOR SHARE``, passing over rows another
-transaction holds, and keeping back the instances whose family it could not
-lock) and reads the rules again, in a new snapshot: until the commit, no
-run can take a parent or child it judged by.
-"""
+On SQLite the batch's transaction holds the write lock from the choice to the commit. On
+PostgreSQL the chosen rows are locked as chosen (``CHOOSE``), but the rules read parents
+and children in the statement's snapshot: a parent's run may take its failed child back, or
+an operator resume a failed parent's child, just after. So the batch then locks those
+parents and children (``FOR SHARE``, passing over rows another transaction holds and
+keeping back instances whose family it could not lock) and reads the rules again in a new
+snapshot: until the commit, no run can take a parent or child it judged by."""
 
 from __future__ import annotations
 
@@ -66,9 +59,8 @@ LIMIT :limit
 """
 
 
-#: A batch's choice: the rows are this transaction's until it commits (PostgreSQL), rows
-#: another transaction holds passed over, never waited for. (The choice reads one table,
-#: ``i``: the lock is of its rows.)
+#: A batch's choice: its rows locked until commit (PostgreSQL); rows another transaction
+#: holds are passed over, not waited for (it reads one table, ``i``: the lock is of its rows).
 CHOOSE = purgeable() + "{skip_locked}"
 #: The children of some of one workflow's instances (``{ids}``), with their parents.
 CHILDREN = (
@@ -88,25 +80,20 @@ Row = tuple[str, str, str | None, str | None]
 
 
 def any_purgeable(tx: Transaction, before: float, now: float) -> bool:
-    """Whether an instance completed before ``before`` may be purged (leases judged at
-    ``now`` on SQLite; both epoch seconds, UTC): most looks find none, and are answered
-    by this read."""
+    """Whether an instance completed before ``before`` may be purged (leases judged at ``now``
+    on SQLite): most looks find none, and this one read answers them."""
     params = {"before": iso_utc(before), "limit": 1, "now": now}
     return tx.execute(purgeable(), params).fetchone() is not None
 
 
 def purge_batch(tx: Transaction, before: float, limit: int, now: float) -> int:
-    """Delete at most ``limit`` purgeable instances completed before ``before`` (epoch
-    seconds, UTC; compared with the stored ISO 8601 text as ``iso_utc`` writes it), with
-    their timers and steps, in ``tx``; how many.
+    """Delete at most ``limit`` purgeable instances completed before ``before`` (compared as
+    ``iso_utc`` text), with their timers and steps, in ``tx``; return how many.
 
-    Leases are judged by the store's clock (``now`` on SQLite). Where the
-    database locks rows, not the whole store (PostgreSQL), the choice locks
-    its rows, then their parents and children, and the rules are read again
-    (see the module's docstring).
-
-    Timers go first, then steps, then the rows: the order a timer's firing takes
-    them in (timers, then steps), so the two never wait for each other in a ring.
+    Leases are judged by the store's clock (``now`` on SQLite). With row locks (PostgreSQL)
+    the chosen rows' parents and children are locked and the rules read again (see the
+    module's docstring). Timers go first, then steps, then rows: the order a timer's firing
+    takes them in, so the two never wait for each other in a ring.
 
     >>> import sqlite3
     >>> from memable._sqlite.transaction import SQLiteTransaction
@@ -151,14 +138,11 @@ def purge_batch(tx: Transaction, before: float, limit: int, now: float) -> int:
 
 
 def _judged_again(tx: Transaction, chosen: list[Row], params: dict[str, object]) -> list[Row]:
-    """Of the ``chosen`` (locked), those still purgeable once their children and parents
-    are locked too (``FOR SHARE``, passing over rows another transaction holds: the
-    instances whose kin could not all be locked stay), judged in a new snapshot.
-
-    An instance with neither parent nor child is not judged again: its own row is
-    locked (a run that would start a child claims it first), and PostgreSQL reads
-    a locked row's terms again on its newest version. (Each of these statements
-    reads one table, ``c`` or ``p``: the share lock is of its rows.)"""
+    """Of the ``chosen`` (locked), those still purgeable in a new snapshot once their kin are
+    locked too (``FOR SHARE``, skipping rows others hold: one whose kin are not all locked
+    stays). One without kin is not judged again: its own row is locked (a run that would
+    start a child claims it first), and PostgreSQL reads a locked row's terms again on its
+    newest version. (Each statement reads one table, ``c`` or ``p``: the lock is of its rows.)"""
     rows = {(row[0], row[1]): row for row in chosen}
     kept: list[Row] = []
     share = "{share_skip_locked}"
@@ -190,8 +174,7 @@ def _judged_again(tx: Transaction, chosen: list[Row], params: dict[str, object])
 
 
 def _by_workflow(rows: Iterable[Row]) -> list[tuple[str, list[str]]]:
-    """The ids of ``rows`` by workflow, in the primary key's order, in chunks a statement
-    may name."""
+    """The ids of ``rows`` by workflow, in primary-key order, in chunks a statement may name."""
     by_workflow: dict[str, list[str]] = {}
     for workflow, instance_id, _, _ in rows:
         by_workflow.setdefault(workflow, []).append(instance_id)
