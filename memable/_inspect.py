@@ -1,14 +1,8 @@
-"""What the command line shows of a store: instance listings, one instance in full, the
-schedules, and the queues.
+"""What the command line shows of a store: instances, one instance in full, schedules, queues.
 
-Plain reads, through the store's operator reads (``OperatorStore.list_view``,
-``inspect``, ``schedules``, ``live_owners``; see
-``memable._store.sql.reads``), on a store opened by
-``open_existing``, file or PostgreSQL; nothing here writes. The views are
-JSON-ready dicts (stored JSON values decoded, times as stored ISO text) so
-``--json`` prints them as they are and the tables format them. Ages and
-liveness are judged at the ``clock`` each read is given (the command line and
-the dashboard give ``SYSTEM_CLOCK``).
+Reads only, through ``OperatorStore``. The views are JSON-ready dicts (stored JSON decoded,
+times as stored ISO text) that ``--json`` prints as they are. Ages and liveness are judged at
+the ``clock`` each read is given.
 """
 
 from __future__ import annotations
@@ -39,13 +33,8 @@ STATUSES = ("queued", "running", "suspended", "completed", "failed", "cancelled"
 
 
 def open_existing(target: str, schema: str | None = None) -> Store:
-    """Open the store ``target`` names, which must exist (a tool never creates one).
-
-    A path must be a file that is a memable store; a PostgreSQL URL's schema
-    (``schema``, default ``memable``) must hold one. A target ``Engine.open``
-    refuses (a scheme memable does not open) is refused alike, and so is
-    ``sqlite://``: a store in memory, which no tool can see.
-    """
+    """Open the store ``target`` names, which must exist (a tool never creates one): a file,
+    or a PostgreSQL URL's ``schema``; a store in memory (``sqlite://``) is refused."""
     path = resolve_target(target)
     if path is None:
         raise StorageError(
@@ -75,8 +64,7 @@ def list_instances(
     store: OperatorStore, workflow: str | None = None, status: str | None = None,
     schedule: str | None = None, *, clock: Clock,
 ) -> list[dict[str, Any]]:
-    """Instances, oldest first, optionally of one workflow, in one status, and the ticks of
-    one schedule."""
+    """Instances, oldest first, optionally of one workflow, status and schedule."""
     now = utc(clock)
     listed = []
     for row, owner in store.list_view(workflow, status, schedule):
@@ -102,17 +90,8 @@ def list_instances(
 def list_schedules(
     store: OperatorStore, *, clock: Clock
 ) -> tuple[list[dict[str, Any]], list[str]]:
-    """Every schedule the store knows, by name, and a note for each whose next tick cannot
-    be told here.
-
-    Each: its stored declaration (cron, zone, workflow), its last tick (the
-    newest accounted for: run, skipped or missed) and its next one (the first
-    after now, its last tick and when it began counting, whichever is latest;
-    ticks as their instances name them), the ticks skipped and missed, and
-    how many running engines declare it (judged by the declarations each
-    stores with its owner row): none is ``declared`` False, and no tick fires
-    until one does.
-    """
+    """Every schedule the store knows, by name, and a note for each whose next tick cannot be
+    told here. ``engines``: how many running engines declare it (none: no tick fires)."""
     rows = store.schedules()  # before the owners: an engine stores its owner row first
     now = clock.wall()
     owners = store.live_owners(now)
@@ -135,8 +114,7 @@ def list_schedules(
 
 
 def _next_tick(row: ScheduleRow, now: datetime) -> str | None:
-    """The schedule's next tick as its instance names it; ValueError if the stored cron,
-    zone or last tick cannot be read here."""
+    """The schedule's next tick as its instance names it; ValueError if unreadable here."""
     start = now
     if row.last_tick is not None:
         start = max(start, parse_tick(row.last_tick))
@@ -149,13 +127,8 @@ def _next_tick(row: ScheduleRow, now: datetime) -> str | None:
 def show_instance(
     store: OperatorStore, workflow: str, instance_id: str, *, full: bool = False, clock: Clock,
 ) -> dict[str, Any]:
-    """One instance: its row, owner, step in flight, steps, pending timers, awaited signals,
-    parent and children.
-
-    Values longer than ``CUT`` characters of JSON are cut unless ``full``:
-    the view holds the first ``CUT`` characters of their JSON text instead,
-    and ``view["cut"]`` maps each one's place to its whole length.
-    """
+    """One instance in full. Unless ``full``, a value longer than ``CUT`` characters of JSON
+    is cut to them, and ``view["cut"]`` maps each cut value's place to its whole length."""
     now = clock.wall()
     found = store.inspect(workflow, instance_id, now)
     if found is None:
@@ -209,8 +182,7 @@ def show_instance(
 
 
 def _executed(steps: list[dict[str, Any]], row: InstanceRow) -> dict[str, Any] | None:
-    """The step whose execution the last recovery lost, with its executions so far and
-    why one was lost (``executed 2x: engine host:pid died during it``), or None."""
+    """The step whose execution the last recovery lost, its executions and why, or None."""
     step = next((s for s in steps if s["key"] == row.lost_step and s["kind"] == "step"), None)
     if step is None or row.lost_by is None:
         return None
@@ -220,9 +192,8 @@ def _executed(steps: list[dict[str, Any]], row: InstanceRow) -> dict[str, Any] |
 
 def _waiting_in(row: InstanceRow, look: QueueLook) -> dict[str, Any]:
     """Where a queued instance stands and why it has not started, judged by what the live
-    engines declare they run (stored with their owner rows)."""
+    engines declare."""
     queue, workflow = row.queue, row.workflow
-    # (owner, what it runs, its declaration of the queue) of each engine consuming it.
     consumers = [
         (owner, declared, spec)
         for owner in look.live
@@ -250,8 +221,7 @@ def _limit_reached(
     look: QueueLook, runners: list[tuple[OwnerRow, QueueSpec]], running: int,
     key: str | None,
 ) -> str | None:
-    """The queue's limit that keeps it (with the concurrency key ``key``) from starting
-    now, if any."""
+    """The queue's limit that keeps it (with concurrency key ``key``) from starting now."""
     spec = runners[0][1]  # declare a queue the same way everywhere
     if spec.concurrency is not None and running >= spec.concurrency:
         return f"queue full: {running} of {spec.concurrency} running"
@@ -270,8 +240,8 @@ def _limit_reached(
 
 
 def declared_queues(store: OperatorStore, now: float) -> dict[str, tuple[QueueSpec, int]]:
-    """Each queue a running engine consumes: its limits as declared (declare a queue the
-    same way everywhere: the first found), and how many running engines consume it."""
+    """Each queue a running engine consumes: its limits (the first declaration found), and how
+    many running engines consume it."""
     found: dict[str, tuple[QueueSpec, int]] = {}
     for declared in Declarations.all_of(owner.declares for owner in store.live_owners(now)):
         for spec in declared.queues:
@@ -281,21 +251,14 @@ def declared_queues(store: OperatorStore, now: float) -> dict[str, tuple[QueueSp
 
 
 def known_queues(store: OperatorStore, *, clock: Clock) -> list[str]:
-    """The names of the queues the store knows, in order: those it has instances of,
-    those a running engine consumes, and those stored as paused."""
+    """The queues the store knows (with instances, consumed, or paused), sorted."""
     declared = declared_queues(store, clock.wall())
     return sorted(set(store.queue_names()) | set(declared) | set(store.paused_queues()))
 
 
 def list_queues(store: OperatorStore, *, clock: Clock) -> list[dict[str, Any]]:
-    """Every queue the store knows, by name: those it has instances of, those a running
-    engine consumes, and those stored as paused.
-
-    Each: its queued (runnable) and running instances (holding a slot), when the
-    oldest queued one became runnable, whether it is paused and since when, its
-    limits as the running engines that consume it declare them (None: no running
-    engine consumes it) and how many such engines there are.
-    """
+    """Every queue ``known_queues`` names, with its counts, pause, declared limits (None: no
+    running engine consumes it) and consuming engines."""
     now = clock.wall()
     declared = declared_queues(store, now)
     paused = store.paused_queues()
@@ -342,8 +305,8 @@ def limits_text(limits: dict[str, Any] | None) -> str:
 
 
 def _due(deadline: float) -> str:
-    """A timer's deadline as ISO text; one past the calendar (stored by an older memable,
-    which took any number) as the seconds it holds.
+    """A timer's deadline as ISO text; one past the calendar (an older memable took any) as
+    seconds.
 
     >>> _due(0.0)
     '1970-01-01T00:00:00+00:00'
@@ -357,8 +320,8 @@ def _due(deadline: float) -> str:
 
 
 def _owner(owner_id: str, row: OwnerRow | None, now: float) -> dict[str, Any]:
-    """Who runs the instance, and whether it lives: judged by pid where this process can
-    see it (same host, boot and PID namespace), else by its lease at ``now``."""
+    """Who runs the instance, and whether it lives: by pid where this process can see it,
+    else by its lease at ``now``."""
     if row is None:  # its engine stopped, or another took its instances over
         return {"id": owner_id, "host": None, "pid": None, "alive": False, "judged_by": "gone"}
     lease_ends = row.heartbeat + row.lease
@@ -400,8 +363,7 @@ def _cut_large(view: dict[str, Any]) -> dict[str, int]:
 
 def raise_unknown(store: OperatorStore, workflow: str, instance_id: str) -> NoReturn:
     """Raise InstanceNotFound, or WorkflowNotFound (with a guess) if no instance has that
-    workflow; either names ``instance_id`` unless it is ``""`` (a command about the
-    workflow as a whole)."""
+    workflow; ``instance_id`` ``""``: a command about the whole workflow."""
     names = store.workflows()
     if workflow in names:
         raise InstanceNotFound(workflow, instance_id)

@@ -1,9 +1,5 @@
-"""The fixtures of memable's pytest plugin and its ini option (see ``memable.testing``).
-
-``memable.testing``, the module pytest loads (the ``pytest11`` entry point
-``memable``), imports these only when pytest is installed: its ``advance``,
-``running`` and ``FrozenClock`` need freezegun alone.
-"""
+"""The fixtures of memable's pytest plugin and its ini option, which ``memable.testing`` (the
+``pytest11`` entry point) imports only when pytest is installed."""
 
 from __future__ import annotations
 
@@ -15,8 +11,6 @@ import pytest
 
 from ._engine.engine import Engine
 from ._running import THREAD_TIMEOUT, THREAD_TIMEOUT_INI, running
-
-# ---------------------------------------------------------------------- fixtures
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -33,8 +27,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def memable_workflows() -> Mapping[str, Callable[..., Any]]:
     """The workflows the ``memable_engine`` fixture registers, by name: none unless overridden.
 
-    Override it in a ``conftest.py`` (or a test module, or a class) to return
-    ``{"ship": ship, ...}``.
+    Override it (in a ``conftest.py``, a module or a class) to return ``{"ship": ship, ...}``.
     """
     return {}
 
@@ -43,9 +36,8 @@ def memable_workflows() -> Mapping[str, Callable[..., Any]]:
 def memable_configure() -> Callable[[Engine], None] | None:
     """A function that sets up the ``memable_engine`` before it starts: none unless overridden.
 
-    Override it to return your app's own ``configure(engine)``, which
-    declares queues (``engine.queue``) and registers workflows on them; it
-    runs before the workflows of ``memable_workflows`` are registered.
+    Override it to return your app's own ``configure(engine)`` (queues, workflows on them); it
+    runs before ``memable_workflows`` are registered.
     """
     return None
 
@@ -69,12 +61,10 @@ def memable_engine(
     """A started in-memory ``Engine`` with ``memable_workflows``, built with ``memable_options``
     and set up by ``memable_configure``.
 
-    At teardown the engine is drained (``wait_all``: runs in flight, and runs
-    that due timers and signals start, end) and closed. Then every thread
-    whose name starts with ``memable`` and that was started during the test
-    must have ended: the threads of timed-out steps get
-    ``memable_thread_timeout`` seconds (ini option, 10 by default) to end on
-    their own; a thread still alive fails the test, by name.
+    At teardown the engine is drained (``wait_all``) and closed. Then every ``memable`` thread
+    started during the test must have ended: timed-out steps' threads get
+    ``memable_thread_timeout`` seconds (ini option, default 10); one still alive fails the
+    test, by name.
     """
     timeout = _thread_timeout(request.config)
     engine = Engine.in_memory(**memable_options)
@@ -90,11 +80,8 @@ def memable_engine(
 
 @pytest.fixture
 def engine(memable_engine: Engine) -> Engine:
-    """Deprecated: the old name of ``memable_engine``, kept for one release.
-
-    Many projects have an ``engine`` fixture of their own (SQLAlchemy's, say);
-    a project's own fixture of that name wins over this one.
-    """
+    """Deprecated: the old name of ``memable_engine``, kept for one release (a project's own
+    ``engine`` fixture wins over it)."""
     warnings.warn(
         "the memable fixture 'engine' is now 'memable_engine'; the old name goes in the "
         "next release",
@@ -102,7 +89,6 @@ def engine(memable_engine: Engine) -> Engine:
         stacklevel=2,
     )
     return memable_engine
-
 
 
 def _thread_timeout(config: pytest.Config) -> float:

@@ -1,10 +1,9 @@
 """Queue declarations (``engine.queue``) and which of them an engine consumes. No I/O.
 
-A queue's limits are enforced by each engine that consumes it, when it
-claims, through the store (see ``memable._store.sql.queues``): ``concurrency`` counts the
-queue's running instances across every engine, ``per_process`` those of
-this engine, ``rate`` the claims in the last ``period`` seconds, and
-``per_key`` the running instances of each ``concurrency_key``.
+Each consuming engine enforces the limits when it claims (``memable._store.sql.queues``):
+``concurrency`` counts the queue's running instances across engines, ``per_process`` this
+engine's, ``rate`` the claims in the last ``period`` seconds, ``per_key`` each
+``concurrency_key``'s.
 """
 
 from __future__ import annotations
@@ -59,7 +58,6 @@ class QueueSpec:
     concurrency: int | None = None
     per_process: int | None = None
     rate: tuple[int, float] | None = None
-    #: At most that many instances with one ``concurrency_key`` run at once.
     per_key: int | None = None
 
     @classmethod
@@ -142,11 +140,8 @@ def check_priority(priority: Any) -> int:
 
 @attrs.frozen
 class Declarations:
-    """What one engine runs, stored with its owner row (as JSON) for tools to read.
-
-    ``workflows``: the names it registered; ``queues``: the queues it consumes,
-    with their limits as it declared them; ``schedules``: the schedules it
-    declared, each as ``[cron, zone]``.
+    """What one engine runs (its workflows, consumed queues, and schedules as ``[cron, zone]``),
+    stored with its owner row as JSON for tools to read.
 
     >>> import json
     >>> declared = Declarations(["charge"], [QueueSpec("payments", concurrency=2)])
@@ -176,7 +171,7 @@ class Declarations:
 
     @staticmethod
     def all_of(texts: Iterable[str | None]) -> list[Declarations]:
-        """The declarations stored as each of ``texts`` that can be read (owner rows')."""
+        """The readable declarations of ``texts``."""
         return [declared for declared in map(Declarations.from_json, texts) if declared]
 
 

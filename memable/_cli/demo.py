@@ -41,7 +41,7 @@ class _Shop:
 
     def __init__(self, say: Callable[[str], None]) -> None:
         self._say = say
-        # _lock guards executions and _charged: step functions run on worker threads.
+        # _lock guards executions and _charged (step functions run on worker threads).
         self._lock = threading.Lock()
         self.executions: list[str] = []
         self._charged: set[int] = set()
@@ -79,15 +79,8 @@ class _OneLine(logging.Formatter):
 
 @contextmanager
 def _one_line_logs() -> Iterator[None]:
-    """While the demo runs, show the engine's warnings in one line on stderr.
-
-    The engine logs the failure the demo makes on purpose at WARNING, with its
-    traceback. Where no handler would take the record, Python's last-resort
-    handler prints it, traceback and all; the demo gives the ``memable``
-    logger a one-line handler instead, and removes it afterwards. Where
-    logging is configured (a handler on ``memable`` or above it), the
-    records go there as configured and the demo adds nothing.
-    """
+    """While the demo runs, show the engine's warnings in one line on stderr, instead of the
+    last-resort handler's traceback; where logging is configured, add nothing."""
     if log.hasHandlers():
         yield
         return
@@ -106,9 +99,7 @@ def run_demo(path: str | os.PathLike[str], say: Callable[[str], None] = print) -
     shop = _Shop(say)
 
     def reach(ctx: Context, key: str, fn: Callable[[Order], T], order: Order) -> T:
-        # A step function says "executing" when it runs; a step it did not run
-        # for was served from the store. Either way the line comes as the
-        # workflow reaches the step, so the lines are in step order.
+        # A step not executed was served from the store; either way, the line comes in order.
         before = shop.executed(key)
         result = ctx.step(key).run(fn, order)
         if shop.executed(key) == before:

@@ -1,46 +1,20 @@
 """Connections to a PostgreSQL store's server: a pool, retries, and no secrets in messages.
 
-Connections come from a ``psycopg_pool`` pool, in autocommit mode: a
-one-statement operation is its own transaction (one round trip), a several-
-statement one runs between a ``BEGIN`` and a ``COMMIT`` of its own. Inside ``session()`` (one run,
-on its worker thread) every operation of the thread uses the one connection
-it took first, and gives it back at the end: no pool hand-over per step.
-An operation that meets a lost connection, a serialization failure or a
-deadlock is tried again on a fresh connection, with backoff, for up to
-``RETRY_FOR`` seconds.
+Connections come from a pool, in autocommit mode; in a ``session()`` (one run) the thread's
+operations share one. A lost connection, serialization failure or deadlock is retried on a
+fresh connection, with backoff. Messages name the server by ``schema.describe``.
 
-A transaction costs no round trip of its own: its ``BEGIN`` goes with the
-body's first statement, and what only matters once it commits (its NOTIFYs,
-a relaxed durability) goes with its ``COMMIT`` (``Opening``; statements that
-share a round trip go as one text, each planned once per connection:
-``batch``).
+A lost ``COMMIT`` is decided by one rule: the transaction learned its id and server process
+with its ``BEGIN``; the process is ended if still there, and ``txid_status`` says whether the
+id committed: if so, the answer computed is the operation's, else it runs again (as it does
+after a connection lost before the ``COMMIT``). A one-statement operation is a read or a
+fenced upsert that answers alike twice: it simply runs again.
 
-The commit outcome of a write whose connection went during its ``COMMIT`` is
-unknown; one rule decides it, here. A transaction learns its id and its
-server process with its ``BEGIN`` (the same round trip); after a lost
-``COMMIT``, that process is ended if it is still there and the server says
-whether the id committed (``txid_status``): if it did, the answer the
-transaction computed is the operation's, else the operation runs again. A
-connection lost before the ``COMMIT`` was sent ended the transaction
-uncommitted: it runs again. A one-statement operation (``transaction=False``)
-is a read, or a write whose second run writes and answers as the first did
-(a fenced upsert): it simply runs again.
-Every message names the server by ``schema.describe``: never the
-URL's password.
-
-A store outage (connections lost or refused) is the engine's lease's
-business: once the engine holds one (``renewed``), a run's operation (in a
-``session``) retries across lost connections until the lease is known lost
-(no heartbeat committed for ``LEASE_USED`` of ``lease`` seconds, so that it
-stops before another engine may take over), then raises ``LeaseLost``;
-every other operation stops retrying then too, so ``stop()`` returns within
-the lease. Each write is fenced by its SQL (the instance is still this
-engine's), so a retried write of a run whose lease was in fact lost writes
-nothing. The pool does not reconnect on its own schedule (its backoff grows
-to many seconds, past a lease): the operations waiting for a connection ask
-it for one, with their own short backoff. One WARNING says the connection
-was lost, one INFO line that it is back; the pool's own log lines of the
-outage (one per try) are demoted to DEBUG.
+An outage is the lease's business: once the engine holds one (``renewed``), an operation
+retries until the lease is known lost (``LEASE_USED``), then a run's raises ``LeaseLost`` and
+others stop, so ``stop()`` returns within the lease; writes are fenced, so a late retry writes
+nothing. One WARNING says the connection was lost, one INFO that it is back; the pool's
+per-try lines are demoted to DEBUG.
 """
 
 from __future__ import annotations
@@ -70,14 +44,12 @@ Cursor = psycopg.Cursor[Any]
 #: Seconds an operation is tried again across lost connections before it fails.
 RETRY_FOR = 30.0
 
-#: Longest wait for a pooled connection, and longest backoff between tries: the pool
-#: gives up a connect that fails without waking its waiters, and connects again when
-#: asked, so each wait that ends (and is tried again) asks it to.
+#: Longest wait for a pooled connection, and longest backoff between tries: the pool gives up a
+#: failed connect without waking its waiters and connects again when asked, so each retry asks.
 OUTAGE_WAIT = 0.5
-#: The part of a lease an outage may use up before the lease counts as lost here: the
-#: rest is for the last attempts to end, and for a server clock a little faster than
-#: this host's, so a run stops (and ``stop()`` returns) before another engine may take
-#: its instance over.
+#: The part of a lease an outage may use before the lease counts as lost: the rest is for the
+#: last attempts, and a server clock a little fast, so a run stops before another engine may
+#: take its instance over.
 LEASE_USED = 0.9
 #: Numbers the pools of this process (their names, and their threads', say whose).
 _POOLS = itertools.count(1)
@@ -86,26 +58,16 @@ _INSIDE = threading.local()
 
 
 class Opening:
-    """The transaction ``Connections`` holds open on a connection for one operation.
-
-    Nothing is sent until the body's first statement, which goes with the
-    ``BEGIN`` (and the question of the transaction's id and server process) in
-    one round trip; what only matters once the transaction commits
-    (``at_commit``: NOTIFYs, a relaxed durability) is sent with the ``COMMIT``.
-    A statement whose result the body does not read (``later``) waits for the
-    next one, or the ``COMMIT``, and shares its round trip. Statements that
-    share a round trip go as one text (``batch``). Used by one thread, the
-    operation's.
-    """
+    """The transaction held open for one operation, costing no round trip of its own: the
+    ``BEGIN`` (asking its id and process) goes with the first statement, ``at_commit`` with the
+    ``COMMIT``, ``later`` with the next statement; each round trip is one text (``batch``)."""
 
     __slots__ = ("at_commit", "begun", "later", "pid", "xid")
 
     def __init__(self) -> None:
         self.begun = False
         self.xid = self.pid = 0
-        #: Statements to send just before the ``COMMIT``, in its round trip.
         self.at_commit: list[batch.Statement] = []
-        #: Statements whose results nobody reads, to send with the next one.
         self.later: list[batch.Statement] = []
 
     def commit(self, conn: psycopg.Connection[Any]) -> None:
@@ -115,15 +77,13 @@ class Opening:
     def execute(
         self, conn: psycopg.Connection[Any], sql: str, params: batch.Parameters
     ) -> batch.Read:
-        """Run ``sql`` in this transaction: with what waits, and its ``BEGIN`` if it is
-        the first, in one round trip."""
+        """Run ``sql`` in this transaction, in one round trip with what waits."""
         return self._send(conn, [(sql, params)])[0]
 
     def execute_each(
         self, conn: psycopg.Connection[Any], statements: list[batch.Statement]
     ) -> list[list[Any]]:
-        """Run each of ``statements`` in this transaction (with what waits, and its
-        ``BEGIN`` if they are the first), in one round trip; each one's rows."""
+        """Run ``statements`` in this transaction in one round trip; each one's rows."""
         return [read.rows for read in self._send(conn, statements)]
 
     def flush(self, conn: psycopg.Connection[Any]) -> None:
@@ -132,8 +92,8 @@ class Opening:
 
     def _send(self, conn: psycopg.Connection[Any], statements: list[batch.Statement]) -> list[
             batch.Read]:
-        """Send the ``BEGIN`` if nothing was sent yet, what waits, then ``statements``, in
-        one round trip; what each of ``statements`` read."""
+        """Send the ``BEGIN`` (if not sent yet), what waits and ``statements`` in one round trip;
+        what each of ``statements`` read."""
         first: list[batch.Statement] = [] if self.begun else [("BEGIN", None), (_ASK_XID, None)]
         reads = batch.send(conn, [*first, *self.later, *statements])
         if first:
@@ -152,8 +112,7 @@ class Connection(psycopg.Connection[Any]):
     open on it (None between operations, and in a one-statement operation)."""
 
     opening: Opening | None = None
-    #: The store prepares its statements on it (``batch``).
-    prepares = True
+    prepares = True  # (``batch``)
 
     def send_text(self, text: bytes) -> list[Any]:
         """Run the statements of ``text`` in one round trip (``batch.run_text``): where a
@@ -170,9 +129,8 @@ class _LostCommit(Exception):
 
 
 class _QuietPool(logging.Filter):
-    """Demote to DEBUG the WARNINGs psycopg's pool logs for memable's pools: a failed
-    reconnect per try, a broken connection given back. ``Connections`` says it once
-    per outage instead. Records of other pools in the process are left alone."""
+    """Demote to DEBUG the WARNINGs psycopg's pool logs for memable's pools (``Connections``
+    says it once per outage); other pools' records are left alone."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno >= logging.WARNING and (
@@ -180,8 +138,7 @@ class _QuietPool(logging.Filter):
             or threading.current_thread().name.startswith("memable-pool")
         ):
             record.levelno, record.levelname = logging.DEBUG, "DEBUG"
-            # The logger let it through as a WARNING: as a DEBUG record, only if it
-            # would let that through.
+            # The logger let it through as a WARNING; as a DEBUG, it may not.
             return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
         return True
 
@@ -191,12 +148,8 @@ logging.getLogger("psycopg.pool").addFilter(_QUIET_POOL)  # adding it twice adds
 
 
 def _keep_real_time_in_psycopg() -> None:
-    """Have freezegun (if a test uses it) leave psycopg's and its pool's clocks alone.
-
-    The pool's threads schedule their work by ``time.monotonic``; frozen, they
-    never see a deadline pass and ``close()`` cannot join them. freezegun
-    gives real time to callers in modules on its ignore list.
-    """
+    """Have freezegun (if a test uses it) leave psycopg's clocks alone: the pool's threads
+    schedule by ``time.monotonic``, and frozen, ``close()`` cannot join them."""
     freezegun = sys.modules.get("freezegun")
     if freezegun is not None and hasattr(freezegun, "configure"):
         freezegun.configure(extend_ignore_list=["psycopg"])
@@ -220,10 +173,8 @@ class Connections:
     ) -> None:
         self._url = url
         self._params = schema_.parse(url)
-        #: How messages name the store: server and schema, no password.
         self.where = f"{schema_.describe(self._params)} (schema {schema!r})"
         self._kwargs = schema_.connect_kwargs(self._params, synchronous, schema)
-        # Each new connection's first statement: the store's schema and durability.
         self._session_sql = schema_.session_sql(synchronous, schema)
         _keep_real_time_in_psycopg()
         with self._connect("open the store") as conn:
@@ -233,15 +184,12 @@ class Connections:
                 raise StorageError(f"cannot prepare {self.where} ({self._redact(exc)})") from None
         timeout = float(self._params.get("connect_timeout", schema_.CONNECT_TIMEOUT))
         self._timeout = timeout
-        # _state_lock guards _lease_until (monotonic: when this engine's lease is known
-        # lost, None while it holds none) and _down_since (monotonic: when the
-        # connection was found lost, None while it answers).
+        # _state_lock guards _lease_until (monotonic: when the lease is known lost; None:
+        # no lease) and _down_since (monotonic: when the connection was lost; None: up).
         self._state_lock = threading.Lock()
         self._lease_until: float | None = None
         self._down_since: float | None = None
-        # The pool's own threads are named after it; close() joins them. It gives up
-        # a reconnect at its first failure (reconnect_timeout 0): the operations that
-        # wait for a connection ask for the next one (see run).
+        # reconnect_timeout 0: waiting operations ask for the next connect (see run).
         self._pool = psycopg_pool.ConnectionPool(
             url, kwargs=self._kwargs, connection_class=Connection,
             min_size=1, max_size=max(2, pool_size),
@@ -250,27 +198,25 @@ class Connections:
             reconnect_failed=lambda pool: self._went_down(None),
         )
         self._pool.open(wait=True, timeout=timeout)
-        # _closing is set once, by close(): retries stop waiting and fail.
-        self._closing = threading.Event()
+        self._closing = threading.Event()  # set by close(): retries stop and fail
         # Each thread's own: ``active`` inside session(), and the connection it holds.
         self._held = threading.local()
 
     def renewed(self, at: float | None, lease: float) -> None:
-        """This engine's lease was renewed by a heartbeat sent at ``at`` (monotonic) and
-        committed; None: it holds none any more (its owner row is gone)."""
+        """A heartbeat sent at ``at`` (monotonic) committed; None: the lease is gone."""
         with self._state_lock:
             self._lease_until = None if at is None else at + lease * LEASE_USED
 
     def _answered(self) -> None:
-        """An operation went through: if the connection had been lost, say it is back."""
+        """An operation went through: say so if the connection had been lost."""
         with self._state_lock:
             since, self._down_since = self._down_since, None
         if since is not None:
             log.info("reached %s again after %.1fs", self.where, time.monotonic() - since)
 
     def _went_down(self, exc: BaseException | None) -> None:
-        """An operation found the connection lost, or the pool could not connect (None):
-        say so once per outage."""
+        """The connection was lost (``exc``), or the pool could not connect (None): say so once
+        per outage."""
         with self._state_lock:
             first = self._down_since is None
             if first:
@@ -293,8 +239,7 @@ class Connections:
         return schema_.redact(str(exc).strip(), self._url, self._params)
 
     def _configure(self, conn: Connection) -> None:
-        """Set a new connection's schema and durability (the pool's ``configure``, and
-        ``_connect``'s): by SQL, never through a connection option."""
+        """Set a new connection's schema and durability, by SQL (never a connection option)."""
         conn.execute(self._session_sql)
 
     def _connect(self, what: str) -> Connection:
@@ -318,8 +263,8 @@ class Connections:
     def session(self) -> Iterator[None]:
         """Within: this thread's operations share one pooled connection, taken at the first.
 
-        Nested sessions are one. A connection that failed is given back (the
-        pool replaces a broken one) and the next operation takes another.
+        Nested sessions are one. A failed connection is given back and the next operation takes
+        another.
         """
         held = self._held
         if getattr(held, "active", False):
@@ -366,18 +311,13 @@ class Connections:
         transaction: bool = True,
         past_lease: float = OUTAGE_WAIT,
     ) -> T:
-        """Run ``fn`` on a pooled connection (in a transaction unless told not to).
+        """Run ``fn`` on a pooled connection (in a transaction unless told not to), retrying.
 
-        On a retryable error try again with backoff; a transaction whose
-        commit went unanswered is decided first (the module docstring). A
-        lost connection is retried for
-        ``RETRY_FOR`` seconds, and no longer than this engine's lease is known
-        held; in a run's ``session``, until then, whatever ``RETRY_FOR`` says,
-        and then ``LeaseLost`` is raised instead of ``StorageError``. An operation
-        outside a run is tried for ``past_lease`` seconds at least, even if the
-        lease was known lost when it began: once the server answers again, it gets
-        a connection that takes a moment to open (the lease stays known lost until
-        the next heartbeat commits).
+        A lost connection is retried for ``RETRY_FOR`` seconds, no longer than the lease is known
+        held; in a run's ``session``, until then whatever ``RETRY_FOR`` says, then ``LeaseLost``.
+        Outside a run an operation gets ``past_lease`` seconds at least, even with the lease
+        known lost: the lease stays so until the next heartbeat commits, which needs a
+        connection that takes a moment to open.
         """
         in_run = bool(getattr(self._held, "active", False))
         began = time.monotonic()
@@ -391,16 +331,14 @@ class Connections:
                     raise StorageError(f"cannot {what}: the store {self.where} is closed",
                                        workflow=workflow, instance_id=instance_id, key=key)
                 now = time.monotonic()
-                # Read each time round: a heartbeat may have renewed the lease meanwhile.
+                # Each time round: a heartbeat may have renewed the lease.
                 with self._state_lock:
                     lease_until = self._lease_until
                 lost_deadline = deadline
                 if lease_until is not None:  # (outside a run, one real try at least)
                     lost_deadline = lease_until if in_run else max(
                         min(deadline, lease_until), began + past_lease)
-                # A wait for a pooled connection is short, and tried again: the pool
-                # gives up a connect that fails and does not wake its waiters, it
-                # connects again when asked.
+                # Short, and tried again (see OUTAGE_WAIT).
                 wait = max(0.05, min(self._timeout, OUTAGE_WAIT, lost_deadline - now))
                 try:
                     held = self._take(wait)
@@ -440,7 +378,6 @@ class Connections:
                             f"cannot {what} in {self.where} ({self._redact(exc)})",
                             workflow=workflow, instance_id=instance_id, key=key,
                         ) from None
-                # A wait between attempts that close() ends at once.
                 self._closing.wait(delay)
                 delay = min(delay * 2, OUTAGE_WAIT)
         finally:
@@ -484,18 +421,17 @@ _IDLE = psycopg.pq.TransactionStatus.IDLE
 
 
 def _roll_back(conn: Connection) -> None:
-    """End the transaction an operation left open on ``conn`` (if the connection went,
-    the server ends it)."""
+    """End the transaction an operation left open on ``conn`` (if it went, the server does)."""
     if not conn.closed and conn.info.transaction_status != _IDLE:
-        # Every prepared statement goes too, in the same round trip: psycopg deallocates
-        # them all after a ROLLBACK once it prepared any itself; now always, and known.
+        # psycopg deallocates all prepared statements after a ROLLBACK once it prepared any:
+        # do it always, in the same round trip, and know it.
         batch.forget(conn)
         with contextlib.suppress(psycopg.Error):
             conn.execute("ROLLBACK; DEALLOCATE ALL")
 
 
-#: Ends the server process ``pid`` if it still holds the transaction ``xid`` (its 32-bit
-#: form, as ``pg_stat_activity`` shows it), waiting up to 5 s for it to end.
+#: Ends process ``pid`` if it still holds transaction ``xid`` (32-bit, as
+#: ``pg_stat_activity`` shows it), waiting up to 5 s.
 _END_HOLDER = (
     "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity "
     "WHERE pid = %s AND backend_xid::text = %s"
@@ -503,14 +439,12 @@ _END_HOLDER = (
 
 
 def _committed(conn: Connection, lost: _LostCommit) -> bool:
-    """Whether the transaction whose ``COMMIT`` went unanswered committed, asked on another
-    connection ``conn``: its server process is ended first if it is still there, so the
-    answer is final."""
+    """Whether the transaction of a lost ``COMMIT`` committed, asked on another connection
+    ``conn``; its process is ended first if still there, so the answer is final."""
     while True:
         status = conn.execute("SELECT txid_status(%s)", (lost.xid,)).fetchone()[0]  # type: ignore[index]
         if status != "in progress":
             return status == "committed"  # type: ignore[no-any-return]
-        # The server has not seen the connection go: end its process (waiting up to 5 s
-        # for it to end), then ask again. Only the process that still holds the
-        # transaction: one that ended meanwhile may have left its pid to another.
+        # The server has not seen the connection go: end its process, then ask again. Only
+        # while it holds the transaction: a process that ended may have left its pid to another.
         conn.execute(_END_HOLDER, (lost.pid, str(lost.xid % (1 << 32))))

@@ -1,13 +1,10 @@
 """A PostgreSQL store's target, connections and tables: what opening one does.
 
-The target is a libpq URL (``postgresql://`` or ``postgres://``). Every
-message names it by ``describe``: user, host, port and database, never the
-password. Opening connects at once (an unreachable server fails within the
-connect timeout, 10 s unless the URL sets one), creates the store's schema
-and tables if missing, and migrates an older store, all under a
-transaction-scoped advisory lock, so many processes opening one new database
-at once run one migration between them. The schema version lives in the
-table ``schema_version``; a newer one is refused.
+The target is a libpq URL, named in messages by ``describe`` (never the password). Opening
+connects at once (failing within the connect timeout), creates the schema and tables if
+missing, and migrates an older store, all under a transaction-scoped advisory lock, so many
+processes opening one new database run one migration between them. The version lives in
+``schema_version``; a newer one is refused.
 """
 
 from __future__ import annotations
@@ -20,9 +17,8 @@ from .._errors import StorageError
 from .._store.protocol import Synchronous
 from .._store.sql.instances import CONCURRENCY_KEY_INDEX, TIMEOUTS_INDEX
 
-#: The schema version this code writes (the SQLite store's columns, in PostgreSQL).
-#: Versions before it also created PL/pgSQL functions (``memable_claim`` and others);
-#: this code calls none, and a store keeps those it has, unused.
+#: The schema version this code writes. Older versions created PL/pgSQL functions
+#: (``memable_claim``, ...); a store keeps them, unused.
 SCHEMA_VERSION = 10
 #: Seconds to wait for the server unless the URL's ``connect_timeout`` says.
 CONNECT_TIMEOUT = 10
@@ -30,8 +26,7 @@ SCHEMES = ("postgresql://", "postgres://")
 #: What a schema name may be: an identifier that needs no quoting but for its case.
 _SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 
-#: Version 2: a child instance knows its parent; a parent counts the children it
-#: waits for (as on SQLite, schema version 7).
+#: Version 2 (SQLite 7): child instances know their parent; a parent counts its children.
 _V2 = """
 ALTER TABLE instances ADD COLUMN IF NOT EXISTS parent_workflow text,
     ADD COLUMN IF NOT EXISTS parent_id text, ADD COLUMN IF NOT EXISTS parent_key text,
@@ -40,7 +35,7 @@ ALTER TABLE instances ADD COLUMN IF NOT EXISTS parent_workflow text,
 CREATE INDEX IF NOT EXISTS instances_by_parent ON instances (parent_workflow, parent_id)
     WHERE parent_id IS NOT NULL;
 """
-#: Version 3: queues (as on SQLite, schema version 8).
+#: Version 3 (SQLite 8): queues.
 _V3 = """
 ALTER TABLE instances ADD COLUMN IF NOT EXISTS queue text,
     ADD COLUMN IF NOT EXISTS priority integer, ADD COLUMN IF NOT EXISTS queued_at text;
@@ -49,15 +44,13 @@ CREATE INDEX IF NOT EXISTS instances_by_queue ON instances (queue, status, prior
 CREATE TABLE IF NOT EXISTS queue_starts (queue text NOT NULL, at double precision NOT NULL);
 CREATE INDEX IF NOT EXISTS queue_starts_by_queue ON queue_starts (queue, at);
 """
-#: Version 4: recoveries an instance went through, what each engine declares it runs
-#: (as on SQLite, schema version 9).
+#: Version 4 (SQLite 9): recoveries; what each engine declares it runs.
 _V4 = """
 ALTER TABLE instances ADD COLUMN IF NOT EXISTS recoveries integer,
     ADD COLUMN IF NOT EXISTS lost_owner text, ADD COLUMN IF NOT EXISTS lost_step text;
 ALTER TABLE owners ADD COLUMN IF NOT EXISTS declares text;
 """
-#: Version 5: schedules, and the schedule whose tick an instance is (as on SQLite,
-#: schema version 10).
+#: Version 5 (SQLite 10): schedules.
 _V5 = """
 ALTER TABLE instances ADD COLUMN IF NOT EXISTS schedule text;
 CREATE INDEX IF NOT EXISTS instances_by_schedule ON instances (schedule, status)
@@ -67,17 +60,12 @@ CREATE TABLE IF NOT EXISTS schedules (
     last_tick text, since text, skipped integer NOT NULL DEFAULT 0,
     missed integer NOT NULL DEFAULT 0);
 """
-#: Version 6: the trace context an instance's next run continues, and why it was
-#: claimed (as on SQLite, schema version 11).
+#: Version 6 (SQLite 11): trace context, and why an instance was claimed.
 _V6 = """
 ALTER TABLE instances ADD COLUMN IF NOT EXISTS traceparent text,
     ADD COLUMN IF NOT EXISTS run_reason text;
 """
-#: Version 7: indexes a page of instances newest first reads, each in the page's whole
-#: order (time, workflow, id), and the counts by workflow and status; the ones on the
-#: status alone and on (workflow, time) give way; the queues' stored states (a paused
-#: queue); when instances finished, for retention's batches (as on SQLite, schema
-#: version 12).
+#: Version 7 (SQLite 12): indexes in a page's whole order, retention's index, queue states.
 _V7 = """
 CREATE INDEX IF NOT EXISTS instances_by_time ON instances (created_at, workflow, instance_id);
 CREATE INDEX IF NOT EXISTS instances_by_status_time
@@ -92,9 +80,7 @@ CREATE INDEX IF NOT EXISTS instances_by_completed ON instances (status, complete
 CREATE TABLE IF NOT EXISTS queue_states (
     queue text PRIMARY KEY, paused integer NOT NULL DEFAULT 0, paused_at text);
 """
-#: Version 8: workflow timeouts (an instance's timeout and its deadline, indexed while it
-#: has not ended) and per-key concurrency (the key its queue's limit counts it under), as
-#: on SQLite, schema version 13.
+#: Version 8 (SQLite 13): workflow timeouts and per-key concurrency.
 _V8 = f"""
 ALTER TABLE instances ADD COLUMN IF NOT EXISTS timeout double precision,
     ADD COLUMN IF NOT EXISTS timeout_at double precision,
@@ -102,13 +88,12 @@ ALTER TABLE instances ADD COLUMN IF NOT EXISTS timeout double precision,
 {TIMEOUTS_INDEX};
 {CONCURRENCY_KEY_INDEX};
 """
-#: Version 9: who the last recovery took an instance from, by host and pid, and how it
-#: was lost (as on SQLite, schema version 14).
+#: Version 9 (SQLite 14): whom the last recovery took an instance from.
 _V9 = """
 ALTER TABLE instances ADD COLUMN IF NOT EXISTS lost_by text;
 """
-#: Version 10: the token of the call that created an instance, by which a creation run
-#: again after its answer was lost recognises its row (as on SQLite, schema version 15).
+#: Version 10 (SQLite 15): the creating call's token, by which a creation retried after its
+#: answer was lost recognises its row.
 _V10 = """
 ALTER TABLE instances ADD COLUMN IF NOT EXISTS created_by text;
 """
@@ -216,9 +201,8 @@ def connect_kwargs(
 ) -> dict[str, Any]:
     """What every connection of the store is opened with (beyond the URL).
 
-    No connection option names the schema (libpq reads a backslash in
-    ``options`` as an escape and a space as a separator): ``session_sql``
-    sets it, quoted as an identifier, on each new connection.
+    No option names the schema (libpq reads ``options``' backslashes and spaces):
+    ``session_sql`` sets it.
 
     >>> sorted(connect_kwargs({"dbname": "test"}, "full", "memable"))
     ['application_name', 'autocommit', 'connect_timeout']
@@ -232,14 +216,10 @@ def connect_kwargs(
 
 
 def session_sql(synchronous: Synchronous, schema: str) -> str:
-    """What each new connection of the store runs first, in autocommit mode.
-
-    Its tables are the schema's (quoted as an identifier, never passed
-    through a connection option), it commits as durably as asked, and its
-    transactions are READ COMMITTED whatever the server, database, role or
-    URL sets as the default: each statement sees what committed before it
-    began, which the store's statements assume (a queue's claim reads the
-    queue after taking its lock, and must see a pause committed meanwhile).
+    """What each new connection of the store runs first, in autocommit mode: the schema, the
+    durability, and READ COMMITTED whatever the defaults, which the store's statements
+    assume (a queue's claim reads the queue after taking its lock, and must see a pause
+    committed meanwhile).
 
     >>> for statement in session_sql("full", "Jobs_1").split("; "):
     ...     print(statement)
@@ -264,10 +244,8 @@ def quote_ident(name: str) -> str:
 
 
 def check_schema_name(schema: object) -> str:
-    """A schema name: 1 to 63 ASCII letters, digits and ``_``, not starting with a digit.
-
-    Anything else raises ``ValueError`` (a non-str, ``TypeError``), so two
-    names are always two schemas, and two stores.
+    """A schema name: 1 to 63 ASCII letters, digits and ``_``, not starting with a digit, so
+    two names are always two schemas; else ``ValueError`` (a non-str: ``TypeError``).
 
     >>> check_schema_name("Mixed_Case_1")
     'Mixed_Case_1'
@@ -286,11 +264,8 @@ def check_schema_name(schema: object) -> str:
 
 def prepare(conn: Any, schema: str, where: str, *, create: bool) -> None:
     """Create or migrate the store's tables under an advisory lock; check its version.
-
-    With ``create=False`` a schema without a store is refused and nothing is created.
-    """
+    ``create=False``: a schema without a store is refused, nothing created."""
     with conn.transaction():
-        # One opener at a time per schema, across every process on the server.
         conn.execute(
             "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"memable:{schema}",)
         )

@@ -1,10 +1,7 @@
 """The transaction interface (``memable._store.transaction``) on a PostgreSQL connection.
 
-A body locks the rows it decides on (``FOR UPDATE``, ``FOR SHARE``), so
-concurrent engines' transactions on one instance take turns. ``notify``
-queues a NOTIFY on the store's channel, which the server sends to the other
-engines' listeners when the transaction commits (``listener``); it goes with
-the ``COMMIT`` (``connections.Opening``), as does a relaxed durability.
+A body locks the rows it decides on (``FOR UPDATE``, ``FOR SHARE``), so engines take turns on
+an instance. ``notify`` and a relaxed durability go with the ``COMMIT`` (``Opening``).
 """
 
 from __future__ import annotations

@@ -37,10 +37,8 @@ T = TypeVar("T")
 class Context:
     """The handle a workflow function gets for its run of one instance.
 
-    A workflow is ``fn(ctx)`` or ``fn(ctx, input)``. Its steps go through
-    ``ctx.step(key)``: the first run of a key executes the function and
-    stores the result; every later run of the instance returns the stored
-    result without calling it.
+    A workflow is ``fn(ctx)`` or ``fn(ctx, input)``. The first run of a step key executes its
+    function and stores the result; every later run of the instance returns the stored result.
 
     >>> from memable import Context, Engine
     >>> def greet(ctx: Context, name: str) -> str:
@@ -53,9 +51,7 @@ class Context:
     'hello world'
     """
 
-    # A Context belongs to the one thread that runs its workflow function;
-    # nothing in it is shared, so nothing in it is locked. What the threads of
-    # a map share is in ``Attempts``, locked there.
+    # Owned by the workflow function's thread, so unlocked; a map's threads share ``Attempts``.
 
     def __init__(
         self, *, workflow: str, instance_id: str, input: Any, store: RunStore,
@@ -66,8 +62,7 @@ class Context:
         telemetry: Telemetry | None = None,
     ) -> None:
         options = options or Options()
-        #: Stored steps this run returned without executing them (for its span; a
-        #: signal's, timer's or child's stored value is not a step).
+        #: Stored steps (not signals, timers, children) this run returned unexecuted.
         self.replayed = 0
         self._children = children
         self._workflow = workflow
@@ -78,7 +73,6 @@ class Context:
         self._publish = publish
         self._retry: Retry | None = options.retry
         self._clock = options.clock
-        #: Runs the attempts of each executed step and stores their outcomes.
         self.attempts = Attempts(
             workflow=workflow, instance_id=instance_id, store=store, run=run or NoRun(),
             clock=options.clock, sleep=options.sleep, flight_lock=flight_lock,
@@ -88,11 +82,9 @@ class Context:
         # A signal stored before the run reached its key has no place yet (UNREACHED).
         self._next_seq = max(
             (s.seq for s in memo.values() if s.seq != UNREACHED), default=-1) + 1
-        # Replaying while the run reaches stored keys; live from the start if none.
         self._replaying = bool(memo)
         self._status: str | None = None
-        # The status message the instance's row holds (the last one stored).
-        self._stored_status = stored_status
+        self._stored_status = stored_status  # what the instance's row holds
         # The key, exception and attempts of the step that failed last, for Failed.
         self._failure: tuple[str, BaseException, int | None] | None = None
 
@@ -143,8 +135,8 @@ class Context:
     def set_status(self, message: str) -> None:
         """Publish ``InProgress(message)`` and store it with the next completed step.
 
-        While the run replays stored steps the status is set silently; the
-        current status is published once when replay ends.
+        While the run replays stored steps the status is set silently; the current one is
+        published once when replay ends.
 
         >>> from memable import Engine, InProgress
         >>> def wf(ctx):
@@ -166,8 +158,7 @@ class Context:
             self._publish(InProgress(message))
 
     def _store_status(self) -> None:
-        """Store the current status now (once live), so an operator sees it while the step
-        after it runs; not again while the row holds it."""
+        """Store the status now, so an operator sees it while the next step runs (once)."""
         if self._status is not None and self._status != self._stored_status:
             self._store.set_status(self._workflow, self._instance_id, self._status)
             self._stored_status = self._status
@@ -175,9 +166,9 @@ class Context:
     def step(self, key: str) -> Step:
         """Start building the step stored under ``key``; finish with ``.run(fn)``.
 
-        Keys are non-empty ``str`` unique within the instance; keys starting
-        with ``_`` are reserved. Version keys (``"charge:v2"``) when a step's
-        meaning changes, so old stored results are not reused for it.
+        Keys are non-empty ``str`` unique within the instance; keys starting with ``_`` are
+        reserved. Version keys (``"charge:v2"``) when a step's meaning changes, so old stored
+        results are not reused for it.
 
         >>> from memable import Engine
         >>> def wf(ctx) -> int:
@@ -199,19 +190,14 @@ class Context:
     ) -> Any:
         """Return the payload signalled to ``key``; until there is one, suspend the instance.
 
-        Suspending ends the run ``Suspended(status)`` (``Suspended(key)``
-        without a status) and frees its worker thread;
-        ``engine.signal(name, id, key, payload)`` stores the payload and runs
-        the instance again, and this call then returns it, rebuilt as
-        ``returns`` if given. A signal sent while the instance is still busy
-        before this point is kept for when it gets here.
+        Suspending ends the run ``Suspended(status or key)``, freeing its thread;
+        ``engine.signal(name, id, key, payload)`` runs the instance again, and this call returns
+        the payload, rebuilt as ``returns`` if given. A signal sent early is kept for the key.
 
-        With ``timeout`` (seconds or a timedelta) the first run to reach the
-        key stores a deadline, fired like a timer; if no signal came by then,
-        the key is recorded ``"timed_out"`` and this call raises
-        ``SignalTimeout`` (in this run and every replay), which the workflow
-        may catch. A signal that arrives first wins and drops the deadline;
-        one that comes after it is rejected.
+        With ``timeout`` (seconds or a timedelta) the first run to reach the key stores a
+        deadline; if no signal came by then, the key is recorded ``"timed_out"`` and this call
+        raises ``SignalTimeout`` (in this run and every replay), which the workflow may catch.
+        A signal that arrives first wins; one that comes after is rejected.
 
         >>> from memable import Engine, Suspended
         >>> def approval(ctx) -> str:
@@ -240,9 +226,8 @@ class Context:
             exc = SignalTimeout(self._workflow, self._instance_id, key)
             self._failure = (key, exc, None)
             raise exc
-        # A signal (or the deadline) that arrives after this look is found by
-        # the transaction that records the suspension, which then runs the
-        # instance again.
+        # A signal (or deadline) arriving after this look is found by the transaction that
+        # records the suspension, which then runs the instance again.
         self._end_replay()
         message = key if status is None else status
         raise Suspension(key, message, self._waiting(key, "signal", stored), deadline)
@@ -250,11 +235,9 @@ class Context:
     def timer(self, key: str, duration: float | timedelta) -> None:
         """Wait ``duration`` (seconds or a timedelta) durably: return once the timer has fired.
 
-        The first time the instance reaches ``key`` the deadline (now +
-        duration, wall clock) is stored and the run ends
-        ``Suspended("timer <key>")``, freeing its worker thread; the engine's
-        timer thread runs the instance again when it is due. Later runs do
-        not move the deadline.
+        The first time the instance reaches ``key`` the deadline (now + duration, wall clock) is
+        stored and the run ends ``Suspended("timer <key>")``, freeing its worker thread; the
+        instance runs again when it is due. Later runs do not move the deadline.
 
         >>> from datetime import timedelta
         >>> from memable import Engine
@@ -289,16 +272,14 @@ class Context:
     ) -> Any:
         """Run ``workflow`` as a child instance and return its output.
 
-        The child's id is ``"{this instance's id}/{key}"``: the first run to
-        reach ``key`` creates it (in the transaction that records this step,
-        of kind ``"child"``), so a crash never makes two. Until the child
-        ends, this run ends ``Suspended("child <key>")`` and holds no thread;
-        the child's end stores its output as this step's result and runs
-        this instance again. The output is rebuilt as ``returns``, else the
-        child workflow's return annotation. A child that ends Failed or
-        Cancelled raises ``ChildFailed`` here (the workflow may catch it); a
-        later run of this instance resumes a Failed child and waits again. The
-        workflow must be registered in this engine (else ``WorkflowNotFound``).
+        The child's id is ``"{this instance's id}/{key}"``: the first run to reach ``key``
+        creates it in the transaction that records this step (kind ``"child"``), so a crash
+        never makes two. Until the child ends, this run ends ``Suspended("child <key>")`` and
+        holds no thread; the child's end stores its output as this step's result (rebuilt as
+        ``returns``, else the child workflow's return annotation) and runs this instance again.
+        A child that ends Failed or Cancelled raises ``ChildFailed`` here (the workflow may
+        catch it); a later run resumes a Failed child and waits again. The workflow must be
+        registered in this engine (else ``WorkflowNotFound``).
 
         >>> from memable import Context, Engine
         >>> def resize(ctx: Context, name: str) -> str:
@@ -325,10 +306,9 @@ class Context:
     ) -> list[Any]:
         """Run ``workflow`` once per input as child instances; their outputs, in input order.
 
-        Child ``i`` is the step ``"{key}[{i}]"`` (kind ``"child"``) and the
-        instance ``"{this instance's id}/{key}[{i}]"``; they run side by side.
-        This run ends ``Suspended("children <key>")`` until all have ended;
-        then, if any ended Failed or Cancelled, the first by index raises
+        Child ``i`` is the step ``"{key}[{i}]"`` and the instance ``"{this instance's
+        id}/{key}[{i}]"``; they run side by side. This run ends ``Suspended("children <key>")``
+        until all have ended; then the first by index that ended Failed or Cancelled raises
         ``ChildFailed``. Otherwise as ``child``.
 
         >>> from memable import Context, Engine
@@ -350,31 +330,15 @@ class Context:
         return self._follow_children(key, workflow, list(inputs), returns=returns, group=True,
                       queue=queue)
 
-    # ------------------------------------------------------------------ children
-    #
-    # A parent's steps of kind ``"child"``: what ``ctx.child`` and ``ctx.children`` do.
-    #
-    # Each child is a step of the parent (its key) and an instance of its own, with
-    # the id ``"{parent id}/{key}"``. The first run to reach the key writes the
-    # parent's waiting step and creates the child in one transaction, so a crash in
-    # between never makes two children; the child's end settles the step (see
-    # ``memable._store.sql.children``). Until every child it waits for has ended, the parent's
-    # run ends Suspended and holds no thread.
-    #
-    # A failed child step holds, in its ``result``, whether the parent has been
-    # told (``TOLD``): the run that finds it untold raises ``ChildFailed``; a later
-    # run finds it told and resumes the child (a Failed one) or raises again (a
-    # Cancelled one), as it would run again any failed step the workflow caught.
+    # A failed child step's ``result`` says whether the parent was told (``TOLD``): the run
+    # that finds it untold raises ``ChildFailed``; a later run resumes a Failed child or
+    # raises again for a Cancelled one, as it would rerun any failed step the workflow caught.
 
     def _follow_children(
         self, key: str, workflow: str, inputs: list[Any], *, returns: Any, group: bool,
         queue: str | None = None,
     ) -> list[Any]:
-        """Start, wait for and return the outputs of the children of ``key``, in order.
-
-        ``group``: ``ctx.children`` (keys ``"{key}[{i}]"``, one wait for all);
-        else ``ctx.child`` (one child under ``key`` itself).
-        """
+        """The outputs of the children of ``key`` (``group``: ``ctx.children``), in order."""
         host = self._children
         if host is None:
             raise EngineError("child workflows need a run of an engine",
@@ -404,8 +368,7 @@ class Context:
             else:  # failed: told (run it again, unless cancelled) or not yet
                 child = host.instance(workflow, child_id)
                 if child is not None and not self._is_child(child, k):
-                    # Its id was taken by another instance: try to start it again, which
-                    # fails the same way while that one holds the id.
+                    # Another instance took its id: starting it fails while that one holds it.
                     to_start.append(i)
                     continue
                 gone = Failed("the child instance is gone")
@@ -476,18 +439,14 @@ class Context:
         return attrs.evolve(self.attempts.write(key, seq, state, self._status), kind="child")
 
     def _tell_parent(self, key: str, row: StoredStep | None, error: ChildFailed) -> None:
-        """Record that the parent was told of its child's failure (the step stays failed)."""
+        """Record that the parent was told of its child's failure."""
         assert row is not None
         told = attrs.evolve(self._child_write(key, row.seq, "failed"), result=TOLD,
                             error=f"{type(error).__name__}: {error}")
         self.attempts.store.save_step(told)
 
-    # ------------------------------------------------------------------ engine side
-
     def _deadline(self, key: str, what: str, duration: object) -> tuple[float, float]:
-        """``duration`` in seconds, and the wall-clock deadline that far from now; a bad
-        one (TypeError; ValueError if negative or past the year 9999) fails the step
-        ``key``, and its error names the key and the argument."""
+        """``duration`` in seconds and the wall-clock deadline; a bad one fails the step."""
         what = f"{what} of {key!r}"
         try:
             seconds = seconds_of(duration, what)
@@ -497,7 +456,7 @@ class Context:
             raise
 
     def _end_replay(self) -> None:
-        """Leave replay: from now on statuses are live; store and publish the current one."""
+        """Leave replay: store and publish the current status; later ones are live."""
         if self._replaying:
             self._replaying = False
             if self._status is not None:
@@ -505,7 +464,7 @@ class Context:
                 self._publish(InProgress(self._status))
 
     def _failure_message(self, exc: BaseException) -> str:
-        """The Failed message for ``exc`` escaping the workflow: step key and error."""
+        """The Failed message for ``exc`` escaping the workflow."""
         error = f"{type(exc).__name__}: {exc}"
         if self._failure is not None and self._failure[1] is exc:
             key, _, attempts = self._failure
@@ -526,14 +485,14 @@ class Context:
         self._failure = (key, exc, attempts)
 
     def _stored_step(self, key: str) -> StoredStep | None:
-        """The memo of a key the workflow uses as a step; a row of another kind fails it."""
+        """The memo of a step's key; a row of another kind fails it."""
         stored = self._memo.get(key)
         if stored is not None and stored.kind != "step":
             self.attempts.refuse_kind(key, stored.kind, "step", self._note)
         return stored
 
     def _refuse_async(self, key: str, fn: object) -> None:
-        """Refuse a step function that is async: it would return a coroutine, not a value."""
+        """Refuse an async step function: it would return a coroutine, not a value."""
         if is_async(fn):
             exc = async_refusal(
                 f"the function of step {key!r} (workflow {self._workflow!r}, instance "
@@ -619,13 +578,8 @@ class Context:
         return step.retry_policy if step.retry_policy is not None else self._retry
 
     def _arrived(self, key: str, kind: StepKind, reread: bool = True) -> StoredStep | None:
-        """The stored row of a suspend point or timer, read again if it was not complete.
-
-        A signal or timer may have completed it since this run read its steps;
-        a read is much cheaper than suspending and running again (unless the
-        wait cannot last: ``reread`` False). A row of another kind (a signal
-        stored early for a timer's key) fails the run.
-        """
+        """The stored row of a wait, read again (``reread``) if unsettled, as a read is cheaper
+        than suspending; a row of another kind fails the run."""
         stored = self._memo.get(key)
         if reread and (stored is None or stored.state not in SETTLED):
             stored = self._store.read_step(self._workflow, self._instance_id, key) or stored

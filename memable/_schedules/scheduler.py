@@ -1,18 +1,10 @@
 """Firing one engine's schedules: what the timer thread does for them each time it looks.
 
-The runner knows a ``Scheduler`` only as a ticker (``memable._run.registry.Ticker``):
-at start it stores the declarations; at each look of the timer thread it is
-told the time, fires the ticks that fell due, and answers when it next needs a
-look, so a tick is a deadline like any timer's (no thread, no polling loop).
-
-Each tick is the instance ``"{name}@{YYYY-MM-DDTHH:MM:SSZ}"``. Firing plans
-from the schedule's stored last tick and compares and sets it in the
-transaction that creates the ticks' instances (``Store.fire_ticks``), so of
-the engines that declare a schedule, one fires each tick and the others
-write nothing. A tick found on time (within ``GRACE`` of its due time, with
-no later tick due) runs; ticks that fell due while no engine looked (the
-engines were down, the process was suspended, the clock jumped) are missed,
-and ``catch_up`` says which of them run.
+A ``Scheduler`` is the runner's ticker: each look fires the due ticks and says when the next
+is due. A tick is the instance ``"{name}@{YYYY-MM-DDTHH:MM:SSZ}"``. Firing compares and sets
+the stored last tick in the transaction that creates the instances (``Store.fire_ticks``), so
+one engine fires each tick. Ticks that fell due while no engine looked are missed;
+``catch_up`` says which of them run.
 """
 
 from __future__ import annotations
@@ -47,16 +39,11 @@ RETRY_FIRST, RETRY_MOST = 1.0, 60.0
 class Plan:
     """Which due ticks of a schedule run, and how many were missed."""
 
-    #: Ticks to run, oldest first.
-    run: list[datetime]
-    #: Ticks passed over (not run).
+    run: list[datetime]  # oldest first
     missed: int
-    #: The newest due tick: the schedule's last tick once fired.
-    last: datetime
-    #: Whether the newest tick was found on time (a live tick, not a missed one).
-    live: bool
-    #: Whether ``missed`` stopped counting at ``COUNT_AT_MOST``.
-    at_least: bool = False
+    last: datetime  # the newest due tick: the schedule's last tick once fired
+    live: bool  # the newest tick was found on time
+    at_least: bool = False  # ``missed`` stopped counting at ``COUNT_AT_MOST``
 
 
 def plan(cron: Cron, catch_up: CatchUp, after: datetime | None, now: datetime) -> Plan | None:
@@ -97,17 +84,14 @@ def plan(cron: Cron, catch_up: CatchUp, after: datetime | None, now: datetime) -
 
 
 class Scheduler:
-    """An engine's declared schedules; a ticker of its runner (see the module docstring).
-
-    Looks come from the timer thread and from ``fire_due_timers()`` on a
-    caller's thread: one at a time, under ``_lock``.
-    """
+    """An engine's declared schedules. Looks come from the timer thread and from
+    ``fire_due_timers()`` on a caller's thread: one at a time, under ``_lock``."""
 
     def __init__(self, runner: Runner) -> None:
         self._runner = runner
         self._specs: dict[str, ScheduleSpec] = {}  # fixed once the engine started
-        # _lock guards the fields below: a look (and start) holds it throughout. Lock
-        # order: _lock, then the runner's lock, then the store's.
+        # _lock guards the fields below, held by a whole look (and start). Lock order: _lock,
+        # the runner's lock, the store's.
         self._lock = threading.Lock()
         self._stored: dict[str, ScheduleRow] = {}
         self._next: dict[str, datetime | None] = {}  # the next tick due (UTC), by name
@@ -124,8 +108,8 @@ class Scheduler:
         return {s.name: [s.cron.expr, s.cron.zone] for s in self._specs.values()}
 
     def start(self, now: float) -> None:
-        """Store the declarations (a new or changed schedule counts from now); warn of a
-        live engine that declares one of them differently."""
+        """Store the declarations (a new or changed one counts from now); warn of a live engine
+        that declares one differently."""
         if not self._specs:
             return
         store = self._runner.store
@@ -144,7 +128,7 @@ class Scheduler:
 
     def look(self, now: float) -> tuple[int, float | None]:
         """Fire the ticks due at ``now``; how many instances that created, and the seconds
-        until a schedule is next due (or its failed firing is tried again)."""
+        until the next look is needed."""
         if not self._specs or not self._runner.accepting:
             return 0, None
         with self._lock:
@@ -167,8 +151,6 @@ class Scheduler:
             waits += [retry_at - now for retry_at, _ in self._retry.values()]
         return fired, max(0.0, min(waits)) if waits else None
 
-    # ------------------------------------------------------------------ one schedule
-
     def _fire(self, spec: ScheduleSpec, at: datetime) -> int:
         """Fire what is due of ``spec`` at ``at``; how many instances that created."""
         fired = 0
@@ -182,20 +164,18 @@ class Scheduler:
         return fired
 
     def _fire_ticks(self, spec: ScheduleSpec, at: datetime) -> tuple[int, list[Made]]:
-        """Fire what is due of ``spec`` at ``at``: how many instances that created, and
-        those to run here."""
+        """``_fire``'s work: also the instances to run here."""
         runner = self._runner
         workflow = runner.workflow(spec.workflow)
-        # Another engine may fire between this one's last read and its firing: then plan
-        # again from what that engine stored (twice at most; the next look tries again).
+        # Another engine may fire between our read and our firing: plan again from what it
+        # stored (twice at most; the next look tries again).
         for _ in range(2):
             stored = self._stored[spec.name]
             ticks = plan(spec.cron, spec.catch_up, _start(stored), at)
             if ticks is None:
                 self._next[spec.name] = spec.cron.after(at)
                 return 0, []
-            # Each tick's span is ended only if its instance is made here: a tick another
-            # engine fired, or one skipped, leaves no lone span.
+            # A span is ended only if its instance is made here: no lone spans.
             spans = [self._runner.telemetry.produce(spec.workflow, f"{spec.name}@{tick_id(t)}")
                      for t in ticks.run]
             rows = [(attrs.evolve(row, traceparent=span.traceparent), value)
@@ -256,8 +236,7 @@ class Scheduler:
                         spec.cron.zone, cron, zone, where)
 
     def _seen(self, row: ScheduleRow, at: datetime) -> None:
-        """What the store holds of a schedule (as of ``at``): plan from it; its next tick
-        is the first after its start."""
+        """Plan from what the store holds of a schedule (as of ``at``)."""
         self._stored[row.name] = row
         self._next[row.name] = self._specs[row.name].cron.after(_start(row) or at)
 
@@ -266,8 +245,8 @@ def tick_instance(
     spec: ScheduleSpec, workflow: Workflow, tick: datetime, queues: dict[str, QueueSpec],
     clock: Clock,
 ) -> tuple[InstanceRow, Any]:
-    """The instance of ``tick`` (running here, or queued) and its input as runs see it: the
-    declared input, else the tick if the workflow takes an input."""
+    """The instance of ``tick`` and its input: the declared one, else the tick if the workflow
+    takes one."""
     value = spec.input
     if value is None:
         value = tick if workflow.takes_input else NO_INPUT

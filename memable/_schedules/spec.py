@@ -1,8 +1,5 @@
-"""A schedule as declared: ``engine.schedule(name, cron, workflow, ...)``, checked once.
-
-Every bad argument is a ``ValueError`` naming it; the engine checks the
-workflow and queue against its registry and the input against the workflow.
-"""
+"""A schedule as declared: ``engine.schedule(name, cron, workflow, ...)``, checked once (the
+engine checks the workflow, queue and input against its registry)."""
 
 from __future__ import annotations
 
@@ -21,8 +18,7 @@ MAX_NAME = 200
 
 
 def check_name(name: object) -> str:
-    """A schedule name: a non-empty str, at most 200 characters, without "@" (the
-    separator of its ticks' ids) and not starting with "_".
+    """A schedule name: a non-empty str of at most 200 characters, no "@", not starting "_".
 
     >>> check_name("nightly-report")
     'nightly-report'

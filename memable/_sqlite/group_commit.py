@@ -1,18 +1,10 @@
 """Group commit on one SQLite connection: writers that meet share one transaction.
 
-A writer hands ``GroupCommit.write`` a body (a function of the connection).
-A writer that finds no commit in progress leads: it commits at once, with
-whatever others queued meanwhile. A writer that finds one queues and waits
-for the next. A lone writer never hands its work to another thread.
-
-A write is done only when its COMMIT returned. A body may refuse its write
-by raising an ``EngineError`` or one of the control exceptions (an instance
-lost to another engine): that undoes its own statements (a savepoint) and
-reaches its writer alone. Anything else that escapes, from a body or from
-the commit itself (a ``sqlite3`` error, ``KeyboardInterrupt`` in a leader on
-the main thread, a bug), rolls the whole transaction back, and every writer
-of the batch is told its write failed: the connection is never left inside a
-transaction that later writes would silently join.
+A writer that finds no commit in progress leads: it commits at once, with whatever others
+queued meanwhile; one that finds one queues for the next. A write is done only when its COMMIT
+returned. A body's ``REFUSALS`` undo its own statements (a savepoint) and reach its writer
+alone; anything else that escapes rolls the whole transaction back and fails every writer of
+the batch: the connection is never left in a transaction later writes would silently join.
 """
 
 from __future__ import annotations
@@ -43,8 +35,7 @@ class _Pending:
     workflow: str | None
     instance_id: str | None
     key: str | None
-    # One statement: alone in a commit, it runs as its own autocommit transaction.
-    single: bool = False
+    single: bool = False  # one statement: alone, it is its own autocommit transaction
     done: bool = False  # set under GroupCommit._queue_lock
     result: Any = None
     error: BaseException | None = None
@@ -57,7 +48,7 @@ class _Pending:
         return self.result
 
     def failed(self, why: str, cause: BaseException) -> None:
-        """Mark the write failed (not committed) because of ``cause``."""
+        """Mark the write failed (not committed)."""
         self.error = StorageError(
             f"cannot {self.what} in {why}", workflow=self.workflow,
             instance_id=self.instance_id, key=self.key,
@@ -81,9 +72,8 @@ class GroupCommit:
         connection: Callable[[], sqlite3.Connection | None],
         watch: RunChecks | None = None,
     ) -> None:
-        # ``lock`` is the store's connection lock; ``connection()`` (called
-        # under it) gives the connection, or None once the store is closed.
-        # ``watch`` (used under it) is told of every transaction.
+        # ``lock``: the store's connection lock, under which ``connection()`` (None once
+        # closed) and ``watch`` are used.
         self._lock = lock
         self._where = where
         self._connection = connection
@@ -106,10 +96,8 @@ class GroupCommit:
         *,
         single: bool = False,
     ) -> T:
-        """Run ``body`` in a write transaction, sharing the commit with concurrent writers.
-
-        ``single``: the body runs one statement.
-        """
+        """Run ``body`` in a write transaction shared with concurrent writers (``single``: the
+        body runs one statement)."""
         pending = _Pending(body, what, workflow, instance_id, key, single)
         with self._queue_lock:
             self._queue.append(pending)
@@ -142,11 +130,8 @@ class GroupCommit:
         return pending.outcome()  # type: ignore[no-any-return]
 
     def _commit(self, batch: list[_Pending]) -> None:
-        """Leader: run every body of ``batch`` in one transaction and commit it.
-
-        Every item ends with a result or an error; a result only once the
-        commit returned.
-        """
+        """Leader: run every body of ``batch`` in one transaction and commit it; each item
+        ends with an error, or a result once the commit returned."""
         committed = False
         with self._lock:
             conn = self._connection()
@@ -160,8 +145,7 @@ class GroupCommit:
                     self._run_batch(conn, batch)
                 committed = True
             except BaseException as exc:
-                # Nothing of this batch is committed: roll back, and tell every
-                # writer so (the leader's own interrupt goes on up to it).
+                # Nothing committed: fail every writer (the leader's interrupt goes on up).
                 if conn is not None and conn.in_transaction:
                     conn.execute("ROLLBACK")
                 why = f"{self._where} ({exc})" if isinstance(exc, sqlite3.Error) else (
@@ -180,14 +164,12 @@ class GroupCommit:
                     self._tell_watch(before, committed, batch)
 
     def _tell_watch(self, before: int, committed: bool, batch: list[_Pending]) -> None:
-        # What the batch changed, the watch's triggers saw; whether all of it committed,
-        # only the batch knows.
+        # The watch's triggers saw the changes; only the batch knows whether all committed.
         ok = committed and all(item.error is None for item in batch)
         self._watch.after_write(before, ok)  # type: ignore[union-attr]
 
     @staticmethod
     def _run_alone(conn: sqlite3.Connection, item: _Pending) -> None:
-        # One statement is its own transaction: no BEGIN and COMMIT to pay.
         try:
             item.result = item.body(conn)
         except REFUSALS as exc:
@@ -198,9 +180,8 @@ class GroupCommit:
         alone = len(batch) == 1
         conn.execute("BEGIN IMMEDIATE")
         for item in batch:
-            # A one-statement body that refuses has written nothing, so it needs
-            # no savepoint; each statement saved matters here, as every one
-            # gives the interpreter lock away and must win it back.
+            # A refusing one-statement body wrote nothing: no savepoint (each statement gives
+            # the interpreter lock away and must win it back).
             guarded = not alone and not item.single
             if guarded:
                 conn.execute("SAVEPOINT write")

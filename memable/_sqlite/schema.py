@@ -1,9 +1,8 @@
 """The tables of a memable store, their migrations, and opening a file safely.
 
-The schema version is ``PRAGMA user_version``. Opening checks a file before
-writing anything to it: a file that is not a SQLite database, a database
-that is not a memable store, or a store of a newer version is refused and
-left byte for byte as it was. An older store is migrated in one transaction.
+The schema version is ``PRAGMA user_version``. A file that is not a SQLite database, not a
+memable store, or of a newer version is refused byte for byte untouched; an older store is
+migrated in one transaction.
 """
 
 from __future__ import annotations
@@ -26,22 +25,18 @@ SCHEMA_VERSION = 15
 BUSY_TIMEOUT = 10.0
 #: ``PRAGMA auto_vacuum`` of a store that returns freed pages (retention): incremental.
 INCREMENTAL = 2
-#: The schema version since which stores are made incremental: an older file is
-#: switched once, by the opener that migrates it.
+#: Stores are made incremental since this version; an older file is switched once, on migration.
 INCREMENTAL_VACUUM_SINCE = 12
-#: Most free pages one purge batch returns (about 8 MB of 4 KiB pages, some 0.1 s):
-#: the rest stay free for reuse, or go with the next batches.
+#: Most free pages one purge batch returns (about 8 MB of 4 KiB pages, some 0.1 s).
 RETURN_PAGES = 2000
 
-#: Columns added after version 1 (a file must show the others before we migrate it).
 _LATER_INSTANCE_COLUMNS = (
     "waiting_for", "owner", "status_message", "step_key", "step_started", "traceback",
     "parent_workflow", "parent_id", "parent_key", "parent_group", "children_pending",
     "queue", "priority", "queued_at", "recoveries", "lost_owner", "lost_step", "schedule",
     "traceparent", "run_reason", "timeout", "timeout_at", "concurrency_key", "lost_by",
 )
-#: Columns every store has had since version 1: what a file must show before
-#: we migrate it.
+#: Columns every store has had since version 1: what a file must show before we migrate it.
 V1_INSTANCE_COLUMNS = {
     c: t for c, t in INSTANCE_COLUMNS.items() if c not in _LATER_INSTANCE_COLUMNS
 }
@@ -58,10 +53,9 @@ STEP_COLUMNS: dict[str, type] = {
     "error": str,
     "attempts": int,
     "completed_at": str,
-    "started_at": str,  # v4: when the execution that wrote the row began (its duration)
-    "traceback": str,  # v6: the traceback of a failed step's last error
+    "started_at": str,  # v4: when the execution that wrote the row began
+    "traceback": str,  # v6
 }
-#: Columns of steps since version 1.
 V1_STEP_COLUMNS = {
     c: t for c, t in STEP_COLUMNS.items() if c not in ("started_at", "traceback")
 }
@@ -74,18 +68,14 @@ OWNER_COLUMNS: dict[str, type] = {
     "pid": int,
     "heartbeat": float,  # wall clock of the last heartbeat
     "lease": float,  # seconds the owner counts as alive after a heartbeat
-    # When the engine registered, ISO 8601 in UTC (_clock.iso_utc). Rows an older memable
-    # wrote hold local time with its offset: the same instant; nothing reads it back.
+    # ISO 8601 UTC; an older memable wrote local time with its offset. Nothing reads it.
     "started_at": str,
-    # v5: where the pid is valid (see memable._store.liveness), and when that process started
+    # v5: where the pid is valid (see memable._store.liveness)
     "boot_id": str,
     "pid_ns": str,
     "proc_start": str,
-    # v9: what the engine runs (its workflows, and the queues it consumes with
-    # their limits), as JSON, so a tool can say why a queued instance waits
-    "declares": str,
+    "declares": str,  # v9: ``_queues.Declarations`` JSON
 }
-#: Columns of owners since version 3.
 V3_OWNER_COLUMNS = {
     c: t for c, t in OWNER_COLUMNS.items()
     if c not in ("boot_id", "pid_ns", "proc_start", "declares")
@@ -134,7 +124,7 @@ def migrate_to_3(db: sqlite_utils.Database) -> None:
 
 
 def migrate_to_4(db: sqlite_utils.Database) -> None:
-    """When each step's execution began, so tools can show how long it took."""
+    """When each step's execution began."""
     db["steps"].add_column("started_at", str)  # type: ignore[union-attr]
 
 
@@ -206,15 +196,9 @@ def migrate_to_11(db: sqlite_utils.Database) -> None:
 
 
 def migrate_to_12(db: sqlite_utils.Database) -> None:
-    """Indexes a page of instances newest first reads (the dashboard's list, ``memable
-    list``), each in the page's whole order (time, workflow, id), so a page is a walk of
-    one index with no sort, however deep: on the time alone, and after the status, the
-    workflow, and workflow and status (the last also counts instances by workflow and
-    status without reading the table). The ones on the status alone and on (workflow,
-    time) give way to those on (status, time, ...) and (workflow, time, id). And the
-    queues' stored states (a paused queue). An index on when instances finished (the
-    batches of retention). After this migration's commit, the file is switched to
-    incremental auto-vacuum (see ``switch_to_incremental_vacuum``)."""
+    """Indexes in a page's whole order (time, workflow, id), so a page of instances is a walk
+    of one index with no sort, however deep (the last also counts by workflow and status);
+    the queues' stored states; then (after the commit) incremental auto-vacuum."""
     for columns, name in (
         (["created_at", "workflow", "instance_id"], "instances_by_time"),
         (["status", "created_at", "workflow", "instance_id"], "instances_by_status_time"),
@@ -224,13 +208,11 @@ def migrate_to_12(db: sqlite_utils.Database) -> None:
         db["instances"].create_index(columns, index_name=name)  # type: ignore[union-attr]
     db.execute("DROP INDEX IF EXISTS instances_by_status")
     db.execute("DROP INDEX IF EXISTS instances_by_workflow")
-    # Retention's batches: the finished instances of each status by when they ended,
-    # so a batch reads what it deletes (and ``resume_failed``, the failed by time).
+    # Retention's batches (and ``resume_failed``) read only what they take.
     db["instances"].create_index(  # type: ignore[union-attr]
         ["status", "completed_at"], index_name="instances_by_completed"
     )
-    # A queue's stored state: paused (1) or not, and since when; a queue without a row
-    # was never paused (``engine.pause_queue``, ``memable queue pause``).
+    # A queue without a row was never paused.
     db["queue_states"].create(  # type: ignore[union-attr]
         {"queue": str, "paused": int, "paused_at": str},
         pk="queue", not_null={"paused"}, defaults={"paused": 0},
@@ -238,9 +220,7 @@ def migrate_to_12(db: sqlite_utils.Database) -> None:
 
 
 def migrate_to_13(db: sqlite_utils.Database) -> None:
-    """Workflow timeouts and per-key concurrency: an instance's timeout and its deadline,
-    indexed for the instances that have not ended (what the timer thread looks at), and
-    the key its queue's ``per_key`` limit counts it under, indexed for that count."""
+    """Workflow timeouts (indexed while unended) and per-key concurrency (indexed to count)."""
     db["instances"].add_column("timeout", float)  # type: ignore[union-attr]
     db["instances"].add_column("timeout_at", float)  # type: ignore[union-attr]
     db["instances"].add_column("concurrency_key", str)  # type: ignore[union-attr]
@@ -249,8 +229,7 @@ def migrate_to_13(db: sqlite_utils.Database) -> None:
 
 
 def migrate_to_14(db: sqlite_utils.Database) -> None:
-    """Who the last recovery took an instance from, by host and pid, and how it was lost
-    (died, or stalled past its lease), kept after that claim."""
+    """Whom the last recovery took an instance from, and how it was lost."""
     db["instances"].add_column("lost_by", str)  # type: ignore[union-attr]
 
 
@@ -284,8 +263,7 @@ def open_store(
 ) -> tuple[sqlite3.Connection, sqlite_utils.Database, str]:
     """Open, check and migrate the store; return (connection, Database, its name).
 
-    With ``create=False`` an empty database is refused, untouched, instead of
-    being made a store (for tools that look at stores an engine made).
+    With ``create=False`` an empty database is refused, untouched (for tools).
     """
     where = ":memory:" if path is None else os.fspath(path)
     try:
@@ -306,8 +284,7 @@ def open_store(
 
 
 def _retry_while_busy(action: Callable[[], None]) -> None:
-    # Several processes opening a new file at once contend for the first
-    # write; each step here is safe to repeat, so a busy one is tried again.
+    # Processes opening a new file at once contend for the first write; each step may repeat.
     deadline = time.monotonic() + BUSY_TIMEOUT
     while True:
         try:
@@ -318,7 +295,7 @@ def _retry_while_busy(action: Callable[[], None]) -> None:
             )
             if not busy or time.monotonic() > deadline:
                 raise StorageError(f"cannot prepare the store ({exc})") from exc
-            time.sleep(0.01)  # a short pause between attempts, not a wait on an event
+            time.sleep(0.01)
 
 
 def _prepare(
@@ -346,8 +323,7 @@ def _prepare(
     if version > 0:
         _check_columns(db, where, tables)
     else:
-        # A new store returns the pages purges free (retention): this must be said
-        # before its first table is made, and before WAL mode writes its header.
+        # Returns the pages purges free; must precede the first table and WAL's header.
         conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
     if file_backed:
         conn.execute("PRAGMA journal_mode = WAL")
@@ -360,9 +336,8 @@ def _prepare(
 
 def _inspect(conn: sqlite3.Connection, where: str) -> tuple[int, set[str]]:
     try:
-        # One statement, so one snapshot: read apart, another process's
-        # migration could commit in between, showing its tables without its
-        # version (and the file refused as "not a memable store").
+        # One statement, one snapshot: read apart, another process's migration could commit
+        # between, showing tables without a version ("not a memable store").
         rows = conn.execute(
             "SELECT v.user_version, m.name FROM pragma_user_version AS v "
             "LEFT JOIN sqlite_master AS m ON m.type = 'table'"
@@ -405,15 +380,10 @@ def _migrate(conn: sqlite3.Connection, db: sqlite_utils.Database) -> int:
 def switch_to_incremental_vacuum(conn: sqlite3.Connection, where: str) -> bool:
     """Switch an existing store to ``auto_vacuum = incremental``; whether it now is.
 
-    An existing file takes the setting only through a ``VACUUM``, which
-    rewrites it whole and cannot run inside a transaction: so it runs here,
-    after the migration that asks for it committed, on the opener's
-    connection outside any transaction, once per file (by the opener that
-    migrated it). Other processes' readers go on (WAL); their writes wait
-    for it as for any write, up to the busy timeout. If it cannot run (the
-    file stayed busy, or the disk has no room for the copy) the store is
-    left as it was (valid, its freed pages reused inside the file but never
-    returned) with a WARNING; the open goes on.
+    That takes a ``VACUUM``, which rewrites the file and cannot run in a transaction: so once
+    per file, by the opener that migrated it, after the commit. Other processes' writes wait
+    for it up to the busy timeout. If it fails (busy, no room for the copy) the store stays
+    valid, its freed pages never returned, with a WARNING; the open goes on.
     """
     if conn.execute("PRAGMA auto_vacuum").fetchone()[0] == INCREMENTAL:
         return True
@@ -436,12 +406,10 @@ def switch_to_incremental_vacuum(conn: sqlite3.Connection, where: str) -> bool:
 
 
 def return_free_pages(conn: sqlite3.Connection, most: int = RETURN_PAGES) -> int:
-    """Hand back to the file system up to ``most`` of the file's free pages, in the
-    caller's transaction (incremental auto-vacuum only: else none); how many.
+    """Return up to ``most`` free pages to the file system in the caller's transaction
+    (incremental auto-vacuum only); how many. The file shrinks at the next checkpoint.
 
-    The file shrinks by them at the next checkpoint (WAL). One statement
-    returns one page here: Python's driver steps ``PRAGMA incremental_vacuum``
-    once per ``execute``, whatever limit it is given.
+    One ``execute`` returns one page: Python's driver steps ``PRAGMA incremental_vacuum`` once.
     """
     if conn.execute("PRAGMA auto_vacuum").fetchone()[0] != INCREMENTAL:
         return 0

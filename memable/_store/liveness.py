@@ -1,12 +1,9 @@
 """Who this process is, and whether an owner process on this host still lives.
 
-An owner is judged by its pid only when it is provably in this process's
-PID namespace on this boot: same host name, same boot id, same PID
-namespace. Two containers that share a store file and a host name (host
-networking) have different PID namespaces, so neither judges the other by
-pid; their leases decide. A pid is dead when no process has it, when the
-process is a zombie (killed, not yet reaped), or when the process that has
-it now started after the owner did (the pid was reused).
+An owner is judged by pid only when provably in this process's PID namespace on this boot
+(same host name, boot id and PID namespace: containers sharing a host name differ); else its
+lease decides. A pid is dead when no process has it, it is a zombie, or its process started
+after the owner's (the pid was reused).
 """
 
 from __future__ import annotations
@@ -29,14 +26,12 @@ class Identity:
     started: str | None  # the process's start time in clock ticks since boot
 
 
-#: How many hex digits end an owner id (after the host, the pid and a colon each).
 OWNER_SUFFIX = 12
 
 
 def owner_id(me: Identity) -> str:
-    """A new owner id for an engine of this process: ``host:pid:`` and random hex digits,
-    so that a log line, ``memable show`` and a recovery name the process by its id alone,
-    even once its owner row is gone.
+    """A new owner id: ``host:pid:`` and random hex, so the id alone names the process, even
+    once its owner row is gone.
 
     >>> owner = owner_id(Identity("web-1", 4242, None, None, None))
     >>> owner.startswith("web-1:4242:"), len(owner) == len("web-1:4242:") + OWNER_SUFFIX

@@ -1,9 +1,5 @@
-"""The rows a store passes to the engine and takes from it: frozen attrs records
-with no I/O, and their conversions to the public records and to SQL parameters.
-
-The operations that pass them, each with its guarantee, are the store
-protocol's (``memable._store.protocol``).
-"""
+"""The rows a store and the engine pass (frozen records, no I/O; the operations are
+``protocol``'s), and their conversions to the public records and to SQL parameters."""
 
 from __future__ import annotations
 
@@ -27,8 +23,7 @@ from .._records import (
 
 
 def waited(since: str | None, now: float) -> float | None:
-    """Seconds from the stored time ``since`` (ISO text; a queue's oldest runnable
-    instance, say) to ``now`` (epoch seconds), never negative; None without one.
+    """Seconds from the stored ISO time ``since`` to ``now`` (epoch), at least 0; None if none.
 
     >>> waited("1970-01-01T00:01:00+00:00", 90.0), waited("1970-01-01T00:01:00+00:00", 0.0)
     (30.0, 0.0)
@@ -42,9 +37,7 @@ def waited(since: str | None, now: float) -> float | None:
 
 @attrs.frozen(kw_only=True)
 class InstanceRow:
-    """One row of the ``instances`` table; timestamps are ISO 8601 text. Built by name
-    only (35 fields: a position would be a guess), from stored rows by ``instance_row``.
-    """
+    """One row of ``instances`` (times ISO 8601 text), built by name only (``instance_row``)."""
 
     workflow: str
     instance_id: str
@@ -74,23 +67,16 @@ class InstanceRow:
     recoveries: int | None = None
     lost_owner: str | None = None
     lost_step: str | None = None
-    #: The schedule whose tick this instance is ("{schedule}@{tick}").
-    schedule: str | None = None
-    #: The W3C trace context of the span that last invoked, signalled or resumed it: its
-    #: next run's span is a child of it (None: no tracing).
+    schedule: str | None = None  # the schedule whose tick it is
+    #: The W3C trace context its next run's span continues.
     traceparent: str | None = None
-    #: Why the claim that last took it was made, when that says why its next run
-    #: begins ("resume", "recovery"): kept for a queue's consumer, which runs it later.
+    #: Why the last claim took it ("resume", "recovery"), kept for a queue's consumer.
     run_reason: str | None = None
-    #: The workflow timeout in seconds (``register``/``invoke(timeout=)``), and when it
-    #: passes (epoch seconds from its creation): then the instance is cancelled, "timed
-    #: out after" it, unless it ended first (None: no timeout).
+    #: The workflow timeout in seconds, and when it passes (epoch seconds from creation).
     timeout: float | None = None
     timeout_at: float | None = None
-    #: The key its queue's ``per_key`` limit counts it under (None: none).
     concurrency_key: str | None = None
-    #: The owner the last recovery took it from, by host and pid, and how it was lost:
-    #: ``"host:pid died"`` or ``"host:pid stalled past its lease"`` (None: never recovered).
+    #: Whom the last recovery took it from (``"host:pid died"``, ``"... stalled past its lease"``).
     lost_by: str | None = None
 
 
@@ -101,12 +87,12 @@ class OwnerRow:
     id: str
     host: str
     pid: int
-    heartbeat: float  # seconds since the epoch of its last heartbeat
+    heartbeat: float  # epoch seconds
     lease: float
     boot_id: str | None
     pid_ns: str | None
     proc_start: str | None
-    #: What it runs, as ``_queues.Declarations`` JSON (None: an engine older than v9).
+    #: What it runs, as ``_queues.Declarations`` JSON.
     declares: str | None = None
 
 
@@ -115,27 +101,21 @@ class QueueLook:
     """Where a queued instance stands in its queue, read by ``Store.inspect``."""
 
     position: int  # 1 for the next to start, by priority and then runnable time
-    #: The queue's instances that hold a slot, counted by owner.
-    running: dict[str, int]
+    running: dict[str, int]  # instances holding a slot, by owner
     starts: list[float]  # the claims a rate limit counts (epoch seconds), oldest first
-    #: Owners whose lease has not ended, each with what it declares it runs.
-    live: list[OwnerRow]
+    live: list[OwnerRow]  # owners whose lease has not ended
     now: float  # the clock ``live`` was judged by
-    #: Whether the queue is stored as paused (nothing of it starts), and since when.
     paused: bool = False
     paused_at: str | None = None
-    #: The queue's instances with its concurrency key that hold a slot (None: no key).
+    #: Instances with its concurrency key holding a slot (None: no key).
     key_running: int | None = None
 
 
 @attrs.frozen(kw_only=True)
 class StepView:
-    """One stored key of an instance as an operator sees it (``Store.inspect``): the
-    columns of its ``steps`` row an operator reads, by name."""
+    """One stored key of an instance as an operator sees it (``Store.inspect``)."""
 
-    #: Its place among the instance's keys (None: a signal stored before the run reached
-    #: its key, listed last).
-    seq: int | None
+    seq: int | None  # None: a signal stored before the run reached its key
     key: str
     kind: StepKind
     state: StepState
@@ -144,8 +124,7 @@ class StepView:
     completed_at: str | None
     status: str | None
     error: str | None
-    #: The stored text of its value (JSON), or of its error's.
-    result: str | None
+    result: str | None  # JSON text
     traceback: str | None
 
 
@@ -155,13 +134,10 @@ class InstanceView:
 
     instance: InstanceRow
     owner: OwnerRow | None  # the row of ``instance.owner``, if it still has one
-    #: Its steps in order (a signal the run has not reached yet last).
-    steps: list[StepView]
+    steps: list[StepView]  # in order; a signal the run has not reached yet last
     timers: list[tuple[str, float]]  # (key, deadline) of each pending timer
     awaiting: list[str]  # the suspend points it waits on now
-    #: Its children, oldest first: (workflow, instance_id, status).
-    children: list[tuple[str, str, str]] = attrs.Factory(list)
-    #: For a queued instance, where it stands in its queue.
+    children: list[tuple[str, str, str]] = attrs.Factory(list)  # (workflow, id, status)
     queue: QueueLook | None = None
 
 
@@ -187,19 +163,14 @@ class StepWrite:
     instance_id: str
     key: str
     seq: int
-    #: "children": a wait on a group of children (``ctx.children``), which has no row.
-    kind: StepKind | Literal["children"]
+    kind: StepKind | Literal["children"]  # "children": a group's wait, which has no row
     state: StepState
     result: str | None
     result_type: str | None
     status: str | None
     error: str | None
-    #: When it was stored (epoch seconds, UTC): a completed row's ``completed_at``.
-    at: float
-    #: When the execution that produced this outcome began (epoch seconds, UTC; None for
-    #: signals, waits).
-    started: float | None = None
-    #: The traceback of a failed execution's error.
+    at: float  # when it was stored (epoch seconds, UTC): a completed row's ``completed_at``
+    started: float | None = None  # when its execution began (None: signals, waits)
     traceback: str | None = None
 
 
@@ -211,10 +182,8 @@ class RunSnapshot:
     steps: dict[str, StoredStep]
 
 
-#: The seq of a signal stored before its run reached its key: after every step until the
-#: run reaches it, which then stores the place it reached it at (``Store.place_signal``),
-#: so a fork from a key copies exactly the steps reached before it. PostgreSQL's largest
-#: ``integer``.
+#: The seq of a signal stored before its run reached its key, until the run places it
+#: (``Store.place_signal``), so a fork copies exactly the steps reached before its key.
 UNREACHED = 2**31 - 1
 #: The statuses an instance ends in (a store stamps ``completed_at`` on reaching one).
 TERMINAL: tuple[StatusName, ...] = ("completed", "failed", "cancelled")
@@ -230,10 +199,8 @@ def settled(kind: str, state: str) -> bool:
     """
     return state in SETTLED or (kind == "child" and state == "failed")
 
-#: How a run may claim an instance: the user's resume (anything not cancelled
-#: and not run by a live owner), a timer or signal (only a suspended one that is ready:
-#: its awaited key ended its wait, or its children all ended; never one still waiting,
-#: as on its delayed start), or recovery (only a running one whose owner is dead).
+#: How a run may claim an instance: resume (not cancelled nor live-owned), wake (a ready
+#: suspended one, never one still waiting), recover (a running one whose owner is dead).
 Claim = Literal["resume", "wake", "recover"]
 
 
@@ -241,8 +208,7 @@ Claim = Literal["resume", "wake", "recover"]
 class Suspend:
     """How recording a suspension went."""
 
-    #: "waiting", "ready" (the key completed: run again with ``snapshot``),
-    #: or "stopped" (the instance is no longer running under this engine).
+    #: "ready": run again with ``snapshot``; "stopped": no longer this engine's.
     outcome: Literal["waiting", "ready", "stopped"]
     deadline: float | None = None  # the timer's armed deadline, when waiting on one
     snapshot: RunSnapshot | None = None
@@ -258,26 +224,19 @@ class ScheduleRow:
     workflow: str
     #: The newest tick accounted for (run, skipped or missed), as ``YYYY-MM-DDTHH:MM:SSZ``.
     last_tick: str | None = None
-    #: When the schedule (or its cron and zone as they are now) was first declared: no
-    #: tick before it is due.
+    #: When its cron and zone as they are now were first declared: no tick before is due.
     since: str | None = None
-    #: Ticks not run because an earlier tick's instance had not ended (``overlap="skip"``).
-    skipped: int = 0
-    #: Ticks that fell due while no engine fired them, and that were not run.
-    missed: int = 0
+    skipped: int = 0  # not run: an earlier tick's instance had not ended
+    missed: int = 0  # fell due while no engine fired them, and not run
 
 
 @attrs.frozen
 class TickFiring:
     """What one firing of a schedule records (``Store.fire_ticks``)."""
 
-    #: The newest tick this firing accounts for: the schedule's new ``last_tick``.
-    last_tick: str
-    #: The instances of the ticks to run, oldest first.
-    rows: list[InstanceRow] = attrs.Factory(list)
-    #: Ticks passed over as missed.
+    last_tick: str  # the schedule's new ``last_tick``
+    rows: list[InstanceRow] = attrs.Factory(list)  # the ticks to run, oldest first
     missed: int = 0
-    #: Skip a tick while an earlier tick's instance has not ended (``overlap="skip"``).
     skip_overlap: bool = False
 
 
@@ -285,14 +244,10 @@ class TickFiring:
 class TicksFired:
     """How a firing went."""
 
-    #: False: the stored last tick had moved (another engine fired): nothing written.
-    won: bool
-    #: The instances created (their ids; an id already there is not created again).
-    created: list[str] = attrs.Factory(list)
-    #: Ticks skipped because an earlier tick's instance had not ended.
+    won: bool  # False: another engine moved the last tick first; nothing written
+    created: list[str] = attrs.Factory(list)  # ids created (not those already there)
     skipped: int = 0
-    #: The stored (cron, zone) of the schedule: another engine's declaration, if it
-    #: differs from the firing engine's.
+    #: The stored (cron, zone), if another engine's declaration differs.
     declared: tuple[str, str] | None = None
 
 
@@ -301,15 +256,10 @@ class RunEnd:
     """How a run ended, as ``Store.finish`` records it."""
 
     status: StatusName
-    #: When (epoch seconds, UTC): the instance's ``updated_at``, and ``completed_at`` if
-    #: terminal.
-    at: float
+    at: float  # epoch seconds: ``updated_at``, and ``completed_at`` if terminal
     message: str | None = None
-    #: A completed run's output: its stored text and type tag.
-    output: tuple[str, str | None] | None = None
-    #: The key a run released at a wait waits on.
+    output: tuple[str, str | None] | None = None  # stored text and type tag
     waiting_for: str | None = None
-    #: The traceback of a failed run's error.
     traceback: str | None = None
 
 
@@ -317,10 +267,8 @@ class RunEnd:
 class Ended:
     """How recording the end of a run (``Store.finish``) or a cancel went."""
 
-    #: Whether the end was recorded (False: the instance was no longer this run's).
-    recorded: bool = True
-    #: The parent this end made ready to go on (it waited for this child): wake it.
-    wake: tuple[str, str] | None = None
+    recorded: bool = True  # False: the instance was no longer this run's
+    wake: tuple[str, str] | None = None  # a parent this child's end made ready
     #: Descendants a cancel cancelled with the instance (their runs stop too).
     cancelled: list[tuple[str, str]] = attrs.Factory(list)
 
@@ -331,18 +279,15 @@ class TimedOut:
 
     workflow: str
     instance_id: str
-    #: Its status: "timed out after <duration>".
-    message: str
-    #: The cancel's outcome: its descendants cancelled with it, a parent to wake.
+    message: str  # "timed out after <duration>"
     ended: Ended
 
 
 @attrs.frozen
 class Claimed:
-    """What one claim on a queue took, and when its rate limit lets more start."""
+    """What one claim on a queue took, and in how many seconds its rate lets more start."""
 
     snapshots: list[RunSnapshot] = attrs.Factory(list)
-    #: Seconds until the rate window has room again (None: the rate does not hold it back).
     retry_in: float | None = None
 
 
@@ -350,24 +295,19 @@ class Claimed:
 class Look:
     """What a poll of the store found (see ``Store.look_around``)."""
 
-    #: Suspended instances whose awaited key completed (or whose retry backoff ended).
-    ready: list[tuple[str, str]] = attrs.Factory(list)
-    #: Running instances whose owner is dead.
-    orphaned: list[tuple[str, str]] = attrs.Factory(list)
-    #: Instances this engine owns that were cancelled.
-    cancelled: list[tuple[str, str]] = attrs.Factory(list)
+    ready: list[tuple[str, str]] = attrs.Factory(list)  # suspended, their wait over
+    orphaned: list[tuple[str, str]] = attrs.Factory(list)  # running, their owner dead
+    cancelled: list[tuple[str, str]] = attrs.Factory(list)  # this engine's, cancelled
     #: Running instances this engine owns (the runner recovers those it no longer runs).
     mine: list[tuple[str, str]] = attrs.Factory(list)
 
 
-#: A record a stored row is built into.
 R = TypeVar("R")
 
 
 def by_name(record: type[R], columns: Iterable[str], values: Iterable[Any]) -> R:
-    """The ``record`` of one stored row, built by name, never by position: ``values`` are
-    the columns ``columns`` names, in its order (a statement's select list); a name that
-    is not one of the record's fields, or a count that differs, raises.
+    """The ``record`` of one stored row, built by name (``columns``, a select list), never by
+    position; an unknown name or a count that differs raises.
 
     >>> by_name(StoredStep, ["seq", "key", "kind", "state", "result", "result_type",
     ...                      "status", "attempts"], [3, "pay", "step", "completed", "1",
@@ -378,8 +318,7 @@ def by_name(record: type[R], columns: Iterable[str], values: Iterable[Any]) -> R
 
 
 def instance_row(columns: Iterable[str], values: Iterable[Any]) -> InstanceRow:
-    """The ``InstanceRow`` of one stored row of ``columns`` (``sql.instances.INSTANCE_COLUMNS``,
-    or a statement's own select list), built by name (``by_name``)."""
+    """The ``InstanceRow`` of one stored row of ``columns`` (``by_name``)."""
     return by_name(InstanceRow, columns, values)
 
 
@@ -398,13 +337,12 @@ def metadata_of(row: InstanceRow) -> WorkflowMetadata:
     )
 
 
-#: Structures stored rows (dicts of column values) into records.
 ROWS = cattrs.Converter()
 ROWS.register_structure_hook(datetime, lambda value, _: datetime.fromisoformat(value))
 
 
 def step_record(row: dict[str, Any]) -> StepRecord:
-    """The public ``StepRecord`` of one stored ``steps`` row (a dict of its columns)."""
+    """The public ``StepRecord`` of one stored ``steps`` row (a dict)."""
     row = dict(row)
     row["result"] = json.loads(row["result"]) if row["state"] == "completed" else None
     return ROWS.structure(row, StepRecord)

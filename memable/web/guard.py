@@ -1,12 +1,10 @@
 """Who may see the dashboard and who may act: the access token and the CSRF token.
 
-A dashboard with a token answers every request 401 unless it carries the
-token: as ``Authorization: Bearer <token>``, or in the HttpOnly cookie a
-browser gets by opening any page once with ``?token=<token>``. Every action
-is a POST that carries the CSRF token of the browser's own HttpOnly,
-``SameSite=Lax`` cookie in a hidden form field (a page of another site can
-neither read it nor send the cookie with its POST). Tokens are compared in
-constant time, and never shown in a page, a message or a log.
+A dashboard with a token answers 401 unless a request carries it: as ``Authorization: Bearer
+<token>``, or in the HttpOnly cookie a browser gets by opening a page with ``?token=<token>``.
+Every action is a POST carrying, in a form field, the CSRF token of the browser's HttpOnly,
+``SameSite=Lax`` cookie, which another site can neither read nor send. Tokens are compared in
+constant time and never shown in a page, a message or a log.
 
 >>> csrf = new_csrf()
 >>> len(csrf) >= 43, same(csrf, csrf), same(csrf, "x"), same(None, csrf)
@@ -20,11 +18,8 @@ import ipaddress
 import secrets
 from urllib.parse import urlsplit
 
-#: The cookie that holds the access token once a browser gave it.
 TOKEN_COOKIE = "memable_token"
-#: The cookie that holds a browser's CSRF token; its forms carry the same value.
 CSRF_COOKIE = "memable_csrf"
-#: The form field each action carries the CSRF token in.
 CSRF_FIELD = "csrf"
 
 
@@ -69,10 +64,9 @@ def is_loopback(host: str) -> bool:
 
 
 def loopback_host(host: str | None) -> bool:
-    """Whether a request's ``Host`` (or an origin's host and port) names this machine's
-    loopback: ``localhost``, a loopback address such as ``127.0.0.1``, or ``[::1]``,
-    with any port. A dashboard served without a token answers only these, so that a
-    page whose domain was rebound to 127.0.0.1 (DNS rebinding) gets nothing.
+    """Whether a request's ``Host`` names this machine's loopback, with any port. A dashboard
+    without a token answers only these, so a domain rebound to 127.0.0.1 (DNS rebinding)
+    gets nothing.
 
     >>> [loopback_host(h) for h in ("localhost:8321", "127.0.0.1", "[::1]:80", "LOCALHOST")]
     [True, True, True, True]
@@ -105,9 +99,8 @@ def loopback_host(host: str | None) -> bool:
 
 
 def same_origin(origin: str | None, referer: str | None, host: str) -> bool:
-    """Whether a request's ``Origin`` (or, without one, its ``Referer``) is the dashboard
-    at ``host`` (the request's ``Host``, already checked): a browser sends one of them
-    with every form it posts, so an action with neither, or from another origin, is
+    """Whether a request's ``Origin`` (else its ``Referer``) is the dashboard at ``host`` (its
+    checked ``Host``); a browser sends one with every form, so an action with neither is
     refused.
 
     >>> same_origin("http://127.0.0.1:8321", None, "127.0.0.1:8321")

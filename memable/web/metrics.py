@@ -1,10 +1,7 @@
 """``/metrics``: the store's counts in the Prometheus text format (version 0.0.4).
 
-What the store holds now, read at each scrape: instances per workflow and
-status, and per queue the instances waiting, holding a slot, the age of the
-oldest waiting one, and whether it is paused (1) or not (0). (Rates and durations
-are the engines' own metrics, through OpenTelemetry: see "Trace and measure
-workflows".)
+What the store holds, read at each scrape. (Rates and durations are the engines' own
+metrics, through OpenTelemetry.)
 
 >>> print(exposition([("ship", "failed", 2)], [("mail", 3, 1, 4.5, 1)]), end="")
 # HELP memable_instances Instances in the store, by workflow and status.
@@ -30,7 +27,6 @@ from .._clock import Clock
 from .._store.operator import OperatorStore
 from .._store.rows import waited
 
-#: The media type Prometheus scrapes.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -46,8 +42,8 @@ def label(value: str) -> str:
 def exposition(
     counts: list[tuple[str, str, int]], queues: list[tuple[str, int, int, float, int]]
 ) -> str:
-    """The text of a scrape: ``counts`` as (workflow, status, n), ``queues`` as (name,
-    queued, running, oldest age in seconds, paused 1 or 0)."""
+    """The text of a scrape: ``counts`` (workflow, status, n), ``queues`` (name, queued,
+    running, oldest age in seconds, paused 1 or 0)."""
     lines = [
         "# HELP memable_instances Instances in the store, by workflow and status.",
         "# TYPE memable_instances gauge",

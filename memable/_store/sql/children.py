@@ -1,12 +1,8 @@
-"""The SQL of child instances, shared by both stores (``:name`` parameters; the
-PostgreSQL store rewrites them with ``execute.pg``).
+"""The SQL of child instances, for both stores (``:name`` parameters).
 
-A child instance row names its parent (``parent_workflow``, ``parent_id``),
-the key of its step in the parent (``parent_key``, kind ``"child"``) and,
-for ``ctx.children``, the group key (``parent_group``). A parent suspended on
-a group keeps in ``children_pending`` how many of the group's children it
-still waits for; the transaction that ends a child settles the parent's step
-and counts it down, so the last child's end finds the parent ready.
+A child's row names its parent, its step's key there and, for ``ctx.children``, the group
+key. A parent suspended on a group counts in ``children_pending`` the children it waits for;
+the transaction that ends a child settles the parent's step and counts it down.
 """
 
 from __future__ import annotations
@@ -22,7 +18,6 @@ PARENT_OF = (
     "SELECT parent_workflow, parent_id, parent_key, parent_group FROM instances "
     "WHERE workflow = :workflow AND instance_id = :instance_id"
 )
-#: The state of the parent's step for a child (None if the parent has no such row).
 PARENT_STEP = (
     "SELECT state FROM steps WHERE workflow = :parent_workflow "
     "AND instance_id = :parent_id AND key = :parent_key AND kind = 'child'"
@@ -37,14 +32,12 @@ AND kind = 'child' AND state <> 'completed'
 """
 #: What a parent's failed child step holds once the parent has raised ChildFailed for it.
 TOLD = "told"
-#: One child of the group the parent waits on has ended: count it down.
 COUNT_DOWN = """
 UPDATE instances SET children_pending = children_pending - 1
 WHERE workflow = :parent_workflow AND instance_id = :parent_id AND status = 'suspended'
 AND waiting_for = :parent_group AND children_pending > 0
 RETURNING children_pending
 """
-#: Whether the parent is suspended on exactly this child's key.
 WAITS_ON_KEY = """
 SELECT 1 FROM instances WHERE workflow = :parent_workflow AND instance_id = :parent_id
 AND status = 'suspended' AND waiting_for = :parent_key
@@ -61,9 +54,8 @@ SELECT i.workflow, i.instance_id FROM instances AS i JOIN family AS f
 ON i.workflow = f.workflow AND i.instance_id = f.instance_id
 WHERE i.status NOT IN ('completed', 'failed', 'cancelled')
 """
-#: How many children of one group the parent still waits for: its keys start with
-#: ``:prefix`` (``"{group}["``), ``:n`` characters (compared as characters, so no
-#: collation or LIKE pattern is involved).
+#: The children of a group still waited for: keys starting ``:prefix`` (``"{group}["``, ``:n``
+#: characters), compared as characters (no collation, no LIKE pattern).
 PENDING_IN_GROUP = """
 SELECT count(*) FROM steps WHERE workflow = :workflow AND instance_id = :instance_id
 AND kind = 'child' AND state = 'waiting' AND substr(key, 1, :n) = :prefix
@@ -73,11 +65,8 @@ AND kind = 'child' AND state = 'waiting' AND substr(key, 1, :n) = :prefix
 def refuse_taken(
     tx: Transaction, workflow: str, parent: tuple[str, str], keys: dict[str, str]
 ) -> None:
-    """Raise ``ChildIdTaken`` if a child id of ``keys`` (child id -> the parent's key) that
-    was not created belongs to an instance other than ``parent``'s child at that key.
-
-    Called in the transaction that created the others, so raising rolls it all back.
-    """
+    """Raise ``ChildIdTaken`` if a child id of ``keys`` (-> the parent's key) belongs to an
+    instance other than ``parent``'s child at that key (rolling back the others' creation)."""
     for child_id, key in keys.items():
         found = tx.execute(PARENT_OF, {"workflow": workflow, "instance_id": child_id}).fetchone()
         holder = None if found is None or found[0] is None else (found[0], found[1], found[2])
@@ -94,19 +83,12 @@ def settle_parent(
     output: tuple[str, str | None] | None,
     at: float,
 ) -> tuple[str, str] | None:
-    """Write a child's end (``status``, at ``at``: epoch seconds, UTC) into its parent's
-    step; the parent to wake, if any
-    (told of it: a ``"signal"`` notice).
+    """Write a child's end (at ``at``: epoch seconds, UTC) into its parent's step; the parent
+    made ready to wake (told by a ``"signal"`` notice), if any. ``parent``: the child's parent
+    columns (all None: no child).
 
-    ``parent`` is the child's (parent_workflow, parent_id, parent_key,
-    parent_group), all None for an instance that is no child. Only a step
-    that waited counts: the parent is ready when it waits on this key, or
-    when this was the last pending child of the group it waits on.
-
-    The parent's row is locked first (``tx.lock_instance``): a parent
-    recording its suspension holds that lock while it counts what it waits
-    for, so either it sees this end, or this end sees it suspended and counts
-    itself down.
+    The parent's row is locked first: a parent recording its suspension holds that lock while
+    it counts what it waits for, so either it sees this end, or this end sees it suspended.
     """
     parent_workflow, parent_id, parent_key, parent_group = parent
     if parent_workflow is None or status not in ("completed", "failed", "cancelled"):

@@ -1,12 +1,8 @@
 """Timers: a key's deadline, armed once, and fired by exactly one engine when due.
 
-A row of ``timers`` is a deadline armed for one key of an instance: a
-timer's, a suspend point's (its timeout), or a step's retry backoff.
-Deleting the row claims it: of several engines (or processes), exactly one
-fires each timer, and a signal that drops a suspend point's deadline first
-leaves none to fire. Firing completes a timer's key, times out a suspend
-point that holds no signal yet, and only ends a retry backoff (its step is
-left for the run's next attempt).
+A row of ``timers`` is the deadline of a timer, a suspend point's timeout, or a step's retry
+backoff. Deleting the row claims it: exactly one engine fires each timer, and a signal that
+drops a suspend point's deadline first leaves none to fire.
 """
 
 from __future__ import annotations
@@ -17,10 +13,8 @@ from ..._clock import iso_utc
 from ..transaction import Transaction
 from .instances import NEXT_TIMEOUT, due_after_read
 
-# What firing a due timer row does to its key: a timer completes; a suspend
-# point's deadline times it out, unless a signal completed it first; a step's
-# retry backoff only ends (the run makes the next attempt). ``{at}`` is the
-# parameter holding the time.
+# Firing a key: a timer completes; a suspend point times out unless a signal completed it;
+# a retry backoff only ends (the run makes the next attempt). ``{at}``: the time parameter.
 FIRE_KEY = """state = CASE kind WHEN 'timer' THEN 'completed' ELSE 'timed_out' END,
     result = CASE kind WHEN 'timer' THEN 'null' END, result_type = NULL,
     attempts = CASE kind WHEN 'timer' THEN attempts + 1 ELSE attempts END,
@@ -28,28 +22,20 @@ FIRE_KEY = """state = CASE kind WHEN 'timer' THEN 'completed' ELSE 'timed_out' E
 FIRE_KEY_WHERE = "state NOT IN ('completed', 'timed_out') AND kind IN ('timer', 'signal')"
 
 _KEY = "workflow = :workflow AND instance_id = :instance_id AND key = :key"
-#: The deadline armed for a key, if any.
 ARMED = f"SELECT deadline FROM timers WHERE {_KEY}"
-#: Arms a key's deadline.
 ARM = (
     "INSERT INTO timers (workflow, instance_id, key, deadline) "
     "VALUES (:workflow, :instance_id, :key, :deadline)"
 )
-#: Drops (or claims) a key's deadline.
 DROP = f"DELETE FROM timers WHERE {_KEY}"
-#: Claims a key's deadline if it is due by ``:now``.
 _DROP_DUE = DROP + " AND deadline <= :now"
-#: What firing does to the key whose timer row was claimed.
 _FIRE = f"UPDATE steps SET {FIRE_KEY.format(at=':at')} WHERE {_KEY} AND {FIRE_KEY_WHERE}"
-#: The timers due by ``:now``, the ones a call fires at most (``fire`` claims them).
 DUE_TIMERS = (
     "SELECT workflow, instance_id, key, deadline FROM timers WHERE deadline <= :now "
     "ORDER BY deadline LIMIT 500"
 )
-# Claims the due timers of those ``DUE_TIMERS`` read (the arrays ``workflows``, ``ids``,
-# ``keys``; judged by a clock read after it): rows another engine is firing (or a signal
-# is dropping) are skipped, not waited for. What it does to each key: ``FIRE_KEY``.
-# PostgreSQL: one statement (a data-modifying WITH, which SQLite has not).
+# PostgreSQL: claims and fires those of the rows ``DUE_TIMERS`` read (the arrays) still due,
+# skipping rows another transaction holds.
 FIRE_DUE = f"""
 WITH due AS (
     DELETE FROM timers WHERE (workflow, instance_id, key) IN (
@@ -64,13 +50,11 @@ fired AS (
     AND steps.key = due.key AND {FIRE_KEY_WHERE})
 SELECT workflow, instance_id, key, deadline FROM due
 """
-#: The earliest timer deadline and the earliest workflow timeout still armed.
 _NEXT_DEADLINE = f"SELECT (SELECT MIN(deadline) FROM timers), ({NEXT_TIMEOUT})"
 
 
 def arm(tx: Transaction, workflow: str, instance_id: str, key: str, deadline: float) -> None:
-    """Arm the key's deadline, and tell the engines watching the store (their timer
-    threads wait for it)."""
+    """Arm the key's deadline, and tell the engines' timer threads."""
     tx.write(ARM, {"workflow": workflow, "instance_id": instance_id, "key": key,
                    "deadline": deadline})
     tx.notify("timer", workflow, instance_id)
@@ -80,9 +64,8 @@ def fire_key(
     tx: Transaction, workflow: str, instance_id: str, key: str, at: float,
     due_by: float | None = None,
 ) -> bool:
-    """Claim the key's timer row (waiting for a transaction that holds it; only if its
-    deadline is ``due_by`` at the latest, when given) and, if this claimed it, fire its
-    key (``FIRE_KEY``, at ``at``: epoch seconds, UTC); whether it did."""
+    """Claim the key's timer row (waiting for a holder; only if due by ``due_by``, if given)
+    and fire its key at ``at`` (epoch seconds, UTC); whether it did."""
     where = {"workflow": workflow, "instance_id": instance_id, "key": key}
     if due_by is None:
         claimed = tx.execute(DROP, where).rowcount
@@ -95,30 +78,19 @@ def fire_key(
 
 
 def due(tx: Transaction, clock: Callable[[], float]) -> list[tuple[str, str, str, float]]:
-    """The timers due by the time ``clock`` tells, (workflow, id, key, deadline)s, at most
-    500, earliest first: a read, which answers most looks (nothing due) without a write.
-
-    A timer is judged due by a reading of ``clock`` taken after it was read
-    (``due_after_read``), never by the one it was chosen by.
-    """
+    """At most 500 due timers, earliest first: a read, which answers most looks without a
+    write. Judged due by a ``clock`` reading taken after the read (``due_after_read``)."""
     return due_after_read(tx.execute(DUE_TIMERS, {"now": clock()}).fetchall(), clock)
 
 
 def fire(
     tx: Transaction, due: list[tuple[str, str, str, float]], at: float
 ) -> list[tuple[str, str, str, float]]:
-    """Claim the timers ``due`` read and fire each (``FIRE_KEY``, at ``at``: epoch seconds,
-    UTC); return
-    those this transaction claimed.
+    """Claim the timers ``due`` read and fire each at ``at`` (epoch seconds, UTC); those this
+    transaction claimed.
 
-    Deleting a row claims it: of several engines, exactly one fires each
-    timer; one another engine fired (or a signal dropped) since the read is
-    left out. Where rows are locked (PostgreSQL) they are claimed in one
-    statement (``FIRE_DUE``: a data-modifying WITH, which SQLite lacks) that
-    passes over rows another transaction holds (another engine firing them,
-    or a signal dropping its deadline) rather than wait for them; SQLite
-    serialises writers, so it deletes them one by one, seeing no other
-    claimer meanwhile.
+    PostgreSQL claims them in one statement (``FIRE_DUE``) that passes over rows another
+    transaction holds; SQLite serialises writers, so it deletes them one by one.
     """
     if not due:
         return []
