@@ -336,8 +336,7 @@ def _owner(owner_id: str, row: OwnerRow | None, now: float) -> dict[str, Any]:
     }
 
 
-#: Characters of a value's JSON text that ``show`` prints before cutting it.
-CUT = 2000
+CUT = 2000  # characters of a value's JSON text ``show`` prints before cutting it
 
 
 def _cut_large(view: dict[str, Any]) -> dict[str, int]:

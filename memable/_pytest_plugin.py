@@ -25,10 +25,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 @pytest.fixture
 def memable_workflows() -> Mapping[str, Callable[..., Any]]:
-    """The workflows the ``memable_engine`` fixture registers, by name: none unless overridden.
-
-    Override it (in a ``conftest.py``, a module or a class) to return ``{"ship": ship, ...}``.
-    """
+    """The workflows the ``memable_engine`` fixture registers, by name: none unless overridden
+    (in a ``conftest.py``, a module or a class) to return ``{"ship": ship, ...}``."""
     return {}
 
 
@@ -36,18 +34,16 @@ def memable_workflows() -> Mapping[str, Callable[..., Any]]:
 def memable_configure() -> Callable[[Engine], None] | None:
     """A function that sets up the ``memable_engine`` before it starts: none unless overridden.
 
-    Override it to return your app's own ``configure(engine)`` (queues, workflows on them); it
-    runs before ``memable_workflows`` are registered.
+    Override it to return your app's ``configure(engine)``; it runs before ``memable_workflows``
+    are registered.
     """
     return None
 
 
 @pytest.fixture
 def memable_options() -> dict[str, Any]:
-    """Keyword options of ``Engine.in_memory`` for ``memable_engine``: none unless overridden.
-
-    E.g. ``{"poll_interval": 60, "max_workers": 2}``.
-    """
+    """Keyword options of ``Engine.in_memory`` for ``memable_engine``: none unless overridden
+    (e.g. ``{"poll_interval": 60, "max_workers": 2}``)."""
     return {}
 
 

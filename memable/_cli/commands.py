@@ -1,10 +1,8 @@
 """The ``memable`` command line (also ``python -m memable``).
 
-Every command but ``demo`` and ``worker`` acts on an existing store and
-needs no engine: what ``signal``, ``resume``, ``cancel``, ``purge`` and ``queue
-pause|resume`` write is acted on by an engine running on the store within its poll
-interval, or by the next one to start. An error prints one line on stderr and exits 2
-with the store as it was.
+Every command but ``demo`` and ``worker`` acts on an existing store with no engine: what it
+writes is acted on by an engine on the store within its poll interval, or by the next to start.
+An error prints one line on stderr and exits 2 with the store as it was.
 """
 
 from __future__ import annotations
@@ -52,11 +50,8 @@ from .worker import load_engine, run_worker
 
 T = TypeVar("T")
 
-#: The command line runs no engine: it dates what it writes, and judges ages and
-#: liveness, by the system's clocks (an engine uses its own, ``Options.clock``).
-CLOCK = SYSTEM_CLOCK
+CLOCK = SYSTEM_CLOCK  # no engine here: dates, ages and liveness by the system's clocks
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-#: Every command that takes a store takes --schema after its name.
 _SCHEMA = click.option(
     "--schema", metavar="NAME",
     help="PostgreSQL only: the schema that holds the store (default: memable).",
@@ -78,8 +73,7 @@ def _fail(message: str) -> NoReturn:
 
 @contextmanager
 def _store(target: str, schema: str | None) -> Iterator[Store]:
-    """The store ``target`` names (a file, or a PostgreSQL URL's ``schema``); any
-    EngineError on the way is reported and exits 2."""
+    """The store ``target`` names; an EngineError on the way is reported, exit 2."""
     try:
         store = open_existing(target, schema)
         try:
@@ -94,8 +88,7 @@ def _act_on(
     target: str, schema: str | None, workflow: str, instance_id: str,
     act: Callable[[Store], T],
 ) -> T:
-    """``act(store)`` on an instance of the store ``target``; an instance it does not have
-    is reported (with the closest workflow name, if the workflow is unknown), exit 2."""
+    """``act(store)`` on an instance of the store ``target``; an unknown one: exit 2."""
     with _store(target, schema) as store:
         try:
             return act(store)
@@ -131,8 +124,7 @@ def _records(
     found: list[dict[str, Any]], as_json: bool, empty: str | None, headers: list[str],
     row: Callable[[dict[str, Any]], list[object]],
 ) -> None:
-    """Print ``found`` as JSON records, or as a table with a ``row`` each (``empty``, if
-    given, instead of a table without rows)."""
+    """Print ``found`` as JSON, or as a table, a ``row`` each (``empty``, if given, for none)."""
     if as_json:
         click.echo(_json(found))
     elif empty is not None and not found:
@@ -244,8 +236,7 @@ def queue_group() -> None:
 
 
 def _known_queue(store: OperatorStore, name: str) -> None:
-    """Exit 2, naming the closest, unless the store knows the queue ``name``: an instance
-    is on it, a running engine consumes it, or it is paused."""
+    """Exit 2, naming the closest, unless the store knows the queue ``name``."""
     names = known_queues(store, clock=CLOCK)
     if name not in names:
         _fail(f"the store knows no queue {name!r} (no instance is on it, no running engine "
@@ -497,8 +488,7 @@ def resume(
 
 
 def _since(text: str | None) -> float | None:
-    """--since as epoch seconds (UTC): an aware ISO time, or an age like 12h back from
-    now; exit 2 for anything else."""
+    """--since (an aware ISO time, or an age like 12h) as epoch seconds; else exit 2."""
     if text is None:
         return None
     try:
@@ -518,8 +508,7 @@ def _since(text: str | None) -> float | None:
 def _resume_failed(
     db: str, schema: str | None, workflow: str, since: float | None, limit: int, yes: bool
 ) -> None:
-    """Count the failed instances, confirm (unless ``yes``), resume exactly those: the
-    ones that had failed when they were counted."""
+    """Count the failed instances, confirm (unless ``yes``), and resume exactly those."""
     shown = None if since is None else iso_utc(since)  # as stored: ISO 8601 in UTC
     with _store(db, schema) as store:
         if workflow not in store.workflows():
@@ -639,8 +628,7 @@ def ui(db: str, host: str, port: int, allow_actions: bool, token: str | None,
         _fail(f"--host {host} serves other machines: give a --token (or set "
               "MEMABLE_UI_TOKEN), or serve on 127.0.0.1")
     try:
-        # Without a token, only this machine's loopback names are answered: a page of a
-        # domain rebound to 127.0.0.1 (DNS rebinding) reads and changes nothing.
+        # Without a token, only loopback names are answered (DNS rebinding).
         dashboard = app(db, allow_actions=allow_actions, token=token or None, schema=schema,
                         loopback_only=not token)
     except EngineError as err:

@@ -41,8 +41,7 @@ from . import schema as schema_
 
 T = TypeVar("T")
 Cursor = psycopg.Cursor[Any]
-#: Seconds an operation is tried again across lost connections before it fails.
-RETRY_FOR = 30.0
+RETRY_FOR = 30.0  # seconds an operation is retried across lost connections
 
 #: Longest wait for a pooled connection, and longest backoff between tries: the pool gives up a
 #: failed connect without waking its waiters and connects again when asked, so each retry asks.
@@ -51,10 +50,8 @@ OUTAGE_WAIT = 0.5
 #: last attempts, and a server clock a little fast, so a run stops before another engine may
 #: take its instance over.
 LEASE_USED = 0.9
-#: Numbers the pools of this process (their names, and their threads', say whose).
-_POOLS = itertools.count(1)
-#: This thread's own: ``quiet`` while it is inside ``Connections`` (see ``_QuietPool``).
-_INSIDE = threading.local()
+_POOLS = itertools.count(1)  # numbers this process's pools (in their threads' names)
+_INSIDE = threading.local()  # ``quiet`` while this thread is inside ``Connections``
 
 
 class Opening:
@@ -103,7 +100,6 @@ class Opening:
         return reads[len(reads) - len(statements):]
 
 
-#: A transaction's id and server process, asked with its ``BEGIN``.
 _ASK_XID = "SELECT txid_current(), pg_backend_pid()"
 
 
@@ -112,7 +108,7 @@ class Connection(psycopg.Connection[Any]):
     open on it (None between operations, and in a one-statement operation)."""
 
     opening: Opening | None = None
-    prepares = True  # (``batch``)
+    prepares = True  # the store prepares its statements on it (``batch``)
 
     def send_text(self, text: bytes) -> list[Any]:
         """Run the statements of ``text`` in one round trip (``batch.run_text``): where a
@@ -261,11 +257,8 @@ class Connections:
 
     @contextmanager
     def session(self) -> Iterator[None]:
-        """Within: this thread's operations share one pooled connection, taken at the first.
-
-        Nested sessions are one. A failed connection is given back and the next operation takes
-        another.
-        """
+        """Within (nested: once), this thread's operations share one pooled connection, taken at
+        the first; a failed one is given back and the next operation takes another."""
         held = self._held
         if getattr(held, "active", False):
             yield
@@ -314,10 +307,8 @@ class Connections:
         """Run ``fn`` on a pooled connection (in a transaction unless told not to), retrying.
 
         A lost connection is retried for ``RETRY_FOR`` seconds, no longer than the lease is known
-        held; in a run's ``session``, until then whatever ``RETRY_FOR`` says, then ``LeaseLost``.
-        Outside a run an operation gets ``past_lease`` seconds at least, even with the lease
-        known lost: the lease stays so until the next heartbeat commits, which needs a
-        connection that takes a moment to open.
+        held; in a run's ``session``, until then, then ``LeaseLost``. Outside a run, for
+        ``past_lease`` seconds at least: a lease known lost stays so until a heartbeat commits.
         """
         in_run = bool(getattr(self._held, "active", False))
         began = time.monotonic()

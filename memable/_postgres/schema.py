@@ -20,8 +20,7 @@ from .._store.sql.instances import CONCURRENCY_KEY_INDEX, TIMEOUTS_INDEX
 #: The schema version this code writes. Older versions created PL/pgSQL functions
 #: (``memable_claim``, ...); a store keeps them, unused.
 SCHEMA_VERSION = 10
-#: Seconds to wait for the server unless the URL's ``connect_timeout`` says.
-CONNECT_TIMEOUT = 10
+CONNECT_TIMEOUT = 10  # seconds, unless the URL's ``connect_timeout`` says
 SCHEMES = ("postgresql://", "postgres://")
 #: What a schema name may be: an identifier that needs no quoting but for its case.
 _SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")

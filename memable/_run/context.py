@@ -62,7 +62,7 @@ class Context:
         telemetry: Telemetry | None = None,
     ) -> None:
         options = options or Options()
-        #: Stored steps (not signals, timers, children) this run returned unexecuted.
+        #: Stored steps this run returned without executing them (not signals, timers, children).
         self.replayed = 0
         self._children = children
         self._workflow = workflow
@@ -73,13 +73,13 @@ class Context:
         self._publish = publish
         self._retry: Retry | None = options.retry
         self._clock = options.clock
+        #: Runs the attempts of each executed step and stores their outcomes.
         self.attempts = Attempts(
             workflow=workflow, instance_id=instance_id, store=store, run=run or NoRun(),
             clock=options.clock, sleep=options.sleep, flight_lock=flight_lock,
             trace=trace, telemetry=telemetry,
         )
         self._seen: set[str] = set()
-        # A signal stored before the run reached its key has no place yet (UNREACHED).
         self._next_seq = max(
             (s.seq for s in memo.values() if s.seq != UNREACHED), default=-1) + 1
         self._replaying = bool(memo)
@@ -306,10 +306,10 @@ class Context:
     ) -> list[Any]:
         """Run ``workflow`` once per input as child instances; their outputs, in input order.
 
-        Child ``i`` is the step ``"{key}[{i}]"`` and the instance ``"{this instance's
-        id}/{key}[{i}]"``; they run side by side. This run ends ``Suspended("children <key>")``
-        until all have ended; then the first by index that ended Failed or Cancelled raises
-        ``ChildFailed``. Otherwise as ``child``.
+        Child ``i`` is the step ``"{key}[{i}]"`` and the instance
+        ``"{this instance's id}/{key}[{i}]"``; they run side by side. This run ends
+        ``Suspended("children <key>")`` until all have ended; then the first by index that ended
+        Failed or Cancelled raises ``ChildFailed``. Otherwise as ``child``.
 
         >>> from memable import Context, Engine
         >>> def square(ctx: Context, n: int) -> int:

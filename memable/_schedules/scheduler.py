@@ -25,14 +25,10 @@ from .._store.rows import InstanceRow, ScheduleRow, TickFiring
 from .cron import Cron, parse_tick, tick_id
 from .spec import CatchUp, ScheduleSpec
 
-#: Seconds after its due time a tick still counts as on time (when no later one is due).
-GRACE = 30.0
-#: At most this many missed ticks run on ``catch_up="all"``: the newest, oldest first.
-CATCH_UP_ALL = 100
-#: Missed ticks are counted up to this many (a longer count says "at least").
-COUNT_AT_MOST = 100_000
-#: After a failed firing, the next try in this many seconds, doubling to the most.
-RETRY_FIRST, RETRY_MOST = 1.0, 60.0
+GRACE = 30.0  # seconds after its due time a tick is on time (if no later one is due)
+CATCH_UP_ALL = 100  # most missed ticks ``catch_up="all"`` runs: the newest
+COUNT_AT_MOST = 100_000  # missed ticks counted; past it, "at least"
+RETRY_FIRST, RETRY_MOST = 1.0, 60.0  # seconds to retry a failed firing, doubling
 
 
 @attrs.frozen
@@ -164,7 +160,7 @@ class Scheduler:
         return fired
 
     def _fire_ticks(self, spec: ScheduleSpec, at: datetime) -> tuple[int, list[Made]]:
-        """``_fire``'s work: also the instances to run here."""
+        """Fire what is due of ``spec``: how many instances that created, and those to run here."""
         runner = self._runner
         workflow = runner.workflow(spec.workflow)
         # Another engine may fire between our read and our firing: plan again from what it

@@ -13,8 +13,7 @@ CatchUp = Literal["latest", "all", "none"]
 Overlap = Literal["allow", "skip"]
 CATCH_UPS: tuple[CatchUp, ...] = ("latest", "all", "none")
 OVERLAPS: tuple[Overlap, ...] = ("allow", "skip")
-#: Longest schedule name: with "@YYYY-MM-DDTHH:MM:SSZ" it is an instance id.
-MAX_NAME = 200
+MAX_NAME = 200  # with "@YYYY-MM-DDTHH:MM:SSZ", still an instance id
 
 
 def check_name(name: object) -> str:
@@ -55,7 +54,7 @@ class ScheduleSpec:
     name: str
     cron: Cron
     workflow: str
-    #: The input of each tick's instance (None: the tick itself, if the workflow takes one).
+    #: Each tick's input (None: the tick itself, if the workflow takes one).
     input: Any = attrs.field(default=None, eq=False)
     queue: str | None = None
     catch_up: CatchUp = "latest"

@@ -1,8 +1,8 @@
 """The tables of a memable store, their migrations, and opening a file safely.
 
 The schema version is ``PRAGMA user_version``. A file that is not a SQLite database, not a
-memable store, or of a newer version is refused byte for byte untouched; an older store is
-migrated in one transaction.
+memable store, or of a newer version is refused, left byte for byte as it was; an older store
+is migrated in one transaction.
 """
 
 from __future__ import annotations
@@ -19,16 +19,11 @@ from .._log import log
 from .._store.protocol import Synchronous
 from .._store.sql.instances import CONCURRENCY_KEY_INDEX, INSTANCE_COLUMNS, TIMEOUTS_INDEX
 
-#: The schema this code writes; ``PRAGMA user_version`` of every store.
-SCHEMA_VERSION = 15
-#: Seconds a statement waits for another process's lock before failing.
-BUSY_TIMEOUT = 10.0
-#: ``PRAGMA auto_vacuum`` of a store that returns freed pages (retention): incremental.
-INCREMENTAL = 2
-#: Stores are made incremental since this version; an older file is switched once, on migration.
-INCREMENTAL_VACUUM_SINCE = 12
-#: Most free pages one purge batch returns (about 8 MB of 4 KiB pages, some 0.1 s).
-RETURN_PAGES = 2000
+SCHEMA_VERSION = 15  # the ``PRAGMA user_version`` this code writes
+BUSY_TIMEOUT = 10.0  # seconds a statement waits for another process's lock
+INCREMENTAL = 2  # the ``PRAGMA auto_vacuum`` that returns freed pages (retention)
+INCREMENTAL_VACUUM_SINCE = 12  # an older file is switched once, on migration
+RETURN_PAGES = 2000  # most free pages a purge batch returns (~8 MB of 4 KiB, some 0.1 s)
 
 _LATER_INSTANCE_COLUMNS = (
     "waiting_for", "owner", "status_message", "step_key", "step_started", "traceback",
@@ -262,9 +257,7 @@ def open_store(
     path: str | os.PathLike[str] | None, synchronous: Synchronous, *, create: bool = True
 ) -> tuple[sqlite3.Connection, sqlite_utils.Database, str]:
     """Open, check and migrate the store; return (connection, Database, its name).
-
-    With ``create=False`` an empty database is refused, untouched (for tools).
-    """
+    ``create=False`` (tools): an empty database is refused, untouched."""
     where = ":memory:" if path is None else os.fspath(path)
     try:
         conn = sqlite3.connect(
@@ -380,9 +373,8 @@ def _migrate(conn: sqlite3.Connection, db: sqlite_utils.Database) -> int:
 def switch_to_incremental_vacuum(conn: sqlite3.Connection, where: str) -> bool:
     """Switch an existing store to ``auto_vacuum = incremental``; whether it now is.
 
-    That takes a ``VACUUM``, which rewrites the file and cannot run in a transaction: so once
-    per file, by the opener that migrated it, after the commit. Other processes' writes wait
-    for it up to the busy timeout. If it fails (busy, no room for the copy) the store stays
+    That takes a ``VACUUM``, which rewrites the file outside any transaction: so once per file,
+    by the opener that migrated it. If it fails (busy, no room for the copy) the store stays
     valid, its freed pages never returned, with a WARNING; the open goes on.
     """
     if conn.execute("PRAGMA auto_vacuum").fetchone()[0] == INCREMENTAL:
@@ -407,10 +399,8 @@ def switch_to_incremental_vacuum(conn: sqlite3.Connection, where: str) -> bool:
 
 def return_free_pages(conn: sqlite3.Connection, most: int = RETURN_PAGES) -> int:
     """Return up to ``most`` free pages to the file system in the caller's transaction
-    (incremental auto-vacuum only); how many. The file shrinks at the next checkpoint.
-
-    One ``execute`` returns one page: Python's driver steps ``PRAGMA incremental_vacuum`` once.
-    """
+    (incremental auto-vacuum only); how many. One ``execute`` of ``PRAGMA incremental_vacuum``
+    returns one page (Python's driver steps it once)."""
     if conn.execute("PRAGMA auto_vacuum").fetchone()[0] != INCREMENTAL:
         return 0
     free = min(int(conn.execute("PRAGMA freelist_count").fetchone()[0]), most)

@@ -79,13 +79,10 @@ class OperatorStore(Protocol):
     # Actions (``admin``).
 
     def mark_resumable(self, workflow: str, instance_id: str, now: float) -> str:
-        """Mark a failed, suspended or completed instance ready to run again at ``now``, for an
-        engine's next look; return the status it had.
-
-        It is stored suspended, ready (``children_pending`` 0, as after ``release``) and
-        nobody's; a running or queued one is left as it is. Raise InstanceNotFound, or
-        InstanceFinished for a Cancelled one (writing nothing).
-        """
+        """Store a failed, suspended or completed instance suspended, ready (as after
+        ``release``) and nobody's at ``now``, for an engine's next look; the status it had. A
+        running or queued one is left as it is; InstanceNotFound, or InstanceFinished for a
+        Cancelled one, write nothing."""
 
     def resume_failure(
         self, workflow: str, instance_id: str, failed_at: str, now: float
@@ -97,24 +94,19 @@ class OperatorStore(Protocol):
     def set_queue_paused(self, queue: str, paused: bool, at: float) -> bool:
         """Store ``queue`` as paused (since ``at``) or not; whether its stored state changed.
 
-        A claim (``claim_queued``) reads this state under the queue's claim lock, which pausing
-        takes too: once a pause returns, no engine starts another of the queue's instances
-        until it is resumed. Runs in flight go on; invokes are still stored queued. A resume
-        tells the consumers at once on PostgreSQL (NOTIFY); elsewhere their poll finds it.
+        A claim reads this state under the queue's claim lock, which pausing takes too: once a
+        pause returns, no engine starts another of its instances; runs in flight go on. A
+        resume tells the consumers at once on PostgreSQL (NOTIFY); elsewhere their poll does.
         """
 
     def purge_batch(self, completed_before: float, limit: int, now: float) -> int:
         """Delete at most ``limit`` instances finished before ``completed_before``, with their
         steps and timers, in one transaction; how many (fewer: no more could be taken now).
 
-        An instance goes only if, in that transaction, it is terminal, has no run in flight
-        (no owner, or one whose lease ran out at ``now``; PostgreSQL judges leases by its own
-        clock), has no child unended or in flight, and is neither the child of an instance in a
-        run nor one its parent waits for (``sql.retention``); PostgreSQL keeps them locked until
-        the commit and passes over rows another transaction holds. Safe from several engines
-        at once. SQLite with incremental auto-vacuum returns the freed pages in the same
-        transaction. Batches stay small (``admin.purge_batches``): one is all another engine's
-        write ever waits for.
+        An instance goes only if, in that transaction, it is terminal with no run in flight or
+        to come (leases judged at ``now``; PostgreSQL's own clock) and no family a run may use
+        (``sql.retention``). Safe from several engines at once. Batches stay small: one is all
+        another engine's write ever waits for.
         """
 
     def close(self) -> None:

@@ -68,10 +68,8 @@ class InstanceRow:
     lost_owner: str | None = None
     lost_step: str | None = None
     schedule: str | None = None  # the schedule whose tick it is
-    #: The W3C trace context its next run's span continues.
-    traceparent: str | None = None
-    #: Why the last claim took it ("resume", "recovery"), kept for a queue's consumer.
-    run_reason: str | None = None
+    traceparent: str | None = None  # the W3C trace context its next run's span continues
+    run_reason: str | None = None  # why the last claim took it, kept for a queue's consumer
     #: The workflow timeout in seconds, and when it passes (epoch seconds from creation).
     timeout: float | None = None
     timeout_at: float | None = None
@@ -92,8 +90,7 @@ class OwnerRow:
     boot_id: str | None
     pid_ns: str | None
     proc_start: str | None
-    #: What it runs, as ``_queues.Declarations`` JSON.
-    declares: str | None = None
+    declares: str | None = None  # what it runs, as ``_queues.Declarations`` JSON
 
 
 @attrs.frozen
@@ -107,8 +104,7 @@ class QueueLook:
     now: float  # the clock ``live`` was judged by
     paused: bool = False
     paused_at: str | None = None
-    #: Instances with its concurrency key holding a slot (None: no key).
-    key_running: int | None = None
+    key_running: int | None = None  # of its concurrency key, holding a slot (None: no key)
 
 
 @attrs.frozen(kw_only=True)
@@ -185,7 +181,7 @@ class RunSnapshot:
 #: The seq of a signal stored before its run reached its key, until the run places it
 #: (``Store.place_signal``), so a fork copies exactly the steps reached before its key.
 UNREACHED = 2**31 - 1
-#: The statuses an instance ends in (a store stamps ``completed_at`` on reaching one).
+#: The statuses an instance ends in (stamped ``completed_at``).
 TERMINAL: tuple[StatusName, ...] = ("completed", "failed", "cancelled")
 #: The states of a key a wait has its outcome in: a value, or a deadline passed.
 SETTLED: tuple[StepState, ...] = ("completed", "timed_out")
@@ -247,8 +243,7 @@ class TicksFired:
     won: bool  # False: another engine moved the last tick first; nothing written
     created: list[str] = attrs.Factory(list)  # ids created (not those already there)
     skipped: int = 0
-    #: The stored (cron, zone), if another engine's declaration differs.
-    declared: tuple[str, str] | None = None
+    declared: tuple[str, str] | None = None  # the stored (cron, zone), if it differs
 
 
 @attrs.frozen
@@ -269,8 +264,7 @@ class Ended:
 
     recorded: bool = True  # False: the instance was no longer this run's
     wake: tuple[str, str] | None = None  # a parent this child's end made ready
-    #: Descendants a cancel cancelled with the instance (their runs stop too).
-    cancelled: list[tuple[str, str]] = attrs.Factory(list)
+    cancelled: list[tuple[str, str]] = attrs.Factory(list)  # descendants a cancel took along
 
 
 @attrs.frozen
@@ -298,7 +292,7 @@ class Look:
     ready: list[tuple[str, str]] = attrs.Factory(list)  # suspended, their wait over
     orphaned: list[tuple[str, str]] = attrs.Factory(list)  # running, their owner dead
     cancelled: list[tuple[str, str]] = attrs.Factory(list)  # this engine's, cancelled
-    #: Running instances this engine owns (the runner recovers those it no longer runs).
+    #: Running instances this engine owns: the runner recovers those it no longer runs.
     mine: list[tuple[str, str]] = attrs.Factory(list)
 
 

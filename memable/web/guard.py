@@ -1,10 +1,10 @@
 """Who may see the dashboard and who may act: the access token and the CSRF token.
 
-A dashboard with a token answers 401 unless a request carries it: as ``Authorization: Bearer
-<token>``, or in the HttpOnly cookie a browser gets by opening a page with ``?token=<token>``.
-Every action is a POST carrying, in a form field, the CSRF token of the browser's HttpOnly,
-``SameSite=Lax`` cookie, which another site can neither read nor send. Tokens are compared in
-constant time and never shown in a page, a message or a log.
+A dashboard with a token answers 401 unless a request carries it, as
+``Authorization: Bearer <token>`` or in the HttpOnly cookie a browser gets by opening a page
+with ``?token=<token>``. Every action is a POST carrying, in a form field, the CSRF token of
+the browser's HttpOnly, ``SameSite=Lax`` cookie, which another site can neither read nor send.
+Tokens are compared in constant time and never shown in a page, a message or a log.
 
 >>> csrf = new_csrf()
 >>> len(csrf) >= 43, same(csrf, csrf), same(csrf, "x"), same(None, csrf)

@@ -30,8 +30,7 @@ UPDATE steps SET state = :state, result = :result, result_type = :result_type,
 WHERE workflow = :parent_workflow AND instance_id = :parent_id AND key = :parent_key
 AND kind = 'child' AND state <> 'completed'
 """
-#: What a parent's failed child step holds once the parent has raised ChildFailed for it.
-TOLD = "told"
+TOLD = "told"  # a failed child step's result once the parent raised ChildFailed for it
 COUNT_DOWN = """
 UPDATE instances SET children_pending = children_pending - 1
 WHERE workflow = :parent_workflow AND instance_id = :parent_id AND status = 'suspended'
@@ -84,12 +83,9 @@ def settle_parent(
     at: float,
 ) -> tuple[str, str] | None:
     """Write a child's end (at ``at``: epoch seconds, UTC) into its parent's step; the parent
-    made ready to wake (told by a ``"signal"`` notice), if any. ``parent``: the child's parent
-    columns (all None: no child).
-
-    The parent's row is locked first: a parent recording its suspension holds that lock while
-    it counts what it waits for, so either it sees this end, or this end sees it suspended.
-    """
+    this made ready (told by a ``"signal"``), if any. The parent's row is locked first: a
+    parent recording its suspension holds that lock while it counts what it waits for, so
+    either it sees this end, or this end sees it suspended."""
     parent_workflow, parent_id, parent_key, parent_group = parent
     if parent_workflow is None or status not in ("completed", "failed", "cancelled"):
         return None

@@ -1,11 +1,9 @@
 """Forking an instance from a step, for both stores (``:name`` parameters).
 
 A fork is a new instance of the same workflow and input, with the completed steps reached
-before its key (by ``seq``) copied: its first run replays them and executes that key and what
-follows. It is stored suspended, nobody's and ready, as ``memable resume`` leaves one.
-
-The source's row is share-locked first (``FOR SHARE``; SQLite holds the write lock from the
-first read) until the fork commits: a purge must not delete it between the fork's reads.
+before its key (by ``seq``) copied, stored ready as ``memable resume`` leaves one. The source's
+row is share-locked first (SQLite: the write lock) until the fork commits, so a purge cannot
+delete it between the fork's reads.
 """
 
 from __future__ import annotations
@@ -53,8 +51,7 @@ def fork(
 ) -> bool:
     """Create ``new_id`` as a fork of the instance from ``from_key`` (None: after every
     completed step) at ``at`` (epoch seconds, UTC), and tell the engines; False if ``new_id``
-    exists. ``InstanceNotFound``, or ``StepNotFound`` for a key never reached, write nothing.
-    """
+    exists. ``InstanceNotFound``, or ``StepNotFound`` for a key never reached, write nothing."""
     where = {"workflow": workflow, "instance_id": instance_id}
     if tx.execute(SOURCE, where).fetchone() is None:
         raise InstanceNotFound(workflow, instance_id)

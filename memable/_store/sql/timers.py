@@ -87,11 +87,8 @@ def fire(
     tx: Transaction, due: list[tuple[str, str, str, float]], at: float
 ) -> list[tuple[str, str, str, float]]:
     """Claim the timers ``due`` read and fire each at ``at`` (epoch seconds, UTC); those this
-    transaction claimed.
-
-    PostgreSQL claims them in one statement (``FIRE_DUE``) that passes over rows another
-    transaction holds; SQLite serialises writers, so it deletes them one by one.
-    """
+    transaction claimed. PostgreSQL claims them in one statement passing over held rows;
+    SQLite serialises writers, so it deletes them one by one."""
     if not due:
         return []
     if tx.dialect.row_locks:
