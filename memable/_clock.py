@@ -1,19 +1,9 @@
-"""The clocks memable reads, as one object an engine is given.
+"""The clocks memable reads, as one object an engine is given (``Clock``).
 
-``wall()`` dates timers, leases and records: it is ``time.time()``, so
-freezegun moves it in tests. ``monotonic()`` measures how long a caller has
-waited: it reads the OS clock directly where it can, so a frozen test still
-times out. An engine reads both through its ``Clock``; a test may give it
-another one (``Options.clock``) instead of patching call stacks. Every time
-an engine stores comes from its clock: it passes the store epoch seconds
-(``wall()``, a ``float``: the one type of a time in the store protocol), and
-the store writes ISO 8601 in UTC (``iso_utc``) where a column holds text; the
-operator paths with no engine (the command line, a dashboard on a store alone)
-name ``SYSTEM_CLOCK`` where they start.
-
-A PostgreSQL store judges leases by the server's clock instead; ``Skew``
-says when an engine's wall clock differs from it by more than a second
-(its deadlines then fire early or late by that much).
+``wall()`` (``time.time()``, which freezegun moves) dates timers, leases and records;
+``monotonic()`` reads the OS clock directly where it can, so a frozen test still times out.
+Every stored time comes from the clock as epoch seconds (the store protocol's one type of a
+time), ISO 8601 in UTC in a text column (``iso_utc``).
 """
 
 from __future__ import annotations
@@ -52,8 +42,7 @@ class Clock:
     monotonic: Callable[[], float] = monotonic
 
 
-#: The system's clocks: what an engine reads unless given another, and what the
-#: operator paths with no engine (the command line, the dashboard) name explicitly.
+#: The system's clocks: an engine's default, and what operator paths with no engine name.
 SYSTEM_CLOCK = Clock()
 
 
@@ -76,9 +65,7 @@ def iso_utc(seconds: float) -> str:
 
 
 def epoch_seconds(text: str) -> float:
-    """An ISO 8601 time with its offset (as stored, or as an operator gave it) as epoch
-    seconds, UTC: how such a time crosses the store protocol. ``iso_utc`` gives the
-    stored text back.
+    """An ISO 8601 time with its offset as epoch seconds; ``iso_utc`` gives the text back.
 
     >>> epoch_seconds("2026-01-01T01:00:00+01:00")
     1767225600.0
@@ -105,13 +92,10 @@ SKEW_TOLERANCE = 1.0
 class Skew:
     """How far an engine's wall clock is from its database server's, and when to say so.
 
-    Leases are judged by the server's clock; timers, workflow timeouts, delayed
-    starts and schedule ticks by each engine's wall clock (so freezegun moves
-    them on every store). ``judge`` takes the engine's wall clock just before and
-    just after a round trip that read the server's, and returns the WARNING to log
-    when they differ by more than ``SKEW_TOLERANCE`` seconds: the first time, and
-    again only when the difference changed by more than that since it was last
-    said. Used by the thread that heartbeats (and ``start`` before it runs) alone.
+    Leases are judged by the server's clock; timers, timeouts, delayed starts and schedule
+    ticks by the engine's (so freezegun moves them on every store). ``judge`` warns when the
+    two differ by more than ``SKEW_TOLERANCE`` s, then again only when the difference moved
+    by more than that. Used by the heartbeating thread (and ``start`` before it) alone.
 
     >>> skew = Skew()
     >>> print(skew.judge(4600.0, 1000.0, 4600.2))  # doctest: +ELLIPSIS
@@ -128,10 +112,8 @@ class Skew:
     said: float | None = None
 
     def judge(self, before: float, server: float, after: float) -> str | None:
-        """The WARNING to log, if any, for the server's clock ``server`` read between the
-        engine's wall clock readings ``before`` and ``after``."""
-        # The server read its clock between the two: the engine's clock then was
-        # between them too, so only what lies outside them is a difference.
+        """The WARNING, if any, for the server's clock read between ``before`` and ``after``."""
+        # The server read its clock between the two: only what lies outside them differs.
         if server < before:
             difference = before - server  # the engine is ahead
         elif server > after:

@@ -1,8 +1,4 @@
-"""Everything memable raises on purpose.
-
-Each constructor takes the facts (workflow, instance, key) and builds the
-message from them, so every message names what it is about.
-"""
+"""Everything memable raises on purpose; each constructor builds its message from the facts."""
 
 from __future__ import annotations
 
@@ -23,9 +19,8 @@ def _where(
 class EngineError(Exception):
     """Base class of every error memable raises on purpose.
 
-    ``workflow``, ``instance_id`` and ``key`` hold the facts the message names
-    (None where they do not apply); for an error about an instance's input or
-    output, ``key`` is ``"input"`` or ``"output"``.
+    ``workflow``, ``instance_id`` and ``key`` hold the facts the message names (None where
+    they do not apply); ``key`` is ``"input"`` or ``"output"`` for an instance's input or output.
 
     >>> from memable import EngineError, InstanceNotFound
     >>> err = InstanceNotFound("ship", "order-1")
@@ -129,11 +124,7 @@ class InstanceNotFound(EngineError):
 
 
 class StepNotFound(EngineError, ValueError):
-    """The instance never reached that key (a fork from a step it has not got).
-
-    A ``ValueError``, as the SPEC says a fork's unknown key is (the class is
-    not a public name): the key given is wrong. The message names the keys
-    the instance has, in the order first reached.
+    """The instance never reached that key (a fork's unknown key: also a ``ValueError``).
 
     >>> from memable._errors import StepNotFound
     >>> print(StepNotFound("ship", "order-1", "lable", ["charge", "label"]))
@@ -153,10 +144,7 @@ class StepNotFound(EngineError, ValueError):
 
 
 class InstanceFinished(EngineError):
-    """The instance has ended and cannot take what was asked of it.
-
-    A Failed instance takes ``resume``, not signals; a Cancelled one takes
-    neither.
+    """The instance has ended: a Failed one takes ``resume``, not signals; a Cancelled neither.
 
     >>> from memable import InstanceFinished
     >>> print(InstanceFinished("ship", "order-1", "it is cancelled"))
@@ -198,9 +186,7 @@ class SignalRejected(EngineError):
 
 
 class InvalidKey(EngineError):
-    """A step key (or instance id) is empty, not a ``str``, or reserved.
-
-    Keys starting with ``_`` are reserved for the engine.
+    """A step key (or instance id) is empty, not a ``str``, or reserved (starts with ``_``).
 
     >>> from memable import Engine, InvalidKey
     >>> print(InvalidKey(42, "keys must be non-empty str", workflow="wf", instance_id="i-1"))
@@ -252,8 +238,7 @@ class DuplicateStepKey(EngineError):
 class StorageError(EngineError):
     """The store cannot be opened, read or written.
 
-    Raised, among others, for a file that is not a memable store or has a
-    newer schema version; such a file is left as it was.
+    Also for a file that is not a memable store or has a newer schema (left as it was).
 
     >>> import os, tempfile
     >>> from memable import Engine, StorageError
@@ -271,9 +256,8 @@ class StorageError(EngineError):
 class SerializationError(EngineError):
     """A value cannot be stored, or a stored value no longer fits its type.
 
-    ``key`` names the step, or ``"input"`` / ``"output"``. A value is
-    refused too when it would not come back equal, so that a replay never
-    sees something else than the first run did.
+    ``key`` names the step, or ``"input"`` / ``"output"``. A value that would not come back
+    equal is refused too, so a replay never sees something else than the first run did.
 
     >>> from memable import Engine, SerializationError
     >>> engine = Engine.in_memory()
@@ -304,8 +288,7 @@ class StepTimeout(EngineError):
 class SignalTimeout(EngineError):
     """No signal reached a suspend point by its deadline (``ctx.suspend(..., timeout=)``).
 
-    Raised inside the workflow at the suspend point, which may catch it;
-    uncaught, it fails the workflow like any exception. The key is recorded
+    Raised inside the workflow at the suspend point, which may catch it. The key is recorded
     ``"timed_out"`` and a later signal for it is rejected.
 
     >>> from memable import SignalTimeout
@@ -323,9 +306,7 @@ class SignalTimeout(EngineError):
 
 
 class WorkflowFailed(EngineError):
-    """``Invocation.result()`` found the instance Failed or Cancelled.
-
-    ``state`` is the final state.
+    """``Invocation.result()`` found the instance Failed or Cancelled (``state``: the final one).
 
     >>> from memable import Engine, Failed, WorkflowFailed
     >>> def boom(ctx):
@@ -348,9 +329,8 @@ class WorkflowFailed(EngineError):
 class ChildFailed(WorkflowFailed):
     """A child workflow (``ctx.child``, ``ctx.children``) ended Failed or Cancelled.
 
-    Raised in the parent at the child's step, which the parent may catch.
-    ``workflow`` and ``instance_id`` name the child; ``state`` is its final
-    state.
+    Raised in the parent at the child's step, which the parent may catch. ``workflow`` and
+    ``instance_id`` name the child; ``state`` is its final state.
 
     >>> from memable import ChildFailed, Failed
     >>> err = ChildFailed("resize", "order-1/thumb", Failed("boom"))
@@ -370,11 +350,8 @@ class ChildFailed(WorkflowFailed):
 class ChildIdTaken(EngineError):
     """A child's id ``"{parent id}/{key}"`` belongs to an instance that is not this child.
 
-    Ids may hold ``/``, so parent ``p`` with the key ``x/y`` and parent ``p/x``
-    with the key ``y`` both name ``p/x/y``; and a user may ``invoke`` any id.
-    Such an instance is never adopted: ``ctx.child`` raises this (an
-    ``EngineError``; ``workflow``, ``instance_id`` and ``key`` name the
-    parent and its step) and the step is recorded failed.
+    Ids may hold ``/`` (``p`` with the key ``x/y`` and ``p/x`` with ``y`` both name ``p/x/y``),
+    and a user may ``invoke`` any id: such an instance is never adopted; the step fails.
 
     >>> from memable._errors import ChildIdTaken
     >>> err = ChildIdTaken("upload", "p", "x/y", "resize", ("upload", "p/x", "y"))

@@ -14,7 +14,7 @@ from ._step_error import StepError
 
 
 def _seconds(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
-    """A delay or multiplier: a finite number >= 0 (a ``str`` is a TypeError, named)."""
+    """A delay or multiplier: a finite number >= 0 (else TypeError or ValueError)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         kind = "a number" if attribute.name == "multiplier" else "float seconds or a timedelta"
         raise TypeError(f"Retry.{attribute.name} is {kind}, not {type(value).__name__} {value!r}")
@@ -31,22 +31,15 @@ def _delay(value: float | timedelta) -> float:
 class Retry:
     """How a failing step is retried: exponential backoff, with optional jitter.
 
-    ``max_attempts`` counts every execution, the first included. The delay
-    after the n-th failed attempt is ``initial_delay * multiplier ** (n - 1)``,
-    at most ``max_delay``; with ``jitter`` it is drawn uniformly from
-    [0, that delay]. Any exception is retried but ``StepError.permanent`` and
-    ``SerializationError``: a result that cannot be stored fails the step at
-    once, since another attempt would repeat the function's side effect and
-    meet the same refusal.
+    ``max_attempts`` counts every execution, the first included. The delay after the n-th
+    failed attempt is ``initial_delay * multiplier ** (n - 1)``, at most ``max_delay``; with
+    ``jitter``, drawn uniformly from [0, that delay]. Any exception is retried but
+    ``StepError.permanent`` and ``SerializationError`` (the same value would be refused again).
 
-    A delay of a second or more ends the run: the step waits as a durable
-    timer (``Suspended("retry <key>")``) and holds no thread, and any engine
-    on the store makes the next attempt when it is due. A shorter delay waits
-    on the worker; ``cancel()`` and ``stop()`` end it at once (after a stop,
-    the rest of it is stored as a timer). The next attempt of a step that
-    timed out starts only once the timed-out call has returned; if it is
-    still running after another timeout's length, the step fails without
-    another attempt, so two attempts of one step never run at once.
+    A delay of a second or more waits as a durable timer (``Suspended("retry <key>")``) that
+    any engine fires; a shorter one on the worker (``cancel()`` and ``stop()`` end it). A
+    timed-out step's next attempt waits for the timed-out call to return; still running after
+    another timeout's length, the step fails: two attempts of one step never run at once.
 
     >>> from memable import Engine, Retry, StepError
     >>> calls = []

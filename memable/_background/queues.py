@@ -1,17 +1,8 @@
-"""Consuming queues: the queue thread, and what it does each time it looks.
+"""Consuming queues: the queue thread (``Dispatcher``) and what each look claims.
 
-``QueueConsumer.claim`` asks the store for the queued instances each consumed
-queue lets start now (of the workflows this engine registered, no more than
-it has free worker threads for) and hands each claimed snapshot to the
-runner, which runs it like any other run of the instance. The ``Dispatcher``
-thread calls it (through the runner, which counts a claim as work under way)
-whenever it may find something, and knows nothing of the engine.
-
-At its first claim, and every ``check_every`` seconds after, the consumer also
-names (once each, at WARNING) the queues that hold runnable instances of its
-workflows and that no running engine consumes, with the closest name one
-consumes: a typo between the process that invokes and the worker leaves an
-instance waiting for ever, and nothing else would say so.
+A look claims what the consumed queues let start (no more than free workers) for the runner.
+It also warns, once per queue, of runnable instances of its workflows in a queue no engine
+consumes: a typo between invoker and worker would leave them waiting for ever, silently.
 """
 
 from __future__ import annotations
@@ -33,12 +24,8 @@ Claim = Callable[[], "float | None"]
 
 
 class Dispatcher(LoopThread):
-    """One named daemon thread per engine that consumes queues.
-
-    It claims when kicked (an instance was queued, or a run here ended and
-    freed a slot, or another engine said so), when a rate limit's window has
-    room again, and every ``poll_interval`` seconds for what other processes
-    queued or freed.
+    """One named daemon thread per engine that consumes queues: it claims when kicked, when a
+    rate limit's window has room again, and every ``poll_interval`` seconds.
 
     >>> from memable._clock import SYSTEM_CLOCK
     >>> looks = []
@@ -120,10 +107,8 @@ class QueueConsumer:
         return retry_in
 
     def _name_unconsumed(self) -> None:
-        """At the first claim and every ``check_every`` seconds: log once, at WARNING,
-        each queue holding runnable instances of this engine's workflows that no
-        running engine consumes (judged by what each declares in its owner row), with
-        the closest name one does consume."""
+        """At the first claim and every ``check_every`` seconds: warn of the unconsumed
+        queues (by what live owners declare), each once."""
         started = self._clock.monotonic()
         if self._next_check is not None and started < self._next_check:
             return

@@ -1,12 +1,7 @@
 """Retention: the thread that purges finished instances older than the engine keeps them.
 
-``Purger`` is a ``LoopThread`` of its own, named ``memable-retention``, so a
-long purge never delays the timer thread (due timers, the heartbeat that
-keeps this engine's lease). Each look purges in batches of at most
-``admin.PURGE_BATCH`` instances, one transaction each (``admin.purge_batches``),
-so a run's write waits at most one batch behind it; it goes on while a batch
-was full, and stops between batches when the engine stops. It knows nothing
-of the engine.
+A thread of its own, so a long purge never delays the timer thread (the lease's heartbeat);
+one transaction per batch (``admin.purge_batches``), so a run's write waits one batch at most.
 """
 
 from __future__ import annotations
@@ -17,15 +12,13 @@ from .._store.admin import purge_batches
 from .._store.operator import OperatorStore
 from .loop import LoopThread
 
-#: Longest time between two looks, in seconds: a minute's lag is nothing against a
-#: retention of hours or days, and a look that finds nothing is one indexed read.
+#: Longest time between looks (s): a minute's lag is nothing against a retention of hours.
 EVERY = 60.0
 
 
 def interval(retention: float, poll_interval: float) -> float:
-    """Seconds between looks: every minute, or every half retention if that is
-    shorter (an instance then outlives its retention by at most half of it), but
-    never more often than the engine polls.
+    """Seconds between looks: a minute, or half the retention if shorter (an instance
+    outlives it by at most half), but no more often than the engine polls.
 
     >>> interval(30 * 86400, 1.0), interval(10.0, 1.0), interval(0.1, 1.0)
     (60.0, 5.0, 1.0)
@@ -34,8 +27,7 @@ def interval(retention: float, poll_interval: float) -> float:
 
 
 def cutoff(now: float, retention: float) -> float | None:
-    """The time (epoch seconds, UTC) before which a finished instance goes; None if that
-    is before the calendar begins (nothing is that old, and no date says it).
+    """Epoch seconds before which a finished instance goes; None before the calendar's start.
 
     >>> cutoff(1767225600.0, 86400.0)  # 2025-12-31T00:00:00+00:00
     1767139200.0
@@ -51,9 +43,7 @@ def cutoff(now: float, retention: float) -> float | None:
 
 
 class Purger(LoopThread):
-    """One named daemon thread per engine with a ``retention``: purges at each look.
-
-    It looks when started (what piled up while no engine ran goes first), then
+    """One named daemon thread per engine with a ``retention``: purges when started, then
     every ``interval(retention, poll_interval)`` seconds, or at once when kicked.
 
     >>> from memable._clock import SYSTEM_CLOCK

@@ -1,11 +1,7 @@
-"""What memable's own modules read of an engine beyond its public API.
+"""What memable's own modules read of an engine beyond its public API (not for users).
 
-Package-private, not for users: ``memable.testing`` (``advance`` reads the
-armed timers, the schedules' ticks and the phase), the dashboard on an engine
-(``memable.web.app`` shares its store and clock) and the worker
-(``memable._cli.worker`` drains the runs in flight, looking once per poll
-interval). Each is one question put to the engine; they are the only readers of
-its store and runner outside ``memable._engine.engine``.
+The only readers of its store and runner outside ``memable._engine.engine``, for
+``memable.testing``, the dashboard and the worker.
 
 >>> from memable import Engine
 >>> from memable._engine import access
@@ -96,9 +92,8 @@ def schedules(engine: Engine) -> list[str]:
 
 
 def in_flight(engine: Engine) -> list[tuple[str, str, str | None, float | None]]:
-    """(workflow, instance id, key, since) of each run in flight in the engine: the key
-    of the step it executes and since when (epoch seconds, UTC), or None for both while
-    it is between steps or still claiming its instance.
+    """(workflow, instance id, key, since) of each run in flight: its step executing and
+    since when (epoch seconds), or None for both between steps or while claiming.
 
     >>> import threading
     >>> from memable import Engine

@@ -1,12 +1,8 @@
 """Which store a target names, and opening it: a SQLite file (or memory) or PostgreSQL.
 
-A ``postgresql://`` or ``postgres://`` URL is a PostgreSQL store (its module,
-and psycopg, are imported only then). ``sqlite:///relative/path``,
-``sqlite:////absolute/path`` and ``sqlite://`` (memory) are SQLite targets
-as SQLAlchemy and DBOS spell them. Any other string that starts with a
-scheme (``^[A-Za-z][A-Za-z0-9+.-]*:``, more than one letter, so a Windows
-drive is a path) is refused with ``StorageError``, creating nothing; the
-rest, and every ``os.PathLike``, is a SQLite file's path.
+``postgresql://`` or ``postgres://`` is PostgreSQL (psycopg imported only then); ``sqlite:``
+URLs are spelled as SQLAlchemy does. Any other scheme of two letters or more (one is a
+Windows drive) raises ``StorageError``, creating nothing; the rest is a SQLite file's path.
 """
 
 from __future__ import annotations
@@ -32,11 +28,8 @@ ACCEPTED = (
 
 
 def resolve_target(target: str | os.PathLike[str]) -> str | os.PathLike[str] | None:
-    """The SQLite path (None: memory) or PostgreSQL URL ``target`` names.
-
-    Raise ``StorageError`` for a scheme memable does not open, naming the
-    ones it does (and never the rest of the target, which may hold a
-    password).
+    """The SQLite path (None: memory) or PostgreSQL URL ``target`` names; ``StorageError`` for
+    a scheme memable does not open (never naming the rest: it may hold a password).
 
     >>> resolve_target("sqlite:///var/app.db"), resolve_target("sqlite:////srv/app.db")
     ('var/app.db', '/srv/app.db')

@@ -1,29 +1,16 @@
-"""Several statements in one round trip to the server: one text, each statement planned
-once per connection.
+"""Several statements in one round trip: one text, each statement planned once per connection.
 
-Every statement of a store goes through ``send``. Those that need no answer
-between them (a transaction's ``BEGIN`` and first reads; its last writes,
-NOTIFYs and ``COMMIT``) go as one text: the simple query protocol, one
-message out, one answer read, however many statements. The text goes
-through libpq (``run_text``), not a psycopg cursor or pipeline, whose Python
-costs more than the round trip itself (measured, the client's CPU: a
-``SELECT`` of three columns took 75 µs through ``Connection.execute``, 35 µs
-so; a claim's statements, through the pipeline, 400 µs against 270 as one
-text).
-
-On the store's own connections (``connections.Connection``: ``prepares``), a
-statement with named parameters is prepared the first time it goes there
-(``PREPARE``, in the same text) and run by name after (``EXECUTE``), so the
-server plans it once per connection (the ``PREPARED`` used last are kept).
-Its arguments are written into the text (a string quoted by libpq), each
-typed as psycopg types what it sends: a string or None as ``unknown`` (the
-server infers the type from where it is used), a number or a bool as what it
-is; anything else psycopg quotes (``ClientCursor.mogrify``).
-
-A text that failed may have prepared some of its statements: they are
-prepared again under new names (the old ones stay unused). A rollback
-deallocates every statement of its connection and ``forget``s them
-(``connections``).
+Every statement of a store goes through ``send``. Those that need no answer between them
+(``BEGIN`` and the first reads; the last writes, NOTIFYs and ``COMMIT``) go as one text
+over the simple query protocol, through libpq (``run_text``): a psycopg cursor or pipeline
+costs more Python than the round trip (the client's CPU, measured: a three-column
+``SELECT`` 75 µs through ``Connection.execute``, 35 µs so; a claim 400 µs through the
+pipeline, 270 as one text). On the store's own connections (``prepares``), a statement with
+named parameters is prepared in the text that first sends it (again, renamed, if that text
+failed) and run by ``EXECUTE`` after; its arguments are written into the text (a string
+quoted by libpq), typed as psycopg would: a string or None as ``unknown``, a number or bool
+as itself; anything else psycopg quotes. A rollback deallocates every statement of its
+connection and ``forget``s them.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """Wake-ups across hosts: one connection per engine LISTENs on its store's channel.
 
-A transaction that stores a signal, a cancel or a timer also NOTIFYs
-(``pg_notify`` inside it, so the notice leaves only if it commits) with
-what changed: ``[kind, sender, workflow, instance_id]`` as JSON. Each engine's
-listener thread hands every notice from another engine to the runner's
-``Changed`` callback, which acts on that instance at once. The poll stays the
-safety net: while the connection is down notices are lost, so after
-(re)connecting the listener asks for a poll. Where LISTEN cannot work, the
-listener logs one warning and the poll alone carries on: a server that
-refuses LISTEN says so, and a transaction-mode pooler (PgBouncer) accepts it
-and then loses every notice, so after each LISTEN the listener sends itself
-a probe through the store's own connections, and warns if it has not heard
-it within ``PROBE_WAIT`` seconds.
+A transaction storing a signal, a cancel or a timer NOTIFYs (``pg_notify``: only a commit
+sends it); the listener hands other engines' notices to the runner's ``Changed``. Notices are
+lost while the connection is down, so each (re)connect asks for a poll. A transaction-mode
+pooler (PgBouncer) accepts LISTEN and loses every notice, so the listener probes itself after
+each LISTEN and, unheard within ``PROBE_WAIT`` s, warns once: the poll carries on alone.
 """
 
 from __future__ import annotations
@@ -70,12 +63,9 @@ def parse(text: str, me: str) -> tuple[str, str | None, str | None] | None:
 
 
 class Listener(threading.Thread):
-    """One named daemon thread per started engine on a PostgreSQL store.
-
-    A daemon on purpose: it holds nothing that must be finished (a lost
-    notice is found by the poll), so a program that forgets ``stop()``
-    still exits; ``stop()`` joins it.
-    """
+    """One named daemon thread per started engine on a PostgreSQL store: a daemon on purpose,
+    holding nothing that must finish (the poll finds a lost notice), so a program that
+    forgets ``stop()`` still exits."""
 
     #: Seconds between looks at the stop flag while no notice comes.
     TICK = 0.25

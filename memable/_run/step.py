@@ -30,12 +30,10 @@ class StepRunner(Protocol):
 
 @attrs.frozen
 class Step:
-    """A step under construction: ``ctx.step(key)``, then ``.run(fn, *args, **kwargs)``
-    (or ``.map(fn, items)``).
+    """A step under construction: ``ctx.step(key)``, then ``.run(fn, ...)`` or ``.map(fn, items)``.
 
-    In between, ``.returns(T)``, ``.timeout(d)`` and ``.retry(policy)`` set
-    the result's type, a time limit and a retry policy, in any order. Each
-    method returns a new ``Step``; nothing happens until ``run``.
+    In between, ``.returns(T)``, ``.timeout(d)`` and ``.retry(policy)``, in any order, each
+    return a new ``Step``; nothing happens until ``run``.
 
     >>> from memable import Engine
     >>> def wf(ctx):
@@ -72,10 +70,8 @@ class Step:
     def timeout(self, duration: float | timedelta) -> Step:
         """Fail the step with ``StepTimeout`` if ``fn`` runs longer than the given duration.
 
-        ``fn`` then runs on a thread of its own and the workflow waits on
-        its future; a result that arrives after the deadline is never
-        stored, so a later run executes the step again. A stored step returns
-        at once, whatever its timeout.
+        ``fn`` runs on a thread of its own; a result that arrives after the deadline is never
+        stored, so a later run executes the step again. A stored step returns at once.
 
         >>> import threading
         >>> from memable import Engine
@@ -95,10 +91,8 @@ class Step:
     def retry(self, policy: Retry) -> Step:
         """Retry the step by ``policy`` when it fails (over the engine's ``retry`` option).
 
-        Each failed attempt is recorded (``StepRecord.attempts``, ``error``);
-        the error that ends the retries fails the workflow, and its message
-        gives the number of attempts. ``StepError.permanent`` is not retried, nor
-        a result that cannot be stored (``SerializationError``).
+        Each failed attempt is recorded (``StepRecord.attempts``, ``error``); the error that
+        ends the retries fails the workflow, its message giving the number of attempts.
 
         >>> from memable import Engine, Retry, StepError
         >>> def wf(ctx):
@@ -117,18 +111,12 @@ class Step:
     def run(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
         """Return the stored result of this key, or run ``fn(*args, **kwargs)`` and store it.
 
-        The result is stored, in its own transaction, before ``run`` returns,
-        and ``run`` returns it as the store rebuilds it: the first run sees
-        what every replay will see. The type it is rebuilt as comes from
-        ``.returns(T)``, else ``fn``'s return annotation, else the class the
-        value had.
-        An async ``fn`` (an ``async def``, a partial of one, an object with an
-        async ``__call__``) raises ``TypeError`` before anything runs: memable
-        runs plain synchronous functions.
-        If ``fn`` raises, or returns a value that cannot be stored
-        (``SerializationError``), the step is recorded as failed, nothing is
-        stored as completed, and the error propagates; a later run of the
-        instance executes it again.
+        The result is stored, in its own transaction, and returned as the store rebuilds it
+        (as ``.returns(T)``, else ``fn``'s return annotation, else the value's class): the
+        first run sees what every replay will. An async ``fn`` raises ``TypeError`` before
+        anything runs. If ``fn`` raises, or returns a value that cannot be stored
+        (``SerializationError``), the step is recorded failed and the error propagates; a
+        later run executes it again.
 
         >>> from memable import Engine
         >>> calls = []
@@ -153,13 +141,9 @@ class Step:
             ) -> list[R]:
         """Run ``fn(item)`` for each item as a step of its own, side by side; their results.
 
-        Item ``i`` is the step ``"{key}[{i}]"`` (``key`` itself gets no
-        record), memoised like any step; ``.returns``, ``.timeout`` and
-        ``.retry`` apply to each item. At most ``max_concurrency`` items run at
-        once, on threads of the run. Every item runs to its end, and those
-        that completed are stored, even when another fails; then the first
-        failed item (by index) raises its error, as a failing step would. A
-        later run executes only the items that did not complete.
+        Item ``i`` is the step ``"{key}[{i}]"``, built as this one. Every item runs to its end
+        (``max_concurrency`` at once) and those that completed are stored; then the first
+        failed item (by index) raises its error, and a later run executes only the rest.
 
         >>> from memable import Engine
         >>> calls = []

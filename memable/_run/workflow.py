@@ -19,11 +19,8 @@ _ASYNC_FLAGS = inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
 
 
 def is_async(fn: object) -> bool:
-    """Whether calling ``fn`` makes a coroutine (or an async generator), not a value.
-
-    Sees through ``functools.partial`` and into a callable object's ``__call__``.
-    Called on every step run, so it reads the code's flags itself (a fraction
-    of a microsecond) instead of through ``inspect.iscoroutinefunction``.
+    """Whether calling ``fn`` (through ``partial`` and ``__call__``) makes a coroutine or an
+    async generator; read from the code's flags, faster than ``inspect``, for every step run.
 
     >>> import functools, inspect
     >>> async def fetch(url: str) -> str: ...
@@ -77,8 +74,7 @@ def _holds(hint: Any, context: type) -> bool:
 
 def _named(hint: Any) -> str:
     """A type annotation as written: ``int``, ``dict[str, int]``."""
-    # dict[str, int] passes isinstance(..., type) on Python 3.10: its origin says it is
-    # a parametrised alias, to be shown whole.
+    # dict[str, int] passes isinstance(..., type) on Python 3.10: its origin tells.
     plain = isinstance(hint, type) and typing.get_origin(hint) is None
     return hint.__qualname__ if plain else repr(hint)
 
@@ -103,8 +99,7 @@ class Workflow:
     input_required: bool = False
     #: The queue it is invoked onto by default (None: it runs in the invoking engine).
     queue: str | None = None
-    #: Seconds from an instance's creation after which it is cancelled, "timed out"
-    #: (None: never); ``invoke(timeout=)`` overrides it.
+    #: Seconds from creation to cancel an instance "timed out" (None: never); invoke may override.
     timeout: float | None = None
     #: The name of the parameter that receives the Context.
     ctx_name: str = "ctx"
@@ -114,11 +109,8 @@ class Workflow:
         cls, name: str, fn: Callable[..., Any], queue: str | None = None,
         timeout: float | None = None, *, context: type | None = None,
     ) -> Workflow:
-        """Check ``fn``'s signature and read its annotations.
-
-        Refuse (``TypeError``) an async function, and one whose first
-        positional parameter is annotated with a class that cannot hold a
-        ``context`` (the runner's Context class, when given).
+        """Check ``fn``'s signature and read its annotations; ``TypeError`` for an async ``fn``,
+        or a first parameter annotated with a class that cannot hold a ``context``.
 
         >>> def ship(order_id: int) -> str:
         ...     return "shipped"
@@ -169,7 +161,6 @@ to take an input, make it fn(ctx, n))
         )
 
 
-#: A run to start of an instance just made here (``Claims.start_made``): its workflow,
-#: id, input (its value, in a tuple; None: read from the store), trace context, and why
-#: it starts (None: judged from the instance).
+#: A run to start of an instance just made here (``Claims.start_made``): workflow, id, input
+#: (in a tuple; None: read it), trace context, and why it starts (None: judged from it).
 Made = tuple[Workflow, str, "tuple[Any] | None", "str | None", "RunReason | None"]

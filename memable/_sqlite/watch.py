@@ -1,38 +1,20 @@
 """Whether an instance's status can have changed since this engine last read it.
 
-A run reads its instance's status and owner before each step it executes,
-so that a cancel or a takeover stored by another process stops it before
-the next step starts. That read costs a read transaction (several
-microseconds, a tenth of a small step). ``RunChecks`` lets the store answer
-without it when nothing can have changed:
+A run reads its instance's status and owner before each step (a tenth of a small step's
+cost), so another process's cancel or takeover stops it. ``RunChecks`` answers without the
+read while only this engine's own commits, none changing the instance, moved the counter:
 
-- In WAL mode every commit, by any connection of any process, raises the
-  ``iChange`` counter of the WAL-index header (the start of the ``-shm``
-  file) by one. Reading those 4 bytes from a read-only mapping of that
-  file, made on SQLite's own descriptor, costs a memory load.
-- This engine's own commits raise it too. A transaction of its group
-  commit that committed and changed rows is one commit of its own: the
-  counter is expected one higher. The instances whose status or owner it
-  changed, or that it deleted, are forgotten: the connection's own triggers
-  tell of each, whatever statement did it, so no writer declares what it
-  may change and none can declare it wrong. An instance it created running,
-  or claimed, is known as running without a read. Anything else (another
-  connection's commit, a write outside the group commit, one that failed)
-  leaves the counter or the connection's count of changed rows other than
-  expected, and every instance known to be running is forgotten.
+- In WAL mode every commit, of any process, adds one to ``iChange`` in the WAL-index header
+  (the start of the ``-shm`` file), read from a mapping made on SQLite's own descriptor.
+- A commit of this engine's group commit that changed rows is expected to add one. The
+  connection's own triggers report each instance whose status or owner changed, or that was
+  deleted (no writer declares what it may change); one created running or claimed is known
+  running. Anything else (another connection's commit, a write outside the group commit, a
+  failure) leaves the counter or the changed-row count unexpected: all is forgotten.
 
-So an instance is answered for only while nothing but this engine's own
-commits moved the counter since the store read it as running and owned,
-and none of them changed its status or owner. Where the counter cannot be
-read the store reads every time, except in memory, where no other
-connection exists and the count of changed rows alone tells (a file store
-not in WAL mode, or on a system without ``/proc/self/fd``, always reads).
-
-Why SQLite's descriptor and not one of our own: a process's POSIX locks on
-a file are all released when it closes *any* descriptor of that file, and
-SQLite holds locks on the ``-shm`` file. Opening and later closing one here
-would drop them. The mapping is made while the store's connection keeps
-SQLite's descriptor open, and outlives it.
+In memory the changed-row count alone tells; a file store without WAL or ``/proc/self/fd``
+always reads. SQLite's descriptor, not our own: closing *any* descriptor of a file drops the
+process's POSIX locks on it, and SQLite holds locks on ``-shm``.
 
 >>> import sqlite3
 >>> conn = sqlite3.connect(":memory:")
@@ -62,9 +44,8 @@ _VERSION = struct.Struct("=I")  # native order
 _WALINDEX_VERSION = 3007000
 
 
-#: The connection's own triggers (``TEMP``): each change of an instance's status or owner,
-#: and each instance deleted, by any statement of the connection, is told to its
-#: ``RunChecks``.
+#: The connection's own (``TEMP``) triggers: tell its ``RunChecks`` of each status or owner
+#: change, and each deletion, of an instance by any statement.
 _TRIGGERS = """
 CREATE TEMP TRIGGER IF NOT EXISTS memable_status_changed
 AFTER UPDATE OF status, owner ON main.instances
@@ -86,15 +67,9 @@ def run_checks(conn: sqlite3.Connection, *, in_memory: bool) -> RunChecks | None
 
 
 class ShmCounter:
-    """The WAL-index commit counter of one ``-shm`` file, mapped read-only into memory.
-
-    Mapped with the C library's ``mmap`` on SQLite's own descriptor (Python's
-    ``mmap`` would take a copy of the descriptor and close it again, which
-    drops the locks). The mapping holds the file, whatever SQLite does with
-    its descriptor. The file is never shorter than the page mapped while
-    any connection has it open, and the store reads only while its own
-    connection is open; ``close`` unmaps.
-    """
+    """The WAL-index commit counter of one ``-shm`` file, mapped read-only with libc's ``mmap``
+    (Python's dups the descriptor and closes the copy, dropping the locks). The file stays a
+    page long while any connection has it open; the store reads only while its own is."""
 
     def __init__(self, address: int) -> None:
         self._address = address
@@ -109,13 +84,8 @@ class ShmCounter:
 
     @classmethod
     def open(cls, conn_file: str) -> ShmCounter | None:
-        """The counter of the database file ``conn_file`` in WAL mode, or None.
-
-        ``conn_file`` is the path SQLite reports for the main database
-        (``PRAGMA database_list``), open on a connection that has read it.
-        The descriptor is SQLite's own: the only one in this process open
-        on the ``-shm`` file (with none, or several, None).
-        """
+        """The counter of the main database ``conn_file`` (``PRAGMA database_list``) in WAL
+        mode, mapped on SQLite's descriptor: the ``-shm``'s only one here (else None)."""
         fd = _sqlite_descriptor(conn_file + "-shm")
         if fd is None:
             return None
@@ -172,35 +142,23 @@ def _libc() -> Any:
 
 
 class RunChecks:
-    """The instances a store may report running and owned without reading them.
-
-    Every method is called under the store's connection lock, which guards
-    all the fields. ``counter`` is the file's WAL-index commit counter (None
-    for a store no other connection can reach); ``conn`` the store's
-    connection, whose ``total_changes`` counts the rows it changed. The
-    connection gets temporary triggers (its own: no other connection has
-    them) that tell this object of every change of an instance's status or
-    owner, and of every instance deleted, by whatever statement of this
-    connection: no writer declares what it may change.
-    """
+    """The instances a store may report running and owned without reading them. Called only
+    under the store's connection lock, which guards every field; ``counter`` None: no other
+    connection can reach the store."""
 
     def __init__(self, conn: sqlite3.Connection, counter: ShmCounter | None) -> None:
         self._conn = conn
         self._counter = counter
-        # The counter and total_changes at the last look, plus this
-        # connection's accounted commits since; None: nothing known.
+        # (counter, total_changes) the next look expects; None: nothing known.
         self._expected: tuple[int, int] | None = None
         self._running: set[tuple[str, str]] = set()
-        # What the transaction in progress did to instances, in order: claimed one
-        # (True: running and this store's, see ``claimed``), or changed one's status or
-        # owner, or deleted it (False: a trigger said so).
+        # The open transaction's events, in order: True for ``claimed``, False for a trigger's.
         self._events: list[tuple[bool, str, str]] = []
         conn.create_function("memable_changed", 2, self._changed)
         conn.executescript(_TRIGGERS)
 
     def _changed(self, workflow: str, instance_id: str) -> None:
-        """The triggers': a statement of this connection changed the instance's status
-        or owner, or deleted it."""
+        """The triggers': this connection changed the instance's status or owner, or deleted it."""
         self._events.append((False, workflow, instance_id))
 
     def known_running(self, workflow: str, instance_id: str) -> bool:
@@ -218,11 +176,7 @@ class RunChecks:
         self._running.add((workflow, instance_id))
 
     def claimed(self, workflow: str, instance_id: str) -> None:
-        """A write of the transaction in progress made the instance running and this
-        store's (its statements have run).
-
-        Known once the transaction commits (``after_write``), as if read.
-        """
+        """The transaction in progress made the instance running and ours (known at commit)."""
         self._events.append((True, workflow, instance_id))
 
     def before_write(self) -> int:
@@ -231,14 +185,9 @@ class RunChecks:
         return self._conn.total_changes
 
     def after_write(self, before: int, ok: bool) -> None:
-        """After a transaction: ``ok`` if it committed with no write refused.
-
-        The instances it claimed are known running, and those whose status or
-        owner it changed afterwards forgotten, in the order it did so. A
-        transaction that changed rows made one commit: the counter is expected
-        one higher. A failed one leaves the expectation as it was, so the next
-        look finds the counter or the changes moved and forgets them all.
-        """
+        """After a transaction (``ok``: committed, no write refused): apply its events in
+        order; one that changed rows made one commit. A failed one makes the next look forget
+        all."""
         expected, events, self._events = self._expected, self._events, []
         if not ok or expected is None or expected[1] != before:
             self._running.clear()

@@ -1,9 +1,5 @@
-"""``memable ui``: the dashboard on Werkzeug's threaded server, until interrupted.
-
-The server is Werkzeug's development server, threaded, which is enough for
-the few operators of one store; behind a reverse proxy or in production,
-mount ``app()`` in the project's own WSGI server instead.
-"""
+"""``memable ui``: the dashboard on Werkzeug's threaded development server, until interrupted
+(enough for a store's few operators; in production, mount ``app()`` in a WSGI server)."""
 
 from __future__ import annotations
 
@@ -21,8 +17,7 @@ _TOKEN_PARAM = re.compile(r"(token=)[^&\s\"']*", re.IGNORECASE)
 
 
 class _Handler(WSGIRequestHandler):
-    """Werkzeug's request handler, whose access log never shows the token: a ``token=``
-    value, and the dashboard's token wherever it appears, read ``[hidden]``."""
+    """Werkzeug's request handler, whose access log shows the token as ``[hidden]``."""
 
     def log(self, type: str, message: str, *args: Any) -> None:
         line = _TOKEN_PARAM.sub(r"\1[hidden]", message % args if args else message)
@@ -33,9 +28,8 @@ class _Handler(WSGIRequestHandler):
 
 
 def bind(dashboard: Dashboard, host: str, port: int) -> BaseWSGIServer:
-    """A threaded server of ``dashboard`` bound to ``host:port`` (port 0: any free one),
-    not serving yet; OSError if it cannot bind there. Its access log (stderr) never shows
-    the dashboard's token."""
+    """A threaded server of ``dashboard`` bound to ``host:port`` (0: any free port), not
+    serving yet; OSError if it cannot bind. Its access log (stderr) hides the token."""
     try:
         return make_server(host, port, dashboard, threaded=True, request_handler=_Handler)
     except SystemExit:  # Werkzeug's way of saying the address is in use

@@ -1,12 +1,5 @@
-"""Cancelling an instance: it, and every descendant that has not ended, stop for good.
-
-A cancel (the operator's, or a workflow timeout's: ``instances.time_out_due``)
-marks the instance and its descendants cancelled and drops their timers in
-one transaction, tells the engines running them (a ``"cancel"`` notice each),
-and settles the parent's step of a cancelled child, waking the parent if it
-waited for it. The owners stay: a run in flight stores its current step, then
-stops.
-"""
+"""Cancelling an instance (an operator's, or a workflow timeout's): it and its descendants
+stop for good."""
 
 from __future__ import annotations
 
@@ -27,12 +20,8 @@ DROP_TIMERS = "DELETE FROM timers WHERE workflow = :workflow AND instance_id = :
 
 
 def cancel(tx: Transaction, workflow: str, instance_id: str, now: float) -> Ended:
-    """Cancel the instance (its row locked first) and its descendants, at ``now`` (epoch
-    seconds, UTC).
-
-    ``InstanceNotFound`` when there is no such instance, ``InstanceFinished`` when it
-    completed or was cancelled already; a failed instance is cancelled (it ends for good).
-    """
+    """Cancel the instance (its row locked first) and its descendants, at ``now`` (epoch s);
+    ``InstanceNotFound``, or ``InstanceFinished`` if it completed or was cancelled already."""
     found = tx.lock_instance(workflow, instance_id)
     if found is None:
         raise InstanceNotFound(workflow, instance_id)
@@ -42,14 +31,10 @@ def cancel(tx: Transaction, workflow: str, instance_id: str, now: float) -> Ende
 
 
 def cancel_in(tx: Transaction, workflow: str, instance_id: str, now: float) -> Ended:
-    """Cancel the instance (locked by the caller) and every descendant of it that has not
-    ended, at ``now`` (epoch seconds, UTC), telling the engines that run them; settle its
-    parent's step, if it is a child.
-
-    The rows are locked top down (the instance, its descendants, then its own parent);
-    a child's end (``instances.finish``) locks its row, then its parent's: where the two
-    meet, one of them is refused as a deadlock, and retried.
-    """
+    """Cancel the instance (locked by the caller) and its descendants not ended, dropping
+    their timers and telling their engines; settle its parent's step. Rows are locked top
+    down, a child's end (``instances.finish``) bottom up: one is refused as a deadlock and
+    retried."""
     where = {"workflow": workflow, "instance_id": instance_id}
     descendants = [(str(w), str(i)) for w, i in
                    tx.execute(children.DESCENDANTS, where).fetchall()]

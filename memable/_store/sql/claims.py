@@ -1,28 +1,11 @@
-"""How an instance comes to run here: it is created (alone, or as a run's child), and it
-is claimed (written once for both stores; ``:name`` parameters, spelled by the
-transaction).
+"""How an instance comes to run here: created (alone, or as a run's child), or claimed.
 
-A new instance is created unless its id is taken (then nothing is written):
-a running one is this engine's from its creation, a queued one nobody's (it
-waits for a slot of its queue, whose consumers are told), and one with a
-delayed start waits, suspended and nobody's, on its start's timer (the
-engines are told of the timer). A run's children are created with the
-parent's steps that wait for them, while the parent is still this engine's.
-
-A claim takes an instance for a run of this engine: the user's resume, the
-wake-up of a suspended instance that is ready, the recovery of a running one
-whose owner's lease ran out (``Claim``). A live owner other than this engine
-never loses an instance to it. A wake-up or a recovery passes over a row
-another transaction holds (another engine's claim, or a lost owner's
-transaction the server has not ended yet: the poll finds it again); the
-user's resume waits its turn. Leases are judged by the store's clock
-(``{now_epoch}``).
-
-Durability: every claim commits at the store's durability (on PostgreSQL, the
-session's ``synchronous_commit``), as every other write does: its run acts on
-it at once, and a step's side effect must never rest on a claim a crash can
-undo (the instance would be queued, or suspended and ready, again, and run a
-second time beside the step still running).
+Written once for both stores (``:name`` parameters, spelled by the transaction). A claim
+(``Claim``) is a resume, the wake-up of a ready suspended instance, or the recovery of a
+running one whose owner's lease ran out by the store's clock (``{now_epoch}``): a live other
+owner never loses an instance. A wake-up or recovery passes over a row another transaction
+holds (the poll finds it again); a resume waits its turn. Every claim commits durably: a
+step's side effect must never rest on a claim a crash can undo, or it could run twice.
 """
 
 from __future__ import annotations
@@ -56,22 +39,16 @@ from .steps import SELECT_RUN_STEPS, stored_step
 # A claim that takes a running instance from another owner (dead: the claim's
 # WHERE says so) recovers it; the expressions of one UPDATE see the old row.
 _RECOVERED = "status = 'running' AND owner IS NOT NULL AND owner <> :me"
-# The old owner by host and pid: its id without the random digits that end it
-# (``liveness.owner_id``; an id of another shape is named as it is).
+# The old owner by host and pid: its id without its random suffix (``liveness.owner_id``).
 _OWNER_NAME = f"""CASE WHEN substr(owner, length(owner) - {OWNER_SUFFIX}, 1) = ':'
     THEN substr(owner, 1, length(owner) - {OWNER_SUFFIX + 1}) ELSE owner END"""
-# How it was lost: an owner whose row is gone was reaped by an engine of its host,
-# which saw its process gone (died); one whose row is there only let its lease
-# run out (stalled; on another host, whether it also died is not known here).
+# How it was lost: an owner whose row is gone was reaped by its host's engine (died); one
+# whose row is there let its lease run out (stalled; whether it died is not known here).
 _HOW_LOST = """CASE WHEN EXISTS (SELECT 1 FROM owners WHERE owners.id = instances.owner)
     THEN ' stalled past its lease' ELSE ' died' END"""
-# What a claim writes: running and owned; an instance of a queue instead
-# waits for a slot (queued, nobody's; a queued or recovered one keeps its
-# place). A recovery is counted, with the dead owner (cleared by any other
-# claim: set, it says this claim recovered the instance), that owner by host and
-# pid and how it was lost (kept), and the step it had in flight (its heartbeat
-# named it) if that attempt's end was never stored: its execution was lost with
-# the owner, and ``COUNT_LOST`` counts it in the same transaction.
+# What a claim writes: running and owned, or a queue's instance queued and nobody's (a queued
+# or recovered one keeps its place). A recovery sets ``lost_owner`` (other claims clear it),
+# ``lost_by`` and the step in flight whose end was never stored (``lost_step``).
 CLAIM_SET = f"""status = CASE WHEN queue IS NULL THEN 'running' ELSE 'queued' END,
     owner = CASE WHEN queue IS NULL THEN :me END,
     queued_at = CASE WHEN queue IS NULL OR status IN ('queued', 'running') THEN queued_at
@@ -87,12 +64,9 @@ CLAIM_SET = f"""status = CASE WHEN queue IS NULL THEN 'running' ELSE 'queued' EN
     message = NULL, waiting_for = NULL, updated_at = :at, completed_at = NULL,
     traceback = NULL, step_key = NULL, step_started = NULL, children_pending = NULL,
     run_reason = CASE :claim WHEN 'resume' THEN 'resume' WHEN 'recover' THEN 'recovery' END"""
-#: In the transaction of a claim that recovered the instance (``lost_owner`` set) with a
-#: step lost in flight (``lost_step``): count that step's lost execution in its
-#: ``attempts``. A key never stored yet gets a failed row (after every step reached, but
-#: before a signal stored for a key not reached yet, ``UNREACHED``) that names the lost
-#: owner, which the run's next attempt replaces; a completed row, or a row of another
-#: kind, is left as it is.
+#: After a recovery with a step lost in flight: count its lost execution in ``attempts``. A
+#: key never stored gets a failed row naming the lost owner (after every step reached, before
+#: ``UNREACHED``); a completed row, or one of another kind, is left as it is.
 COUNT_LOST = f"""
 INSERT INTO steps (workflow, instance_id, key, seq, kind, state, error, attempts)
 SELECT :workflow, :instance_id, :key, COALESCE(MAX(seq), -1) + 1, 'step', 'failed',
@@ -102,8 +76,7 @@ ON CONFLICT (workflow, instance_id, key) DO UPDATE SET
     attempts = steps.attempts + 1, error = excluded.error
 WHERE steps.state <> 'completed' AND steps.kind = 'step'
 """
-#: An instance is free to claim when nobody runs it, or its owner's lease ran out by the
-#: store's clock.
+#: ``OWNER_FREE`` by the store's clock.
 _OWNER_FREE = OWNER_FREE.replace(":now", "{now_epoch}")
 #: Which instances each claim takes (of the row ``instances``).
 _CLAIMABLE: dict[Claim, str] = {
@@ -111,8 +84,7 @@ _CLAIMABLE: dict[Claim, str] = {
     "wake": WAKE,
     "recover": f"status = 'running' AND {_OWNER_FREE}",
 }
-#: The instance's row, locked, unless another transaction holds it (then no row): a
-#: wake-up or a recovery passes over it (SQLite: none is, writers take turns).
+#: The instance's row, locked, unless another transaction holds it (SQLite: writers take turns).
 _UNLESS_HELD = (
     "(workflow, instance_id) IN (SELECT workflow, instance_id FROM instances "
     "WHERE workflow = :workflow AND instance_id = :instance_id{skip_locked})"
@@ -130,19 +102,9 @@ _TAKE: dict[Claim, str] = {
 def create(
     tx: Transaction, row: InstanceRow, start_at: float | None = None, token: str | None = None
 ) -> bool:
-    """Create the instance ``row`` (running: this engine's; else nobody's yet); False, and
-    nothing written, if its id is taken. A queued one tells its queue's consumers.
-
-    Without ``start_at`` it may run as one statement, outside a transaction, and again
-    after its answer was lost: with ``token``, unique to the call, it then answers as
-    its first run did (``insert_instance``). A queued one's consumers are told after
-    the row committed (a telling without a new row is a late wake-up, no more).
-
-    With ``start_at`` (epoch seconds), a delayed start, atomically with the row: the
-    instance (stored suspended, nobody's, waiting on the key ``instances.START_KEY``)
-    gets that key as a waiting timer step and its timer, due then, and the engines are
-    told of the timer; its firing makes the instance ready, as any timer does.
-    """
+    """Create the instance ``row``; False, and nothing written, if its id is taken. Without
+    ``start_at`` it may run as one statement, retried with ``token`` (``insert_instance``);
+    with it (epoch seconds), the instance waits on a timer step at ``START_KEY``."""
     if not insert_instance(tx, row, token):
         return False
     if start_at is not None:
@@ -158,15 +120,9 @@ def create(
 
 def start_children(tx: Transaction, waits: list[StepWrite], rows: list[InstanceRow]) -> list[str]:
     """Record a parent's child steps ``waits`` as waiting and create the children ``rows``
-    (of one workflow), atomically; the ids of the children created.
-
-    Only if the parent (the instance of ``waits``) is this engine's, its row
-    locked until commit (else ``LostInstance``), and running (cancelled:
-    ``RunCancelled``, nothing written). A child id that exists is left as it
-    was, so a parent that crashed after starting a child never makes a second;
-    it must be this parent's child at that key (else ``ChildIdTaken``, nothing
-    written). Queued children tell their queue's consumers.
-    """
+    (of one workflow), atomically, if the parent is ours and running; the ids created. An
+    existing child id is kept (a parent that crashed after starting it never makes a second)
+    if it is this parent's child at that key (else ``ChildIdTaken``)."""
     workflow, instance_id = waits[0].workflow, waits[0].instance_id
     found = tx.lock_instance(workflow, instance_id)
     if found is None or found[1] != tx.owner:
@@ -176,7 +132,6 @@ def start_children(tx: Transaction, waits: list[StepWrite], rows: list[InstanceR
     tx.executemany(INSERT_WAITING, [step_params(wait, tx.owner) for wait in waits])
     created = insert_instances(tx, rows)
     made = set(created)
-    # An id that was there must be this parent's child at this key.
     refuse_taken(tx, rows[0].workflow, (workflow, instance_id),
                  {r.instance_id: str(r.parent_key) for r in rows if r.instance_id not in made})
     if created and rows[0].status != "running":  # they wait for slots: tell the consumers
@@ -187,20 +142,12 @@ def start_children(tx: Transaction, waits: list[StepWrite], rows: list[InstanceR
 def begin_run(
     tx: Transaction, workflow: str, instance_id: str, *, now: float, claim: Claim
 ) -> RunSnapshot | None:
-    """Claim the instance for a run of this engine, as ``claim`` allows (see the module
-    docstring), at ``now`` (epoch seconds, UTC); None, and nothing written, if it is unknown,
-    not claimable, or (a wake-up or recovery) another transaction holds it.
-
-    The claim marks it running and owned and reads its input and steps; an
-    instance of a queue is marked queued instead (it waits for a slot; a queued one
-    keeps its place: its queue's consumers are told), and its snapshot says so,
-    with no steps. A claim that recovers the instance with a step lost in flight
-    counts that step's lost execution (``COUNT_LOST``) in the same transaction.
-    """
+    """Claim the instance for a run here, as ``claim`` allows, at ``now`` (epoch seconds);
+    None, and nothing written, if unknown, not claimable, or held by another transaction.
+    A queue's instance is marked queued instead, its snapshot with no steps."""
     where = {"workflow": workflow, "instance_id": instance_id}
     # The steps are read by a statement of their own, after the claim took the row: it
     # sees every step the previous owner committed, and that owner can write no more.
-    # (Read in the claim's round trip, though a claim that takes nothing discards them.)
     taken, steps = tx.execute_each((_TAKE[claim], {
         **where, "me": tx.owner, "at": iso_utc(now), "claim": claim,
         "now": now,  # the engine's clock (SQLite)

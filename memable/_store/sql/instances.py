@@ -1,14 +1,5 @@
-"""The SQL of instances and their keys that both stores run (``:name`` parameters; the
-PostgreSQL store rewrites them with ``children.pg``, or fills in its own marks).
-
-A new instance's row, a step's waiting row, which suspended instances are
-ready to go on, and ``memable resume``'s mark: the same rules, written once,
-on either store (what firing a due timer does to its key: ``timers``). The
-transaction bodies of a run's end (``finish``), of a resume
-(``mark_resumable``, ``resume_failure``), of the trace context a run
-continues (``set_traceparent``) and of workflow timeouts (``time_out_due``).
-What a claim writes is ``claims``'.
-"""
+"""The SQL of instances and their keys, written once for both stores (``:name`` parameters):
+creation, waits, a run's end, resumes, trace context and workflow timeouts."""
 
 from __future__ import annotations
 
@@ -41,52 +32,41 @@ INSTANCE_COLUMNS: dict[str, type] = {
     "completed_at": str,
     "waiting_for": str,  # v2: the signal or timer key a suspended instance waits on
     "owner": str,  # v3: the engine running the instance (owners.id), NULL when none
-    # v6: what an operator sees of a run: the status message last set, the
-    # step in flight (written at the owner's heartbeat) and since when, and
-    # the traceback of a failure
+    # v6: the last status message, the step in flight (heartbeat) and since when, a traceback
     "status_message": str,
     "step_key": str,
     "step_started": str,
     "traceback": str,
-    # v7: the parent of a child instance (its workflow, id, the key of its step
-    # in the parent, and the group of ``ctx.children`` it belongs to), and how
-    # many children a parent suspended on a group still waits for
+    # v7: a child's parent (workflow, id, step key, children group); a group's children pending
     "parent_workflow": str,
     "parent_id": str,
     "parent_key": str,
     "parent_group": str,
     "children_pending": int,
-    # v8: the queue an instance runs through, its priority (lower first) and
-    # when it became runnable there
+    # v8: its queue, priority (lower first) and when it became runnable there
     "queue": str,
     "priority": int,
     "queued_at": str,
-    # v9: how often the instance was taken over from a dead owner, the last such
-    # owner and the step it had in flight (its executions lost with it)
+    # v9: recoveries from a dead owner, the last such owner and the step it had in flight
     "recoveries": int,
     "lost_owner": str,
     "lost_step": str,
     # v10: the schedule whose tick the instance is
     "schedule": str,
-    # v11: the trace context its next run continues (W3C traceparent), and why the
-    # claim that queued it was made (its run's reason, once a queue's consumer runs it)
+    # v11: the trace context its next run continues (W3C), and why a queued claim was made
     "traceparent": str,
     "run_reason": str,
-    # v13: the workflow timeout (seconds) and its durable deadline (epoch seconds, from
-    # the instance's creation), and the key a per-key limit of its queue counts it under
+    # v13: the workflow timeout (s), its deadline (epoch s), and its queue's per-key key
     "timeout": float,
     "timeout_at": float,
     "concurrency_key": str,
-    # v14: the owner the last recovery took the instance from, by host and pid, and how
-    # it was lost ("died" or "stalled past its lease"); kept by later claims
+    # v14: the last recovery's lost owner by host and pid, and "died" or "stalled ..."
     "lost_by": str,
 }
 
 _COLUMNS = ", ".join(INSTANCE_COLUMNS)
-#: A new instance's row, unless its id is taken (then nothing is written), with the token
-#: of the call that creates it (``created_by``: SQLite schema 15, PostgreSQL 10; never
-#: read by a run): a one-statement creation run again after its answer was lost
-#: recognises its own row by it (``CREATED_BY``).
+#: A new instance's row unless its id is taken, with the creating call's token
+#: (``created_by``: SQLite schema 15, PostgreSQL 10), by which a retried call knows its row.
 INSERT_INSTANCE = (
     f"INSERT INTO instances ({_COLUMNS}, created_by) "
     f"VALUES ({', '.join(f':{name}' for name in INSTANCE_COLUMNS)}, :created_by) "
@@ -98,8 +78,7 @@ CREATED_BY = (
     "AND created_by = :created_by"
 )
 _ARRAY_OF = {str: "text[]", int: "integer[]", float: "double precision[]"}
-#: New instances' rows from one array per column (a dialect with ``array_parameters``),
-#: those whose id is taken left out; the ids created.
+#: New instances' rows from one array per column (``array_parameters``); the ids created.
 INSERT_INSTANCES = (
     f"INSERT INTO instances ({_COLUMNS}) SELECT * FROM unnest("
     f"{', '.join(f':{name}::{_ARRAY_OF[kind]}' for name, kind in INSTANCE_COLUMNS.items())}"
@@ -108,19 +87,13 @@ INSERT_INSTANCES = (
 
 
 def _owned_row(tx: Transaction, row: InstanceRow) -> InstanceRow:
-    """``row`` as a new instance is stored: a running one is this engine's (it runs it
-    here), any other nobody's yet (it waits for a slot of its queue, or its start)."""
+    """``row`` as stored new: running, this engine's; else nobody's (awaiting a slot or start)."""
     return attrs.evolve(row, owner=tx.owner if row.status == "running" else None)
 
 
 def insert_instance(tx: Transaction, row: InstanceRow, token: str | None = None) -> bool:
-    """Create the instance ``row`` (owned as ``_owned_row`` says); False, and nothing
-    written, if its id is taken.
-
-    With ``token`` (unique to the call, the same each time it is run), a row that
-    this very call created counts as created: the call is one statement of its own,
-    run again because its answer was lost (the row committed, the answer never came).
-    """
+    """Create the instance ``row``; False, and nothing written, if its id is taken. With
+    ``token`` (unique to the call), a row it created counts: a retry after a lost answer."""
     values = attrs.asdict(_owned_row(tx, row), recurse=False)
     if int(tx.execute(INSERT_INSTANCE, {**values, "created_by": token}).rowcount) == 1:
         return True
@@ -130,9 +103,7 @@ def insert_instance(tx: Transaction, row: InstanceRow, token: str | None = None)
 
 
 def insert_instances(tx: Transaction, rows: list[InstanceRow]) -> list[str]:
-    """Create each instance of ``rows`` whose id is free (as ``insert_instance`` does);
-    the ids created, in order. One statement where the dialect takes array parameters,
-    else one per row."""
+    """Create each instance of ``rows`` whose id is free; the ids created, in order."""
     if not tx.dialect.array_parameters:
         return [row.instance_id for row in rows if insert_instance(tx, row)]
     owned = [_owned_row(tx, row) for row in rows]
@@ -145,8 +116,7 @@ def insert_instances(tx: Transaction, rows: list[InstanceRow]) -> list[str]:
 
 
 def _as(kind: type, value: Any) -> Any:
-    """``value`` as a column of type ``kind`` takes it in an array (None stays None): an
-    array holds one type, and a timeout given as an int is a float column's."""
+    """``value`` as an array of ``kind`` holds it (one type: an int timeout becomes a float)."""
     return None if value is None else kind(value)
 
 
@@ -159,9 +129,8 @@ OWNER_FREE = """(
 #: The instance is this engine's, its row kept from a takeover until commit.
 OWNED = f"EXISTS ({OWNED_ROW})"
 
-# A waiting row marks a suspend point or timer reached, or a step waiting out a
-# retry backoff (its failed row turns waiting, ``result`` holding the attempt
-# number the backoff follows). It never replaces a row of another kind.
+# A suspend point or timer reached, or a retry backoff (the failed row turns waiting,
+# ``result`` the attempt number); never replaces a row of another kind.
 INSERT_WAITING = f"""
 INSERT INTO steps (workflow, instance_id, key, seq, kind, state, result, status, attempts)
 SELECT :workflow, :instance_id, :key, :seq, :kind, 'waiting', :result, :status, 0
@@ -171,20 +140,17 @@ ON CONFLICT (workflow, instance_id, key) DO UPDATE SET
 WHERE steps.state = 'failed' AND steps.kind = excluded.kind
 """
 
-#: A key whose wait is over (as ``memable._store.rows.settled`` says): a value, a deadline
-#: passed, a child that ended failed.
+#: A key whose wait is over (as ``memable._store.rows.settled`` says).
 SETTLED = (
     "(steps.state IN ('completed', 'timed_out') "
     "OR (steps.kind = 'child' AND steps.state = 'failed'))"
 )
-#: The awaited key's row (``steps``) ends the wait: it has its outcome, or it is a retry
-#: backoff that ended (its timer row is gone).
+#: The awaited key's row (``steps``) is settled, or a retry backoff whose timer is gone.
 _AWAITED_DONE = f"""({SETTLED} OR (
     steps.kind = 'step' AND NOT EXISTS (SELECT 1 FROM timers
     WHERE timers.workflow = steps.workflow AND timers.instance_id = steps.instance_id
     AND timers.key = steps.key)))"""
-# Suspended instances whose awaited key ended its wait, or whose group of children has
-# all ended, among the workflows named by the ``marks`` parameters.
+# Suspended instances (of the ``marks`` workflows) whose awaited key or children group ended.
 LOOK_READY = f"""
 SELECT instances.workflow, instances.instance_id FROM instances JOIN steps
 ON steps.workflow = instances.workflow AND steps.instance_id = instances.instance_id
@@ -195,18 +161,14 @@ UNION
 SELECT workflow, instance_id FROM instances
 WHERE status = 'suspended' AND children_pending = 0 AND workflow IN ({{marks}})
 """
-#: What a wake-up claims (of the row ``instances``): a suspended instance that
-#: ``LOOK_READY`` finds ready, and no other. A signal or a timer wakes the instance it
-#: touched whatever key it waits on; one still waiting (on another key, or on its delayed
-#: start, ``START_KEY``) stays as it is: the signal is stored, its start waits for its
-#: time.
+#: What a wake-up claims: a suspended instance ``LOOK_READY`` finds ready, and no other (a
+#: signal or timer wakes its instance whatever key it waits on: one still waiting stays).
 WAKE = f"""instances.status = 'suspended' AND (instances.children_pending = 0 OR EXISTS (
     SELECT 1 FROM steps WHERE steps.workflow = instances.workflow
     AND steps.instance_id = instances.instance_id AND steps.key = instances.waiting_for
     AND {_AWAITED_DONE}))"""
-#: The end of a run, recorded if the instance is still this engine's and running; it
-#: names the parent (of a child) and the queue (whose slot it frees). A run released
-#: at a wait it may go past (the engine stopped) is left ready, for the poll.
+#: The end of a run, if still this engine's and running; returns the parent and queue. A
+#: run released at a wait it may go past (the engine stopped) is left ready, for the poll.
 FINISH = """
 UPDATE instances SET status = :status, message = :message, output = :output,
     output_type = :output_type, waiting_for = :waiting_for, owner = NULL, updated_at = :at,
@@ -242,26 +204,14 @@ def finish_params(workflow: str, instance_id: str, owner: str, end: RunEnd) -> d
 
 
 def finish(tx: Transaction, workflow: str, instance_id: str, end: RunEnd) -> Ended:
-    """Record the end of this engine's run of the instance (``end``: completed, failed,
-    suspended, or released at a wait), if the instance is still this engine's and running,
-    and let go of it; settle its parent's step if it is a child (``children.settle_parent``:
-    the parent to wake, told of it). A queue's consumers are told its slot is free
-    (``"queued"``).
-
-    Cancelled meanwhile: the end is not recorded (``Ended(recorded=False)``), but the run
-    lets go of the instance all the same (and of its queue's slot). Not this engine's any
-    more: nothing is written.
-
-    The ``UPDATE`` locks the instance's row first; a child's end then locks its parent's
-    row: a cancel that cascades locks them the other way round, and one of the two is
-    retried. Not idempotent (a second run finds the run ended): it runs as a transaction.
-    """
+    """Record the end of this engine's run (if still its own and running; cancelled: only
+    let go) and settle its parent's step. The row is locked before its parent's, against a
+    cascading cancel's order: one is retried. Not idempotent: it runs as a transaction."""
     params = finish_params(workflow, instance_id, tx.owner, end)
     found = tx.execute(FINISH, params).fetchone()
     if found is None:  # cancelled meanwhile: let go of it all the same
         released = tx.execute(RELEASE, params).fetchall()
         if released and released[0][0] is not None:
-            # The slot the cancelled run held is free: tell the queue's consumers.
             tx.notify("queued", workflow, instance_id)
         return Ended(recorded=False)
     *parent, queue = found
@@ -279,8 +229,7 @@ SET_TRACEPARENT = """
 UPDATE instances SET traceparent = :traceparent
 WHERE workflow = :workflow AND instance_id = :instance_id
 """
-# ``memable resume``: ready for the next poll of an engine that runs it (see
-# Store.mark_resumable); a running or queued instance is left as it is.
+# ``memable resume``: ready for the next poll of an engine that runs it.
 _RESUME = """
 UPDATE instances SET status = 'suspended', message = 'resumed from the command line',
     waiting_for = NULL, children_pending = 0, owner = NULL, completed_at = NULL,
@@ -288,10 +237,9 @@ UPDATE instances SET status = 'suspended', message = 'resumed from the command l
 WHERE workflow = :workflow AND instance_id = :instance_id
 """
 MARK_RESUMABLE = _RESUME + "AND status IN ('failed', 'suspended', 'completed')"
-#: A failed child whose failure was handled (of a row of ``instances`` not aliased): its
-#: parent has ended (or is gone), or has raised ``ChildFailed`` for it (its step holds
-#: ``TOLD``, written by the parent's run). Resuming it alone would settle the parent's
-#: step with an outcome the parent never saw, and a later replay of the parent diverge.
+#: A failed child whose parent has ended (or is gone) or raised ``ChildFailed`` for it (its
+#: step holds ``TOLD``): resumed alone, it would settle a step with an outcome the parent
+#: never saw, and a replay of the parent diverge.
 HANDLED_CHILD = f"""(instances.parent_id IS NOT NULL AND (
     NOT EXISTS (SELECT 1 FROM instances AS p WHERE p.workflow = instances.parent_workflow
         AND p.instance_id = instances.parent_id
@@ -299,8 +247,7 @@ HANDLED_CHILD = f"""(instances.parent_id IS NOT NULL AND (
     OR EXISTS (SELECT 1 FROM steps AS s WHERE s.workflow = instances.parent_workflow
         AND s.instance_id = instances.parent_id AND s.key = instances.parent_key
         AND s.kind = 'child' AND s.state = 'failed' AND s.result = '{TOLD}')))"""
-#: A bulk resume's one instance: only the failure it counted (failed at ``:failed_at``,
-#: not one after a resume since), and not a handled child's (``HANDLED_CHILD``).
+#: A bulk resume's one instance: only the failure it counted, and no handled child.
 RESUME_FAILURE = (
     _RESUME + f"AND status = 'failed' AND completed_at = :failed_at AND NOT {HANDLED_CHILD}"
 )
@@ -308,13 +255,7 @@ RESUME_FAILURE = (
 
 def mark_resumable(tx: Transaction, workflow: str, instance_id: str, now: float) -> str:
     """``memable resume``: make a failed, suspended or completed instance ready, at ``now``
-    (epoch seconds, UTC), for the next look of an engine that runs it (told of it now: a
-    ``"signal"`` notice); a running or queued one is left as it is. Its row is locked
-    first: a resume waits its turn.
-
-    The status it had; ``InstanceNotFound`` when there is none, ``InstanceFinished`` when
-    it is cancelled (a cancel is for good).
-    """
+    (epoch s), its row locked first; the status it had (``InstanceFinished`` if cancelled)."""
     found = tx.lock_instance(workflow, instance_id)
     if found is None:
         raise InstanceNotFound(workflow, instance_id)
@@ -323,7 +264,6 @@ def mark_resumable(tx: Transaction, workflow: str, instance_id: str, now: float)
         raise InstanceFinished(workflow, instance_id, "it is cancelled")
     where = {"workflow": workflow, "instance_id": instance_id, "at": iso_utc(now)}
     if tx.execute(MARK_RESUMABLE, where).rowcount:
-        # An engine that runs it takes it now, not at its next poll.
         tx.notify("signal", workflow, instance_id)
     return status
 
@@ -331,10 +271,8 @@ def mark_resumable(tx: Transaction, workflow: str, instance_id: str, now: float)
 def resume_failure(
     tx: Transaction, workflow: str, instance_id: str, failed_at: str, now: float
 ) -> bool:
-    """A bulk resume's one instance: ready to run again (as ``mark_resumable``, at ``now``)
-    only if it still holds the failure counted (failed at ``failed_at``: its stored
-    ``completed_at``, as ``failed_instances`` read it) and is no handled child's
-    (``HANDLED_CHILD``); whether it was."""
+    """Resume one failed instance as ``mark_resumable`` does, only if it still holds the failure
+    counted (``completed_at`` = ``failed_at``) and is no handled child; whether it was."""
     params = {"workflow": workflow, "instance_id": instance_id, "failed_at": failed_at,
               "at": iso_utc(now)}
     if not tx.execute(RESUME_FAILURE, params).rowcount:
@@ -345,14 +283,12 @@ def resume_failure(
 
 
 def set_traceparent(tx: Transaction, workflow: str, instance_id: str, traceparent: str) -> None:
-    """Leave the trace context ``traceparent`` for the instance's next run (one statement:
-    run again, it writes the same)."""
+    """Leave ``traceparent`` for the instance's next run (one idempotent statement)."""
     tx.write(SET_TRACEPARENT, {"workflow": workflow, "instance_id": instance_id,
                                "traceparent": traceparent})
 
 
-#: The key of a delayed start (``invoke(start_at=)``): an engine's timer step, waited on
-#: by the new instance until its timer fires (its seq -1: before every step of the run).
+#: A delayed start's (``invoke(start_at=)``) timer step's key, at seq -1 (before every step).
 START_KEY = "_start"
 #: A delayed start's timer step and its timer, written with the instance.
 INSERT_START_STEP = (
@@ -366,8 +302,7 @@ INSERT_START_TIMER = (
 
 #: The statuses of an instance that a workflow timeout still cancels (it has not ended).
 TIMES_OUT = "status IN ('running', 'suspended', 'queued')"
-#: The deadlines of workflow timeouts still armed: only instances that have not ended
-#: (a query names the same terms, so either database uses this partial index).
+#: Armed workflow timeouts (queries repeat its terms, so either database uses this index).
 TIMEOUTS_INDEX = (
     "CREATE INDEX IF NOT EXISTS instances_by_timeout ON instances (timeout_at) "
     f"WHERE timeout_at IS NOT NULL AND {TIMES_OUT}"
@@ -387,8 +322,7 @@ DUE_TIMEOUTS = (
     f"WHERE timeout_at IS NOT NULL AND {TIMES_OUT} AND timeout_at <= :now "
     "ORDER BY timeout_at LIMIT 100"
 )
-#: The timeout of an instance still due to time out at ``:now`` (none: it ended, or another
-#: engine timed it out, meanwhile): read in the transaction that cancels it.
+#: The timeout of an instance still due at ``:now``, read in the transaction cancelling it.
 STILL_DUE = (
     "SELECT timeout FROM instances WHERE workflow = :workflow AND instance_id = :instance_id "
     f"AND timeout_at IS NOT NULL AND {TIMES_OUT} AND timeout_at <= :now"
@@ -401,28 +335,15 @@ SET_TIMED_OUT = (
 
 
 def any_timeout_due(tx: Transaction, now: float) -> bool:
-    """Whether an instance's workflow timeout passed by ``now``: most looks find none, and
-    a read outside a write transaction answers them."""
+    """Whether a workflow timeout passed by ``now`` (most looks find none: a plain read)."""
     return tx.execute(DUE_TIMEOUTS, {"now": now}).fetchone() is not None
 
 
 def time_out_due(tx: Transaction, clock: Callable[[], float], at: float) -> list[TimedOut]:
-    """Cancel (``cancel.cancel_in``, children too) each instance whose workflow timeout
-    passed and that has not ended, and give it its "timed out after" status, at ``at``
-    (epoch seconds, UTC).
-
-    The due ones are locked as they are read, skipping those another engine is timing
-    out (or a run writes): one left is found again by the next look. Each is read
-    again before it is cancelled: one that ended meanwhile, or that another engine
-    timed out, is left as it is.
-
-    "Now" is read from ``clock`` again, after the due ones were read from the store:
-    each of them was created, its deadline counted from the clock, before that read.
-    A reading taken before it (the one the due ones were chosen by) may be later than
-    the clock that created one of them, if the clock went back in between (a frozen
-    test clock started while a look was under way): judged by it, an instance would
-    time out the moment it was created.
-    """
+    """Cancel each instance whose workflow timeout passed, at ``at`` (epoch seconds); due rows
+    are locked as read, skipping held ones, and read again. "Now" is read from ``clock`` after
+    the store read: an earlier reading may be later than the clock that created an instance,
+    if the clock went back (a frozen test clock), and time it out at once."""
     due = tx.execute(DUE_TIMEOUTS + "{skip_locked}", {"now": clock()}).fetchall()
     now = clock()
     out = []
@@ -441,12 +362,8 @@ def time_out_due(tx: Transaction, clock: Callable[[], float], at: float) -> list
 def due_after_read(
     read: list[Any], clock: Callable[[], float]
 ) -> list[tuple[str, str, str, float]]:
-    """Of the timers ``read`` from the store, (workflow, id, key, deadline) rows chosen by
-    an earlier reading, those due by a reading of ``clock`` taken now, after the read:
-    each was armed, its deadline counted from the clock, before it. The earlier reading
-    may be later than the clock that armed one of them, if the clock went back in
-    between (a frozen test clock started while a look was under way): judged by it, a
-    timer would fire the moment it was armed (as ``time_out_due`` says of timeouts).
+    """Of the timers ``read`` (workflow, id, key, deadline), those due by ``clock`` read now,
+    after the store read (``time_out_due`` says why).
 
     >>> read = [("w", "a", "t", 100.0), ("w", "b", "t", 200.0)]
     >>> due_after_read(read, lambda: 150.0)

@@ -1,12 +1,4 @@
-"""The SQL of schedules, written once for both stores (``:name`` parameters, spelled by the
-transaction).
-
-A schedule's row holds its declaration (cron, zone, workflow), the newest
-tick it accounted for (``last_tick``), when it started counting (``since``)
-and how many ticks were skipped or missed. Firing a tick compares and sets
-``last_tick`` in the transaction that creates the tick's instance, so of the
-engines that fire one tick, one writes it and the others write nothing.
-"""
+"""The SQL of schedules, written once for both stores (``:name`` parameters)."""
 
 from __future__ import annotations
 
@@ -28,14 +20,14 @@ INSERT INTO schedules (name, cron, timezone, workflow, last_tick, since, skipped
 VALUES (:name, :cron, :timezone, :workflow, NULL, :at, 0, 0)
 ON CONFLICT (name) DO NOTHING
 """
-#: A declaration whose cron or zone differs from the stored one wins, and starts from
-#: now: no catch-up across a change.
+#: A declaration whose cron or zone differs wins, from now: no catch-up across a change.
 RESTART = """
 UPDATE schedules SET cron = :cron, timezone = :timezone, workflow = :workflow, since = :at
 WHERE name = :name AND (cron <> :cron OR timezone <> :timezone)
 """
 WORKFLOW = "UPDATE schedules SET workflow = :workflow WHERE name = :name"
-#: Compare and set: only while the newest tick is still the one the firing planned from.
+#: Compare and set, in the transaction creating the tick's instance: of the engines firing
+#: one tick, one writes it (while the newest tick is still the one it planned from).
 ADVANCE = """
 UPDATE schedules SET last_tick = :tick, missed = missed + :missed, skipped = skipped + :skipped
 WHERE name = :name AND COALESCE(last_tick, '') = COALESCE(:last, '')
@@ -49,14 +41,8 @@ AND status NOT IN ('completed', 'failed', 'cancelled') LIMIT 1
 
 
 def declare(tx: Transaction, schedules: list[ScheduleRow], at: float) -> list[ScheduleRow]:
-    """Store this engine's schedule declarations, atomically; return the stored rows, in
-    order.
-
-    A schedule new to the store counts its ticks from ``at`` (epoch seconds, UTC; stored
-    as ``since``); one
-    whose stored cron or zone differs takes the declaration's and counts from
-    ``at`` too (no catch-up across a change); its workflow is the declaration's.
-    """
+    """Store this engine's schedule declarations, atomically; the stored rows, in order. A
+    new schedule, or one whose cron or zone changed, counts ticks from ``at`` (epoch s)."""
     stored = []
     for row in schedules:
         params = {"name": row.name, "cron": row.cron, "timezone": row.timezone,
@@ -70,17 +56,9 @@ def declare(tx: Transaction, schedules: list[ScheduleRow], at: float) -> list[Sc
 
 
 def fire(tx: Transaction, name: str, last: str | None, firing: TickFiring) -> TicksFired:
-    """Record ``firing`` of schedule ``name`` planned from its last tick ``last``,
-    atomically.
-
-    Only while the stored last tick is still ``last``: else another engine fired
-    these ticks, and nothing is written (``won`` False). Else the last tick
-    becomes ``firing.last_tick``, its missed ticks are counted, and each of
-    ``firing.rows`` is created (running here, this engine's, or queued), unless
-    ``firing.skip_overlap`` and an earlier tick's instance of the schedule has
-    not ended (then it is counted skipped), or its id is there already. A created
-    queued instance tells the queue's consumers.
-    """
+    """Record ``firing`` of schedule ``name`` planned from its last tick ``last``, atomically,
+    if that is still stored (else ``won`` False, nothing written). A row is skipped (and
+    counted) under ``skip_overlap`` while an earlier tick's instance has not ended."""
     claimed = tx.execute(ADVANCE, {"name": name, "tick": firing.last_tick,
                                    "missed": firing.missed, "skipped": 0, "last": last})
     if claimed.rowcount != 1:

@@ -1,11 +1,4 @@
-"""Signals: a payload sent from outside a run, stored as its key's completed value.
-
-A signal may come before the run reaches its key: it is stored at
-``UNREACHED`` (after every step), and the run places it (``place``) where it
-reaches the key. The key's deadline, if armed, is dropped in the signal's
-transaction: of a signal and a deadline firing at once, exactly one takes
-the key.
-"""
+"""Signals: a payload sent from outside a run, stored as its key's completed value."""
 
 from __future__ import annotations
 
@@ -28,8 +21,7 @@ ON CONFLICT (workflow, instance_id, key) DO UPDATE SET state = 'completed',
     result = excluded.result, result_type = excluded.result_type, attempts = 1,
     completed_at = excluded.completed_at
 """
-#: A signal stored before the run reached its key, placed where the run reached it (by
-#: the owner alone; again, alike, if a lost commit is retried).
+#: An early signal placed where the run reached its key (by the owner; idempotent).
 PLACE_SIGNAL = f"""
 UPDATE steps SET seq = :seq
 WHERE workflow = :workflow AND instance_id = :instance_id AND key = :key AND kind = 'signal'
@@ -38,19 +30,10 @@ AND {OWNED}
 
 
 def deliver(tx: Transaction, write: StepWrite, traceparent: str | None = None) -> None:
-    """Store a signal payload as its key's completed value, atomically (and, if given,
-    the trace context the instance's next run continues), and tell the engines watching
-    the store ("signal").
-
-    The instance's row is locked first. Raise InstanceNotFound,
-    InstanceFinished (a terminal instance) or SignalRejected (the key holds a
-    value, timed out, or was reached as a step or a timer), writing nothing,
-    when the instance cannot take it. A key the run has reached keeps its
-    seq; one it has not is stored at ``UNREACHED`` (after every step) until
-    the run reaches it. The key's deadline goes first: a firing that holds
-    its row is waited for (and then seen: the key timed out); one that comes
-    later finds no row.
-    """
+    """Store a signal payload as its key's completed value (and ``traceparent``), its
+    instance's row locked first; at ``UNREACHED`` until the run ``place``s it. The key's
+    deadline is dropped first: a firing holding its row is waited for (the key then timed
+    out), a later one finds none; exactly one takes the key."""
     workflow, instance_id, key = write.workflow, write.instance_id, write.key
     where = {"workflow": workflow, "instance_id": instance_id, "key": key}
     # In one round trip where the store can: the lock, then the deadline's drop and the
@@ -83,9 +66,8 @@ def deliver(tx: Transaction, write: StepWrite, traceparent: str | None = None) -
 
 
 def place(tx: Transaction, workflow: str, instance_id: str, key: str, seq: int) -> None:
-    """Store ``seq`` as the place of a signal stored before the run reached its key (seq
-    ``UNREACHED``), now that it has; only if owned (else ``LostInstance``). One
-    statement, which writes and answers alike if run again."""
+    """Place an early signal (seq ``UNREACHED``) at ``seq``, now its key is reached; only if
+    owned (else ``LostInstance``). One statement, alike if run again."""
     params = {"workflow": workflow, "instance_id": instance_id, "key": key, "seq": seq,
               "me": tx.owner}
     if tx.execute(PLACE_SIGNAL, params).rowcount == 0:

@@ -1,12 +1,4 @@
-"""A run's suspension: the end of this engine's run at a key it waits on, or going on.
-
-A run that reaches a suspend point, a timer, a retry backoff or a group of
-children marks the key waiting (arming its deadline once) and its instance
-suspended and nobody's, in one transaction, fenced by the instance's row:
-unless the wait is over already (the key has its outcome, or its deadline
-is due, which fires it here), when the instance stays running and this
-engine's, and the run goes on with the steps stored.
-"""
+"""A run's suspension: the end of this engine's run at a key it waits on, or going on."""
 
 from __future__ import annotations
 
@@ -32,8 +24,7 @@ _SELECT_INSTANCE = (
     f"SELECT {', '.join(INSTANCE_COLUMNS)} FROM instances "
     "WHERE workflow = :workflow AND instance_id = :instance_id"
 )
-#: The instance suspended on its key (and, for a group, how many children it waits for),
-#: and nobody's: only while it is still this engine's and running.
+#: The instance suspended on its key (a group: its children pending), nobody's: if still ours.
 _SUSPENDED = """
 UPDATE instances SET status = 'suspended', message = :message, waiting_for = :key,
     children_pending = :pending, owner = NULL, updated_at = :at
@@ -45,28 +36,17 @@ AND status = 'running'
 def suspend(
     tx: Transaction, waiting: StepWrite, message: str, deadline: float | None, now: float
 ) -> Suspend:
-    """End this engine's run at a suspend point, timer or retry backoff ``waiting``.
+    """End this engine's run at a suspend point, timer, retry backoff or group ``waiting``.
 
-    The instance's row is locked first: only if owned (else ``LostInstance``)
-    and still running; a cancelled instance gets no waiting row and no timer
-    ("stopped"). A key stored as another kind raises ``InvalidKey``, writing
-    nothing. Else the key is marked waiting (its ``deadline`` armed once:
-    runs after the first do not move it; arming tells the engines watching
-    the store, "timer") and the instance suspended and nobody's ("waiting",
-    with the deadline armed). If the key has its outcome meanwhile (a signal
-    arrived, or its deadline is due at ``now``, which fires it here: a timer
-    completes, a deadline times the key out, a retry backoff ends), the
-    instance stays running and this engine's instead ("ready", with the
-    steps to go on with). A retry backoff's failed row turns waiting either
-    way (the next attempt overwrites it). A group of children
-    (``waiting.kind`` "children") has no row of its own: it waits for as
-    many children of the group as are still waiting, and goes on at once if
-    none is.
+    Only if owned (else ``LostInstance``) and running (else "stopped"), its row locked
+    first. The key is marked waiting (``deadline`` armed once) and the instance suspended
+    and nobody's ("waiting"), unless the key has its outcome (a signal, or a deadline due at
+    ``now``, fired here): then it stays running and ours ("ready"). A group has no row: it
+    waits for its children still waiting.
     """
     workflow, instance_id, key = waiting.workflow, waiting.instance_id, waiting.key
     where = {"workflow": workflow, "instance_id": instance_id, "key": key}
-    # In one round trip where the store can: the lock, then the key's row and the
-    # deadline armed for it if it may have one (a group has no row of its own).
+    # One round trip where the store can: the lock, the key's row, its armed deadline.
     reads = [] if waiting.kind == "children" else [
         (SELECT_STEP, where), *([] if deadline is None else [(timers.ARMED, where)])]
     locked, *read = tx.execute_each((LOCK_INSTANCE, where), *reads)
@@ -103,9 +83,8 @@ def suspend(
             ready = True
         elif row is None:
             timers.arm(tx, workflow, instance_id, key, deadline)
-    # The key is reached: a suspend point or timer waits, unless it goes on at once; a
-    # retry backoff's failed row turns waiting either way. The timer statements above
-    # touch no row of another kind than a timer's or a suspend point's.
+    # A retry backoff's failed row turns waiting either way (the next attempt overwrites
+    # it); the timer statements above touch only a timer's or a suspend point's row.
     if waiting.kind == "step" or not ready:
         tx.write(INSERT_WAITING, step_params(waiting, tx.owner))
     if ready:  # go on at once: the instance stays running, and ours
@@ -114,13 +93,8 @@ def suspend(
 
 
 def _go_on(tx: Transaction, workflow: str, instance_id: str) -> Suspend:
-    """The run goes on at once: its instance and steps as they are now ("ready").
-
-    Nothing here changes an owner or a status: the instance stays running and
-    this engine's. So the transaction may commit without waiting for its flush
-    (``Transaction.relax_commit``): the run's next write commits durably and
-    makes this durable too.
-    """
+    """The run goes on at once ("ready"). No owner or status changed, so the commit needn't
+    wait for its flush (``relax_commit``): the run's next durable write covers it."""
     tx.relax_commit()
     where = {"workflow": workflow, "instance_id": instance_id}
     instance, steps = tx.execute_each((_SELECT_INSTANCE, where), (SELECT_RUN_STEPS, where))
@@ -133,8 +107,7 @@ def _suspended(
     tx: Transaction, waiting: StepWrite, message: str, pending: int | None,
     armed: float | None,
 ) -> Suspend:
-    """The instance suspended on ``waiting.key`` and nobody's ("waiting", with the
-    deadline ``armed``); "stopped" if it is no longer this engine's running one."""
+    """Suspend the instance on ``waiting.key`` ("waiting"); "stopped" if no longer ours."""
     suspended = tx.execute(_SUSPENDED, {
         "message": message, "key": waiting.key, "pending": pending, "at": iso_utc(waiting.at),
         "workflow": waiting.workflow, "instance_id": waiting.instance_id, "me": tx.owner,
