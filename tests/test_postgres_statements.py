@@ -97,6 +97,21 @@ def test_on_a_connection_not_the_stores_nothing_is_prepared() -> None:
         assert _prepared(conn) == []
 
 
+def test_on_a_connection_not_in_autocommit_a_statement_is_in_its_transaction() -> None:
+    """As psycopg does, a statement sent on an idle connection that is not in autocommit
+    begins a transaction, which the connection's holder ends: rolled back, its write is
+    gone; a second statement runs in the same transaction."""
+    postgres_or_skip()
+    with psycopg.connect(POSTGRES_URL) as conn:
+        batch.send(conn, [("CREATE TEMP TABLE kept (id int)", None)])
+        conn.commit()
+        batch.send(conn, [("INSERT INTO kept VALUES (%(a)s)", {"a": 1})])
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+        assert batch.send(conn, [("SELECT count(*) FROM kept", None)])[0].rows == [(1,)]
+        conn.rollback()
+        assert batch.send(conn, [("SELECT count(*) FROM kept", None)])[0].rows == [(0,)]
+
+
 def test_a_rollback_deallocates_and_forgets_what_was_prepared(
     conn: psycopg.Connection[Any],
 ) -> None:

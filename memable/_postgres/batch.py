@@ -43,6 +43,7 @@ _PARAMETER = re.compile(r"%\((\w+)\)s")
 _ROWS = psycopg.pq.ExecStatus.TUPLES_OK
 _FAILED = psycopg.pq.ExecStatus.FATAL_ERROR
 _OK = psycopg.pq.ConnStatus.OK
+_IDLE = psycopg.pq.TransactionStatus.IDLE
 
 #: A statement prepared on a connection: its name, and the start of the ``EXECUTE`` that
 #: runs it (its arguments follow, then a closing parenthesis if it has any).
@@ -155,11 +156,15 @@ def run_text(conn: psycopg.Connection[Any], text: bytes) -> list[Any]:
     """Send ``text`` in the simple query protocol (one message, however many statements,
     no parameters): each statement's result, up to the first that failed."""
     with conn.lock:
-        if conn.pgconn.status != _OK:
+        pgconn = conn.pgconn
+        if pgconn.status != _OK:
             raise psycopg.OperationalError("the connection is closed")
-        conn.pgconn.send_query(text)
-        results: list[Any] = conn.wait(generators.execute(conn.pgconn))
-    return results
+        # Not autocommit (a connection handed in): a transaction begins first, as psycopg
+        # begins one before its first statement.
+        begin = not conn.autocommit and pgconn.transaction_status == _IDLE
+        pgconn.send_query(b"BEGIN; " + text if begin else text)
+        results: list[Any] = conn.wait(generators.execute(pgconn))
+    return results[1:] if begin else results
 
 
 def _bind(conn: psycopg.Connection[Any], session: _Session, values: list[Any]) -> tuple[
