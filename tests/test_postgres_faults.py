@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import psycopg
 import pytest
 from _tcp_proxy import Proxy
@@ -437,6 +438,7 @@ class _CommitLost:
         return self._lost(text.decode(), lambda: self._conn.send_text(text))
 
     def _lost(self, sql: str, run: Callable[[], Any]) -> Any:
+        self._plan.setdefault("sent", []).append(sql)
         prefix = self._plan.get("one", "INSERT INTO steps")
         one_statement = (isinstance(sql, str) and getattr(self, "opening", None) is None
                          and any(statement.lstrip().startswith(prefix)
@@ -492,6 +494,54 @@ def test_a_failed_attempt_whose_answer_is_lost_counts_once(pg_schema: str) -> No
         stored = store.read_step("wf", "i", "k")
         assert stored is not None
         assert (stored.state, stored.attempts) == ("failed", 1)
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("after", [True, False], ids=["committed", "not-committed"])
+def test_a_suspension_that_goes_on_commits_with_its_reads_and_runs_again_if_that_is_lost(
+    pg_schema: str, after: bool
+) -> None:
+    """A timer due at once goes on (its run stays running and ours, no owner or status
+    changed): the commit goes with the snapshot's reads, two round trips in all. Its
+    answer lost, whether or not the server committed, the suspension runs again and
+    answers alike: ready, the timer fired (completed) once, with the same snapshot."""
+    from memable._postgres.store import PostgresStore
+    from memable._store.rows import InstanceRow, StepWrite
+
+    store = PostgresStore(POSTGRES_URL, "full", schema=pg_schema)
+    try:
+        now = "2026-12-07T00:00:00+00:00"
+        row = InstanceRow(workflow="wf", instance_id="i", status="running", message=None,
+                          input="null", input_type=None, output=None, output_type=None,
+                          created_at=now, updated_at=now, completed_at=None)
+        assert store.create_instance(row) is True
+        plan = {"left": 0, "after": after}
+        store._db._pool = _LosingPool(store._db._pool, plan)  # type: ignore[assignment]
+
+        def zero(instance_id: str) -> StepWrite:
+            return StepWrite(workflow="wf", instance_id=instance_id, key="zero", seq=0,
+                             kind="timer", state="waiting", result=None, result_type=None,
+                             status=None, error=None, at=1796601600.0)
+
+        first = store.suspend(zero("i"), "waiting for zero", 1796601600.0, 1796601600.0)
+        assert len(plan["sent"]) == 2  # BEGIN and its reads; the writes, reads and COMMIT
+        assert plan["sent"][-1].endswith("; COMMIT")
+        assert store.create_instance(attrs.evolve(row, instance_id="j")) is True
+        plan.update(left=1, sent=[])
+        again = store.suspend(zero("j"), "waiting for zero", 1796601600.0, 1796601600.0)
+        assert plan["left"] == 0  # the answer was lost once
+        for suspended, instance_id in ((first, "i"), (again, "j")):
+            assert suspended.outcome == "ready"
+            assert suspended.snapshot is not None
+            assert suspended.snapshot.instance.instance_id == instance_id
+            assert suspended.snapshot.instance.status == "running"
+            steps = suspended.snapshot.steps
+            assert {k: (s.kind, s.state) for k, s in steps.items()} == {
+                "zero": ("timer", "completed")}
+        stored = store.read_step("wf", "j", "zero")
+        assert stored is not None
+        assert (stored.state, stored.kind) == ("completed", "timer")
     finally:
         store.close()
 

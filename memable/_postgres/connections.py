@@ -59,10 +59,10 @@ class Opening:
     ``BEGIN`` (asking its id and process) goes with the first statement, ``at_commit`` with the
     ``COMMIT``, ``later`` with the next statement; each round trip is one text (``batch``)."""
 
-    __slots__ = ("at_commit", "begun", "later", "pid", "xid")
+    __slots__ = ("at_commit", "begun", "committed", "later", "pid", "xid")
 
     def __init__(self) -> None:
-        self.begun = False
+        self.begun = self.committed = False
         self.xid = self.pid = 0
         self.at_commit: list[batch.Statement] = []
         self.later: list[batch.Statement] = []
@@ -78,10 +78,16 @@ class Opening:
         return self._send(conn, [(sql, params)])[0]
 
     def execute_each(
-        self, conn: psycopg.Connection[Any], statements: list[batch.Statement]
+        self, conn: psycopg.Connection[Any], statements: list[batch.Statement], *,
+        last: bool = False,
     ) -> list[list[Any]]:
-        """Run ``statements`` in this transaction in one round trip; each one's rows."""
-        return [read.rows for read in self._send(conn, statements)]
+        """Run ``statements`` in this transaction in one round trip; each one's rows.
+        ``last``: the ``COMMIT`` goes in that round trip too (``Transaction.execute_each``);
+        its answer lost, the connection's error is raised, and the body runs again."""
+        commit = [*self.at_commit, ("COMMIT", None)] if last else []
+        reads = self._send(conn, [*statements, *commit])
+        self.committed = last
+        return [read.rows for read in reads[:len(statements)]]
 
     def flush(self, conn: psycopg.Connection[Any]) -> None:
         """Send the ``BEGIN`` if nothing was sent yet, and what waits."""
@@ -394,8 +400,8 @@ class Connections:
             raise
         finally:
             conn.opening = None
-        if not opening.begun:
-            return answer  # it ran no statement: nothing to commit
+        if not opening.begun or opening.committed:
+            return answer  # it ran no statement, or committed with its last ones
         try:
             opening.commit(conn)
         except psycopg.OperationalError as exc:

@@ -40,12 +40,14 @@ class PostgresTransaction:
             return batch.send(self._conn, [(POSTGRESQL.spell(template), params or {})])[0]
         return opening.execute(self._conn, POSTGRESQL.spell(template), params or {})
 
-    def execute_each(self, *statements: tuple[str, Mapping[str, Any]]) -> list[list[Any]]:
+    def execute_each(
+        self, *statements: tuple[str, Mapping[str, Any]], last: bool = False
+    ) -> list[list[Any]]:
         spelled: list[batch.Statement] = [
             (POSTGRESQL.spell(template), params) for template, params in statements]
         if self._opening is None:
             return [batch.send(self._conn, [statement])[0].rows for statement in spelled]
-        return self._opening.execute_each(self._conn, spelled)
+        return self._opening.execute_each(self._conn, spelled, last=last)
 
     def write(self, template: str, params: Mapping[str, Any]) -> None:
         opening = self._opening

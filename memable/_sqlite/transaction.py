@@ -29,7 +29,9 @@ class SQLiteTransaction:
     def executemany(self, template: str, params: Iterable[Mapping[str, Any]]) -> None:
         self._conn.executemany(SQLITE.spell(template), params)
 
-    def execute_each(self, *statements: tuple[str, Mapping[str, Any]]) -> list[list[Any]]:
+    def execute_each(
+        self, *statements: tuple[str, Mapping[str, Any]], last: bool = False
+    ) -> list[list[Any]]:
         return [self.execute(template, params).fetchall() for template, params in statements]
 
     def write(self, template: str, params: Mapping[str, Any]) -> None:

@@ -115,10 +115,16 @@ class Transaction(Protocol):
         """Run one statement once per set of parameters, in this transaction."""
         ...
 
-    def execute_each(self, *statements: tuple[str, Mapping[str, Any]]) -> list[list[Any]]:
+    def execute_each(
+        self, *statements: tuple[str, Mapping[str, Any]], last: bool = False
+    ) -> list[list[Any]]:
         """Run each ``(template, params)`` in order and give each one's rows, in one round trip
         where the store can. Each sees what those before it did and what committed before it
-        began: a lock taken by one holds for those after it."""
+        began: a lock taken by one holds for those after it.
+
+        ``last``: the body's last statements, which the store may commit with in that round
+        trip; a commit whose answer is lost then runs the whole body again, so only for a
+        body whose second run answers as the first (it changes no owner or status)."""
         ...
 
     def write(self, template: str, params: Mapping[str, Any]) -> None:

@@ -94,10 +94,12 @@ def suspend(
 
 def _go_on(tx: Transaction, workflow: str, instance_id: str) -> Suspend:
     """The run goes on at once ("ready"). No owner or status changed, so the commit needn't
-    wait for its flush (``relax_commit``): the run's next durable write covers it."""
+    wait for its flush (``relax_commit``): the run's next durable write covers it; and it
+    goes with the snapshot's reads (``last``): run again, the body answers alike."""
     tx.relax_commit()
     where = {"workflow": workflow, "instance_id": instance_id}
-    instance, steps = tx.execute_each((_SELECT_INSTANCE, where), (SELECT_RUN_STEPS, where))
+    instance, steps = tx.execute_each(
+        (_SELECT_INSTANCE, where), (SELECT_RUN_STEPS, where), last=True)
     memo = {s[0]: stored_step(s) for s in steps}
     return Suspend("ready",
                    snapshot=RunSnapshot(instance_row(INSTANCE_COLUMNS, instance[0]), memo))
