@@ -183,23 +183,28 @@ def claim(
         room = min(room, count - len(starts))
     taken: list[RunSnapshot] = []
 
-    def take(workflow: str, instance_id: str) -> None:
-        one = {**where, "workflow": workflow, "instance_id": instance_id, "at": iso_utc(at)}
-        # Its steps are read after the take, in its round trip (discarded if it took none).
-        row, steps = tx.execute_each((TAKE, one), (SELECT_RUN_STEPS, one))
-        if not row:
+    def take(*instances: tuple[str, str]) -> None:
+        """Take each of ``instances`` (the ones still queued), in one round trip."""
+        if not instances:
             return
-        taken.append(RunSnapshot(instance_row(INSTANCE_COLUMNS, row[0]),
-                                 {s[0]: stored_step(s) for s in steps}))
-        if rate is not None:  # only a rate counts starts (and forgets old ones)
-            tx.execute(STARTED, {**where, "now": now})
-            starts.append(now)
+        ones = [{**where, "workflow": w, "instance_id": i, "at": iso_utc(at)}
+                for w, i in instances]
+        # Each one's steps are read after its take (discarded if it took none).
+        reads = tx.execute_each(*[
+            statement for one in ones for statement in ((TAKE, one), (SELECT_RUN_STEPS, one))])
+        for row, steps in zip(reads[::2], reads[1::2], strict=True):
+            if not row:
+                continue
+            taken.append(RunSnapshot(instance_row(INSTANCE_COLUMNS, row[0]),
+                                     {s[0]: stored_step(s) for s in steps}))
+            if rate is not None:  # only a rate counts starts (and forgets old ones)
+                tx.execute(STARTED, {**where, "now": now})
+                starts.append(now)
 
     text, params = _listing(NEXT, workflows)
     params.update(where, n=room, now=now, per_key=per_key)
     if room > 0 and per_key is None:
-        for workflow, instance_id in tx.execute(text, params).fetchall():
-            take(workflow, instance_id)
+        take(*[(str(w), str(i)) for w, i in tx.execute(text, params).fetchall()])
     # Rounds: each finds the next ones of the keys below their limit, and takes each whose key
     # is still below it (counting this round's takes); a round that takes nothing ends them.
     text = _listing(NEXT_KEYED, workflows)[0]
@@ -212,7 +217,7 @@ def claim(
                 KEY_HOLDS, {**where, "key": key, "now": now}
             ).fetchone()[0]) >= per_key:
                 continue
-            take(workflow, instance_id)
+            take((workflow, instance_id))
         if len(taken) == before:
             break
     retry_in = None
