@@ -498,6 +498,34 @@ def test_a_failed_attempt_whose_answer_is_lost_counts_once(pg_schema: str) -> No
         store.close()
 
 
+def test_a_queue_claim_takes_what_it_found_in_one_round_trip(pg_schema: str) -> None:
+    """A claim of eight queued instances is five round trips, however many it takes: the
+    lock with the pause and the clock, the slots held, the next ones, their takes with
+    their steps, the ``COMMIT`` (one take each was a round trip each). Each taken once."""
+    from memable._postgres.store import PostgresStore
+    from memable._store.rows import InstanceRow
+
+    store = PostgresStore(POSTGRES_URL, "full", schema=pg_schema)
+    try:
+        now = "2026-12-07T00:00:00+00:00"
+        for i in range(8):
+            assert store.create_instance(InstanceRow(
+                workflow="wf", instance_id=f"q{i}", status="queued", message=None,
+                input="null", input_type=None, output=None, output_type=None,
+                created_at=now, updated_at=now, completed_at=None, queue="q", priority=0,
+                queued_at=now)) is True
+        plan = {"left": 0, "after": True}
+        store._db._pool = _LosingPool(store._db._pool, plan)  # type: ignore[assignment]
+        claimed = store.claim_queued("q", ["wf"], concurrency=8, per_process=None, rate=None,
+                                     clock=time.time, at=1796601600.0, batch=8)
+        assert sorted(s.instance.instance_id for s in claimed.snapshots) == [
+            f"q{i}" for i in range(8)]
+        assert {s.instance.status for s in claimed.snapshots} == {"running"}
+        assert len(plan["sent"]) == 1 + 5  # the look at the queue, then the claim
+    finally:
+        store.close()
+
+
 @pytest.mark.parametrize("after", [True, False], ids=["committed", "not-committed"])
 def test_a_suspension_that_goes_on_commits_with_its_reads_and_runs_again_if_that_is_lost(
     pg_schema: str, after: bool
