@@ -165,9 +165,7 @@ class PostgresStore(OperatorReads):
             lambda conn: shared.mark_resumable(self._tx(conn), workflow, instance_id, now),
             workflow, instance_id)
 
-    def resume_failure(
-        self, workflow: str, instance_id: str, failed_at: str, now: float
-    ) -> bool:
+    def resume_failure(self, workflow: str, instance_id: str, failed_at: str, now: float) -> bool:
         return self._run(
             "resume the failed instance",
             lambda conn: shared.resume_failure(self._tx(conn), workflow, instance_id,
@@ -354,8 +352,7 @@ class PostgresStore(OperatorReads):
 
     # ------------------------------------------------------------------ an operator's reads
 
-    def read_rows(self, what: str, sql_text: str, params: dict[str, Any]
-                  ) -> list[dict[str, Any]]:
+    def read_rows(self, what: str, sql_text: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         """Rows of one read-only query with ``:name`` parameters, as dicts (``sql.reads``)."""
         return self._run(what, lambda conn: reads.read_rows(self._tx(conn), sql_text, params),
                          transaction=False)

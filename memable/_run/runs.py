@@ -25,15 +25,7 @@ from .._records import StatusName
 from .._states import Cancelled, Completed, Failed, Suspended, WorkflowState
 from .._store.control import LeaseLost, LostInstance, RunCancelled
 from .._store.protocol import RunStore
-from .._store.rows import (
-    TERMINAL,
-    UNREACHED,
-    Claim,
-    InstanceRow,
-    RunEnd,
-    RunSnapshot,
-    StepWrite,
-)
+from .._store.rows import TERMINAL, UNREACHED, Claim, InstanceRow, RunEnd, RunSnapshot, StepWrite
 from .._store.serde import decode_for, store_form
 from .attempts import traceback_of
 from .children import Children
@@ -293,8 +285,7 @@ class Runs:
         watch.begin(claimed=fresh_input is not None or snapshot is not None)
         return run
 
-    def submit_claimed(self, workflow: Workflow, instance_id: str,
-                       snapshot: RunSnapshot) -> None:
+    def submit_claimed(self, workflow: Workflow, instance_id: str, snapshot: RunSnapshot) -> None:
         """Run an instance claimed (running and ours) from ``snapshot``, no run of it being
         active (the caller holds the lock and has checked that the engine is started)."""
         assert self._executor is not None
@@ -358,9 +349,7 @@ class Runs:
             if run.go_on is not None:
                 if self._registry.phase == "started":
                     # What it suspended at was there already: go on, still claimed.
-                    follow = self._register(
-                        run.workflow, run.instance_id, None, "wake", run.go_on
-                    )
+                    follow = self._register(run.workflow, run.instance_id, None, "wake", run.go_on)
                     follow.cancel_requested = run.cancel_requested
                     follow.signalled = run.signalled
                 else:
@@ -478,9 +467,7 @@ class Runs:
         except SerializationError as exc:
             return self._fail(run, f"output failed: {type(exc).__name__}: {exc}")
         log.info("completed", extra=where(name, instance_id))
-        return self._finish(
-            run, Completed(), status="completed", message=None, output=(text, tag)
-        )
+        return self._finish(run, Completed(), status="completed", message=None, output=(text, tag))
 
     def _suspend(
         self,

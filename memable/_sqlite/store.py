@@ -131,9 +131,7 @@ class SQLiteStore(OperatorReads):
             return created
 
         where = (row.workflow, row.instance_id, None)
-        return self._grouped(
-            "create the instance", *where, insert, single=start_at is None
-        )
+        return self._grouped("create the instance", *where, insert, single=start_at is None)
 
     def begin_run(
         self, workflow: str, instance_id: str, *, now: float, claim: Claim
@@ -146,9 +144,7 @@ class SQLiteStore(OperatorReads):
                 self._checks.claimed(workflow, instance_id)
             return snapshot
 
-        return self._grouped(
-            "start a run", workflow, instance_id, None, claim_it
-        )
+        return self._grouped("start a run", workflow, instance_id, None, claim_it)
 
     def save_step(self, write: StepWrite) -> None:
         def store(conn: sqlite3.Connection) -> None:
@@ -213,8 +209,7 @@ class SQLiteStore(OperatorReads):
     def finish(self, workflow: str, instance_id: str, end: RunEnd) -> Ended:
         def record(conn: sqlite3.Connection) -> Ended:
             # Its queue: this engine's queue thread looks when the run ends.
-            return shared.finish(SQLiteTransaction(conn, self.owner), workflow, instance_id,
-                                 end)
+            return shared.finish(SQLiteTransaction(conn, self.owner), workflow, instance_id, end)
 
         return self._grouped(
             f"record the run as {end.status}", workflow, instance_id, None, record
@@ -235,22 +230,18 @@ class SQLiteStore(OperatorReads):
 
         self._grouped("place the signal", workflow, instance_id, key, place, single=True)
 
-    def resume_failure(
-        self, workflow: str, instance_id: str, failed_at: str, now: float
-    ) -> bool:
+    def resume_failure(self, workflow: str, instance_id: str, failed_at: str, now: float) -> bool:
         def resume(conn: sqlite3.Connection) -> bool:
             return shared.resume_failure(SQLiteTransaction(conn, self.owner), workflow,
                                          instance_id, failed_at, now)
 
-        return self._grouped("resume the failed instance", workflow, instance_id, None,
-                             resume)
+        return self._grouped("resume the failed instance", workflow, instance_id, None, resume)
 
     def deliver_signal(self, write: StepWrite, traceparent: str | None = None) -> None:
         def deliver(conn: sqlite3.Connection) -> None:
             signals.deliver(SQLiteTransaction(conn, self.owner), write, traceparent)
 
-        self._grouped("deliver the signal", write.workflow, write.instance_id, write.key,
-                      deliver)
+        self._grouped("deliver the signal", write.workflow, write.instance_id, write.key, deliver)
 
     def fire_due_timers(
         self, clock: Callable[[], float], at: float
@@ -330,9 +321,7 @@ class SQLiteStore(OperatorReads):
             return cancel_sql.cancel(SQLiteTransaction(conn, self.owner), workflow, instance_id,
                                      now)
 
-        return self._commits.write(
-            "cancel the instance", workflow, instance_id, None, cancel_it
-        )
+        return self._commits.write("cancel the instance", workflow, instance_id, None, cancel_it)
 
     def time_out(self, clock: Callable[[], float], at: float) -> list[TimedOut]:
         with self._using("look for timed-out instances") as conn:
@@ -343,9 +332,7 @@ class SQLiteStore(OperatorReads):
         def time_them_out(conn: sqlite3.Connection) -> list[TimedOut]:
             return shared.time_out_due(SQLiteTransaction(conn, self.owner), clock, at)
 
-        return self._commits.write(
-            "time out instances", None, None, None, time_them_out
-        )
+        return self._commits.write("time out instances", None, None, None, time_them_out)
 
     def claim_queued(
         self, queue: str, workflows: list[str], *, concurrency: int | None,
@@ -411,8 +398,7 @@ class SQLiteStore(OperatorReads):
             shared.set_traceparent(SQLiteTransaction(conn, self.owner), workflow, instance_id,
                                    traceparent)
 
-        self._grouped("store the trace context", workflow, instance_id, None, store,
-                      single=True)
+        self._grouped("store the trace context", workflow, instance_id, None, store, single=True)
 
     # ------------------------------------------------------------------ schedules
 
@@ -456,9 +442,7 @@ class SQLiteStore(OperatorReads):
 
     # ------------------------------------------------------------------ an operator's reads
 
-    def read_rows(
-        self, what: str, sql: str, params: dict[str, Any]
-    ) -> list[dict[str, Any]]:
+    def read_rows(self, what: str, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         """Rows of one read-only query, as dicts (``memable._store.sql.reads``)."""
         with self._using(what) as conn:
             return reads.read_rows(SQLiteTransaction(conn, self.owner), sql, params)

@@ -109,8 +109,7 @@ def confirmed_time(text: str | None) -> str:
     except ValueError:
         parsed = None
     if parsed is None or parsed.tzinfo is None:
-        raise BadRequest(
-            f"the confirmed time must be an ISO time with its offset, not {text!r}")
+        raise BadRequest(f"the confirmed time must be an ISO time with its offset, not {text!r}")
     return parsed.astimezone(timezone.utc).isoformat()
 
 

@@ -28,9 +28,7 @@ _CANCELLED_HOLDING = """status = 'cancelled' AND EXISTS (
 #: Which of a queue's instances hold a slot, judged at ``:now`` (what ``RUNNING``
 #: counts; for ``memable show``'s "why it waits").
 HOLDS_SLOT = f"(status = 'running' OR ({_CANCELLED_HOLDING}))"
-ANY_QUEUED = (
-    "SELECT 1 FROM instances WHERE status = 'queued' AND queue = :queue LIMIT 1"
-)
+ANY_QUEUED = "SELECT 1 FROM instances WHERE status = 'queued' AND queue = :queue LIMIT 1"
 PAUSED = "SELECT paused_at FROM queue_states WHERE queue = :queue AND paused = 1"
 PAUSED_ALL = "SELECT queue, paused_at FROM queue_states WHERE paused = 1 ORDER BY queue"
 #: Pause ``:queue`` at ``:at``; a row written (rowcount 1) only if it was not paused.
@@ -163,8 +161,7 @@ def claim(
     taken, but the next ones of other keys are, so one key's backlog does not hold up the others.
     The claim commits at the store's durability: its runs act on it at once."""
     where = {"queue": queue, "me": tx.owner}
-    *_, read = tx.execute_each(
-        *_locking(tx, queue), (_PAUSED_AND_NOW, {**where, "now": clock()}))
+    *_, read = tx.execute_each(*_locking(tx, queue), (_PAUSED_AND_NOW, {**where, "now": clock()}))
     paused, now = read[0]
     if paused:  # nothing starts
         return Claimed()

@@ -124,9 +124,7 @@ def list_view(
     return [(_instance(row), _owner(row)) for row in rows]
 
 
-def inspect(
-    read: ReadRows, workflow: str, instance_id: str, now: float
-) -> InstanceView | None:
+def inspect(read: ReadRows, workflow: str, instance_id: str, now: float) -> InstanceView | None:
     """One instance with its owner row, steps, pending timers, awaited signals and
     children (a queued one's place in its queue judged at ``now``)."""
     where = {"workflow": workflow, "instance_id": instance_id}

@@ -99,8 +99,7 @@ def check_run(tx: Transaction, workflow: str, instance_id: str) -> StatusName:
 
 def set_status(tx: Transaction, workflow: str, instance_id: str, message: str) -> None:
     """Store the run's status message; ``LostInstance`` when it is not this engine's."""
-    params = {"message": message, "workflow": workflow, "instance_id": instance_id,
-              "me": tx.owner}
+    params = {"message": message, "workflow": workflow, "instance_id": instance_id, "me": tx.owner}
     if tx.execute(_SET_STATUS, params).rowcount == 0:
         raise LostInstance(workflow, instance_id)
 
