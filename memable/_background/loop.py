@@ -88,8 +88,6 @@ class LoopThread(threading.Thread):
             self._cond.wait_for(lambda: self._stopping or self._kicked or self._woken(), wait)
             return self._stopping
 
-    # ------------------------------------------------------------------ what a thread adds
-
     def _look(self) -> float:
         """Do the work; return the seconds until the next look is due."""
         raise NotImplementedError

@@ -69,8 +69,6 @@ class Engine:
     def __repr__(self) -> str:
         return f"<Engine {self._runner.phase} workflows={sorted(self._runner.workflows)}>"
 
-    # ------------------------------------------------------------------ construction
-
     @staticmethod
     def builder() -> EngineBuilder[Engine]:
         """Start configuring an engine: ``.in_memory()`` or ``.open(path)``, then ``.build()``.
@@ -127,25 +125,21 @@ class Engine:
     ) -> Engine:
         """An engine on the SQLite file ``target`` (created if missing) or a PostgreSQL URL.
 
-        ``target`` is a path, a ``postgresql://`` or ``postgres://`` URL, or a SQLite URL as
-        SQLAlchemy spells it (``sqlite:///relative``, ``sqlite:////absolute``, ``sqlite://`` for
-        memory). Any other scheme raises ``StorageError`` naming the accepted ones and creates
-        nothing; a file whose name starts like a scheme is opened as ``./name``.
+        ``target`` is a path, a ``postgresql://``/``postgres://`` URL or a SQLite URL as
+        SQLAlchemy spells it (``sqlite:///relative``, ``sqlite://`` for memory); another scheme
+        raises ``StorageError`` and creates nothing.
 
-        Options (durations in float seconds or a ``timedelta``): ``max_workers`` worker threads
-        (8); ``synchronous`` ``"full"`` (survives power loss) or ``"normal"`` (faster; survives
-        process crashes); ``poll_interval`` between looks at the store for what other processes
-        wrote (1.0); ``lease``, how long an engine counts as alive without a heartbeat (15.0);
-        ``recover`` instances whose engine died (True); ``retry``, every step's default ``Retry``
-        (None); ``sleep``, what retry backoffs sleep with (for tests); ``queues``, the declared
-        queues it consumes (None: all; ``()``: none, it only enqueues); ``retention``, how long
-        finished instances are kept before the engine purges them (None: for ever; see
-        ``EngineBuilder.retention``); ``schema``, PostgreSQL only, holds the tables
-        (``"memable"``).
+        Options (durations in float seconds or a ``timedelta``): ``max_workers`` threads (8);
+        ``synchronous`` ``"full"`` (survives power loss) or ``"normal"`` (survives process
+        crashes); ``poll_interval`` between looks for other processes' writes (1.0); ``lease``,
+        how long an engine counts as alive without a heartbeat (15.0); ``recover`` instances of
+        dead engines (True); ``retry``, steps' default ``Retry`` (None); ``sleep``, what retry
+        backoffs sleep with (tests); ``queues`` consumed (None: all; ``()``: none, it only
+        enqueues); ``retention`` of finished instances (None: for ever; see
+        ``EngineBuilder.retention``); ``schema``, PostgreSQL only (``"memable"``).
 
-        Raise ``StorageError`` if the file is not a memable store or has a newer schema (it is left
-        as it was), or if the server does not answer within its connect timeout (10 s unless the
-        URL sets ``connect_timeout``; the message names host and port, never the password).
+        Raise ``StorageError`` if the file is not a memable store or has a newer schema (left as
+        it was), or the server does not answer within its connect timeout (10 s by default).
 
         >>> import os, tempfile
         >>> from memable import Engine
@@ -159,8 +153,6 @@ class Engine:
                           queues=check_consumed(queues), retention=retention)
         return EngineBuilder(path=target, schema=schema, options=options, factory=Engine).build()
 
-    # ------------------------------------------------------------------ registry
-
     def queue(
         self,
         name: str,
@@ -172,14 +164,11 @@ class Engine:
     ) -> None:
         """Declare the queue ``name`` and its limits (before ``start``; None is unlimited).
 
-        ``concurrency``: at most that many of its instances run at once across every engine on the
-        store; ``per_process``: at most that many in this engine; ``rate=(count, period)``: at most
-        ``count`` runs start in any window of ``period`` across every engine; ``per_key``: at most
-        that many instances with one ``concurrency_key`` run at once across every engine (one
-        tenant's backlog does not starve the others). Only a running run holds a slot, not a queued
-        or suspended instance. Each engine enforces its own declaration when it claims, so declare
-        a queue the same way everywhere. A bad limit raises ``ValueError``; a declaration after
-        ``start()``, ``AlreadyStarted``.
+        Across every engine on the store, at most ``concurrency`` of its instances run at once,
+        ``count`` runs start in any window of ``period`` (``rate``), and ``per_key`` instances with
+        one ``concurrency_key`` run at once; ``per_process`` limits this engine. Declare a queue
+        the same way everywhere (see the queues how-to). A bad limit raises ``ValueError``; a
+        declaration after ``start()``, ``AlreadyStarted``.
 
         >>> from memable import Engine, Queued
         >>> engine = Engine.in_memory()
@@ -209,17 +198,13 @@ class Engine:
     ) -> None:
         """Invoke ``workflow`` at each tick of ``cron`` in ``timezone`` (before ``start``).
 
-        ``cron`` has five fields (minute hour day month weekday) or is ``@hourly``, ``@daily``,
-        ``@weekly``, ``@monthly`` or ``@yearly``; ``timezone`` is an IANA name (daylight saving as
-        Debian's cron has it). Each tick is the instance ``"{name}@{tick}"`` (the tick in UTC,
-        ``YYYY-MM-DDTHH:MM:SSZ``), so it runs once however many engines declare the schedule. Its
-        input is ``input`` if not None, else the tick (an aware UTC datetime) if the workflow takes
-        one. On ``queue`` (else the workflow's) a tick waits for a slot like any invocation.
-
-        Ticks missed while no engine fired them: ``catch_up="latest"`` runs the newest, ``"all"``
-        each (the newest 100, oldest first), ``"none"`` none. ``overlap="skip"`` skips (and counts)
-        a tick while an earlier tick's instance has not ended; ``"allow"`` runs it. A bad argument
-        raises ``ValueError`` naming it; a declaration after ``start()``, ``AlreadyStarted``.
+        ``cron`` has five fields or is ``@hourly``, ``@daily`` and the like; ``timezone`` is an
+        IANA name. Each tick is the instance ``"{name}@{tick}"``, so it runs once however many
+        engines declare the schedule. Its input is ``input`` if not None, else the tick (an aware
+        UTC datetime) if the workflow takes one. ``catch_up`` (``"latest"``, ``"all"``,
+        ``"none"``) says which missed ticks run; ``overlap="skip"`` skips a tick while an earlier
+        one's instance has not ended (see the schedules how-to). A bad argument raises
+        ``ValueError``; a declaration after ``start()``, ``AlreadyStarted``.
 
         >>> from datetime import datetime
         >>> from freezegun import freeze_time
@@ -255,11 +240,9 @@ class Engine:
     ) -> None:
         """Register ``fn`` as the workflow ``name``; ``fn`` is ``fn(ctx)`` or ``fn(ctx, input)``.
 
-        The input's annotation types the stored input, the return annotation the stored output.
-        ``queue``, a declared queue (else ``ValueError``), is the one ``invoke`` uses by default.
-        ``timeout`` is each instance's workflow timeout unless ``invoke(timeout=)`` gives one.
-        Raise ``AlreadyStarted`` after ``start()``, and ``TypeError`` for an async ``fn`` or one
-        whose first positional parameter is annotated with a type a ``Context`` is not.
+        The annotations type the stored input and output. ``queue`` (declared, else
+        ``ValueError``) and ``timeout`` are ``invoke``'s defaults. Raise ``AlreadyStarted`` after
+        ``start()``, and ``TypeError`` for an async ``fn`` or a first parameter not a ``Context``.
 
         >>> from memable import Engine
         >>> def my_workflow(ctx, order_id: int) -> str:
@@ -301,8 +284,6 @@ class Engine:
             return fn
 
         return decorate
-
-    # ------------------------------------------------------------------ lifecycle
 
     def _configure(self, max_workers: int | None, queues: Iterable[str] | None,
                    retention: float | None = None) -> None:
@@ -347,9 +328,7 @@ class Engine:
         self._runner.wait_all()
 
     def stop(self) -> None:
-        """Take no new work, let active runs end, and join every engine thread.
-
-        The store stays open for reads; idempotent.
+        """Take no new work, let active runs end, join its threads; idempotent (store stays open).
 
         >>> import threading
         >>> from memable import Engine
@@ -386,8 +365,6 @@ class Engine:
             self.wait_all()
         self.close()
 
-    # ------------------------------------------------------------------ invoking
-
     def invoke(
         self,
         name: str,
@@ -402,29 +379,18 @@ class Engine:
     ) -> Invocation:
         """Create an instance of workflow ``name`` with ``input`` and start running it.
 
-        The input is stored typed by the workflow's annotation; an input parameter without a
-        default must be given one (``TypeError``; ``None`` counts as given). If ``instance_id`` is
-        already stored, return that instance's Invocation and start nothing (the stored input
-        stands). An input that cannot be stored raises ``SerializationError`` and stores nothing.
+        The input is stored typed by the workflow's annotation; a required input missing raises
+        ``TypeError`` (``None`` counts as given), one that cannot be stored
+        ``SerializationError``. If ``instance_id`` is already stored, return that instance's
+        Invocation and start nothing.
 
         Onto a queue (``queue``, else the workflow's; undeclared: ``ValueError``) the instance is
-        stored ``Queued()`` and this returns at once: an engine that consumes the queue runs it
-        when a slot is free, lower ``priority`` first, then in the order instances became runnable.
-        Without a queue it runs in this engine.
-
-        With ``start_at`` (an aware datetime, or a duration from now) the instance is stored at
-        once, shows ``Suspended("starts at <UTC time>")`` and holds no thread; a durable timer
-        starts it when due, in whichever engine on the store fires it first (onto its queue, if
-        any), across restarts.
-
-        ``timeout`` (None: the workflow's, if registered with one) is a durable deadline from now:
-        when it passes, the instance is cancelled as ``cancel`` does (children too) and ends
-        ``Cancelled()`` with the status message ``"timed out after <duration>"``, whether running,
-        suspended or queued (a run in flight stops at its next step boundary).
-
-        ``concurrency_key`` (a non-empty str): on a queue declared with ``per_key=n``, at most
-        ``n`` instances with this key run at once across every engine; ``ValueError`` on a queue
-        without ``per_key`` (or none).
+        stored ``Queued()`` and this returns at once; an engine consuming the queue runs it, lower
+        ``priority`` first. ``start_at`` (an aware datetime, or a duration from now) stores it
+        ``Suspended("starts at <UTC time>")`` until a durable timer starts it. ``timeout`` (None:
+        the workflow's) is a durable deadline from now, past which the instance is cancelled with
+        the message ``"timed out after <duration>"``. ``concurrency_key`` counts against a queue's
+        ``per_key`` (``ValueError`` on a queue without one).
 
         >>> from memable import Engine
         >>> runs = []
@@ -508,12 +474,10 @@ class Engine:
     ) -> Invocation:
         """Fork an instance: a new one with its input and the completed steps before ``from_key``.
 
-        The new run executes ``from_key`` and what follows (``from_key`` None: every completed step
-        is copied). The source is only read. ``new_instance_id`` defaults to
-        ``"{instance_id}.fork-{8 hex digits}"``; one that exists raises ``ValueError`` and forks
-        nothing. A key the source never reached raises ``ValueError`` naming the keys it has; an
-        unknown source ``InstanceNotFound``. The new instance runs here, or through the source's
-        queue if it has one.
+        The new run executes ``from_key`` and what follows (None: every completed step is copied);
+        the source is only read. ``new_instance_id`` defaults to
+        ``"{instance_id}.fork-{8 hex digits}"``; one that exists, or a key the source never
+        reached, raises ``ValueError``; an unknown source ``InstanceNotFound``.
 
         >>> from memable import Engine
         >>> charged = []
@@ -553,10 +517,9 @@ class Engine:
     ) -> int:
         """Resume failed instances of workflow ``name`` (None: every workflow); return how many.
 
-        Those that failed at or after ``since`` (an aware datetime; None: any time), oldest failure
-        first, at most ``limit``, each as ``memable resume`` does (an engine that runs its workflow
-        takes it, this one first). A failed child whose parent has ended or caught its
-        ``ChildFailed`` is left alone, and so is one that failed again after it was counted.
+        Those that failed at or after ``since`` (an aware datetime; None: any time), oldest first,
+        at most ``limit``, each as ``memable resume`` does. A failed child whose parent has ended
+        or caught its ``ChildFailed`` is left alone.
 
         >>> from memable import Engine
         >>> tries = {}
@@ -591,12 +554,11 @@ class Engine:
     def signal(self, name: str, instance_id: str, key: str, payload: Any) -> Invocation:
         """Store ``payload`` as the value of the suspend point ``key`` and run the instance.
 
-        The instance's ``ctx.suspend(key)`` returns the payload. A signal that arrives while the
-        instance runs is kept: the run uses it when it reaches ``key``, or a run starts right after
-        it suspends. An engine without the workflow registered only stores it; the engine that has
-        it picks it up within its poll interval. Raise ``InstanceNotFound``, ``InstanceFinished``
-        (Completed, Cancelled, or Failed: resume that instead), ``SignalRejected`` (``key`` already
-        holds a value) or ``SerializationError``; each writes nothing.
+        The instance's ``ctx.suspend(key)`` returns the payload; a signal that arrives while it
+        runs is kept for it. An engine without the workflow only stores it, for the one that has it
+        (within its poll interval). Raise ``InstanceNotFound``, ``InstanceFinished`` (Completed,
+        Cancelled, or Failed: resume that instead), ``SignalRejected`` (``key`` already holds a
+        value) or ``SerializationError``; each writes nothing.
 
         >>> from memable import Engine, SignalRejected
         >>> def wf(ctx) -> int:
@@ -637,7 +599,6 @@ class Engine:
         """Fire the timers due now (wall clock), start the runs they resume; return how many fired.
 
         The timer thread does this by itself; call it in tests that move the clock with freezegun.
-        The resumed runs are started, not waited for.
 
         >>> from datetime import datetime, timedelta, timezone
         >>> from freezegun import freeze_time
@@ -664,11 +625,9 @@ class Engine:
     def cancel(self, name: str, instance_id: str) -> None:
         """Cancel an instance: it ends Cancelled, its timers are dropped, signals refused.
 
-        A running instance stops at its next step boundary (the step in flight finishes and is
-        stored); in another process, within that engine's poll interval. Its children that have not
-        ended (and theirs) are cancelled with it; a cancelled child's parent gets ``ChildFailed``.
-        Cancelling a Failed or Suspended instance works; a Completed or Cancelled one raises
-        ``InstanceFinished``.
+        A running instance stops at its next step boundary (in another process, within its poll
+        interval); its unended children are cancelled with it. A Completed or Cancelled instance
+        raises ``InstanceFinished``.
 
         >>> from memable import Cancelled, Engine, InstanceFinished
         >>> engine = Engine.in_memory()
@@ -695,10 +654,8 @@ class Engine:
         """Delete finished instances completed more than ``older_than`` ago; return how many.
 
         Finished means Completed, Failed or Cancelled; their steps and timers go with them, in
-        batches of 500 instances, one transaction each, so another engine's write waits for one
-        batch at most. As with ``retention``, it never touches a running, queued or suspended
-        instance, a finished one whose run is still in flight or whose child has not ended, a
-        finished child of an instance in a run, or a failed child its parent has resumed.
+        batches of 500, one transaction each. As with ``retention``, a finished instance still in
+        use (its run in flight, a child not ended, its parent running) is kept.
 
         >>> from memable import Engine
         >>> engine = Engine.in_memory()
@@ -716,11 +673,9 @@ class Engine:
     def pause_queue(self, name: str) -> None:
         """Pause the queue ``name`` for every engine on the store, until ``resume_queue``.
 
-        The pause is stored and outlives this engine: each engine reads it when it claims, so none
-        starts another of the queue's instances. Invokes onto the queue are still stored
-        ``Queued()``, and runs in flight finish; ``wait_all`` does not wait for a paused queue.
-        Pausing a paused queue changes nothing. Raise ``ValueError`` for a queue this engine does
-        not declare; the store may be read before ``start``.
+        The pause is stored: no engine starts another of the queue's instances. Invokes onto it
+        are still stored ``Queued()``, runs in flight finish, and ``wait_all`` does not wait for
+        it. Raise ``ValueError`` for a queue this engine does not declare.
 
         >>> from memable import Engine
         >>> engine = Engine.in_memory()
@@ -743,10 +698,8 @@ class Engine:
     def resume_queue(self, name: str) -> None:
         """Let the paused queue ``name`` start instances again, in every engine on the store.
 
-        Its queued instances start in their order, within its limits: this engine's queue thread
-        looks at once; on PostgreSQL the other engines are told at once (NOTIFY), on a file at
-        their next poll. Resuming a queue that is not paused changes nothing. ``ValueError`` for a
-        queue this engine does not declare.
+        Its queued instances start in their order, within its limits (other engines on a file at
+        their next poll). ``ValueError`` for a queue this engine does not declare.
 
         >>> from memable import Engine
         >>> ran = []
@@ -787,8 +740,6 @@ class Engine:
         self._runner.check_fork()
         self._stored_row(name, instance_id)
         return Invocation(self, self._runner.watch(name, instance_id))
-
-    # ------------------------------------------------------------------ reading
 
     def get_metadata(self, name: str, instance_id: str) -> WorkflowMetadata | None:
         """The stored status and timestamps of an instance, or None if unknown.
@@ -836,7 +787,6 @@ class Engine:
         self._stored_row(name, instance_id)
         return self._store.list_steps(name, instance_id)
 
-    # ------------------------------------------------------------------ Invocation host
     def _continue_trace(self, name: str, instance_id: str, stored: str | None) -> None:
         """A span ``invoke <name>`` for a resume (child of the active span, else of the stored
         context), stored as its next run's parent."""
@@ -847,18 +797,18 @@ class Engine:
                 self._store.set_traceparent(name, instance_id, traceparent)
 
     def _stored_row(self, workflow: str, instance_id: str) -> InstanceRow:
-        """The instance's row; raise InstanceNotFound if there is none."""
+        """The instance's row; raise InstanceNotFound if there is none (Invocation's too)."""
         self._runner.check_fork()
         return stored_row(self._store, workflow, instance_id)
 
     def _decode_output(
         self, workflow: str, instance_id: str, output: str | None, output_type: str | None
     ) -> Any:
-        """The stored output of a Completed instance, rebuilt as its workflow returns it."""
+        """The stored output of a Completed instance, as its workflow returns it (Invocation's)."""
         return decode_output(self._runner.workflows, workflow, instance_id, output, output_type)
 
     @property
-    def _poll_interval(self) -> float:
+    def _poll_interval(self) -> float:  # Invocation's
         return self._runner.poll_interval
 
 

@@ -94,8 +94,6 @@ class PostgresStore(OperatorReads):
                 )
                 self._listener.start()
 
-    # ------------------------------------------------------------------ runs
-
     def create_instance(self, row: InstanceRow, start_at: float | None = None) -> bool:
         # A delayed start is a transaction (the row, its start's step and timer); else one
         # statement, which, run again after a lost answer, knows its row by this call's token.
@@ -157,8 +155,6 @@ class PostgresStore(OperatorReads):
                          lambda conn: shared.finish(self._tx(conn), workflow, instance_id, end),
                          workflow, instance_id)
 
-    # ------------------------------------------------------------------ from outside a run
-
     def mark_resumable(self, workflow: str, instance_id: str, now: float) -> str:
         return self._run(
             "mark the instance to resume",
@@ -212,8 +208,6 @@ class PostgresStore(OperatorReads):
 
         return self._run("purge a batch of finished instances", purge_them)
 
-    # ------------------------------------------------------------------ owners
-
     def register_owner(
         self, lease: float, now: float, declares: str | None = None
     ) -> float | None:
@@ -249,8 +243,6 @@ class PostgresStore(OperatorReads):
             "look at the store",
             lambda conn: owners_sql.look_around(self._tx(conn), workflows, now),
             transaction=False)
-
-    # ------------------------------------------------------------------ several instances at once
 
     def cancel(self, workflow: str, instance_id: str, *, now: float) -> Ended:
         return self._run(
@@ -315,8 +307,6 @@ class PostgresStore(OperatorReads):
                                                       traceparent),
                   workflow, instance_id, transaction=False)
 
-    # ------------------------------------------------------------------ schedules
-
     def declare_schedules(self, schedules: list[ScheduleRow], at: float) -> list[ScheduleRow]:
         return self._run(
             "declare the schedules",
@@ -326,8 +316,6 @@ class PostgresStore(OperatorReads):
     def fire_ticks(self, name: str, last: str | None, firing: TickFiring) -> TicksFired:
         return self._run(f"fire the schedule {name!r}",
                          lambda conn: schedules_sql.fire(self._tx(conn), name, last, firing))
-
-    # ------------------------------------------------------------------ reads
 
     def next_deadline(self) -> float | None:
         return self._run("read the next timer deadline",
@@ -349,8 +337,6 @@ class PostgresStore(OperatorReads):
             "read the steps",
             lambda conn: reads.list_steps(self._tx(conn), workflow, instance_id),
             workflow, instance_id, transaction=False)
-
-    # ------------------------------------------------------------------ an operator's reads
 
     def read_rows(self, what: str, sql_text: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         """Rows of one read-only query with ``:name`` parameters, as dicts (``sql.reads``)."""

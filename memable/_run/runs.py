@@ -93,8 +93,6 @@ class Runs:
         self._firing = 0
         self._executor: ThreadPoolExecutor | None = None  # set by open(), at start
 
-    # ------------------------------------------------------------------ the lifecycle's
-
     def open(self, max_workers: int) -> None:
         """Make the worker pool (the engine starts; the caller holds the lock)."""
         self._executor = ThreadPoolExecutor(
@@ -153,8 +151,6 @@ class Runs:
                 key, since = (None, None) if now is None else now
                 found.append((run.workflow.name, run.instance_id, key, since))
         return found
-
-    # ------------------------------------------------------------------ watches and runs
 
     def watch(self, workflow: str, instance_id: str) -> Watch:
         """The watch on the instance (made if none is held)."""
@@ -313,8 +309,6 @@ class Runs:
             watch = self._watches.get((name, instance_id))
         if watch is not None:
             watch.changed()
-
-    # ------------------------------------------------------------------ one run
 
     def _execute(self, first: Run) -> None:
         """Worker thread: run the workflow function and record how it ended.

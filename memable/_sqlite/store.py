@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import Any, TypeVar
+from typing import Any
 
 from .. import _clock
 from .._errors import StorageError
@@ -58,7 +58,6 @@ from .schema import open_store, return_free_pages
 from .transaction import SQLiteTransaction
 from .watch import run_checks
 
-T = TypeVar("T")
 #: Longest pause between two purge batches, in seconds: SQLite's busy handler retries
 #: a writer that has waited a while every 100 ms, so a gap this long lets one in.
 PURGE_GAP = 0.1
@@ -94,8 +93,6 @@ class SQLiteStore(OperatorReads):
         # Caller holds _lock.
         return None if self._closed else self._conn
 
-    # ------------------------------------------------------------------ plumbing
-
     @contextmanager
     def _using(
         self,
@@ -120,8 +117,6 @@ class SQLiteStore(OperatorReads):
                     f"cannot {what} in {self._where} ({exc})",
                     workflow=workflow, instance_id=instance_id, key=key,
                 ) from exc
-
-    # ------------------------------------------------------------------ runs
 
     def create_instance(self, row: InstanceRow, start_at: float | None = None) -> bool:
         def insert(conn: sqlite3.Connection) -> bool:
@@ -180,8 +175,7 @@ class SQLiteStore(OperatorReads):
         def store(conn: sqlite3.Connection) -> None:
             steps.set_status(SQLiteTransaction(conn, self.owner), workflow, instance_id, message)
 
-        where = (workflow, instance_id, None)
-        self._grouped("store the status message", *where, store, single=True)
+        self._grouped("store the status message", workflow, instance_id, None, store, single=True)
 
     def record_in_flight(self, steps_: list[tuple[str, str, str, float]]) -> None:
         if not steps_:
@@ -214,8 +208,6 @@ class SQLiteStore(OperatorReads):
         return self._grouped(
             f"record the run as {end.status}", workflow, instance_id, None, record
         )
-
-    # ------------------------------------------------------------------ from outside a run
 
     def mark_resumable(self, workflow: str, instance_id: str, now: float) -> str:
         def mark(conn: sqlite3.Connection) -> str:
@@ -289,8 +281,6 @@ class SQLiteStore(OperatorReads):
             time.sleep(min(_clock.monotonic() - started, PURGE_GAP))
         return deleted
 
-    # ------------------------------------------------------------------ owners
-
     def register_owner(
         self, lease: float, now: float, declares: str | None = None
     ) -> float | None:
@@ -313,8 +303,6 @@ class SQLiteStore(OperatorReads):
     def look_around(self, workflows: list[str], now: float) -> Look:
         with self._using("look at the store") as conn:
             return owners_sql.look_around(SQLiteTransaction(conn, self.owner), workflows, now)
-
-    # ------------------------------------------------------------------ several instances at once
 
     def cancel(self, workflow: str, instance_id: str, *, now: float) -> Ended:
         def cancel_it(conn: sqlite3.Connection) -> Ended:
@@ -400,8 +388,6 @@ class SQLiteStore(OperatorReads):
 
         self._grouped("store the trace context", workflow, instance_id, None, store, single=True)
 
-    # ------------------------------------------------------------------ schedules
-
     def declare_schedules(self, schedules: list[ScheduleRow], at: float) -> list[ScheduleRow]:
         return self._grouped(
             "declare the schedules", None, None, None,
@@ -421,8 +407,6 @@ class SQLiteStore(OperatorReads):
 
         return self._grouped(f"fire the schedule {name!r}", None, None, None, fire)
 
-    # ------------------------------------------------------------------ reads
-
     def next_deadline(self) -> float | None:
         with self._using("read the next timer deadline") as conn:
             return timers.next_deadline(SQLiteTransaction(conn, self.owner))
@@ -439,8 +423,6 @@ class SQLiteStore(OperatorReads):
     def list_steps(self, workflow: str, instance_id: str) -> list[StepRecord]:
         with self._using("read the steps", workflow, instance_id) as conn:
             return reads.list_steps(SQLiteTransaction(conn, self.owner), workflow, instance_id)
-
-    # ------------------------------------------------------------------ an operator's reads
 
     def read_rows(self, what: str, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         """Rows of one read-only query, as dicts (``memable._store.sql.reads``)."""

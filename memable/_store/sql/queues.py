@@ -38,9 +38,7 @@ ON CONFLICT (queue) DO UPDATE SET paused = 1, paused_at = excluded.paused_at
 WHERE queue_states.paused <> 1
 """
 #: Resume ``:queue``; a row written (rowcount 1) only if it was paused.
-RESUME = (
-    "UPDATE queue_states SET paused = 0, paused_at = NULL WHERE queue = :queue AND paused = 1"
-)
+RESUME = "UPDATE queue_states SET paused = 0, paused_at = NULL WHERE queue = :queue AND paused = 1"
 COUNT_QUEUED = (
     "SELECT count(*) FROM instances WHERE status = 'queued' AND queue = :queue "
     "AND workflow IN ({workflows}) AND NOT EXISTS ("
