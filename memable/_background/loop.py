@@ -1,8 +1,7 @@
 """The one shape of memable's background threads: look, then wait for a reason to look again.
 
-A ``LoopThread`` knows nothing of the engine. Its ``_look()`` does the work (one committed
-transaction at a time) and returns the seconds until the next look. A look that raises is logged
-and the loop goes on: a ``StorageError`` in one line, once for a run of failed looks."""
+A look that raises is logged and the loop goes on: a ``StorageError`` in one line, once for a run
+of failed looks."""
 
 from __future__ import annotations
 
@@ -16,9 +15,8 @@ from .._log import log
 class LoopThread(threading.Thread):
     """A named daemon thread that looks, then waits until kicked, stopped or its time is up.
 
-    A daemon on purpose: it holds no work of its own (whatever a look does is
-    committed before the look returns), so a program that forgets
-    ``engine.stop()`` still exits; ``stop()`` joins it.
+    A daemon on purpose: whatever a look does is committed before it returns, so a program that
+    forgets ``engine.stop()`` still exits; ``stop()`` joins it.
 
     >>> from memable._clock import SYSTEM_CLOCK
     >>> class Once(LoopThread):

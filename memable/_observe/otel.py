@@ -1,10 +1,8 @@
 """``Telemetry`` through the OpenTelemetry API: what an engine reports when it is installed.
 
-Spans go through the global tracer provider and metrics through a ``Meter`` named ``memable`` of
-the global meter provider: whatever the application set with the SDK, even after the engine started
-(the API's proxies follow it). Until one is set, no span is recorded and no ``traceparent`` stored:
-the API's no-op spans are not even made (they would cost each invoke and run some microseconds, and
-carry an ambient span's context into the store)."""
+Through the global providers, whatever the application set with the SDK, even after the engine
+started. Until one is set, the API's no-op spans are not even made (they would cost each invoke
+and run some microseconds, and carry an ambient span's context into the store)."""
 
 from __future__ import annotations
 

@@ -115,9 +115,8 @@ class PostgresStore(OperatorReads):
         return PostgresTransaction(conn, self.owner, self.channel)
 
     def save_step(self, write: StepWrite) -> None:
-        # One statement for a completed step: run again, it finds the row it wrote and
-        # refuses nothing. Another outcome (a failed attempt) counts an attempt, again if
-        # run again: a transaction, whose lost commit the server decides.
+        # A completed step is one statement (run again, it finds its row); another outcome counts
+        # an attempt, again if run again: a transaction, whose lost commit the server decides.
         self._run("store the step", lambda conn: steps.save(self._tx(conn), write),
                   write.workflow, write.instance_id, write.key,
                   transaction=write.state != "completed")
@@ -199,10 +198,8 @@ class PostgresStore(OperatorReads):
         return self._run("fire due timers", lambda conn: timers.fire(self._tx(conn), due, at))
 
     def purge_batch(self, completed_before: float, limit: int, now: float) -> int:
-        # The batch's rows are locked as chosen, skipping those another transaction holds (a
-        # run's write, another engine's batch): no waits, and two engines purging at once take
-        # different instances (the rest is ``sql.retention``'s). A retry after a lost commit
-        # purges the next batch, or finds this one gone: either is fine.
+        # Rows another transaction holds are skipped (``sql.retention``). A retry after a lost
+        # commit purges the next batch, or finds this one gone: either is fine.
         def purge_them(conn: Connection) -> int:
             return retention_sql.purge_batch(self._tx(conn), completed_before, limit, now)
 

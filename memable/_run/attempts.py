@@ -123,10 +123,8 @@ class Attempts:
         status: str | None,
         note: Note,
     ) -> Any:
-        """Run ``call`` for ``key`` until it succeeds or its retries end; return its value.
-
-        Each outcome is stored before the next attempt (or the return); the error that ends the
-        retries is noted (``note``) and raised."""
+        """Run ``call`` for ``key`` until it succeeds or its retries end; return its value. Each
+        outcome is stored before the next attempt; the error that ends the retries is noted."""
         # A step waiting out a retry backoff goes on counting its attempts.
         waited = stored is not None and stored.state == "waiting"
         attempt = int(stored.result or 0) if stored is not None and waited else 0
@@ -184,9 +182,8 @@ class Attempts:
 
     def _before(self, key: str, note: Note) -> None:
         """Before ``key`` executes (marked in flight): stop if the instance was cancelled, here or
-        in another process (the status read, which the store may answer unread while nothing can
-        have changed it); refuse the key if this engine stored a signal for it since the run read
-        its steps."""
+        in another process; refuse the key if this engine stored a signal for it since the run
+        read its steps."""
         run = self.run
         if run.cancel_requested:
             raise RunCancelled()
@@ -221,10 +218,8 @@ class Attempts:
     def _back_off(
         self, key: str, seq: int, attempt: int, delay: float, status: str | None
     ) -> None:
-        """Wait ``delay`` seconds before the next attempt of ``key``.
-
-        A long backoff ends the run: the step waits as a durable timer, holding no thread. A short
-        one waits on the thread, and a cancel or the engine stopping ends the wait at once."""
+        """Wait ``delay`` seconds before the next attempt of ``key``: a long backoff as a durable
+        timer, a short one on the thread (a cancel or the engine stopping ends it at once)."""
         self.boundary()
         if self._sleep is not None:  # a test's fake: every backoff goes through it
             self._sleep(delay)

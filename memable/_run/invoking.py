@@ -39,10 +39,7 @@ def new_instance(
     """The row of a new instance (running here, or queued) and its input as runs see it.
 
     Its times are ``clock``'s; ``timeout`` (None: the workflow's) arms a deadline from now. Raise
-    ``TypeError`` for an input the workflow does not take (or a missing one it needs),
-    ``ValueError`` for an undeclared queue, a bad timeout or a ``concurrency_key`` whose queue has
-    no ``per_key``, ``InvalidKey`` for a bad id, ``SerializationError`` for an input that cannot be
-    stored.
+    what ``Engine.invoke`` says, and ``InvalidKey`` for a bad id.
 
     >>> from memable._clock import SYSTEM_CLOCK
     >>> wf = Workflow.of("double", lambda ctx, n: n * 2)

@@ -44,8 +44,7 @@ Wake = Callable[[str, str], None]
 class Runs:
     """Starts runs on the worker pool, records how they end, and keeps watch.
 
-    A method whose docstring says "the caller holds the lock" is called with ``lock`` (the
-    registry's) held; every other takes it itself.
+    "The caller holds the lock" (the registry's) in a docstring: else the method takes it.
 
     >>> from memable._run.options import Options
     >>> from memable._sqlite.store import SQLiteStore
@@ -86,10 +85,8 @@ class Runs:
         self._watches: weakref.WeakValueDictionary[tuple[str, str], Watch] = (
             weakref.WeakValueDictionary()
         )
-        #: Runs registered or ended so far (Claims.look_around reads it).
-        self.turnover = 0
-        # Work under way outside the lock that may submit runs here: timer firings and
-        # queue claims (Claims counts them, with work_began and work_ended).
+        self.turnover = 0  # runs registered or ended so far (Claims.look_around reads it)
+        # Timer firings and queue claims under way outside the lock that may submit runs here.
         self._firing = 0
         self._executor: ThreadPoolExecutor | None = None  # set by open(), at start
 
@@ -196,10 +193,8 @@ class Runs:
         claim: Claim = "resume",
         traceparent: str | None = None,
     ) -> Watch:
-        """Submit a run the user asked for, unless one is active; return its Watch.
-
-        User calls need the engine accepting; runs that timers and signals start (``wake``) only
-        need it started: they go on while wait_all drains."""
+        """Submit a run the user asked for, unless one is active; return its Watch (the engine
+        accepting: a ``wake`` run only needs it started, and goes on while wait_all drains)."""
         if fresh_input is None and claim == "resume":
             return self._resume(workflow, instance_id)
         with self._lock:
@@ -311,10 +306,8 @@ class Runs:
             watch.changed()
 
     def _execute(self, first: Run) -> None:
-        """Worker thread: run the workflow function and record how it ended.
-
-        A run that ends at a wait whose key had already completed is followed by the instance's
-        next run on this same thread: no hand-off."""
+        """Worker thread: run the workflow and record how it ended; a run that ends at a wait
+        already satisfied is followed by the instance's next run here, no hand-off."""
         run: Run | None = first
         while run is not None:
             state: WorkflowState | None
@@ -554,9 +547,8 @@ def _woken_by(snapshot: RunSnapshot) -> RunReason:
 
 
 def _log_recovery(row: InstanceRow) -> None:
-    """One WARNING from the engine whose claim took the instance from a dead owner
-    (that claim alone returns ``lost_owner``), naming it by host and pid, how it was
-    lost (died, or stalled past its lease), and the step lost in flight."""
+    """One WARNING from the claim that took the instance from a dead owner (it alone returns
+    ``lost_owner``): who, how it was lost, and the step lost in flight."""
     if row.lost_owner is None:
         return
     lost = row.lost_step

@@ -1,17 +1,10 @@
-"""The SQLite store: every statement memable runs against a store.
+"""The SQLite store: one connection per engine, shared by all threads behind one lock.
 
-One connection per engine, shared by all threads behind one lock, in driver autocommit mode
-(``isolation_level=None``). Every write goes through ``group_commit.GroupCommit``: writes that
-arrive while a commit is in progress share the next ``BEGIN IMMEDIATE`` ... ``COMMIT``, so a busy
-database makes them wait (busy timeout) instead of failing half way; a lone one-statement write is
-its own autocommit transaction. No write returns before its commit, and any failure rolls it back.
-sqlite-utils creates and migrates the tables (``schema``); the per-step hot path uses fixed SQL,
-because sqlite-utils introspects the schema on every call.
-
-A run claims its instance (``instances.owner``), and each of its writes checks, in the same
-statement or transaction, that the instance is still its own. SQLite serialises writers
-database-wide, so no other writer comes between the check and the write: that is how this store
-meets the guarantees ``memable._store.protocol.Store`` states."""
+The connection is in driver autocommit mode (``isolation_level=None``); every write goes through
+``group_commit.GroupCommit`` and returns after its commit (a busy database makes it wait, busy
+timeout, rather than fail half way). Each write of a run checks, in the same statement or
+transaction, that the instance is still its own (``instances.owner``); SQLite serialises writers
+database-wide, so no other writer comes between the check and the write."""
 
 from __future__ import annotations
 
@@ -276,8 +269,7 @@ class SQLiteStore(OperatorReads):
         deleted = self._grouped("purge a batch of finished instances", None, None, None,
                                 purge_them)
         if deleted == limit:
-            # Another batch follows: leave the file to other writers as long as this one held it
-            # (``PURGE_GAP``); without a gap the next batch takes the lock first.
+            # Leave the file to other writers as long as this batch held it (``PURGE_GAP``).
             time.sleep(min(_clock.monotonic() - started, PURGE_GAP))
         return deleted
 

@@ -1,9 +1,8 @@
 """Operator actions as store operations, shared by the engine, the CLI and the dashboard.
 
 Each is one transaction (a purge or a bulk resume, one per batch or instance) and needs no running
-engine: the engine calls them and then wakes its own runs; the command line calls them on a store
-that an engine elsewhere acts on within its poll interval. Each dates what it writes by its
-caller's ``clock``: an engine's own (``Options.clock``), else ``SYSTEM_CLOCK``."""
+engine; each dates what it writes by its caller's ``clock`` (``Options.clock``, or
+``SYSTEM_CLOCK``)."""
 
 from __future__ import annotations
 
@@ -26,8 +25,7 @@ def store_signal(
     store: RunStore, workflow: str, instance_id: str, key: str, payload: Any,
     traceparent: str | None = None, *, clock: Clock,
 ) -> None:
-    """Store ``payload`` as the value of the suspend point ``key`` (and its next run's trace
-    context).
+    """Store ``payload`` as the value of the suspend point ``key`` (and the trace context).
 
     Raise ``InvalidKey``, ``SerializationError``, ``InstanceNotFound``, ``InstanceFinished`` or
     ``SignalRejected``; each writes nothing."""
@@ -135,9 +133,8 @@ def purge_finished(store: OperatorStore, older_than: float | timedelta, *, clock
 
 
 def pause_queue(store: OperatorStore, queue: str, *, clock: Clock) -> bool:
-    """Store ``queue`` as paused (``Engine.pause_queue`` says what that does); return whether it
-    was running (False: nothing was written). ``ValueError`` for a name that is not a non-empty
-    str."""
+    """Store ``queue`` as paused (see ``Engine.pause_queue``); return whether it was running
+    (False: nothing was written). ``ValueError`` for a name that is not a non-empty str."""
     return store.set_queue_paused(check_queue_name(queue), True, clock.wall())
 
 

@@ -1,9 +1,6 @@
 """What each page of the dashboard shows, read from a store: plain dicts for the templates.
 
-Reads only, through the store protocol and the operator views of ``memable._inspect``; nothing here
-writes or renders. Each read is a page's worth: the overview counts through an index and asks each
-queue for its numbers, the list reads one page newest first (and one row more, to know whether
-there is a next page)."""
+Reads only (nothing here writes or renders), each a page's worth."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 Each engine is an owner: a row in ``owners`` with a heartbeat and a lease, both judged by the
 store's clock (``{now_epoch}``: the engine's on SQLite, the server's on PostgreSQL, so hosts whose
-clocks differ agree). An engine registers its row at start, renews its lease by its heartbeat
-(registering again if its row was reaped meanwhile), and drops its row at stop."""
+clocks differ agree)."""
 
 from __future__ import annotations
 

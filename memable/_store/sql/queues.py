@@ -1,12 +1,8 @@
 """Queues: their claims, counts and pauses, written once for both stores.
 
 A queued instance has ``status = 'queued'``, no owner, its ``queue``, ``priority`` and
-``queued_at`` (when it became runnable). A claim takes the next ones, by priority then
-``queued_at``, within the queue's limits, and marks them running and owned in the transaction that
-counted: SQLite's write lock, or on PostgreSQL a transaction-scoped advisory lock per queue, keeps
-any other claimer of the queue out between the count and the claim. A paused queue has a row in
-``queue_states`` with ``paused = 1``, which a claim reads first under that lock; pausing takes the
-lock too, so it waits for a claim under way to commit."""
+``queued_at`` (when it became runnable). A paused queue has a row in ``queue_states`` with
+``paused = 1``. Claims and pauses of a queue take turns under one lock (``_lock``)."""
 
 from __future__ import annotations
 
@@ -152,11 +148,8 @@ def claim(
 
     One claimer of the queue at a time, from its count to its claim (``_lock``); the instances
     taken are locked as they are read, passing over any another transaction holds. The limits are
-    judged by the store's clock, read once after the lock (``clock`` on SQLite): ``concurrency``,
-    slots of the queue (``RUNNING``); ``per_process``, slots of this engine; ``rate``, ``(count,
-    period)`` starts per period (each claim a row of ``queue_starts``; older rows are forgotten);
-    ``per_key``, no instance of a concurrency key holding that many slots (with this claim's) is
-    taken, but the next ones of other keys are, so one key's backlog does not hold up the others.
+    judged by the store's clock, read once after the lock (``clock`` on SQLite); ``rate`` counts
+    rows of ``queue_starts``; under ``per_key`` a key at its limit is passed over, not waited on.
     The claim commits at the store's durability: its runs act on it at once."""
     where = {"queue": queue, "me": tx.owner}
     *_, read = tx.execute_each(*_locking(tx, queue), (_PAUSED_AND_NOW, {**where, "now": clock()}))
@@ -236,8 +229,7 @@ def set_paused(tx: Transaction, queue: str, paused: bool, at: float) -> bool:
     """Pause or resume ``queue`` (at ``at``: epoch seconds, UTC); whether that changed its state.
 
     Under the claims' lock (``_lock``): a claim under way commits first, and every later one reads
-    the new state. A resume tells the queue's consumers, who look now (on SQLite, at their next
-    poll)."""
+    the new state. A resume tells the queue's consumers (NOTIFY)."""
     _lock(tx, queue)
     text = PAUSE if paused else RESUME
     changed = tx.execute(text, {"queue": queue, "at": iso_utc(at)}).rowcount == 1

@@ -1,8 +1,5 @@
-"""The reads of a store: the API's plain reads as transaction bodies, and an operator's reads.
-
-Plain SQL that SQLite and PostgreSQL both run, with ``:name`` parameters, through each store's own
-``read_rows``; nothing here writes. The command line reaches these only through the store's
-methods, which each store has from ``OperatorReads``."""
+"""The reads of a store: the API's plain reads as transaction bodies, and an operator's reads
+(``OperatorReads``), in SQL both stores run through their own ``read_rows``; none writes."""
 
 from __future__ import annotations
 
@@ -106,8 +103,7 @@ def _instance(row: dict[str, Any]) -> InstanceRow:
 def list_view(
     read: ReadRows, workflow: str | None, status: str | None, schedule: str | None = None
 ) -> list[tuple[InstanceRow, OwnerRow | None]]:
-    """Instances, oldest first (of one workflow, in one status, the ticks of one schedule,
-    if given), with the owner row of each running one."""
+    """Instances, oldest first, filtered where given, with each running one's owner row."""
     where, params = [], {}
     for column, value in (("workflow", workflow), ("status", status), ("schedule", schedule)):
         if value is not None:
@@ -125,8 +121,7 @@ def list_view(
 
 
 def inspect(read: ReadRows, workflow: str, instance_id: str, now: float) -> InstanceView | None:
-    """One instance with its owner row, steps, pending timers, awaited signals and
-    children (a queued one's place in its queue judged at ``now``)."""
+    """One instance with its owner, steps, timers, awaited signals, children and queue place."""
     where = {"workflow": workflow, "instance_id": instance_id}
     found = read(
         "read the instance",
@@ -220,9 +215,8 @@ def awaited_signals(read: ReadRows, workflow: str, instance_id: str) -> list[str
 
 
 def _distinct(column: str) -> str:
-    """The distinct non-null values of ``column`` of instances, in order, as a walk that
-    jumps from each value to the next through an index on the column (one short read per
-    value), where ``SELECT DISTINCT`` reads every entry of the index or the table."""
+    """The distinct non-null values of ``column`` of instances, in order, as a walk through an
+    index (one short read per value), where ``SELECT DISTINCT`` reads every entry."""
     return (
         f"WITH RECURSIVE found(v) AS (SELECT min({column}) FROM instances "
         f"WHERE {column} IS NOT NULL UNION ALL SELECT (SELECT min({column}) FROM instances "
@@ -243,8 +237,7 @@ def schedules(read: ReadRows) -> list[ScheduleRow]:
 
 
 def queue_stats(read: ReadRows, queue: str, now: float) -> tuple[int, int, str | None]:
-    """(runnable, holding a slot, when the oldest runnable one became runnable) of
-    ``queue``, judged at ``now``."""
+    """(runnable, holding a slot, when the oldest runnable one became runnable) at ``now``."""
     [row] = read("read the queue's numbers", QUEUE_STATS, {"queue": queue, "now": now})
     return int(row["queued"]), int(row["running"]), row["oldest"]
 
@@ -275,9 +268,8 @@ def status_counts(read: ReadRows) -> list[tuple[str, str, int]]:
 def _filter(
     workflow: str | None, status: str | None, id_prefix: str | None
 ) -> tuple[list[str], dict[str, Any]]:
-    """The WHERE terms and parameters of an operator's filter (any part None: not
-    filtered by it). The id prefix is compared as text, case and all, alike on both
-    stores (``substr``, not ``LIKE``, whose case rules differ)."""
+    """The WHERE terms and parameters of an operator's filter (None: not filtered by it). The id
+    prefix is compared by ``substr``, not ``LIKE``, whose case rules differ between stores."""
     where: list[str] = []
     params: dict[str, Any] = {}
     for column, value in (("workflow", workflow), ("status", status)):
@@ -294,11 +286,8 @@ def instance_page(
     read: ReadRows, workflow: str | None, status: str | None, id_prefix: str | None,
     offset: int, limit: int,
 ) -> list[InstanceRow]:
-    """One page of instances, newest first (of one workflow, in one status, whose id starts with
-    ``id_prefix``, where given): ``limit`` rows after the first ``offset``.
-
-    Walks an index in the page's order backwards and stops after ``offset + limit`` entries: no
-    sort, no scan of the rest (an id prefix is checked on the way)."""
+    """One page of filtered instances, newest first: ``limit`` rows after the first ``offset``
+    (an index walked backwards, stopping after ``offset + limit`` entries: no sort, no scan)."""
     where, params = _filter(workflow, status, id_prefix)
     rows = read(
         "list a page of instances",
