@@ -119,8 +119,7 @@ class WorkflowMetadata:
     """The stored status and timestamps of one instance.
 
     Timestamps are aware UTC datetimes; ``completed_at`` is set once the instance is terminal and
-    cleared when a resume runs it again. ``status_message`` is the progress the workflow last
-    reported with ``ctx.set_status``, e.g. for a web page to show while it runs.
+    cleared when a resume runs it again.
 
     >>> from memable import Engine, MetadataStatus
     >>> engine = Engine.in_memory()
@@ -163,9 +162,7 @@ class StepRecord:
     ``result`` is the stored value as decoded JSON (not rebuilt into its type), None unless
     ``state`` is ``"completed"``. ``error`` is the last error of a failed step, ``traceback`` its
     traceback (else None). ``attempts`` counts every execution that started, including one lost
-    with an engine that died (or stalled past its lease), once another engine recovers the
-    instance, if the lost engine's heartbeat had named the step in flight (within ``lease / 3`` of
-    its start).
+    with a dead engine if its heartbeat had named the step in flight.
 
     >>> from memable import Engine
     >>> def wf(ctx):

@@ -29,15 +29,11 @@ class Ticker(Protocol):
         """The engine starts (its owner row is stored; no thread looks yet)."""
 
     def look(self, now: float) -> tuple[int, float | None]:
-        """Fire what is due at ``now``: how many runs that made, and seconds until the
-        next look it needs (None: none)."""
+        """Fire what is due at ``now``: how many runs that made, and seconds to its next look."""
 
 
 class Registry:
     """The workflows, queues and tickers declared, the options, and the phase.
-
-    Declarations are taken only while the phase is ``new``; once started they are
-    fixed, and read without the lock.
 
     >>> registry = Registry(Options())
     >>> registry.declare_queue(QueueSpec.declare("q"))

@@ -138,8 +138,7 @@ class Runs:
             return self._registry.options.max_workers - len(self._active)
 
     def in_flight(self) -> list[tuple[str, str, str | None, float | None]]:
-        """(workflow, id, key, since) of each active run: the step it executes (None between),
-        and since when (epoch seconds, UTC)."""
+        """(workflow, id, key, since) of each active run: the step it executes, since (epoch s)."""
         found: list[tuple[str, str, str | None, float | None]] = []
         with self._lock:  # also each run's flight lock
             for run in self._active.values():
@@ -154,8 +153,7 @@ class Runs:
         with self._lock:
             return self._watch(workflow, instance_id)
 
-    def _watch(self, workflow: str, instance_id: str) -> Watch:
-        # Caller holds the lock.
+    def _watch(self, workflow: str, instance_id: str) -> Watch:  # the caller holds the lock
         key = (workflow, instance_id)
         watch = self._watches.get(key)
         if watch is None:

@@ -82,8 +82,7 @@ class SQLiteStore(OperatorReads):
         self._lease = 15.0
         self._declares: str | None = None  # what register_owner stored, for a re-register
 
-    def _connection(self) -> sqlite3.Connection | None:
-        # Caller holds _lock.
+    def _connection(self) -> sqlite3.Connection | None:  # the caller holds _lock
         return None if self._closed else self._conn
 
     @contextmanager
@@ -142,8 +141,7 @@ class SQLiteStore(OperatorReads):
         self._grouped("store the step", *where, store, single=True)
 
     def check_run(self, workflow: str, instance_id: str) -> StatusName:
-        # Before every executed step: the lock and one statement, not _using (a generator per
-        # call); no statement while nothing can have changed the instance (``watch``).
+        # Before every step: not _using (a generator per call); no statement if unchanged (watch).
         with self._lock:
             checks = self._checks
             if checks is not None and not self._closed and checks.known_running(

@@ -1,9 +1,7 @@
 """A run's writes of its own steps and status: each fenced by the instance's owner.
 
-A step write stores one step's outcome only while the instance is still this engine's (its row kept
-from a takeover until commit): an engine that lost it writes nothing, and learns so
-(``LostInstance``). A completed step is never overwritten, nor a row of another kind: that is the
-exactly-once record."""
+An engine that lost the instance writes nothing, and learns so (``LostInstance``). A completed step
+is never overwritten, nor a row of another kind: that is the exactly-once record."""
 
 from __future__ import annotations
 
