@@ -19,17 +19,14 @@ THREAD_TIMEOUT_INI = "memable_thread_timeout"
 
 @contextmanager
 def running(
-    engine: Engine,
-    workflows: Mapping[str, Callable[..., Any]] | None = None,
-    *,
+    engine: Engine, workflows: Mapping[str, Callable[..., Any]] | None = None, *,
     thread_timeout: float = THREAD_TIMEOUT,
 ) -> Iterator[Engine]:
     """Register ``workflows`` on ``engine``, start it, and check it leaks nothing when done.
 
-    On leaving the block normally: ``wait_all()``, ``close()``, then every thread named
-    ``memable...`` started since entering must have ended (those of timed-out steps get
-    ``thread_timeout`` seconds in all), or the test fails (``pytest.fail``) naming them. On
-    an exception the engine is only closed. The fixture's body, for an engine of your own.
+    On leaving the block normally: ``wait_all()``, ``close()``, then every ``memable...``
+    thread started since entering must have ended (timed-out steps' get ``thread_timeout``
+    seconds in all), or the test fails naming them; on an exception the engine is only closed.
 
     >>> import os, tempfile
     >>> from memable import Engine
@@ -73,19 +70,15 @@ def leaked_threads(before: set[threading.Thread], timeout: float) -> list[thread
     for thread in memable_threads() - before:
         if thread.name.startswith("memable-step"):
             thread.join(max(0.0, deadline - _clock.monotonic()))
-    return sorted(
-        (t for t in memable_threads() - before if t.is_alive()), key=lambda t: t.name
-    )
+    return sorted((t for t in memable_threads() - before if t.is_alive()), key=lambda t: t.name)
 
 
 def leak_report(leaked: list[threading.Thread], timeout: float) -> str:
     lines = [f"{len(leaked)} memable thread(s) outlived the engine:"]
     for thread in leaked:
         if thread.name.startswith("memable-step"):
-            why = (
-                f"a timed-out step still running {timeout:g} s after the engine closed; "
-                "release what it waits on before the test ends"
-            )
+            why = (f"a timed-out step still running {timeout:g} s after the engine closed; "
+                   "release what it waits on before the test ends")
         else:
             why = "a thread of an engine that was started and never closed"
         lines.append(f"  {thread.name!r}: {why}")

@@ -1,10 +1,8 @@
 """The memable pytest plugin: a ``memable_engine`` fixture and ``advance`` for frozen clocks.
 
-pytest loads it by itself once memable is installed (the ``pytest11`` entry point
-``memable``); its fixtures (``memable_engine``, ``memable_workflows``, ``memable_options``)
-and ini option ``memable_thread_timeout`` are described in the testing guide. ``advance``,
-``running`` and ``FrozenClock`` need freezegun alone (without pytest, ``running`` fails a
-leak with ``AssertionError``).
+pytest loads it by itself (the ``pytest11`` entry point ``memable``); the testing guide
+describes its fixtures and options. ``advance``, ``running`` and ``FrozenClock`` need
+freezegun alone.
 
 >>> from datetime import timedelta
 >>> from freezegun import freeze_time
@@ -41,23 +39,16 @@ from ._errors import NotStarted
 from ._running import running
 
 __all__ = [
-    "FrozenClock",
-    "advance",
-    "engine",
-    "memable_configure",
-    "memable_options",
-    "memable_workflows",
-    "running",
+    "FrozenClock", "advance", "engine", "memable_configure", "memable_options",
+    "memable_workflows", "running",
 ]
 
 _TimerId = tuple[str, str, str]  # (workflow, instance id, timer key)
 
 
 class FrozenClock(Protocol):
-    """What ``advance`` needs of a clock: the object ``freezegun.freeze_time`` yields.
-
-    A ``FrozenDateTimeFactory``, ``TickingDateTimeFactory`` (``tick=True``) or
-    ``StepTickTimeFactory`` (``auto_tick_seconds``): each has ``tick(delta)``.
+    """What ``advance`` needs of a clock: the object ``freezegun.freeze_time`` yields (a
+    ``FrozenDateTimeFactory``, ``TickingDateTimeFactory`` or ``StepTickTimeFactory``).
 
     >>> from datetime import timedelta
     >>> from freezegun import freeze_time
@@ -75,17 +66,11 @@ class FrozenClock(Protocol):
 def advance(engine: Engine, clock: FrozenClock, by: timedelta | float) -> int:
     """Move the frozen ``clock`` forward by ``by`` and fire the timers that fell due.
 
-    Suspend points' deadlines, schedule ticks and workflow timeouts count as timers.
-    ``clock`` is what ``freezegun.freeze_time(...)`` yields (with ``tick=True``, it moves
-    from the time it shows now); ``by`` is a ``timedelta`` or seconds, never negative
-    (``ValueError``). Return how many timers fired; the runs they resume are started, not
-    waited for (follow them with ``inv.result(timeout=...)``). Raise ``NotStarted``, without
-    moving the clock, if ``engine`` is not started.
-
-    Timers the engine's timer thread fires itself as the clock moves count too, if of this
-    engine's workflows and armed when ``advance`` was called. Call ``advance`` once the runs
-    that arm timers have ended (``inv.wait()``): a run still going may arm one from the
-    clock before or after the move.
+    Suspend points' deadlines, schedule ticks and workflow timeouts count as timers. ``by``
+    is a ``timedelta`` or seconds, never negative (``ValueError``). Return how many timers
+    fired, the timer thread's included; their runs are started, not waited for. Raise
+    ``NotStarted``, without moving the clock, if ``engine`` is not started. Call it once the
+    runs that arm timers have ended (see the testing guide).
 
     >>> from datetime import timedelta
     >>> from freezegun import freeze_time
@@ -147,9 +132,8 @@ def _delta(by: timedelta | float) -> timedelta:
 
 
 def _until_fired(engine: Engine, timeout: float = 10.0) -> None:
-    """Wait, ``timeout`` seconds at most, until no timer is due: a store that claims timers
-    with ``SKIP LOCKED`` (PostgreSQL) skips those the timer thread is firing, and nothing
-    tells of another connection's commit, so this looks again every 5 ms."""
+    """Wait, ``timeout`` seconds at most, until no timer is due: PostgreSQL's ``SKIP LOCKED``
+    passes over those the timer thread is firing, and no commit is told of: look every 5 ms."""
     now = _clock.wall()
     store = access.store(engine)
     pause = threading.Event()

@@ -1,6 +1,4 @@
-"""The timer thread: due timers, the heartbeat, polling the store, recovery.
-
-It knows nothing of the engine: it calls ``tick(poll)``, which does the work."""
+"""The timer thread (due timers, heartbeat, polls, recovery): ``tick(poll)`` does the work."""
 
 from __future__ import annotations
 
@@ -20,9 +18,8 @@ class BackgroundThread(LoopThread):
     It wakes when that deadline passes, when ``armed()`` reports an earlier one, every
     ``poll_interval`` seconds to see what other processes wrote, and at ``stop()``.
 
-    freezegun gives real time to a caller with a frame of an ignored module (``threading``)
-    within five frames of the clock call, so the tick reads the wall clock at least five
-    memable frames below ``threading``: a frozen test sees this thread keep frozen time.
+    freezegun gives real time to a caller within five frames of an ignored module
+    (``threading``): the tick reads the wall clock deeper, so this thread keeps frozen time.
 
     >>> from memable._clock import SYSTEM_CLOCK
     >>> polls = []

@@ -99,10 +99,9 @@ def run_worker(
 ) -> int:
     """Run the engine ``load()`` makes until SIGINT or SIGTERM, drain it; return the exit code.
 
-    The engine is loaded with the signals blocked, so every thread its module starts (an
-    OpenTelemetry exporter's, say) inherits the mask: a second signal during the drain
-    cannot reach one and end the process at once. ``queues`` and ``retention`` (seconds)
-    override the engine's options of those names unless None."""
+    Loaded with the signals blocked, so every thread its module starts (an OpenTelemetry
+    exporter's) inherits the mask: a second signal in the drain cannot reach one and end the
+    process. ``queues`` and ``retention`` (seconds) override the engine's options unless None."""
     handler = _log_to_stderr()
     try:
         with _stop_signals() as wait_for_signal:

@@ -15,8 +15,7 @@ from .._run.options import Options
 from .._store.protocol import Store, Synchronous
 from .targets import check_target, open_store
 
-#: What ``build()`` makes: an ``Engine`` (the builder is generic over it so that it
-#: need not import the engine module, which imports the builder).
+#: What ``build()`` makes: an ``Engine`` (generic, not importing the engine, which imports this).
 E = TypeVar("E")
 
 _DEFAULT_OPTIONS = Options()
@@ -66,8 +65,6 @@ class EngineBuilder(Generic[E]):
     def schema(self, name: str) -> EngineBuilder[E]:
         """The PostgreSQL schema that holds the store's tables (default ``"memable"``).
 
-        Two schemas of one database are two stores. A SQLite target refuses it at ``build()``.
-
         >>> from memable import Engine
         >>> Engine.builder().open("jobs.db").schema("jobs").build()
         Traceback (most recent call last):
@@ -87,9 +84,6 @@ class EngineBuilder(Generic[E]):
     def synchronous(self, mode: Synchronous) -> EngineBuilder[E]:
         """Set SQLite ``synchronous``: ``"full"`` (default) or the faster ``"normal"``.
 
-        ``"full"`` loses nothing acknowledged even on power loss; ``"normal"`` may lose the
-        last commits on power loss or an OS crash, never on a process crash.
-
         >>> from memable import Engine
         >>> Engine.builder().in_memory().synchronous("normal").build().close()
         """
@@ -98,8 +92,6 @@ class EngineBuilder(Generic[E]):
     def poll_interval(self, seconds: float | timedelta) -> EngineBuilder[E]:
         """Seconds between looks at the store for what other processes wrote (default 1).
 
-        ``Invocation.result()`` re-reads the store this often while it waits.
-
         >>> from memable import Engine
         >>> Engine.builder().in_memory().poll_interval(0.5).build().close()
         """
@@ -107,8 +99,6 @@ class EngineBuilder(Generic[E]):
 
     def lease(self, seconds: float | timedelta) -> EngineBuilder[E]:
         """Seconds this engine counts as alive after a heartbeat (default 15; beats every third).
-
-        Another engine takes over the instances of one whose lease ran out.
 
         >>> from memable import Engine
         >>> Engine.builder().in_memory().lease(30).build().close()
@@ -134,9 +124,8 @@ class EngineBuilder(Generic[E]):
     def sleep(self, sleep: Callable[[float], None] | None) -> EngineBuilder[E]:
         """What every retry backoff sleeps with, on the worker; tests pass a fake.
 
-        By default (None) a backoff under a second waits on the worker until a cancel or
-        ``stop()`` interrupts it; a longer one ends the run and waits as a durable timer
-        (``Suspended("retry <key>")``).
+        By default (None) a backoff under a second waits on the worker (a cancel or ``stop()``
+        interrupts it); a longer one is a durable timer (``Suspended("retry <key>")``).
 
         >>> from memable import Engine
         >>> slept = []
@@ -155,10 +144,6 @@ class EngineBuilder(Generic[E]):
 
     def retention(self, keep: float | timedelta | None) -> EngineBuilder[E]:
         """Keep finished instances this long, then purge them (default None: for ever).
-
-        Completed, failed and cancelled instances are purged with their steps and timers,
-        at most 500 per transaction; never one whose run is in flight, nor one with a child
-        still going. A SQLite file shrinks by their pages (incremental auto-vacuum).
 
         >>> from datetime import timedelta
         >>> from memable import Engine

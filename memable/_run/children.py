@@ -1,8 +1,6 @@
 """Child workflows, as a parent's run starts and follows them (``ctx.child``, ``ctx.children``).
 
-``ChildHost`` is what a Context asks of its engine (``Children``): creating children, in one
-transaction with the parent's steps that wait for them, running and resuming them. The
-store's ``finish`` settles a parent's step when a child ends."""
+The store's ``finish`` settles a parent's step when a child ends."""
 
 from __future__ import annotations
 
@@ -39,9 +37,8 @@ class ChildHost(Protocol):
         queue: str | None = None,
     ) -> None:
         """Create the children that do not exist yet and run them here (or queue them).
-
-        ``children``: (child id, the parent's key for it, stored input, input
-        value); ``waits``: the parent's steps for them, written with them."""
+        ``children``: (child id, the parent's key for it, stored input, input value);
+        ``waits``: the parent's steps for them, written with them."""
 
     def queue_of(self, workflow: Workflow, queue: str | None) -> str | None:
         """The queue a child runs through (``ValueError`` for one not declared)."""
@@ -68,13 +65,8 @@ class Children:
     """
 
     def __init__(
-        self,
-        workflows: dict[str, Workflow],
-        store: RunStore,
-        submit: Submit,
-        clock: Clock,
-        queues: dict[str, QueueSpec] | None = None,
-        kick: Callable[[], None] | None = None,
+        self, workflows: dict[str, Workflow], store: RunStore, submit: Submit, clock: Clock,
+        queues: dict[str, QueueSpec] | None = None, kick: Callable[[], None] | None = None,
         telemetry: Telemetry | None = None,
         start_made: Callable[[Callable[[], Iterable[Made]]], object] | None = None,
     ) -> None:

@@ -1,8 +1,6 @@
 """The claims and recovery: how instances come to run here besides a user's call.
 
-``Claims`` wakes, claims (the queue thread), makes and recovers instances to run here, and
-keeps the lease. ``_claiming`` is guarded by the registry's lock (``Registry.lock`` names
-all it guards)."""
+``_claiming`` is guarded by the registry's lock (``Registry.lock`` names all it guards)."""
 
 from __future__ import annotations
 
@@ -44,11 +42,7 @@ class Claims:
     """
 
     def __init__(
-        self,
-        registry: Registry,
-        lock: threading.Lock,
-        runs: Runs,
-        store: Store,
+        self, registry: Registry, lock: threading.Lock, runs: Runs, store: Store,
         telemetry: Telemetry,
     ) -> None:
         self._registry = registry  # the workflows, the phase, the options, the tickers
@@ -140,8 +134,7 @@ class Claims:
         """Run an instance the queue thread claimed (it is running and ours)."""
         name, instance_id = snapshot.instance.workflow, snapshot.instance.instance_id
         with self._lock:
-            if (self._registry.phase == "started"
-                    and self._runs.get(name, instance_id) is None):
+            if self._registry.phase == "started" and self._runs.get(name, instance_id) is None:
                 self._runs.submit_claimed(self._registry.workflows[name], instance_id, snapshot)
                 return
         # Stopping: back in the queue, in its place, for the next engine.
@@ -234,8 +227,7 @@ class Claims:
     def _judge_clock(self, before: float, server: float | None) -> None:
         """Log a WARNING, once per difference (``_clock.Skew``), when the wall clock read at
         ``before`` and now differs by over a second from the store's ``server`` read between."""
-        if server is not None and (said := self._skew.judge(before, server,
-                                                            self.clock.wall())):
+        if server is not None and (said := self._skew.judge(before, server, self.clock.wall())):
             log.warning("%s", said)
 
     def _renew(self) -> None:
@@ -245,8 +237,7 @@ class Claims:
         if now >= self._next_heartbeat:
             self._heartbeat()
             self._next_heartbeat = now + self._registry.options.lease / 3
-            steps = [(w, i, k, t) for w, i, k, t in self._runs.in_flight()
-                     if k and t is not None]
+            steps = [(w, i, k, t) for w, i, k, t in self._runs.in_flight() if k and t is not None]
             self._store.record_in_flight(steps)
 
     def look_around(self, now: float) -> None:

@@ -1,8 +1,7 @@
 """Fan-out inside a run: the items of ``ctx.step(key).map(fn, items)`` side by side.
 
 Each item is a step (``"{key}[{i}]"``) run by ``Attempts`` on a pool joined before the call
-returns. Every item ends before the run goes on: those that completed are stored, and what
-the run does next is decided from all outcomes (``first_to_raise``)."""
+returns; what the run does next is decided from all outcomes (``first_to_raise``)."""
 
 from __future__ import annotations
 
@@ -32,10 +31,8 @@ def check_concurrency(value: object) -> int:
 def run_items(
     jobs: Sequence[Callable[[], Any]], max_concurrency: int, name: str
 ) -> list[tuple[Any, BaseException | None]]:
-    """Run every job, at most ``max_concurrency`` at once; each one's (value, exception).
-
-    The pool's threads are named ``name`` (plus a number); a job's exception,
-    ``BaseException`` included, is its outcome, not raised here.
+    """Run every job, at most ``max_concurrency`` at once, on threads named ``name``; each
+    one's (value, exception): an exception, ``BaseException`` included, is not raised here.
 
     >>> run_items([lambda: 1, lambda: 1 / 0], 2, "memable-map doc")
     ... # doctest: +ELLIPSIS

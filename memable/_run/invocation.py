@@ -45,10 +45,9 @@ class Host(Protocol):
 
 
 class Watch:
-    """The live state of one instance in this engine, shared by its runs and Invocations.
-
-    One exists per instance while anything refers to it (the engine keeps them in a weak
-    dictionary), so every Invocation of an instance sees every run of it."""
+    """The live state of one instance in this engine, shared by its runs and Invocations: one
+    per instance while anything refers to it (a weak dictionary), so every Invocation of an
+    instance sees every run of it."""
 
     def __init__(self, workflow: str, instance_id: str) -> None:
         self.workflow = workflow
@@ -64,8 +63,7 @@ class Watch:
         # The output a run here stored with a Completed end it recorded (text, type tag).
         self.output: tuple[str, str | None] | None = None
         self.subscribers: list[deque[tuple[WorkflowState, bool]]] = []
-        # Times the stored row was said to have changed (a cancel, here or elsewhere): waits
-        # on the store read it again at once, not at a poll.
+        # Times the row was said to change (a cancel, here or elsewhere): store waits reread now.
         self.stored = 0
 
     def changed(self) -> None:
@@ -99,9 +97,8 @@ class Watch:
     def finish(
         self, state: WorkflowState | None, output: tuple[str, str | None] | None = None
     ) -> None:
-        """The active run ended in ``state`` (stored), with ``output`` if Completed.
-
-        None: it stopped unrecorded (the store failed); watchers follow the store."""
+        """The active run ended in ``state`` (stored), with ``output`` if Completed; None: it
+        stopped unrecorded (the store failed), and watchers follow the store."""
         with self.cond:
             if state is not None:
                 self.live = state

@@ -35,8 +35,7 @@ class Run:
     # Set at an end on a wait already met: the successor's snapshot, and the wait to release.
     go_on: RunSnapshot | None = None
     waited: Suspension | None = None
-    # How the run claims its instance (see Store.begin_run).
-    claim: Claim = "resume"
+    claim: Claim = "resume"  # how the run claims its instance (see Store.begin_run)
     # The caller (resume) claimed first: ``snapshot`` is what that returned (None: no run).
     claimed: bool = False
     # Under Registry.lock: a key completed while the run was active; a Suspended end reruns.
@@ -47,8 +46,7 @@ class Run:
     interrupt: threading.Event = attrs.Factory(threading.Event)
     # Under the lock: keys signalled here while the run was active (a step refuses one unread).
     signalled: set[str] = attrs.Factory(set)
-    # The run's Context while its function runs (for the key in flight).
-    ctx: Context | None = None
+    ctx: Context | None = None  # while its function runs (for the key in flight)
     # The output this run stored when it recorded a Completed end (text, type tag).
     output: tuple[str, str | None] | None = None
     # The trace context stored with an instance created here (others read it with the row).
@@ -57,18 +55,17 @@ class Run:
     reason: RunReason | None = None
 
 
-#: Draws the random part of instance ids: memable's own, so an application's ``random.seed``
-#: cannot make two processes draw the same ids; seeded from the OS here and in each forked
-#: child. ``getrandbits`` is one call into C, atomic under the interpreter lock.
+#: Draws instance ids' random part: memable's own (an app's ``random.seed`` cannot make two
+#: processes draw alike), seeded from the OS here and in each forked child; ``getrandbits``
+#: is one call into C, atomic under the interpreter lock.
 _ID_BITS = random.Random()
 os.register_at_fork(after_in_child=_ID_BITS.seed)
 
 
 def new_instance_id(clock: Clock) -> str:
-    """A time-ordered (by ``clock``), random instance id (lists read oldest first).
-
-    The 48 random bits come from ``_ID_BITS``, not ``os.urandom``: a system call per id
-    gives up the interpreter lock on every invoke's path. An id is unique, not secret."""
+    """A time-ordered (by ``clock``), random instance id (lists read oldest first). The 48
+    random bits come from ``_ID_BITS``, not ``os.urandom``, whose system call per id gives up
+    the interpreter lock on every invoke's path. An id is unique, not secret."""
     return f"{int(clock.wall() * 1000):013d}-{_ID_BITS.getrandbits(48):012x}"
 
 

@@ -1,8 +1,5 @@
-"""The runner: the lifecycle of an engine's runs, from start to stop.
-
-``Runner`` composes the registry (what the engine runs, the phase, the one lock), the runs
-in flight (``runs.Runs``) and the claims and recovery (``claims.Claims``), and starts,
-drains and stops them; it is handed a store and the options, not the engine."""
+"""The runner: the lifecycle of an engine's runs, from start to stop, over the registry (the
+one lock), the runs in flight (``runs.Runs``) and the claims (``claims.Claims``)."""
 
 from __future__ import annotations
 
@@ -41,9 +38,7 @@ class Runner:
     >>> runner.store.close()
     """
 
-    def __init__(
-        self, store: Store, options: Options, telemetry: Telemetry | None = None
-    ) -> None:
+    def __init__(self, store: Store, options: Options, telemetry: Telemetry | None = None) -> None:
         self.store = store
         #: Where runs and steps report spans and metrics (does nothing unless told).
         self.telemetry = telemetry or Telemetry()
@@ -51,13 +46,10 @@ class Runner:
         self.poll_interval = options.poll_interval
         #: The workflows, queues, tickers, options and phase; owns the one lock.
         self.registry = Registry(options)
-        # The registry's lock, which the parts share (Registry.lock says what it guards).
-        self._lock = self.registry.lock
-        #: What runs need to start and follow children.
+        self._lock = self.registry.lock  # shared by the parts; Registry.lock says what it guards
         self.children = Children(self.registry.workflows, store, self.submit, self._clock,
                                  self.registry.queues, self.kick, self.telemetry,
                                  self.start_made)
-        #: The runs in flight.
         self.runs = Runs(self.registry, self._lock, store, self.telemetry, self.children,
                          wake=self.wake, kick=self.kick, armed=self.armed)
         #: Wake-ups, queue claims, the poll's look and recovery, the lease.
@@ -160,9 +152,7 @@ class Runner:
         self.store.listen(self.claims.changed)
         if queues:
             names = [queue.name for queue in queues]
-            self._unobserve = self.telemetry.observe_queues(
-                lambda: self.queue_stats(names)
-            )
+            self._unobserve = self.telemetry.observe_queues(lambda: self.queue_stats(names))
         log.info("engine started", extra={"workflows": sorted(registry.workflows)})
 
     def queue_stats(self, names: list[str]) -> list[QueueStats]:
@@ -272,21 +262,16 @@ class Runner:
         return self.claims.start_made(make, asked=asked)
 
     def kick(self) -> None:
-        """An instance was queued, or a slot freed: the queue thread looks now."""
         self.claims.kick()
 
     def armed(self) -> None:
-        """A deadline was stored: the timer thread looks at the deadlines again."""
         self.claims.armed()
 
     def wake(self, name: str, instance_id: str, claim: Claim = "wake") -> None:
-        """A key the instance may wait on completed: run it (``Claims.wake``)."""
         self.claims.wake(name, instance_id, claim)
 
     def ended_by_cancel(self, name: str, instance_id: str, ended: Ended) -> None:
-        """A cancel stored: the runs here it ends stop (``Claims.ended_by_cancel``)."""
         self.claims.ended_by_cancel(name, instance_id, ended)
 
     def fire_due(self) -> int:
-        """Fire the timers (and schedule ticks) due now (``Claims.fire_due``)."""
         return self.claims.fire_due()

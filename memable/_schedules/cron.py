@@ -45,12 +45,9 @@ class Cron:
     '0 * * * *'
     """
 
-    #: As declared (an alias stays an alias).
-    expr: str
-    #: The IANA zone the fields are read in.
-    zone: str
-    #: The five fields (an alias expanded).
-    fields: str
+    expr: str  #: As declared (an alias stays an alias).
+    zone: str  #: The IANA zone the fields are read in.
+    fields: str  #: The five fields (an alias expanded).
 
     @classmethod
     def parse(cls, expr: object, zone: object = "UTC") -> Cron:

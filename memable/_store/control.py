@@ -12,13 +12,12 @@ class RunCancelled(BaseException):
 
 
 class LostInstance(BaseException):
-    """The run's engine no longer owns its instance (another took it over): stop, writing
-    nothing."""
+    """The run's engine no longer owns its instance (another took it over): stop, writing none."""
 
 
 class LeaseLost(BaseException):
     """The store stayed unreachable until this engine's lease ran out: stop without writing.
 
-    Raised by a store operation that retried a lost connection until the lease was known
-    lost (no heartbeat committed for ``lease`` seconds): another engine may own the instance.
-    It runs again once the store answers, here (the look finds it ours, with no run) or there."""
+    Raised by an operation that retried a lost connection until no heartbeat committed for
+    ``lease`` seconds: another engine may own the instance. It runs again once the store
+    answers, here (the look finds it ours, with no run) or there."""

@@ -1,12 +1,11 @@
 """One cattrs converter between user values and the JSON text the store keeps.
 
-A stored value is the JSON text and a type tag naming the value's class (None for what JSON
-rebuilds by itself: dict, list, str, int, float, bool, None). On the way back the type is,
-in order: an explicit ``returns``, the function's return annotation, the tag. The first run
-gets the value back as rebuilt, so it sees what every replay sees (an ``int`` 0 from a step
-annotated ``-> float`` is ``0.0``). A value that would not come back equal is refused, not
-mangled: ``{1: "a"}`` without an annotation (JSON keys are strings) raises
-SerializationError."""
+A stored value is JSON text and a type tag naming its class (None for what JSON rebuilds by
+itself: dict, list, str, int, float, bool, None). On the way back the type is, in order: an
+explicit ``returns``, the function's return annotation, the tag. The first run gets the value
+back as rebuilt, so it sees what every replay sees (an ``int`` 0 from a step annotated
+``-> float`` is ``0.0``). A value that would not come back equal is refused, not mangled:
+``{1: "a"}`` without an annotation (JSON keys are strings) raises SerializationError."""
 
 from __future__ import annotations
 

@@ -29,10 +29,9 @@ SPELLED = 4096
 
 @attrs.frozen
 class Dialect:
-    """How one SQL dialect spells what the two stores' dialects spell differently.
-
-    SQLite serialises writers, so its locking clauses are empty. Leases are judged by the
-    store's clock: SQLite's ``:now`` (the engine's), PostgreSQL's server's, so hosts agree."""
+    """How one SQL dialect spells what the two stores' dialects spell differently. SQLite
+    serialises writers, so its locking clauses are empty. Leases are judged by the store's
+    clock: SQLite's ``:now`` (the engine's), PostgreSQL's server's, so hosts agree."""
 
     name: str
     #: After a ``SELECT``: lock the rows read against writers until commit.
@@ -55,10 +54,9 @@ class Dialect:
     array_parameters: bool = False
 
     def spell(self, template: str) -> str:
-        """``template`` in this dialect: its ``{word}`` spelled, its parameters named.
-
-        Cached by text; the cache starts again at ``SPELLED`` texts, so statements built per
-        call (a purge batch's ``IN`` list) never grow it without bound."""
+        """``template`` in this dialect: its ``{word}`` spelled, its parameters named. Cached
+        by text; the cache starts again at ``SPELLED`` texts, so statements built per call (a
+        purge batch's ``IN`` list) never grow it without bound."""
         text = self._spelled.get(template)
         if text is None:
             if len(self._spelled) >= SPELLED:
@@ -96,7 +94,6 @@ class Cursor(Protocol):
     @property
     def description(self) -> Any:
         """The columns of the rows read: each a sequence whose first item is the name."""
-        ...
 
 
 class Transaction(Protocol):
@@ -109,11 +106,9 @@ class Transaction(Protocol):
 
     def execute(self, template: str, params: Mapping[str, Any] | None = None) -> Cursor:
         """Run one statement (``:name`` parameters, ``{word}`` spellings) in this transaction."""
-        ...
 
     def executemany(self, template: str, params: Iterable[Mapping[str, Any]]) -> None:
         """Run one statement once per set of parameters, in this transaction."""
-        ...
 
     def execute_each(
         self, *statements: tuple[str, Mapping[str, Any]], last: bool = False
@@ -123,33 +118,27 @@ class Transaction(Protocol):
         began: a lock taken by one holds for those after it.
 
         ``last``: the body's last statements, which the store may commit with in that round
-        trip; a commit whose answer is lost then runs the whole body again, so only for a
-        body whose second run answers as the first (it changes no owner or status)."""
-        ...
+        trip; a lost commit answer then runs the whole body again, so only for a body whose
+        second run answers as the first (it changes no owner or status)."""
 
     def write(self, template: str, params: Mapping[str, Any]) -> None:
-        """Run one statement whose result the body does not read, in this transaction.
-
-        The store may send it with the next statement (or the commit), in one round trip, in
-        order: only for one that fails only when the store does (no constraint it may break)."""
-        ...
+        """Run one statement whose result the body does not read, in this transaction. The
+        store may send it with the next statement (or the commit), in one round trip, in order:
+        only for one that fails only when the store does (no constraint it may break)."""
 
     def lock_instance(self, workflow: str, instance_id: str) -> tuple[str, str | None] | None:
         """The instance's ``(status, owner)``, its row locked until this transaction ends
         (no other writer changes it meanwhile); None when there is no such instance."""
-        ...
 
     def notify(self, kind: str, workflow: str | None, instance_id: str | None) -> None:
         """Tell the engines watching this store of ``kind`` of change (``"signal"``,
         ``"cancel"``, ``"timer"``, ``"queued"``) to one instance (a ``"queued"`` one may
         name a queue: workflow None, the queue's name), once this transaction commits."""
-        ...
 
     def relax_commit(self) -> None:
         """Commit without waiting for the flush to disk (where the store can), for a write a
         crash may undo harmlessly: only a suspension that goes on at once (no owner or status
         changes; the run's next durable commit makes it durable too, the log being one)."""
-        ...
 
 
 #: A row's status and owner, the locked read every decision about an instance starts from.

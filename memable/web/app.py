@@ -1,9 +1,7 @@
 """The dashboard's WSGI application: routes, access, CSRF, actions, and their answers.
 
-Actions are POSTs (only with ``allow_actions``, each with the browser's CSRF token), each
-one operation of ``memable._store.admin``, answered with a redirect to what it changed. Bad
-input gets a page saying what was wrong, with 400 (a parameter), 404 (an unknown instance
-or queue) or 409 (the instance cannot take it now), and changes nothing."""
+Each action is one operation of ``memable._store.admin``, answered with a redirect to what
+it changed (the security model and error statuses: the dashboard how-to)."""
 
 from __future__ import annotations
 
@@ -71,11 +69,8 @@ def app(
     ``target``: a SQLite file or a PostgreSQL URL (which must hold a store; ``schema``
     names a PostgreSQL schema other than ``memable``), or an ``Engine``, whose store it
     shares. Read-only unless ``allow_actions``; with a ``token``, every page answers 401
-    without it. With ``loopback_only`` (``memable ui`` without a token), a request whose
-    ``Host`` is not a loopback name or address (``localhost``, ``127.0.0.1``, ``[::1]``,
-    any port) is 403, and so is an action whose ``Origin`` (or ``Referer``) is not the
-    dashboard's own: a page of a domain rebound to 127.0.0.1 reads and changes nothing.
-    Mounted in an application, that application's own login and host checks guard it.
+    without it. ``loopback_only`` answers 403 to a ``Host`` not a loopback name, and to an
+    action from another origin (see the dashboard how-to's security model).
 
     >>> from memable import Engine
     >>> from werkzeug.test import Client
@@ -218,8 +213,7 @@ class _Page:
 
     def url(self, endpoint: str, **values: Any) -> str:
         """The path of a page, its query from ``values`` (None and "" left out)."""
-        path: str = self.urls.build(endpoint, {k: v for k, v in values.items()
-                                               if k == "name"})
+        path: str = self.urls.build(endpoint, {k: v for k, v in values.items() if k == "name"})
         query = {k: v for k, v in values.items() if k != "name" and v not in (None, "")}
         return path + ("?" + urlencode(query) if query else "")
 

@@ -1,21 +1,19 @@
 """Retention: purging finished instances in batches, written once for both stores.
 
-An instance may go when it is terminal, completed before the cutoff, and has no run in
-flight or to come (owned by nobody, or by a dead owner: a cancel keeps the owner, and an
-engine that died holding a cancelled instance never clears it); no child not ended (or in a
-run); no parent in a run (that run may read it, or resume it if it failed); and no parent
-waiting for it (its step for the child waiting: the child's run is about to start). A batch
-is ``:limit`` such instances, found through the index on (status, completed_at), so it reads
-about as many rows as it deletes however many are kept; the deletes take timers, steps and
-rows by key (workflow, then the batch's ids as one IN list).
+An instance may go when terminal, completed before the cutoff, with no run in flight or to
+come (owned by nobody, or by a dead owner: a cancel keeps the owner, and an engine that died
+holding a cancelled instance never clears it), no child not ended (or in a run), no parent
+in a run (it may read it, or resume it if failed), and no parent waiting for it (its child
+step waiting: the child's run is about to start). A batch is ``:limit`` such instances,
+found through the index on (status, completed_at), so it reads about as many rows as it
+deletes; the deletes go by key (workflow, then the batch's ids as one IN list).
 
 On SQLite the batch's transaction holds the write lock from the choice to the commit. On
-PostgreSQL the chosen rows are locked as chosen (``CHOOSE``), but the rules read parents
-and children in the statement's snapshot: a parent's run may take its failed child back, or
-an operator resume a failed parent's child, just after. So the batch then locks those
-parents and children (``FOR SHARE``, passing over rows another transaction holds and
-keeping back instances whose family it could not lock) and reads the rules again in a new
-snapshot: until the commit, no run can take a parent or child it judged by."""
+PostgreSQL the chosen rows are locked as chosen (``CHOOSE``), but the rules read kin in the
+statement's snapshot (a run may take a failed child back, or an operator resume a failed
+parent's child, just after): so the batch then share-locks those parents and children
+(skipping rows others hold, keeping back instances whose kin it could not lock) and reads
+the rules again in a new snapshot: until the commit, no run takes kin it judged by."""
 
 from __future__ import annotations
 
@@ -90,10 +88,8 @@ def purge_batch(tx: Transaction, before: float, limit: int, now: float) -> int:
     """Delete at most ``limit`` purgeable instances completed before ``before`` (compared as
     ``iso_utc`` text), with their timers and steps, in ``tx``; return how many.
 
-    Leases are judged by the store's clock (``now`` on SQLite). With row locks (PostgreSQL)
-    the chosen rows' parents and children are locked and the rules read again (see the
-    module's docstring). Timers go first, then steps, then rows: the order a timer's firing
-    takes them in, so the two never wait for each other in a ring.
+    Leases are judged by the store's clock (``now`` on SQLite). Timers go first, then steps,
+    then rows: the order a timer's firing takes them in, so the two never wait in a ring.
 
     >>> import sqlite3
     >>> from memable._sqlite.transaction import SQLiteTransaction
