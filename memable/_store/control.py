@@ -12,7 +12,7 @@ class RunCancelled(BaseException):
 
 
 class LostInstance(BaseException):
-    """The run's engine no longer owns its instance (another took it over): stop, writing none."""
+    """The run's engine no longer owns its instance (another took it over): stop, write nothing."""
 
 
 class LeaseLost(BaseException):
