@@ -2,8 +2,7 @@
 
 Reads only, through ``OperatorStore``. The views are JSON-ready dicts (stored JSON decoded,
 times as stored ISO text) that ``--json`` prints as they are. Ages and liveness are judged at
-the ``clock`` each read is given.
-"""
+the ``clock`` each read is given."""
 
 from __future__ import annotations
 
@@ -191,8 +190,7 @@ def _executed(steps: list[dict[str, Any]], row: InstanceRow) -> dict[str, Any] |
 
 
 def _waiting_in(row: InstanceRow, look: QueueLook) -> dict[str, Any]:
-    """Where a queued instance stands and why it has not started, judged by what the live
-    engines declare."""
+    """Where a queued instance stands and why it waits, judged by what the live engines declare."""
     queue, workflow = row.queue, row.workflow
     consumers = [
         (owner, declared, spec)
@@ -240,8 +238,7 @@ def _limit_reached(
 
 
 def declared_queues(store: OperatorStore, now: float) -> dict[str, tuple[QueueSpec, int]]:
-    """Each queue a running engine consumes: its limits (the first declaration found), and how
-    many running engines consume it."""
+    """Each queue running engines consume: its limits (first declaration found), and how many."""
     found: dict[str, tuple[QueueSpec, int]] = {}
     for declared in Declarations.all_of(owner.declares for owner in store.live_owners(now)):
         for spec in declared.queues:
@@ -320,8 +317,7 @@ def _due(deadline: float) -> str:
 
 
 def _owner(owner_id: str, row: OwnerRow | None, now: float) -> dict[str, Any]:
-    """Who runs the instance, and whether it lives: by pid where this process can see it,
-    else by its lease at ``now``."""
+    """Who runs the instance, alive or not: by pid if visible here, else by lease at ``now``."""
     if row is None:  # its engine stopped, or another took its instances over
         return {"id": owner_id, "host": None, "pid": None, "alive": False, "judged_by": "gone"}
     lease_ends = row.heartbeat + row.lease

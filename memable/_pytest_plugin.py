@@ -35,8 +35,7 @@ def memable_configure() -> Callable[[Engine], None] | None:
     """A function that sets up the ``memable_engine`` before it starts: none unless overridden.
 
     Override it to return your app's ``configure(engine)``; it runs before ``memable_workflows``
-    are registered.
-    """
+    are registered."""
     return None
 
 
@@ -60,8 +59,7 @@ def memable_engine(
     At teardown the engine is drained (``wait_all``) and closed. Then every ``memable`` thread
     started during the test must have ended: timed-out steps' threads get
     ``memable_thread_timeout`` seconds (ini option, default 10); one still alive fails the
-    test, by name.
-    """
+    test, by name."""
     timeout = _thread_timeout(request.config)
     engine = Engine.in_memory(**memable_options)
     if memable_configure is not None:
@@ -76,8 +74,7 @@ def memable_engine(
 
 @pytest.fixture
 def engine(memable_engine: Engine) -> Engine:
-    """Deprecated: the old name of ``memable_engine``, kept for one release (a project's own
-    ``engine`` fixture wins over it)."""
+    """Deprecated old name of ``memable_engine`` (one release); a project's ``engine`` wins."""
     warnings.warn(
         "the memable fixture 'engine' is now 'memable_engine'; the old name goes in the "
         "next release",

@@ -3,8 +3,7 @@
 Each consuming engine enforces the limits when it claims (``memable._store.sql.queues``):
 ``concurrency`` counts the queue's running instances across engines, ``per_process`` this
 engine's, ``rate`` the claims in the last ``period`` seconds, ``per_key`` each
-``concurrency_key``'s.
-"""
+``concurrency_key``'s."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 Every command but ``demo`` and ``worker`` acts on an existing store with no engine: what it
 writes is acted on by an engine on the store within its poll interval, or by the next to start.
-An error prints one line on stderr and exits 2 with the store as it was.
-"""
+An error prints one line on stderr and exits 2 with the store as it was."""
 
 from __future__ import annotations
 

@@ -4,5 +4,4 @@ Its one job: ``engine.Engine`` in front of the runner, built by ``builder.Engine
 opening its store by target (``targets``) and reading what Invocations need (``stored``).
 
 May import: ``memable._schedules``, ``_run``, ``_background``, the stores (only to open
-them), ``_store`` and the value modules.
-"""
+them), ``_store`` and the value modules."""

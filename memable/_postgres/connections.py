@@ -14,8 +14,7 @@ An outage is the lease's business: once the engine holds one (``renewed``), an o
 retries until the lease is known lost (``LEASE_USED``), then a run's raises ``LeaseLost`` and
 others stop, so ``stop()`` returns within the lease; writes are fenced, so a late retry writes
 nothing. One WARNING says the connection was lost, one INFO that it is back; the pool's
-per-try lines are demoted to DEBUG.
-"""
+per-try lines are demoted to DEBUG."""
 
 from __future__ import annotations
 
@@ -95,8 +94,7 @@ class Opening:
 
     def _send(self, conn: psycopg.Connection[Any], statements: list[batch.Statement]) -> list[
             batch.Read]:
-        """Send the ``BEGIN`` (if not sent yet), what waits and ``statements`` in one round trip;
-        what each of ``statements`` read."""
+        """Send ``BEGIN`` (if unsent), what waits and ``statements`` in one trip; their reads."""
         first: list[batch.Statement] = [] if self.begun else [("BEGIN", None), (_ASK_XID, None)]
         reads = batch.send(conn, [*first, *self.later, *statements])
         if first:
@@ -217,8 +215,7 @@ class Connections:
             log.info("reached %s again after %.1fs", self.where, time.monotonic() - since)
 
     def _went_down(self, exc: BaseException | None) -> None:
-        """The connection was lost (``exc``), or the pool could not connect (None): say so once
-        per outage."""
+        """Connection lost (``exc``) or pool unable to connect (None): say so once per outage."""
         with self._state_lock:
             first = self._down_since is None
             if first:
@@ -314,8 +311,7 @@ class Connections:
 
         A lost connection is retried for ``RETRY_FOR`` seconds, no longer than the lease is known
         held; in a run's ``session``, until then, then ``LeaseLost``. Outside a run, for
-        ``past_lease`` seconds at least: a lease known lost stays so until a heartbeat commits.
-        """
+        ``past_lease`` seconds at least: a lease known lost stays so until a heartbeat commits."""
         in_run = bool(getattr(self._held, "active", False))
         began = time.monotonic()
         deadline = began + RETRY_FOR  # for a serialization failure or deadlock

@@ -4,8 +4,7 @@ The target is a libpq URL, named in messages by ``describe`` (never the password
 connects at once (failing within the connect timeout), creates the schema and tables if
 missing, and migrates an older store, all under a transaction-scoped advisory lock, so many
 processes opening one new database run one migration between them. The version lives in
-``schema_version``; a newer one is refused.
-"""
+``schema_version``; a newer one is refused."""
 
 from __future__ import annotations
 
@@ -149,9 +148,7 @@ def parse(url: str) -> dict[str, str]:
     try:
         return {k: str(v) for k, v in conninfo_to_dict(url).items() if v is not None}
     except Exception as exc:  # psycopg.ProgrammingError: not a valid conninfo
-        raise StorageError(
-            f"not a valid PostgreSQL URL: {redact(str(exc), url)}"
-        ) from None
+        raise StorageError(f"not a valid PostgreSQL URL: {redact(str(exc), url)}") from None
 
 
 def describe(params: dict[str, str]) -> str:

@@ -1,8 +1,7 @@
 """The transaction interface (``memable._store.transaction``) on a PostgreSQL connection.
 
 A body locks the rows it decides on (``FOR UPDATE``, ``FOR SHARE``), so engines take turns on
-an instance. ``notify`` and a relaxed durability go with the ``COMMIT`` (``Opening``).
-"""
+an instance. ``notify`` and a relaxed durability go with the ``COMMIT`` (``Opening``)."""
 
 from __future__ import annotations
 
@@ -21,8 +20,7 @@ _RELAXED = "SELECT set_config('synchronous_commit', 'off', true)"
 
 
 class PostgresTransaction:
-    """One body's view of an open transaction on ``conn``, for ``owner``, telling other
-    engines on ``channel``."""
+    """A body's view of a transaction open on ``conn`` for ``owner``, notifying on ``channel``."""
 
     __slots__ = ("_channel", "_conn", "_opening", "owner")
     dialect: Dialect = POSTGRESQL

@@ -7,5 +7,4 @@ runs, the phase, the one lock), ``runs`` (runs in flight, the worker pool) and `
 holds (``invocation.Invocation``), ``control``, ``workflow``, ``options`` and ``fork``.
 
 May import: ``memable._background``, ``memable._store`` and the value modules; never a store
-package (it speaks to a store through the protocol).
-"""
+package (it speaks to a store through the protocol)."""

@@ -80,8 +80,7 @@ class Context:
             trace=trace, telemetry=telemetry,
         )
         self._seen: set[str] = set()
-        self._next_seq = max(
-            (s.seq for s in memo.values() if s.seq != UNREACHED), default=-1) + 1
+        self._next_seq = max((s.seq for s in memo.values() if s.seq != UNREACHED), default=-1) + 1
         self._replaying = bool(memo)
         self._status: str | None = None
         self._stored_status = stored_status  # what the instance's row holds
@@ -219,8 +218,7 @@ class Context:
         stored = self._arrived(key, "signal")
         if stored is not None and stored.state == "completed":
             if stored.seq == UNREACHED:  # signalled before the run got here: this is its place
-                self._store.place_signal(self._workflow, self._instance_id, key,
-                                         self._take_seq())
+                self._store.place_signal(self._workflow, self._instance_id, key, self._take_seq())
             return self._replayed(key, stored, returns)
         if stored is not None and stored.state == "timed_out":
             exc = SignalTimeout(self._workflow, self._instance_id, key)
@@ -263,8 +261,7 @@ class Context:
             self._replayed(key, stored, None)
             return
         self._end_replay()
-        waiting = self._waiting(key, "timer", stored)
-        raise Suspension(key, f"timer {key}", waiting, deadline)
+        raise Suspension(key, f"timer {key}", self._waiting(key, "timer", stored), deadline)
 
     def child(
         self, key: str, workflow: str, input: Any = None, *, returns: Any = None,
@@ -603,8 +600,7 @@ class Context:
 
     def _waiting(self, key: str, kind: StepKind, stored: StoredStep | None) -> StepWrite:
         seq = stored.seq if stored is not None else self._take_seq()
-        write = self.attempts.write(key, seq, "waiting", self._status)
-        return attrs.evolve(write, kind=kind)
+        return attrs.evolve(self.attempts.write(key, seq, "waiting", self._status), kind=kind)
 
     def _take_seq(self) -> int:
         seq = self._next_seq

@@ -4,8 +4,7 @@ A ``Scheduler`` is the runner's ticker: each look fires the due ticks and says w
 is due. A tick is the instance ``"{name}@{YYYY-MM-DDTHH:MM:SSZ}"``. Firing compares and sets
 the stored last tick in the transaction that creates the instances (``Store.fire_ticks``), so
 one engine fires each tick. Ticks that fell due while no engine looked are missed;
-``catch_up`` says which of them run.
-"""
+``catch_up`` says which of them run."""
 
 from __future__ import annotations
 
@@ -123,8 +122,7 @@ class Scheduler:
                 self._seen(row, at)
 
     def look(self, now: float) -> tuple[int, float | None]:
-        """Fire the ticks due at ``now``; how many instances that created, and the seconds
-        until the next look is needed."""
+        """Fire the ticks due at ``now``; the instances created, and seconds to the next look."""
         if not self._specs or not self._runner.accepting:
             return 0, None
         with self._lock:
@@ -213,8 +211,7 @@ class Scheduler:
             if row.instance_id not in created:
                 continue
             span.end()
-            log.info("schedule %r fired", spec.name,
-                     extra=where(spec.workflow, row.instance_id))
+            log.info("schedule %r fired", spec.name, extra=where(spec.workflow, row.instance_id))
             if row.queue is None:
                 made.append((workflow, row.instance_id, (value,), row.traceparent, "schedule"))
         if any(row.queue is not None for row, _ in rows):
@@ -241,8 +238,7 @@ def tick_instance(
     spec: ScheduleSpec, workflow: Workflow, tick: datetime, queues: dict[str, QueueSpec],
     clock: Clock,
 ) -> tuple[InstanceRow, Any]:
-    """The instance of ``tick`` and its input: the declared one, else the tick if the workflow
-    takes one."""
+    """``tick``'s instance and input: the declared one, else the tick if the workflow takes one."""
     value = spec.input
     if value is None:
         value = tick if workflow.takes_input else NO_INPUT

@@ -4,8 +4,7 @@ A writer that finds no commit in progress leads: it commits at once, with whatev
 queued meanwhile; one that finds one queues for the next. A write is done only when its COMMIT
 returned. A body's ``REFUSALS`` undo its own statements (a savepoint) and reach its writer
 alone; anything else that escapes rolls the whole transaction back and fails every writer of
-the batch: the connection is never left in a transaction later writes would silently join.
-"""
+the batch: the connection is never left in a transaction later writes would silently join."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 The schema version is ``PRAGMA user_version``. A file that is not a SQLite database, not a
 memable store, or of a newer version is refused, left byte for byte as it was; an older store
-is migrated in one transaction.
-"""
+is migrated in one transaction."""
 
 from __future__ import annotations
 
@@ -51,9 +50,7 @@ STEP_COLUMNS: dict[str, type] = {
     "started_at": str,  # v4: when the execution that wrote the row began
     "traceback": str,  # v6
 }
-V1_STEP_COLUMNS = {
-    c: t for c, t in STEP_COLUMNS.items() if c not in ("started_at", "traceback")
-}
+V1_STEP_COLUMNS = {c: t for c, t in STEP_COLUMNS.items() if c not in ("started_at", "traceback")}
 TIMER_COLUMNS: dict[str, type] = {
     "workflow": str, "instance_id": str, "key": str, "deadline": float,
 }
@@ -267,9 +264,7 @@ def open_store(
         raise StorageError(f"cannot open {where} ({exc})") from exc
     db = sqlite_utils.Database(conn)
     try:
-        _retry_while_busy(
-            lambda: _prepare(conn, db, where, path is not None, synchronous, create)
-        )
+        _retry_while_busy(lambda: _prepare(conn, db, where, path is not None, synchronous, create))
     except BaseException:
         conn.close()
         raise
@@ -375,8 +370,7 @@ def switch_to_incremental_vacuum(conn: sqlite3.Connection, where: str) -> bool:
 
     That takes a ``VACUUM``, which rewrites the file outside any transaction: so once per file,
     by the opener that migrated it. If it fails (busy, no room for the copy) the store stays
-    valid, its freed pages never returned, with a WARNING; the open goes on.
-    """
+    valid, its freed pages never returned, with a WARNING; the open goes on."""
     if conn.execute("PRAGMA auto_vacuum").fetchone()[0] == INCREMENTAL:
         return True
     began = time.monotonic()

@@ -3,8 +3,7 @@
 An owner is judged by pid only when provably in this process's PID namespace on this boot
 (same host name, boot id and PID namespace: containers sharing a host name differ); else its
 lease decides. A pid is dead when no process has it, it is a zombie, or its process started
-after the owner's (the pid was reused).
-"""
+after the owner's (the pid was reused)."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@ dashboard and the API's listings read of a store, and the actions no run takes (
 
 A run needs ``protocol.RunStore``; ``Store`` is both. As there: every method is thread-safe,
 every write atomic, every time passed in epoch seconds, UTC; reads return times as stored.
-Nothing here needs the store's engine to own anything.
-"""
+Nothing here needs the store's engine to own anything."""
 
 from __future__ import annotations
 
@@ -15,8 +14,7 @@ from .rows import InstanceRow, InstanceView, OwnerRow, ScheduleRow
 
 
 class OperatorStore(Protocol):
-    """What an operator reads of a store and does to it, and what each operation
-    guarantees."""
+    """What an operator reads of a store and does to it, and what each operation guarantees."""
 
     # Reads: ``sql.reads``.
 
@@ -29,8 +27,7 @@ class OperatorStore(Protocol):
     def list_view(
         self, workflow: str | None, status: str | None, schedule: str | None = None
     ) -> list[tuple[InstanceRow, OwnerRow | None]]:
-        """Instances oldest first, optionally filtered, each with its owner's row while it
-        runs."""
+        """Instances oldest first, optionally filtered, each with its owner's row while it runs."""
 
     def inspect(self, workflow: str, instance_id: str, now: float) -> InstanceView | None:
         """One instance with its owner, steps, timers and awaited signals (a queued one's
@@ -59,8 +56,7 @@ class OperatorStore(Protocol):
         self, workflow: str | None, status: str | None, id_prefix: str | None,
         offset: int, limit: int,
     ) -> list[InstanceRow]:
-        """Instances newest first, optionally filtered: ``limit`` after the first ``offset``,
-        read through an index (no scan past the page)."""
+        """Instances newest first, filtered: ``limit`` after ``offset``, via an index (no scan)."""
 
     def failed_instances(
         self, workflow: str | None, *, id_prefix: str | None = None,
@@ -84,9 +80,7 @@ class OperatorStore(Protocol):
         running or queued one is left as it is; InstanceNotFound, or InstanceFinished for a
         Cancelled one, write nothing."""
 
-    def resume_failure(
-        self, workflow: str, instance_id: str, failed_at: str, now: float
-    ) -> bool:
+    def resume_failure(self, workflow: str, instance_id: str, failed_at: str, now: float) -> bool:
         """``mark_resumable``, only if it is still the failure a bulk resume counted (failed at
         ``failed_at``, as ``failed_instances`` returned) and not a handled child's; whether it
         did."""
@@ -96,8 +90,7 @@ class OperatorStore(Protocol):
 
         A claim reads this state under the queue's claim lock, which pausing takes too: once a
         pause returns, no engine starts another of its instances; runs in flight go on. A
-        resume tells the consumers at once on PostgreSQL (NOTIFY); elsewhere their poll does.
-        """
+        resume tells the consumers at once on PostgreSQL (NOTIFY); elsewhere their poll does."""
 
     def purge_batch(self, completed_before: float, limit: int, now: float) -> int:
         """Delete at most ``limit`` instances finished before ``completed_before``, with their
@@ -106,8 +99,7 @@ class OperatorStore(Protocol):
         An instance goes only if, in that transaction, it is terminal with no run in flight or
         to come (leases judged at ``now``; PostgreSQL's own clock) and no family a run may use
         (``sql.retention``). Safe from several engines at once. Batches stay small: one is all
-        another engine's write ever waits for.
-        """
+        another engine's write ever waits for."""
 
     def close(self) -> None:
         """Release the store; later calls raise ``StorageError``."""

@@ -2,8 +2,7 @@
 
 A child's row names its parent, its step's key there and, for ``ctx.children``, the group
 key. A parent suspended on a group counts in ``children_pending`` the children it waits for;
-the transaction that ends a child settles the parent's step and counts it down.
-"""
+the transaction that ends a child settles the parent's step and counts it down."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@
 A fork is a new instance of the same workflow and input, with the completed steps reached
 before its key (by ``seq``) copied, stored ready as ``memable resume`` leaves one. The source's
 row is share-locked first (SQLite: the write lock) until the fork commits, so a purge cannot
-delete it between the fork's reads.
-"""
+delete it between the fork's reads."""
 
 from __future__ import annotations
 

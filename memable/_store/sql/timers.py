@@ -2,8 +2,7 @@
 
 A row of ``timers`` is the deadline of a timer, a suspend point's timeout, or a step's retry
 backoff. Deleting the row claims it: exactly one engine fires each timer, and a signal that
-drops a suspend point's deadline first leaves none to fire.
-"""
+drops a suspend point's deadline first leaves none to fire."""
 
 from __future__ import annotations
 
@@ -103,6 +102,5 @@ def fire(
 
 def next_deadline(tx: Transaction) -> float | None:
     """The earliest armed timer deadline or workflow timeout, or None."""
-    row = tx.execute(_NEXT_DEADLINE).fetchone()
-    deadlines = [float(d) for d in (row or ()) if d is not None]
+    deadlines = [float(d) for d in (tx.execute(_NEXT_DEADLINE).fetchone() or ()) if d is not None]
     return min(deadlines) if deadlines else None
