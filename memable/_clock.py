@@ -1,9 +1,7 @@
 """The clocks memable reads, as one object an engine is given (``Clock``).
 
-``wall()`` (``time.time()``, which freezegun moves) dates timers, leases and records;
-``monotonic()`` reads the OS clock directly where it can, so a frozen test still times out.
-Every stored time comes from the clock as epoch seconds (the store protocol's one type of a
-time), ISO 8601 in UTC in a text column (``iso_utc``).
+``wall()`` dates timers, leases and records. Every stored time comes from it as epoch seconds
+(the store protocol's one type of a time), ISO 8601 in UTC in a text column (``iso_utc``).
 """
 
 from __future__ import annotations
@@ -23,7 +21,7 @@ def wall() -> float:
 
 
 def monotonic() -> float:
-    """Seconds on a clock that only moves forward and that freezegun does not freeze."""
+    """Seconds on a clock that only moves forward, which freezegun does not freeze (timeouts)."""
     if _CLOCK_MONOTONIC is not None:
         return time.clock_gettime(_CLOCK_MONOTONIC)
     return time.monotonic()  # pragma: no cover - platforms without clock_gettime
@@ -136,10 +134,8 @@ def skew_message(difference: float) -> str:
     this engine's wall clock is -90.0 s from the database server's (behind): ...fire 90.0 s late...
     """
     ahead = difference > 0
-    return (
-        f"this engine's wall clock is {difference:+.1f} s from the database server's "
-        f"({'ahead' if ahead else 'behind'}): timers, workflow timeouts, delayed starts "
-        f"and schedule ticks are judged by this engine's clock, so they fire "
-        f"{abs(difference):.1f} s {'early' if ahead else 'late'} here, while leases use "
-        "the server's; keep the hosts' clocks in sync (NTP)"
-    )
+    return (f"this engine's wall clock is {difference:+.1f} s from the database server's "
+            f"({'ahead' if ahead else 'behind'}): timers, workflow timeouts, delayed starts "
+            f"and schedule ticks are judged by this engine's clock, so they fire "
+            f"{abs(difference):.1f} s {'early' if ahead else 'late'} here, while leases use "
+            "the server's; keep the hosts' clocks in sync (NTP)")

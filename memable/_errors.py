@@ -8,9 +8,8 @@ if TYPE_CHECKING:
     from ._states import WorkflowState
 
 
-def _where(
-    workflow: str | None, instance_id: str | None, key: str | None, part: str | None
-) -> str:
+def _where(workflow: str | None, instance_id: str | None, key: str | None,
+           part: str | None) -> str:
     named = (("workflow", workflow), ("instance", instance_id), ("step", key))
     parts = [f"{what} {value!r}" for what, value in named if value is not None]
     return ", ".join(parts if part is None else [*parts, part])
@@ -30,10 +29,9 @@ class EngineError(Exception):
     "no stored instance: workflow 'ship', instance 'order-1'"
     """
 
-    def __init__(
-        self, message: str, *, workflow: str | None = None, instance_id: str | None = None,
-        key: str | None = None, part: str | None = None,
-    ) -> None:
+    def __init__(self, message: str, *, workflow: str | None = None,
+                 instance_id: str | None = None, key: str | None = None,
+                 part: str | None = None) -> None:
         where = _where(workflow, instance_id, key, part)
         super().__init__(f"{message}: {where}" if where else message)
         self.workflow = workflow
@@ -96,10 +94,8 @@ class WorkflowNotFound(EngineError):
     no workflow registered under this name: workflow 'nonexistent'
     """
 
-    def __init__(
-        self, workflow: str, why: str = "no workflow registered under this name", hint: str = "",
-        instance_id: str | None = None,
-    ) -> None:
+    def __init__(self, workflow: str, why: str = "no workflow registered under this name",
+                 hint: str = "", instance_id: str | None = None) -> None:
         super().__init__(why, workflow=workflow, instance_id=instance_id)
         if hint:  # e.g. "did you mean 'approve'?"
             self.args = (f"{self.args[0]}; {hint}",)
@@ -135,10 +131,8 @@ class StepNotFound(EngineError, ValueError):
 
     def __init__(self, workflow: str, instance_id: str, key: str, keys: list[str]) -> None:
         have = ", ".join(repr(k) for k in keys[:50]) + (", ..." if len(keys) > 50 else "")
-        super().__init__(
-            f"no stored step (its keys: {have or 'none'})", workflow=workflow,
-            instance_id=instance_id, key=key,
-        )
+        super().__init__(f"no stored step (its keys: {have or 'none'})", workflow=workflow,
+                         instance_id=instance_id, key=key)
         #: The keys the instance has, in the order first reached.
         self.keys = keys
 
@@ -152,9 +146,8 @@ class InstanceFinished(EngineError):
     """
 
     def __init__(self, workflow: str, instance_id: str, why: str) -> None:
-        super().__init__(
-            f"instance has finished ({why})", workflow=workflow, instance_id=instance_id
-        )
+        super().__init__(f"instance has finished ({why})", workflow=workflow,
+                         instance_id=instance_id)
 
 
 def instance_finished(workflow: str, instance_id: str, status: str) -> InstanceFinished:
@@ -180,9 +173,8 @@ class SignalRejected(EngineError):
     """
 
     def __init__(self, workflow: str, instance_id: str, key: str, why: str) -> None:
-        super().__init__(
-            f"signal rejected ({why})", workflow=workflow, instance_id=instance_id, key=key
-        )
+        super().__init__(f"signal rejected ({why})", workflow=workflow,
+                         instance_id=instance_id, key=key)
 
 
 class InvalidKey(EngineError):
@@ -193,13 +185,10 @@ class InvalidKey(EngineError):
     invalid key 42 (keys must be non-empty str): workflow 'wf', instance 'i-1'
     """
 
-    def __init__(
-        self, key: object, why: str, *, workflow: str | None = None,
-        instance_id: str | None = None,
-    ) -> None:
-        super().__init__(
-            f"invalid key {key!r} ({why})", workflow=workflow, instance_id=instance_id
-        )
+    def __init__(self, key: object, why: str, *, workflow: str | None = None,
+                 instance_id: str | None = None) -> None:
+        super().__init__(f"invalid key {key!r} ({why})", workflow=workflow,
+                         instance_id=instance_id)
         self.key = key if isinstance(key, str) else None
 
 
@@ -230,15 +219,12 @@ class DuplicateStepKey(EngineError):
     """
 
     def __init__(self, workflow: str, instance_id: str, key: str) -> None:
-        super().__init__(
-            "step key used twice in one run", workflow=workflow, instance_id=instance_id, key=key
-        )
+        super().__init__("step key used twice in one run", workflow=workflow,
+                         instance_id=instance_id, key=key)
 
 
 class StorageError(EngineError):
     """The store cannot be opened, read or written.
-
-    Also for a file that is not a memable store or has a newer schema (left as it was).
 
     >>> import os, tempfile
     >>> from memable import Engine, StorageError
@@ -255,9 +241,6 @@ class StorageError(EngineError):
 
 class SerializationError(EngineError):
     """A value cannot be stored, or a stored value no longer fits its type.
-
-    ``key`` names the step, or ``"input"`` / ``"output"``. A value that would not come back
-    equal is refused too, so a replay never sees something else than the first run did.
 
     >>> from memable import Engine, SerializationError
     >>> engine = Engine.in_memory()
@@ -280,16 +263,12 @@ class StepTimeout(EngineError):
     """
 
     def __init__(self, workflow: str, instance_id: str, key: str, seconds: float) -> None:
-        super().__init__(
-            f"timed out after {seconds:g} s", workflow=workflow, instance_id=instance_id, key=key
-        )
+        super().__init__(f"timed out after {seconds:g} s", workflow=workflow,
+                         instance_id=instance_id, key=key)
 
 
 class SignalTimeout(EngineError):
     """No signal reached a suspend point by its deadline (``ctx.suspend(..., timeout=)``).
-
-    Raised inside the workflow at the suspend point, which may catch it. The key is recorded
-    ``"timed_out"`` and a later signal for it is rejected.
 
     >>> from memable import SignalTimeout
     >>> print(SignalTimeout("ship", "order-1", "approval:v1"))
@@ -299,10 +278,8 @@ class SignalTimeout(EngineError):
     """
 
     def __init__(self, workflow: str, instance_id: str, key: str) -> None:
-        super().__init__(
-            "no signal arrived before the deadline",
-            workflow=workflow, instance_id=instance_id, key=key,
-        )
+        super().__init__("no signal arrived before the deadline", workflow=workflow,
+                         instance_id=instance_id, key=key)
 
 
 class WorkflowFailed(EngineError):
@@ -329,9 +306,6 @@ class WorkflowFailed(EngineError):
 class ChildFailed(WorkflowFailed):
     """A child workflow (``ctx.child``, ``ctx.children``) ended Failed or Cancelled.
 
-    Raised in the parent at the child's step, which the parent may catch. ``workflow`` and
-    ``instance_id`` name the child; ``state`` is its final state.
-
     >>> from memable import ChildFailed, Failed
     >>> err = ChildFailed("resize", "order-1/thumb", Failed("boom"))
     >>> print(err)
@@ -341,9 +315,8 @@ class ChildFailed(WorkflowFailed):
     """
 
     def __init__(self, workflow: str, instance_id: str, state: WorkflowState) -> None:
-        EngineError.__init__(
-            self, f"child ended {state}", workflow=workflow, instance_id=instance_id
-        )
+        EngineError.__init__(self, f"child ended {state}", workflow=workflow,
+                             instance_id=instance_id)
         self.state = state
 
 
@@ -364,10 +337,8 @@ class ChildIdTaken(EngineError):
     child id 'p/x' of workflow 'resize' is taken by an instance invoked on its own
     """
 
-    def __init__(
-        self, workflow: str, instance_id: str, key: str, child_workflow: str,
-        holder: tuple[str, str, str | None] | None,
-    ) -> None:
+    def __init__(self, workflow: str, instance_id: str, key: str, child_workflow: str,
+                 holder: tuple[str, str, str | None] | None) -> None:
         if holder is None:
             by = "an instance invoked on its own"
         else:

@@ -31,16 +31,6 @@ def _delay(value: float | timedelta) -> float:
 class Retry:
     """How a failing step is retried: exponential backoff, with optional jitter.
 
-    ``max_attempts`` counts every execution, the first included. The delay after the n-th
-    failed attempt is ``initial_delay * multiplier ** (n - 1)``, at most ``max_delay``; with
-    ``jitter``, drawn uniformly from [0, that delay]. Any exception is retried but
-    ``StepError.permanent`` and ``SerializationError`` (the same value would be refused again).
-
-    A delay of a second or more waits as a durable timer (``Suspended("retry <key>")``) that
-    any engine fires; a shorter one on the worker (``cancel()`` and ``stop()`` end it). A
-    timed-out step's next attempt waits for the timed-out call to return; still running after
-    another timeout's length, the step fails: two attempts of one step never run at once.
-
     >>> from memable import Engine, Retry, StepError
     >>> calls = []
     >>> def flaky() -> str:

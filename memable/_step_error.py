@@ -6,9 +6,6 @@ from __future__ import annotations
 class StepError(Exception):
     """An error a step function raises, marked retryable or permanent.
 
-    Build it with ``StepError.retryable(msg)`` or ``StepError.permanent(msg)``: any exception
-    fails a step, and this one also tells a retry policy whether another attempt can help.
-
     >>> from memable import Engine, StepError
     >>> def charge() -> int:
     ...     raise StepError.permanent("card declined")

@@ -1,7 +1,6 @@
 """Consuming queues: the queue thread (``Dispatcher``) and what each look claims.
 
-A look claims what the consumed queues let start (no more than free workers) for the runner.
-It also warns, once per queue, of runnable instances of its workflows in a queue no engine
+A look also warns, once per queue, of its workflows' runnable instances in a queue no engine
 consumes: a typo between invoker and worker would leave them waiting for ever, silently.
 """
 
@@ -65,11 +64,10 @@ class QueueConsumer:
     >>> store.close()
     """
 
-    def __init__(
-        self, store: Store, queues: list[QueueSpec], workflows: list[str], clock: Clock, *,
-        capacity: Callable[[], int], run: Callable[[RunSnapshot], None],
-        telemetry: Telemetry | None = None, check_every: float = 15.0,
-    ) -> None:
+    def __init__(self, store: Store, queues: list[QueueSpec], workflows: list[str],
+                 clock: Clock, *, capacity: Callable[[], int],
+                 run: Callable[[RunSnapshot], None],
+                 telemetry: Telemetry | None = None, check_every: float = 15.0) -> None:
         self._telemetry = telemetry or Telemetry()  # how long each waited on its queue
         self._store = store
         self._queues = queues
@@ -141,18 +139,12 @@ def unconsumed_message(queue: str, waiting: int, consumed: list[str]) -> str:
     True
     """
     closest = difflib.get_close_matches(queue, consumed, n=1)
-    said = (
-        f"queue {queue!r} holds {waiting} runnable instance{'' if waiting == 1 else 's'} "
-        "of a workflow this engine registers, and no running engine consumes it: "
-        f"{'it waits' if waiting == 1 else 'they wait'} until one does. "
-    )
+    said = (f"queue {queue!r} holds {waiting} runnable instance{'' if waiting == 1 else 's'} "
+            "of a workflow this engine registers, and no running engine consumes it: "
+            f"{'it waits' if waiting == 1 else 'they wait'} until one does. ")
     if closest:
-        return said + (
-            f"The closest queue consumed is {closest[0]!r}: if that is a typo, use one "
-            "name where the instance is invoked and in the worker (engine.queue, "
-            "register(..., queue=), invoke(..., queue=))"
-        )
-    return said + (
-        "No queue consumed has a similar name: start an engine that consumes it "
-        f"(queues=[{queue!r}], or `memable worker --queues {queue}`)"
-    )
+        return said + (f"The closest queue consumed is {closest[0]!r}: if that is a typo, use one "
+                       "name where the instance is invoked and in the worker (engine.queue, "
+                       "register(..., queue=), invoke(..., queue=))")
+    return said + ("No queue consumed has a similar name: start an engine that consumes it "
+                   f"(queues=[{queue!r}], or `memable worker --queues {queue}`)")

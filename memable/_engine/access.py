@@ -1,7 +1,6 @@
 """What memable's own modules read of an engine beyond its public API (not for users).
 
-The only readers of its store and runner outside ``memable._engine.engine``, for
-``memable.testing``, the dashboard and the worker.
+The only readers of its store and runner outside ``memable._engine.engine``.
 
 >>> from memable import Engine
 >>> from memable._engine import access

@@ -28,10 +28,8 @@ def stored_row(store: RunStore, workflow: str, instance_id: str) -> InstanceRow:
     return row
 
 
-def decode_output(
-    workflows: dict[str, Workflow], workflow: str, instance_id: str, output: str | None,
-    output_type: str | None,
-) -> Any:
+def decode_output(workflows: dict[str, Workflow], workflow: str, instance_id: str,
+                  output: str | None, output_type: str | None) -> Any:
     """The stored output of a Completed instance, rebuilt as its workflow returns it.
 
     >>> decode_output({}, "wf", "i-1", '{"n": 1}', None)

@@ -1,8 +1,7 @@
 """Which store a target names, and opening it: a SQLite file (or memory) or PostgreSQL.
 
 ``postgresql://`` or ``postgres://`` is PostgreSQL (psycopg imported only then); ``sqlite:``
-URLs are spelled as SQLAlchemy does. Any other scheme of two letters or more (one is a
-Windows drive) raises ``StorageError``, creating nothing; the rest is a SQLite file's path.
+URLs are spelled as SQLAlchemy does; any other scheme creates nothing.
 """
 
 from __future__ import annotations
@@ -21,10 +20,8 @@ DEFAULT_SCHEMA = "memable"
 #: A URL's scheme at the start of a target (RFC 3986), and what follows it.
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):(.*)", re.DOTALL)
 #: The schemes a target may start with, as the refusals name them.
-ACCEPTED = (
-    "a SQLite file's path, sqlite:///relative/path, sqlite:////absolute/path, "
-    "sqlite:// (memory), or a postgresql:// or postgres:// URL"
-)
+ACCEPTED = ("a SQLite file's path, sqlite:///relative/path, sqlite:////absolute/path, "
+            "sqlite:// (memory), or a postgresql:// or postgres:// URL")
 
 
 def resolve_target(target: str | os.PathLike[str]) -> str | os.PathLike[str] | None:
@@ -53,8 +50,7 @@ def resolve_target(target: str | os.PathLike[str]) -> str | os.PathLike[str] | N
     if not rest.startswith("//"):  # perhaps a file named so
         hint += " (a file whose name has ':' in it: write ./ before it)"
     raise StorageError(
-        f"{scheme + ':'!r} is not a store memable opens: a store is {ACCEPTED}{hint}"
-    )
+        f"{scheme + ':'!r} is not a store memable opens: a store is {ACCEPTED}{hint}")
 
 
 def _sqlite_path(target: str, rest: str) -> str | None:
@@ -88,10 +84,8 @@ def check_target(target: object, schema: object) -> None:
         check_schema_name(schema)
 
 
-def open_store(
-    target: str | os.PathLike[str] | None, synchronous: Synchronous, *,
-    schema: str | None = None, create: bool = True, pool_size: int = 10,
-) -> Store:
+def open_store(target: str | os.PathLike[str] | None, synchronous: Synchronous, *,
+               schema: str | None = None, create: bool = True, pool_size: int = 10) -> Store:
     """Open the store ``target`` names (None, or ``sqlite://``: SQLite in memory)."""
     if target is not None:
         check_target(target, schema)
@@ -105,10 +99,8 @@ def open_store(
                 "'memable-engine[postgres]', or from a checkout pip install '.[postgres]' "
                 f"({exc})"
             ) from None
-        return PostgresStore(
-            str(target), synchronous, schema=schema or DEFAULT_SCHEMA, create=create,
-            pool_size=pool_size,
-        )
+        return PostgresStore(str(target), synchronous, schema=schema or DEFAULT_SCHEMA,
+                             create=create, pool_size=pool_size)
     from .._sqlite.store import SQLiteStore
 
     return SQLiteStore(target, synchronous, create=create)

@@ -7,10 +7,7 @@ costs more Python than the round trip (the client's CPU, measured: a three-colum
 ``SELECT`` 75 µs through ``Connection.execute``, 35 µs so; a claim 400 µs through the
 pipeline, 270 as one text). On the store's own connections (``prepares``), a statement with
 named parameters is prepared in the text that first sends it (again, renamed, if that text
-failed) and run by ``EXECUTE`` after; its arguments are written into the text (a string
-quoted by libpq), typed as psycopg would: a string or None as ``unknown``, a number or bool
-as itself; anything else psycopg quotes. A rollback deallocates every statement of its
-connection and ``forget``s them.
+failed) and run by ``EXECUTE`` after, its arguments written into the text (``_bind``).
 """
 
 from __future__ import annotations
@@ -32,9 +29,8 @@ Parameters = Mapping[str, Any] | Sequence[Any] | None
 #: A statement and its parameters.
 Statement = tuple[str, Parameters]
 
-#: How many statements one connection keeps prepared: past that, the one used longest
-#: ago is deallocated, so statements built per call (a purge's ``IN`` list, an
-#: operator's filter) never pile up on the server.
+#: Statements one connection keeps prepared: past that, the one used longest ago is
+#: deallocated, so statements built per call (a purge's ``IN`` list) never pile up.
 PREPARED = 256
 #: The names of statements prepared, unique in this process.
 _NAMES = itertools.count(1)
@@ -48,8 +44,7 @@ _IDLE = psycopg.pq.TransactionStatus.IDLE
 #: A statement prepared on a connection: its name, and the start of the ``EXECUTE`` that
 #: runs it (its arguments follow, then a closing parenthesis if it has any).
 _Prepared = tuple[str, bytes]
-# _sessions_lock guards _sessions: per libpq connection (the same under any wrapper of
-# it), what ``send`` keeps of it (``_Session``).
+# _sessions_lock guards _sessions: per libpq connection (under any wrapper), its ``_Session``.
 _sessions_lock = threading.Lock()
 _sessions: weakref.WeakKeyDictionary[Any, _Session] = weakref.WeakKeyDictionary()
 
@@ -103,8 +98,7 @@ def send(conn: psycopg.Connection[Any], statements: list[Statement]) -> list[Rea
             session = _sessions[conn.pgconn] = _Session(conn)
     prepared = session.prepared
     encoding = session.encoding
-    # The text's statements, and for each whether its result is one of ``statements``'
-    # (not a PREPARE or a DEALLOCATE added here).
+    # The text's statements, and whether each is one of ``statements`` (else added here).
     parts: list[bytes] = []
     answers: list[bool] = []
     made: dict[tuple[str, tuple[str, ...]], _Prepared] = {}
@@ -159,8 +153,7 @@ def run_text(conn: psycopg.Connection[Any], text: bytes) -> list[Any]:
         pgconn = conn.pgconn
         if pgconn.status != _OK:
             raise psycopg.OperationalError("the connection is closed")
-        # Not autocommit (a connection handed in): a transaction begins first, as psycopg
-        # begins one before its first statement.
+        # Not autocommit (a connection handed in): begin first, as psycopg does.
         begin = not conn.autocommit and pgconn.transaction_status == _IDLE
         pgconn.send_query(b"BEGIN; " + text if begin else text)
         results: list[Any] = conn.wait(generators.execute(pgconn))
@@ -169,10 +162,9 @@ def run_text(conn: psycopg.Connection[Any], text: bytes) -> list[Any]:
 
 def _bind(conn: psycopg.Connection[Any], session: _Session, values: list[Any]) -> tuple[
         tuple[str, ...], bytes]:
-    """The types ``values`` are prepared with (as psycopg sends them: a string or None as
-    ``unknown``, an int as the smallest integer type that holds it), and the values as
-    the arguments of an ``EXECUTE``: quoted by libpq (a string), written out (a number,
-    None, a bool), else by psycopg."""
+    """The types ``values`` are prepared with (as ``_type_of``), and the values as an
+    ``EXECUTE``'s arguments: quoted by libpq (a string), written out (a number, None, a
+    bool), else by psycopg."""
     types: list[str] = []
     literals: list[bytes] = []
     for value in values:
@@ -229,8 +221,7 @@ def _parameters(sql: str) -> tuple[str, ...]:
 _NAMES_OF: dict[str, tuple[str, ...]] = {}
 
 
-def _prepare(sql: str, types: tuple[str, ...], names: tuple[str, ...]) -> tuple[
-        _Prepared, str]:
+def _prepare(sql: str, types: tuple[str, ...], names: tuple[str, ...]) -> tuple[_Prepared, str]:
     """``sql`` prepared under a new name (its name, and its ``EXECUTE`` up to the
     arguments, ``names`` in order), and its ``PREPARE``, with those ``types``.
 
@@ -250,8 +241,7 @@ def _prepare(sql: str, types: tuple[str, ...], names: tuple[str, ...]) -> tuple[
 
 
 def _type_of(value: Any) -> str:
-    """The type a parameter of this value is prepared with: as psycopg sends it (an int
-    as the smallest integer type that holds it)."""
+    """The type a parameter of this value is prepared with, as psycopg sends it."""
     if isinstance(value, bool):
         return "boolean"
     if isinstance(value, int):

@@ -1,9 +1,8 @@
 """Wake-ups across hosts: one connection per engine LISTENs on its store's channel.
 
 A transaction storing a signal, a cancel or a timer NOTIFYs (``pg_notify``: only a commit
-sends it); the listener hands other engines' notices to the runner's ``Changed``. Notices are
-lost while the connection is down, so each (re)connect asks for a poll. A transaction-mode
-pooler (PgBouncer) accepts LISTEN and loses every notice, so the listener probes itself after
+sends it); the listener hands other engines' notices to the runner's ``Changed``. A
+transaction-mode pooler (PgBouncer) loses every notice, so the listener probes itself after
 each LISTEN and, unheard within ``PROBE_WAIT`` s, warns once: the poll carries on alone.
 """
 
@@ -21,8 +20,7 @@ import psycopg
 from .._log import log
 from .schema import quote_ident
 
-#: ``changed(kind, workflow, instance_id)``: kind is "signal", "cancel",
-#: "timer", or "poll" (look at the whole store; workflow and id are None).
+#: ``changed(kind, workflow, instance_id)``, e.g. "signal"; "poll" (no workflow, id): look at all.
 Changed = Callable[[str, "str | None", "str | None"], None]
 #: NOTIFY payloads must stay under 8000 bytes; a longer one names no instance.
 MAX_PAYLOAD = 7900
@@ -63,19 +61,16 @@ def parse(text: str, me: str) -> tuple[str, str | None, str | None] | None:
 
 
 class Listener(threading.Thread):
-    """One named daemon thread per started engine on a PostgreSQL store: a daemon on purpose,
-    holding nothing that must finish (the poll finds a lost notice), so a program that
-    forgets ``stop()`` still exits."""
+    """A daemon thread per started engine on a PostgreSQL store: it holds nothing that must
+    finish (the poll finds a lost notice), so a program that forgets ``stop()`` still exits."""
 
     #: Seconds between looks at the stop flag while no notice comes.
     TICK = 0.25
     #: Seconds within which the listener must hear its own probe.
     PROBE_WAIT = 5.0
 
-    def __init__(
-        self, connect: Callable[[], psycopg.Connection[Any]], channel: str, me: str,
-        changed: Changed, probe: Callable[[str], None],
-    ) -> None:
+    def __init__(self, connect: Callable[[], psycopg.Connection[Any]], channel: str, me: str,
+                 changed: Changed, probe: Callable[[str], None]) -> None:
         super().__init__(name="memable-listen", daemon=True)
         self._connect = connect
         self._channel = channel
@@ -150,10 +145,8 @@ class Listener(threading.Thread):
     def _unheard(self) -> None:
         """The probe never came back: LISTEN is accepted but loses every notice."""
         if not self.unheard.is_set():
-            log.warning(
-                "notices from the store do not arrive on the listening connection "
-                "(a transaction-mode pooler such as PgBouncer?); relying on the poll"
-            )
+            log.warning("notices from the store do not arrive on the listening connection "
+                        "(a transaction-mode pooler such as PgBouncer?); relying on the poll")
         self.unheard.set()
 
     def _tell(self, kind: str, workflow: str | None, instance_id: str | None) -> None:

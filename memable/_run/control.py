@@ -14,9 +14,8 @@ class Suspension(BaseException):
     """Unwinds a workflow that must wait for a signal, a timer or a retry backoff; the runner
     records ``waiting`` (and ``deadline``) as it ends the run Suspended."""
 
-    def __init__(
-        self, key: str, message: str, waiting: StepWrite, deadline: float | None = None
-    ) -> None:
+    def __init__(self, key: str, message: str, waiting: StepWrite,
+                 deadline: float | None = None) -> None:
         super().__init__(key, message)
         self.key = key
         self.message = message

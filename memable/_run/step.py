@@ -19,21 +19,16 @@ T = TypeVar("T")
 class StepRunner(Protocol):
     """What runs a built step: the run's ``Context`` (the builder only describes it)."""
 
-    def _run_step(
-        self, step: Step, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> Any: ...
+    def _run_step(self, step: Step, fn: Callable[..., Any], args: tuple[Any, ...],
+                  kwargs: dict[str, Any]) -> Any: ...
 
-    def _map_step(
-        self, step: Step, fn: Callable[[T], Any], items: Iterable[T], max_concurrency: int
-    ) -> list[Any]: ...
+    def _map_step(self, step: Step, fn: Callable[[T], Any], items: Iterable[T],
+                  max_concurrency: int) -> list[Any]: ...
 
 
 @attrs.frozen
 class Step:
     """A step under construction: ``ctx.step(key)``, then ``.run(fn, ...)`` or ``.map(fn, items)``.
-
-    In between, ``.returns(T)``, ``.timeout(d)`` and ``.retry(policy)``, in any order, each
-    return a new ``Step``; nothing happens until ``run``.
 
     >>> from memable import Engine
     >>> def wf(ctx):
@@ -70,9 +65,6 @@ class Step:
     def timeout(self, duration: float | timedelta) -> Step:
         """Fail the step with ``StepTimeout`` if ``fn`` runs longer than the given duration.
 
-        ``fn`` runs on a thread of its own; a result that arrives after the deadline is never
-        stored, so a later run executes the step again. A stored step returns at once.
-
         >>> import threading
         >>> from memable import Engine
         >>> release = threading.Event()
@@ -85,14 +77,10 @@ class Step:
         failed: step 'slow:v1' failed: StepTimeout: timed out after 0.05 s: ...
         >>> release.set()
         """
-        seconds = positive_seconds(duration, "step timeout")
-        return attrs.evolve(self, timeout_seconds=seconds)
+        return attrs.evolve(self, timeout_seconds=positive_seconds(duration, "step timeout"))
 
     def retry(self, policy: Retry) -> Step:
         """Retry the step by ``policy`` when it fails (over the engine's ``retry`` option).
-
-        Each failed attempt is recorded (``StepRecord.attempts``, ``error``); the error that
-        ends the retries fails the workflow, its message giving the number of attempts.
 
         >>> from memable import Engine, Retry, StepError
         >>> def wf(ctx):
@@ -111,12 +99,7 @@ class Step:
     def run(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
         """Return the stored result of this key, or run ``fn(*args, **kwargs)`` and store it.
 
-        The result is stored, in its own transaction, and returned as the store rebuilds it
-        (as ``.returns(T)``, else ``fn``'s return annotation, else the value's class): the
-        first run sees what every replay will. An async ``fn`` raises ``TypeError`` before
-        anything runs. If ``fn`` raises, or returns a value that cannot be stored
-        (``SerializationError``), the step is recorded failed and the error propagates; a
-        later run executes it again.
+        If ``fn`` raises, the step is recorded failed and the error propagates.
 
         >>> from memable import Engine
         >>> calls = []
@@ -140,10 +123,6 @@ class Step:
     def map(self, fn: Callable[[T], R], items: Iterable[T], *, max_concurrency: int = 8
             ) -> list[R]:
         """Run ``fn(item)`` for each item as a step of its own, side by side; their results.
-
-        Item ``i`` is the step ``"{key}[{i}]"``, built as this one. Every item runs to its end
-        (``max_concurrency`` at once) and those that completed are stored; then the first
-        failed item (by index) raises its error, and a later run executes only the rest.
 
         >>> from memable import Engine
         >>> calls = []

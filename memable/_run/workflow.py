@@ -105,10 +105,8 @@ class Workflow:
     ctx_name: str = "ctx"
 
     @classmethod
-    def of(
-        cls, name: str, fn: Callable[..., Any], queue: str | None = None,
-        timeout: float | None = None, *, context: type | None = None,
-    ) -> Workflow:
+    def of(cls, name: str, fn: Callable[..., Any], queue: str | None = None,
+           timeout: float | None = None, *, context: type | None = None) -> Workflow:
         """Check ``fn``'s signature and read its annotations; ``TypeError`` for an async ``fn``,
         or a first parameter annotated with a class that cannot hold a ``context``.
 
@@ -121,23 +119,17 @@ class Workflow:
         """
         if is_async(fn):
             raise async_refusal(f"workflow {name!r}", fn)
-        params = [
-            p for p in inspect.signature(fn).parameters.values()
-            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-        ]
+        params = [p for p in inspect.signature(fn).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
         if not 1 <= len(params) <= 2:
-            raise TypeError(
-                f"workflow {name!r} must take (ctx) or (ctx, input), "
-                f"not {len(params)} positional parameters: the Context comes first, "
-                "then the input if it takes one"
-            )
+            raise TypeError(f"workflow {name!r} must take (ctx) or (ctx, input), "
+                            f"not {len(params)} positional parameters: the Context comes first, "
+                            "then the input if it takes one")
         hints = hints_of(fn)
         first = hints.get(params[0].name)
         if context is not None and first is not None and not _holds(first, context):
-            todo = (
-                f"write def {getattr(fn, '__name__', 'fn')}(ctx, {params[0].name})"
-                if len(params) == 1 else "put the Context first, then the input"
-            )
+            todo = (f"write def {getattr(fn, '__name__', 'fn')}(ctx, {params[0].name})"
+                    if len(params) == 1 else "put the Context first, then the input")
             raise TypeError(
                 f"workflow {name!r} must take the Context as its first positional "
                 f"parameter, but {params[0].name!r} is annotated {_named(first)}: {todo}"

@@ -44,8 +44,7 @@ _VERSION = struct.Struct("=I")  # native order
 _WALINDEX_VERSION = 3007000
 
 
-#: The connection's own (``TEMP``) triggers: tell its ``RunChecks`` of each status or owner
-#: change, and each deletion, of an instance by any statement.
+#: ``TEMP`` triggers: tell the connection's ``RunChecks`` of an instance's status, owner, deletion.
 _TRIGGERS = """
 CREATE TEMP TRIGGER IF NOT EXISTS memable_status_changed
 AFTER UPDATE OF status, owner ON main.instances
@@ -132,19 +131,16 @@ def _sqlite_descriptor(shm: str) -> int | None:
 def _libc() -> Any:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [
-        ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-        ctypes.c_long,
-    ]
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
     libc.munmap.restype = ctypes.c_int
     libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     return libc
 
 
 class RunChecks:
-    """The instances a store may report running and owned without reading them. Called only
-    under the store's connection lock, which guards every field; ``counter`` None: no other
-    connection can reach the store."""
+    """Instances a store may report running and owned unread; called under the store's
+    connection lock, which guards every field. ``counter`` None: no other connection reaches it."""
 
     def __init__(self, conn: sqlite3.Connection, counter: ShmCounter | None) -> None:
         self._conn = conn
@@ -185,9 +181,8 @@ class RunChecks:
         return self._conn.total_changes
 
     def after_write(self, before: int, ok: bool) -> None:
-        """After a transaction (``ok``: committed, no write refused): apply its events in
-        order; one that changed rows made one commit. A failed one makes the next look forget
-        all."""
+        """After a transaction (``ok``: committed, no write refused): apply its events in order;
+        one that changed rows made one commit. A failed one makes the next look forget all."""
         expected, events, self._events = self._expected, self._events, []
         if not ok or expected is None or expected[1] != before:
             self._running.clear()

@@ -36,9 +36,8 @@ def bind(dashboard: Dashboard, host: str, port: int) -> BaseWSGIServer:
         raise OSError("the address is in use") from None
 
 
-def serve(
-    server: BaseWSGIServer, *, read_only: bool, announce: Callable[[str], None] = print
-) -> None:
+def serve(server: BaseWSGIServer, *, read_only: bool,
+          announce: Callable[[str], None] = print) -> None:
     """Serve until ``server.shutdown()`` or KeyboardInterrupt (SIGINT), then close the
     socket; ``announce`` is told the address first."""
     host = server.host

@@ -1,5 +1,4 @@
-"""Cancelling an instance (an operator's, or a workflow timeout's): it and its descendants
-stop for good."""
+"""Cancelling an instance and its descendants, for good (an operator's or a timeout's)."""
 
 from __future__ import annotations
 
@@ -10,11 +9,9 @@ from ..transaction import Transaction
 from . import children
 
 #: One instance cancelled: it ends, waits for nothing more.
-CANCEL = (
-    "UPDATE instances SET status = 'cancelled', message = NULL, waiting_for = NULL, "
-    "children_pending = NULL, updated_at = :at, completed_at = :at "
-    "WHERE workflow = :workflow AND instance_id = :instance_id"
-)
+CANCEL = ("UPDATE instances SET status = 'cancelled', message = NULL, waiting_for = NULL, "
+          "children_pending = NULL, updated_at = :at, completed_at = :at "
+          "WHERE workflow = :workflow AND instance_id = :instance_id")
 #: A cancelled instance's timers: none of them fires any more.
 DROP_TIMERS = "DELETE FROM timers WHERE workflow = :workflow AND instance_id = :instance_id"
 
@@ -31,13 +28,11 @@ def cancel(tx: Transaction, workflow: str, instance_id: str, now: float) -> Ende
 
 
 def cancel_in(tx: Transaction, workflow: str, instance_id: str, now: float) -> Ended:
-    """Cancel the instance (locked by the caller) and its descendants not ended, dropping
-    their timers and telling their engines; settle its parent's step. Rows are locked top
-    down, a child's end (``instances.finish``) bottom up: one is refused as a deadlock and
-    retried."""
+    """Cancel the instance (locked by the caller) and its descendants not ended, dropping their
+    timers and telling their engines; settle its parent's step. Rows are locked top down, a
+    child's end (``instances.finish``) bottom up: one is refused as a deadlock and retried."""
     where = {"workflow": workflow, "instance_id": instance_id}
-    descendants = [(str(w), str(i)) for w, i in
-                   tx.execute(children.DESCENDANTS, where).fetchall()]
+    descendants = [(str(w), str(i)) for w, i in tx.execute(children.DESCENDANTS, where).fetchall()]
     at = iso_utc(now)
     # The owners stay: a run in flight stores its current step, then stops.
     for w, i in [(workflow, instance_id), *descendants]:
@@ -46,7 +41,6 @@ def cancel_in(tx: Transaction, workflow: str, instance_id: str, now: float) -> E
         tx.execute(DROP_TIMERS, one)
         tx.notify("cancel", w, i)
     parent = tx.execute(children.PARENT_OF, where).fetchone()
-    wake = children.settle_parent(
-        tx, tuple(parent), status="cancelled", message="cancelled", output=None, at=now,
-    )
+    wake = children.settle_parent(tx, tuple(parent), status="cancelled", message="cancelled",
+                                  output=None, at=now)
     return Ended(wake=wake, cancelled=descendants)

@@ -13,15 +13,7 @@ from __future__ import annotations
 from ..._clock import iso_utc
 from ..control import LostInstance, RunCancelled
 from ..liveness import OWNER_SUFFIX
-from ..rows import (
-    UNREACHED,
-    Claim,
-    InstanceRow,
-    RunSnapshot,
-    StepWrite,
-    instance_row,
-    step_params,
-)
+from ..rows import UNREACHED, Claim, InstanceRow, RunSnapshot, StepWrite, instance_row, step_params
 from ..transaction import Transaction
 from .children import refuse_taken
 from .instances import (
@@ -36,8 +28,7 @@ from .instances import (
 )
 from .steps import SELECT_RUN_STEPS, stored_step
 
-# A claim that takes a running instance from another owner (dead: the claim's
-# WHERE says so) recovers it; the expressions of one UPDATE see the old row.
+# Taking a running row from another (dead) owner recovers it; each SET term sees the old row.
 _RECOVERED = "status = 'running' AND owner IS NOT NULL AND owner <> :me"
 # The old owner by host and pid: its id without its random suffix (``liveness.owner_id``).
 _OWNER_NAME = f"""CASE WHEN substr(owner, length(owner) - {OWNER_SUFFIX}, 1) = ':'
@@ -85,10 +76,8 @@ _CLAIMABLE: dict[Claim, str] = {
     "recover": f"status = 'running' AND {_OWNER_FREE}",
 }
 #: The instance's row, locked, unless another transaction holds it (SQLite: writers take turns).
-_UNLESS_HELD = (
-    "(workflow, instance_id) IN (SELECT workflow, instance_id FROM instances "
-    "WHERE workflow = :workflow AND instance_id = :instance_id{skip_locked})"
-)
+_UNLESS_HELD = ("(workflow, instance_id) IN (SELECT workflow, instance_id FROM instances "
+                "WHERE workflow = :workflow AND instance_id = :instance_id{skip_locked})")
 #: The claim itself: the instance's row as it writes it, if it may take it.
 _TAKE: dict[Claim, str] = {
     claim: f"UPDATE instances SET {CLAIM_SET} WHERE workflow = :workflow "
@@ -99,17 +88,15 @@ _TAKE: dict[Claim, str] = {
 }
 
 
-def create(
-    tx: Transaction, row: InstanceRow, start_at: float | None = None, token: str | None = None
-) -> bool:
+def create(tx: Transaction, row: InstanceRow, start_at: float | None = None,
+           token: str | None = None) -> bool:
     """Create the instance ``row``; False, and nothing written, if its id is taken. Without
     ``start_at`` it may run as one statement, retried with ``token`` (``insert_instance``);
     with it (epoch seconds), the instance waits on a timer step at ``START_KEY``."""
     if not insert_instance(tx, row, token):
         return False
     if start_at is not None:
-        params = {"workflow": row.workflow, "instance_id": row.instance_id,
-                  "deadline": start_at}
+        params = {"workflow": row.workflow, "instance_id": row.instance_id, "deadline": start_at}
         tx.execute(INSERT_START_STEP, params)
         tx.execute(INSERT_START_TIMER, params)
         tx.notify("timer", row.workflow, row.instance_id)
@@ -119,10 +106,9 @@ def create(
 
 
 def start_children(tx: Transaction, waits: list[StepWrite], rows: list[InstanceRow]) -> list[str]:
-    """Record a parent's child steps ``waits`` as waiting and create the children ``rows``
-    (of one workflow), atomically, if the parent is ours and running; the ids created. An
-    existing child id is kept (a parent that crashed after starting it never makes a second)
-    if it is this parent's child at that key (else ``ChildIdTaken``)."""
+    """Record a parent's child steps ``waits`` as waiting and create its children ``rows`` (one
+    workflow's) atomically, if it is ours and running; the ids created. An id already its child
+    at that key is kept (a crashed parent makes no second), else ``ChildIdTaken``."""
     workflow, instance_id = waits[0].workflow, waits[0].instance_id
     found = tx.lock_instance(workflow, instance_id)
     if found is None or found[1] != tx.owner:
@@ -139,15 +125,13 @@ def start_children(tx: Transaction, waits: list[StepWrite], rows: list[InstanceR
     return created
 
 
-def begin_run(
-    tx: Transaction, workflow: str, instance_id: str, *, now: float, claim: Claim
-) -> RunSnapshot | None:
+def begin_run(tx: Transaction, workflow: str, instance_id: str, *, now: float,
+              claim: Claim) -> RunSnapshot | None:
     """Claim the instance for a run here, as ``claim`` allows, at ``now`` (epoch seconds);
     None, and nothing written, if unknown, not claimable, or held by another transaction.
     A queue's instance is marked queued instead, its snapshot with no steps."""
     where = {"workflow": workflow, "instance_id": instance_id}
-    # The steps are read by a statement of their own, after the claim took the row: it
-    # sees every step the previous owner committed, and that owner can write no more.
+    # Read after the claim took the row: every step the old owner committed; it can write no more.
     taken, steps = tx.execute_each((_TAKE[claim], {
         **where, "me": tx.owner, "at": iso_utc(now), "claim": claim,
         "now": now,  # the engine's clock (SQLite)
@@ -156,8 +140,7 @@ def begin_run(
         return None
     instance = instance_row(INSTANCE_COLUMNS, taken[0])
     if instance.lost_owner is not None and instance.lost_step is not None:
-        tx.execute(COUNT_LOST, {**where, "key": instance.lost_step,
-                                "lost_by": instance.lost_by})
+        tx.execute(COUNT_LOST, {**where, "key": instance.lost_step, "lost_by": instance.lost_by})
         steps = tx.execute(SELECT_RUN_STEPS, where).fetchall()  # with the lost execution
     if instance.status == "queued":  # it waits for a slot: nothing to run yet
         tx.notify("queued", workflow, instance_id)

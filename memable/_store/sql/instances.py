@@ -1,5 +1,4 @@
-"""The SQL of instances and their keys, written once for both stores (``:name`` parameters):
-creation, waits, a run's end, resumes, trace context and workflow timeouts."""
+"""The SQL of instances and their keys, written once for both stores (``:name`` parameters)."""
 
 from __future__ import annotations
 
@@ -19,47 +18,25 @@ from .steps import OWNED_ROW
 
 #: The columns of an instance row, in ``InstanceRow``'s order, with their types.
 INSTANCE_COLUMNS: dict[str, type] = {
-    "workflow": str,
-    "instance_id": str,
-    "status": str,
-    "message": str,
-    "input": str,
-    "input_type": str,
-    "output": str,
-    "output_type": str,
-    "created_at": str,
-    "updated_at": str,
-    "completed_at": str,
+    "workflow": str, "instance_id": str, "status": str, "message": str, "input": str,
+    "input_type": str, "output": str, "output_type": str, "created_at": str,
+    "updated_at": str, "completed_at": str,
     "waiting_for": str,  # v2: the signal or timer key a suspended instance waits on
     "owner": str,  # v3: the engine running the instance (owners.id), NULL when none
     # v6: the last status message, the step in flight (heartbeat) and since when, a traceback
-    "status_message": str,
-    "step_key": str,
-    "step_started": str,
-    "traceback": str,
+    "status_message": str, "step_key": str, "step_started": str, "traceback": str,
     # v7: a child's parent (workflow, id, step key, children group); a group's children pending
-    "parent_workflow": str,
-    "parent_id": str,
-    "parent_key": str,
-    "parent_group": str,
+    "parent_workflow": str, "parent_id": str, "parent_key": str, "parent_group": str,
     "children_pending": int,
     # v8: its queue, priority (lower first) and when it became runnable there
-    "queue": str,
-    "priority": int,
-    "queued_at": str,
+    "queue": str, "priority": int, "queued_at": str,
     # v9: recoveries from a dead owner, the last such owner and the step it had in flight
-    "recoveries": int,
-    "lost_owner": str,
-    "lost_step": str,
-    # v10: the schedule whose tick the instance is
-    "schedule": str,
+    "recoveries": int, "lost_owner": str, "lost_step": str,
+    "schedule": str,  # v10: the schedule whose tick the instance is
     # v11: the trace context its next run continues (W3C), and why a queued claim was made
-    "traceparent": str,
-    "run_reason": str,
+    "traceparent": str, "run_reason": str,
     # v13: the workflow timeout (s), its deadline (epoch s), and its queue's per-key key
-    "timeout": float,
-    "timeout_at": float,
-    "concurrency_key": str,
+    "timeout": float, "timeout_at": float, "concurrency_key": str,
     # v14: the last recovery's lost owner by host and pid, and "died" or "stalled ..."
     "lost_by": str,
 }
@@ -67,16 +44,12 @@ INSTANCE_COLUMNS: dict[str, type] = {
 _COLUMNS = ", ".join(INSTANCE_COLUMNS)
 #: A new instance's row unless its id is taken, with the creating call's token
 #: (``created_by``: SQLite schema 15, PostgreSQL 10), by which a retried call knows its row.
-INSERT_INSTANCE = (
-    f"INSERT INTO instances ({_COLUMNS}, created_by) "
-    f"VALUES ({', '.join(f':{name}' for name in INSTANCE_COLUMNS)}, :created_by) "
-    "ON CONFLICT DO NOTHING"
-)
+INSERT_INSTANCE = (f"INSERT INTO instances ({_COLUMNS}, created_by) "
+                   f"VALUES ({', '.join(f':{name}' for name in INSTANCE_COLUMNS)}, :created_by) "
+                   "ON CONFLICT DO NOTHING")
 #: The instance, if the call of the token ``created_by`` created it.
-CREATED_BY = (
-    "SELECT 1 FROM instances WHERE workflow = :workflow AND instance_id = :instance_id "
-    "AND created_by = :created_by"
-)
+CREATED_BY = ("SELECT 1 FROM instances WHERE workflow = :workflow AND instance_id = :instance_id "
+              "AND created_by = :created_by")
 _ARRAY_OF = {str: "text[]", int: "integer[]", float: "double precision[]"}
 #: New instances' rows from one array per column (``array_parameters``); the ids created.
 INSERT_INSTANCES = (
@@ -107,10 +80,8 @@ def insert_instances(tx: Transaction, rows: list[InstanceRow]) -> list[str]:
     if not tx.dialect.array_parameters:
         return [row.instance_id for row in rows if insert_instance(tx, row)]
     owned = [_owned_row(tx, row) for row in rows]
-    columns: dict[str, list[Any]] = {
-        name: [_as(kind, getattr(row, name)) for row in owned]
-        for name, kind in INSTANCE_COLUMNS.items()
-    }
+    columns: dict[str, list[Any]] = {name: [_as(kind, getattr(row, name)) for row in owned]
+                                      for name, kind in INSTANCE_COLUMNS.items()}
     made = {str(found[0]) for found in tx.execute(INSERT_INSTANCES, columns).fetchall()}
     return [row.instance_id for row in rows if row.instance_id in made]
 
@@ -141,10 +112,8 @@ WHERE steps.state = 'failed' AND steps.kind = excluded.kind
 """
 
 #: A key whose wait is over (as ``memable._store.rows.settled`` says).
-SETTLED = (
-    "(steps.state IN ('completed', 'timed_out') "
-    "OR (steps.kind = 'child' AND steps.state = 'failed'))"
-)
+SETTLED = ("(steps.state IN ('completed', 'timed_out') "
+           "OR (steps.kind = 'child' AND steps.state = 'failed'))")
 #: The awaited key's row (``steps``) is settled, or a retry backoff whose timer is gone.
 _AWAITED_DONE = f"""({SETTLED} OR (
     steps.kind = 'step' AND NOT EXISTS (SELECT 1 FROM timers
@@ -217,10 +186,9 @@ def finish(tx: Transaction, workflow: str, instance_id: str, end: RunEnd) -> End
     *parent, queue = found
     if queue is not None:  # a slot is free: tell the queue's consumers
         tx.notify("queued", workflow, instance_id)
-    wake = children.settle_parent(
-        tx, (parent[0], parent[1], parent[2], parent[3]), status=end.status,
-        message=end.message, output=end.output, at=end.at,
-    )
+    wake = children.settle_parent(tx, (parent[0], parent[1], parent[2], parent[3]),
+                                  status=end.status, message=end.message, output=end.output,
+                                  at=end.at)
     return Ended(wake=wake)
 
 
@@ -268,9 +236,8 @@ def mark_resumable(tx: Transaction, workflow: str, instance_id: str, now: float)
     return status
 
 
-def resume_failure(
-    tx: Transaction, workflow: str, instance_id: str, failed_at: str, now: float
-) -> bool:
+def resume_failure(tx: Transaction, workflow: str, instance_id: str, failed_at: str,
+                   now: float) -> bool:
     """Resume one failed instance as ``mark_resumable`` does, only if it still holds the failure
     counted (``completed_at`` = ``failed_at``) and is no handled child; whether it was."""
     params = {"workflow": workflow, "instance_id": instance_id, "failed_at": failed_at,
@@ -291,22 +258,16 @@ def set_traceparent(tx: Transaction, workflow: str, instance_id: str, traceparen
 #: A delayed start's (``invoke(start_at=)``) timer step's key, at seq -1 (before every step).
 START_KEY = "_start"
 #: A delayed start's timer step and its timer, written with the instance.
-INSERT_START_STEP = (
-    "INSERT INTO steps (workflow, instance_id, key, seq, kind, state, attempts) "
-    "VALUES (:workflow, :instance_id, '_start', -1, 'timer', 'waiting', 0)"
-)
-INSERT_START_TIMER = (
-    "INSERT INTO timers (workflow, instance_id, key, deadline) "
-    "VALUES (:workflow, :instance_id, '_start', :deadline)"
-)
+INSERT_START_STEP = ("INSERT INTO steps (workflow, instance_id, key, seq, kind, state, attempts) "
+                     "VALUES (:workflow, :instance_id, '_start', -1, 'timer', 'waiting', 0)")
+INSERT_START_TIMER = ("INSERT INTO timers (workflow, instance_id, key, deadline) "
+                      "VALUES (:workflow, :instance_id, '_start', :deadline)")
 
 #: The statuses of an instance that a workflow timeout still cancels (it has not ended).
 TIMES_OUT = "status IN ('running', 'suspended', 'queued')"
 #: Armed workflow timeouts (queries repeat its terms, so either database uses this index).
-TIMEOUTS_INDEX = (
-    "CREATE INDEX IF NOT EXISTS instances_by_timeout ON instances (timeout_at) "
-    f"WHERE timeout_at IS NOT NULL AND {TIMES_OUT}"
-)
+TIMEOUTS_INDEX = ("CREATE INDEX IF NOT EXISTS instances_by_timeout ON instances (timeout_at) "
+                  f"WHERE timeout_at IS NOT NULL AND {TIMES_OUT}")
 #: A queue's instances by their concurrency key, for its ``per_key`` count.
 CONCURRENCY_KEY_INDEX = (
     "CREATE INDEX IF NOT EXISTS instances_by_concurrency_key "
@@ -317,21 +278,17 @@ NEXT_TIMEOUT = (
     f"SELECT min(timeout_at) FROM instances WHERE timeout_at IS NOT NULL AND {TIMES_OUT}"
 )
 #: Instances whose workflow timeout passed by ``:now`` (epoch seconds), not ended yet.
-DUE_TIMEOUTS = (
-    "SELECT workflow, instance_id FROM instances "
-    f"WHERE timeout_at IS NOT NULL AND {TIMES_OUT} AND timeout_at <= :now "
-    "ORDER BY timeout_at LIMIT 100"
-)
+DUE_TIMEOUTS = ("SELECT workflow, instance_id FROM instances "
+                f"WHERE timeout_at IS NOT NULL AND {TIMES_OUT} AND timeout_at <= :now "
+                "ORDER BY timeout_at LIMIT 100")
 #: The timeout of an instance still due at ``:now``, read in the transaction cancelling it.
 STILL_DUE = (
     "SELECT timeout FROM instances WHERE workflow = :workflow AND instance_id = :instance_id "
     f"AND timeout_at IS NOT NULL AND {TIMES_OUT} AND timeout_at <= :now"
 )
 #: What a timed-out instance (cancelled in the same transaction) says it ended by.
-SET_TIMED_OUT = (
-    "UPDATE instances SET message = :message, status_message = :message "
-    "WHERE workflow = :workflow AND instance_id = :instance_id"
-)
+SET_TIMED_OUT = ("UPDATE instances SET message = :message, status_message = :message "
+                 "WHERE workflow = :workflow AND instance_id = :instance_id")
 
 
 def any_timeout_due(tx: Transaction, now: float) -> bool:
@@ -340,10 +297,9 @@ def any_timeout_due(tx: Transaction, now: float) -> bool:
 
 
 def time_out_due(tx: Transaction, clock: Callable[[], float], at: float) -> list[TimedOut]:
-    """Cancel each instance whose workflow timeout passed, at ``at`` (epoch seconds); due rows
-    are locked as read, skipping held ones, and read again. "Now" is read from ``clock`` after
-    the store read: an earlier reading may be later than the clock that created an instance,
-    if the clock went back (a frozen test clock), and time it out at once."""
+    """Cancel each instance whose workflow timeout passed, at ``at`` (epoch s); due rows are
+    locked as read, skipping held ones, and read again. ``clock`` is read after the store read:
+    read before, a clock that went back (a frozen test's) could time out a new instance."""
     due = tx.execute(DUE_TIMEOUTS + "{skip_locked}", {"now": clock()}).fetchall()
     now = clock()
     out = []
@@ -359,9 +315,8 @@ def time_out_due(tx: Transaction, clock: Callable[[], float], at: float) -> list
     return out
 
 
-def due_after_read(
-    read: list[Any], clock: Callable[[], float]
-) -> list[tuple[str, str, str, float]]:
+def due_after_read(read: list[Any],
+                   clock: Callable[[], float]) -> list[tuple[str, str, str, float]]:
     """Of the timers ``read`` (workflow, id, key, deadline), those due by ``clock`` read now,
     after the store read (``time_out_due`` says why).
 

@@ -8,9 +8,8 @@ from ..transaction import Transaction
 from .instances import insert_instance
 
 #: The columns of a ``ScheduleRow``, as ``SELECT`` and ``SELECT_ALL`` read them.
-SCHEDULE_COLUMNS = (
-    "name", "cron", "timezone", "workflow", "last_tick", "since", "skipped", "missed",
-)
+SCHEDULE_COLUMNS = ("name", "cron", "timezone", "workflow", "last_tick", "since", "skipped",
+                    "missed")
 COLUMNS = ", ".join(SCHEDULE_COLUMNS)
 SELECT = f"SELECT {COLUMNS} FROM schedules WHERE name = :name"
 SELECT_ALL = f"SELECT {COLUMNS} FROM schedules ORDER BY name"

@@ -30,14 +30,12 @@ AND {OWNED}
 
 
 def deliver(tx: Transaction, write: StepWrite, traceparent: str | None = None) -> None:
-    """Store a signal payload as its key's completed value (and ``traceparent``), its
-    instance's row locked first; at ``UNREACHED`` until the run ``place``s it. The key's
-    deadline is dropped first: a firing holding its row is waited for (the key then timed
-    out), a later one finds none; exactly one takes the key."""
+    """Store a signal as its key's completed value (and ``traceparent``), its instance's row
+    locked first; at ``UNREACHED`` until the run ``place``s it. The key's deadline is dropped
+    first: a firing holding its row is waited for (the key timed out), a later one finds none."""
     workflow, instance_id, key = write.workflow, write.instance_id, write.key
     where = {"workflow": workflow, "instance_id": instance_id, "key": key}
-    # In one round trip where the store can: the lock, then the deadline's drop and the
-    # key's row (undone if the lock's row refuses the signal).
+    # One round trip if it can: the lock, the deadline's drop, the key's row (undone if refused).
     found, _, stored_rows = tx.execute_each(
         (LOCK_INSTANCE, where), (timers.DROP, where), (SELECT_STEP, where))
     if not found:

@@ -5,25 +5,15 @@ from __future__ import annotations
 from ..._clock import iso_utc
 from ..._errors import key_taken
 from ..control import LostInstance
-from ..rows import (
-    RunSnapshot,
-    StepWrite,
-    Suspend,
-    fired_now,
-    instance_row,
-    settled,
-    step_params,
-)
+from ..rows import RunSnapshot, StepWrite, Suspend, fired_now, instance_row, settled, step_params
 from ..transaction import LOCK_INSTANCE, Transaction
 from . import timers
 from .children import PENDING_IN_GROUP
 from .instances import INSERT_WAITING, INSTANCE_COLUMNS
 from .steps import SELECT_RUN_STEPS, SELECT_STEP, UPSERT_STEP, stored_step
 
-_SELECT_INSTANCE = (
-    f"SELECT {', '.join(INSTANCE_COLUMNS)} FROM instances "
-    "WHERE workflow = :workflow AND instance_id = :instance_id"
-)
+_SELECT_INSTANCE = (f"SELECT {', '.join(INSTANCE_COLUMNS)} FROM instances "
+                    "WHERE workflow = :workflow AND instance_id = :instance_id")
 #: The instance suspended on its key (a group: its children pending), nobody's: if still ours.
 _SUSPENDED = """
 UPDATE instances SET status = 'suspended', message = :message, waiting_for = :key,
@@ -33,17 +23,13 @@ AND status = 'running'
 """
 
 
-def suspend(
-    tx: Transaction, waiting: StepWrite, message: str, deadline: float | None, now: float
-) -> Suspend:
-    """End this engine's run at a suspend point, timer, retry backoff or group ``waiting``.
-
-    Only if owned (else ``LostInstance``) and running (else "stopped"), its row locked
-    first. The key is marked waiting (``deadline`` armed once) and the instance suspended
-    and nobody's ("waiting"), unless the key has its outcome (a signal, or a deadline due at
-    ``now``, fired here): then it stays running and ours ("ready"). A group has no row: it
-    waits for its children still waiting.
-    """
+def suspend(tx: Transaction, waiting: StepWrite, message: str, deadline: float | None,
+            now: float) -> Suspend:
+    """End this engine's run at a suspend point, timer, retry backoff or group ``waiting``,
+    if owned (else ``LostInstance``) and running (else "stopped"), its row locked first. The
+    key is marked waiting (``deadline`` armed once) and the instance suspended and nobody's
+    ("waiting"), unless the key has its outcome (a signal, or a deadline due at ``now``, fired
+    here): then it stays running and ours ("ready"). A group waits for its children."""
     workflow, instance_id, key = waiting.workflow, waiting.instance_id, waiting.key
     where = {"workflow": workflow, "instance_id": instance_id, "key": key}
     # One round trip where the store can: the lock, the key's row, its armed deadline.
@@ -57,10 +43,8 @@ def suspend(
         return Suspend("stopped")
     if waiting.kind == "children":  # a group: no row of its own, a count
         prefix = f"{key}["
-        pending = tx.execute(PENDING_IN_GROUP, {
-            "workflow": workflow, "instance_id": instance_id, "n": len(prefix),
-            "prefix": prefix,
-        }).fetchone()[0]
+        pending = tx.execute(PENDING_IN_GROUP, {"workflow": workflow, "instance_id": instance_id,
+                                                "n": len(prefix), "prefix": prefix}).fetchone()[0]
         if not pending:
             return _go_on(tx, workflow, instance_id)
         return _suspended(tx, waiting, message, int(pending), None)
@@ -105,10 +89,8 @@ def _go_on(tx: Transaction, workflow: str, instance_id: str) -> Suspend:
                    snapshot=RunSnapshot(instance_row(INSTANCE_COLUMNS, instance[0]), memo))
 
 
-def _suspended(
-    tx: Transaction, waiting: StepWrite, message: str, pending: int | None,
-    armed: float | None,
-) -> Suspend:
+def _suspended(tx: Transaction, waiting: StepWrite, message: str, pending: int | None,
+               armed: float | None) -> Suspend:
     """Suspend the instance on ``waiting.key`` ("waiting"); "stopped" if no longer ours."""
     suspended = tx.execute(_SUSPENDED, {
         "message": message, "key": waiting.key, "pending": pending, "at": iso_utc(waiting.at),
