@@ -22,10 +22,8 @@ def check_key(key: object, workflow: str, instance_id: str) -> str:
     if not isinstance(key, str) or not key:
         raise InvalidKey(key, "keys are non-empty str", workflow=workflow, instance_id=instance_id)
     if key.startswith("_"):
-        raise InvalidKey(
-            key, "keys starting with '_' are reserved for the engine",
-            workflow=workflow, instance_id=instance_id,
-        )
+        raise InvalidKey(key, "keys starting with '_' are reserved for the engine",
+            workflow=workflow, instance_id=instance_id)
     return key
 
 
@@ -48,8 +46,7 @@ def seconds_of(duration: object, what: str = "duration") -> float:
         seconds = float(duration)
     else:
         raise TypeError(
-            f"{what} is float seconds or a timedelta, not {type(duration).__name__} {duration!r}"
-        )
+            f"{what} is float seconds or a timedelta, not {type(duration).__name__} {duration!r}")
     if math.isnan(seconds) or seconds < 0:
         raise ValueError(f"{what} is >= 0 seconds, not {duration!r}")
     if seconds > MAX_SECONDS:

@@ -83,16 +83,10 @@ class Engine:
 
     @classmethod
     def in_memory(
-        cls,
-        *,
-        max_workers: int = 8,
-        synchronous: Synchronous = "full",
-        poll_interval: float | timedelta = 1.0,
-        lease: float | timedelta = 15.0,
-        recover: bool = True,
-        retry: Retry | None = None,
-        sleep: Callable[[float], None] | None = None,
-        queues: Iterable[str] | None = None,
+        cls, *, max_workers: int = 8, synchronous: Synchronous = "full",
+        poll_interval: float | timedelta = 1.0, lease: float | timedelta = 15.0,
+        recover: bool = True, retry: Retry | None = None,
+        sleep: Callable[[float], None] | None = None, queues: Iterable[str] | None = None,
         retention: float | timedelta | None = None,
     ) -> Engine:
         """An in-memory engine, for tests: ``Engine.open``'s options (``synchronous`` unused).
@@ -109,19 +103,11 @@ class Engine:
 
     @classmethod
     def open(
-        cls,
-        target: str | os.PathLike[str],
-        *,
-        max_workers: int = 8,
-        synchronous: Synchronous = "full",
-        poll_interval: float | timedelta = 1.0,
-        lease: float | timedelta = 15.0,
-        recover: bool = True,
-        retry: Retry | None = None,
-        sleep: Callable[[float], None] | None = None,
-        schema: str | None = None,
-        queues: Iterable[str] | None = None,
-        retention: float | timedelta | None = None,
+        cls, target: str | os.PathLike[str], *, max_workers: int = 8,
+        synchronous: Synchronous = "full", poll_interval: float | timedelta = 1.0,
+        lease: float | timedelta = 15.0, recover: bool = True, retry: Retry | None = None,
+        sleep: Callable[[float], None] | None = None, schema: str | None = None,
+        queues: Iterable[str] | None = None, retention: float | timedelta | None = None,
     ) -> Engine:
         """An engine on the SQLite file ``target`` (created if missing) or a PostgreSQL URL.
 
@@ -154,13 +140,8 @@ class Engine:
         return EngineBuilder(path=target, schema=schema, options=options, factory=Engine).build()
 
     def queue(
-        self,
-        name: str,
-        *,
-        concurrency: int | None = None,
-        per_process: int | None = None,
-        rate: tuple[int, float | timedelta] | None = None,
-        per_key: int | None = None,
+        self, name: str, *, concurrency: int | None = None, per_process: int | None = None,
+        rate: tuple[int, float | timedelta] | None = None, per_key: int | None = None,
     ) -> None:
         """Declare the queue ``name`` and its limits (before ``start``; None is unlimited).
 
@@ -181,20 +162,11 @@ class Engine:
         """
         self._runner.check_fork()
         self._runner.declare_queue(QueueSpec.declare(
-            name, concurrency=concurrency, per_process=per_process, rate=rate, per_key=per_key
-        ))
+            name, concurrency=concurrency, per_process=per_process, rate=rate, per_key=per_key))
 
     def schedule(
-        self,
-        name: str,
-        cron: str,
-        workflow: str,
-        *,
-        input: Any = None,
-        timezone: str = "UTC",
-        queue: str | None = None,
-        catch_up: CatchUp = "latest",
-        overlap: Overlap = "allow",
+        self, name: str, cron: str, workflow: str, *, input: Any = None, timezone: str = "UTC",
+        queue: str | None = None, catch_up: CatchUp = "latest", overlap: Overlap = "allow",
     ) -> None:
         """Invoke ``workflow`` at each tick of ``cron`` in ``timezone`` (before ``start``).
 
@@ -366,16 +338,10 @@ class Engine:
         self.close()
 
     def invoke(
-        self,
-        name: str,
-        input: Any = NO_INPUT,
-        *,
-        instance_id: str | None = None,
-        queue: str | None = None,
-        priority: int = 0,
+        self, name: str, input: Any = NO_INPUT, *, instance_id: str | None = None,
+        queue: str | None = None, priority: int = 0,
         start_at: datetime | float | timedelta | None = None,
-        timeout: float | timedelta | None = None,
-        concurrency_key: str | None = None,
+        timeout: float | timedelta | None = None, concurrency_key: str | None = None,
     ) -> Invocation:
         """Create an instance of workflow ``name`` with ``input`` and start running it.
 
@@ -646,8 +612,7 @@ class Engine:
         """
         self._runner.check_fork()
         self._runner.ended_by_cancel(name, instance_id,
-                                     cancel_instance(self._store, name, instance_id,
-                                                     clock=self._runner.clock))
+            cancel_instance(self._store, name, instance_id, clock=self._runner.clock))
         log.info("cancelled", extra=where(name, instance_id))
 
     def purge(self, older_than: float | timedelta) -> int:
@@ -826,8 +791,7 @@ def _check_tick_input(
         raise ValueError(
             f"input of schedule {spec.name!r}: {given} does not fit the input of workflow "
             f"{spec.workflow!r} (annotated {workflow.input_hint!r}); give input= a value "
-            "of that type"
-        ) from None
+            "of that type") from None
 
 
 def _start_deadline(start_at: object, now: float) -> float:

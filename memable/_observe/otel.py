@@ -61,10 +61,8 @@ class _Run(RunTrace):
     def step(self, key: str, attempt: int) -> StepTrace:
         if not self.recording:
             return super().step(key, attempt)
-        span = self._tracer.start_span(
-            f"step {key}", context=self._context,
-            attributes={"memable.step.key": key, "memable.step.attempt": attempt},
-        )
+        span = self._tracer.start_span(f"step {key}", context=self._context,
+            attributes={"memable.step.key": key, "memable.step.attempt": attempt})
         return _Step(span)
 
     def end(self, outcome: str | None, replayed_steps: int) -> None:
@@ -199,9 +197,8 @@ class OpenTelemetry(Telemetry):
         if instance_id is not None:
             attributes["memable.instance_id"] = instance_id
         with self._tracer.start_as_current_span(
-            f"invoke {workflow}", context=None if current else _context_of(parent),
-            kind=SpanKind.PRODUCER, attributes=attributes,
-        ) as span:
+                f"invoke {workflow}", context=None if current else _context_of(parent),
+                kind=SpanKind.PRODUCER, attributes=attributes) as span:
             if not span.get_span_context().is_valid:
                 yield None
                 return
@@ -226,10 +223,8 @@ class OpenTelemetry(Telemetry):
             return super().run(workflow, instance_id, traceparent, reason)
         span = self._tracer.start_span(
             f"workflow {workflow}", context=_context_of(traceparent) or otel_context.Context(),
-            kind=SpanKind.CONSUMER,
-            attributes={"memable.workflow": workflow, "memable.instance_id": instance_id,
-                        "memable.run.reason": reason},
-        )
+            kind=SpanKind.CONSUMER, attributes={"memable.workflow": workflow,
+                "memable.instance_id": instance_id, "memable.run.reason": reason})
         return _Run(self._tracer, span)
 
     def run_ended(self, workflow: str, outcome: str, seconds: float) -> None:

@@ -54,12 +54,7 @@ class PostgresStore(OperatorReads):
     """A memable store in one schema of a PostgreSQL database."""
 
     def __init__(
-        self,
-        url: str,
-        synchronous: Synchronous,
-        *,
-        schema: str = "memable",
-        create: bool = True,
+        self, url: str, synchronous: Synchronous, *, schema: str = "memable", create: bool = True,
         pool_size: int = 10,
     ) -> None:
         self.schema = schema_.check_schema_name(schema)
@@ -79,9 +74,8 @@ class PostgresStore(OperatorReads):
 
     def _probe(self, text: str) -> None:
         """NOTIFY ``text`` through the pool: how the listener checks that notices arrive."""
-        self._run("probe the notification channel",
-                  lambda conn: conn.execute("SELECT pg_notify(%s, %s)", (self.channel, text)),
-                  transaction=False)
+        self._run("probe the notification channel", lambda conn: conn.execute(
+            "SELECT pg_notify(%s, %s)", (self.channel, text)), transaction=False)
 
     def listen(self, changed: Changed | None) -> None:
         with self._listener_lock:
@@ -90,8 +84,7 @@ class PostgresStore(OperatorReads):
                 self._listener = None
             if changed is not None and not self._db.closed:
                 self._listener = Listener(
-                    self._db.connect, self.channel, self.owner, changed, self._probe
-                )
+                    self._db.connect, self.channel, self.owner, changed, self._probe)
                 self._listener.start()
 
     def create_instance(self, row: InstanceRow, start_at: float | None = None) -> bool:
@@ -105,11 +98,8 @@ class PostgresStore(OperatorReads):
     def begin_run(
         self, workflow: str, instance_id: str, *, now: float, claim: Claim
     ) -> RunSnapshot | None:
-        return self._run(
-            "start a run",
-            lambda conn: claims.begin_run(self._tx(conn), workflow, instance_id, now=now,
-                                          claim=claim),
-            workflow, instance_id)
+        return self._run("start a run", lambda conn: claims.begin_run(
+            self._tx(conn), workflow, instance_id, now=now, claim=claim), workflow, instance_id)
 
     def _tx(self, conn: Connection) -> PostgresTransaction:
         return PostgresTransaction(conn, self.owner, self.channel)
@@ -117,9 +107,8 @@ class PostgresStore(OperatorReads):
     def save_step(self, write: StepWrite) -> None:
         # A completed step is one statement (run again, it finds its row); another outcome counts
         # an attempt, again if run again: a transaction, whose lost commit the server decides.
-        self._run("store the step", lambda conn: steps.save(self._tx(conn), write),
-                  write.workflow, write.instance_id, write.key,
-                  transaction=write.state != "completed")
+        self._run("store the step", lambda conn: steps.save(self._tx(conn), write), write.workflow,
+            write.instance_id, write.key, transaction=write.state != "completed")
 
     def check_run(self, workflow: str, instance_id: str) -> StatusName:
         return self._run("check the run",
@@ -127,9 +116,8 @@ class PostgresStore(OperatorReads):
                          workflow, instance_id, transaction=False)
 
     def set_status(self, workflow: str, instance_id: str, message: str) -> None:
-        self._run("store the status message",
-                  lambda conn: steps.set_status(self._tx(conn), workflow, instance_id, message),
-                  workflow, instance_id, transaction=False)
+        self._run("store the status message", lambda conn: steps.set_status(self._tx(conn),
+            workflow, instance_id, message), workflow, instance_id, transaction=False)
 
     def record_in_flight(self, steps_: list[tuple[str, str, str, float]]) -> None:
         if steps_:
@@ -137,50 +125,37 @@ class PostgresStore(OperatorReads):
                       lambda conn: steps.record_in_flight(self._tx(conn), steps_))
 
     def read_step(self, workflow: str, instance_id: str, key: str) -> StoredStep | None:
-        return self._run(
-            "read the step", lambda conn: steps.read(self._tx(conn), workflow, instance_id, key),
-            workflow, instance_id, key, transaction=False)
+        return self._run("read the step", lambda conn: steps.read(self._tx(conn), workflow,
+            instance_id, key), workflow, instance_id, key, transaction=False)
 
     def suspend(
         self, waiting: StepWrite, message: str, deadline: float | None, now: float
     ) -> Suspend:
-        return self._run(
-            "record the suspension",
-            lambda conn: suspensions.suspend(self._tx(conn), waiting, message, deadline, now),
-            waiting.workflow, waiting.instance_id, waiting.key)
+        return self._run("record the suspension", lambda conn: suspensions.suspend(self._tx(conn),
+            waiting, message, deadline, now), waiting.workflow, waiting.instance_id, waiting.key)
 
     def finish(self, workflow: str, instance_id: str, end: RunEnd) -> Ended:
-        return self._run(f"record the run as {end.status}",
-                         lambda conn: shared.finish(self._tx(conn), workflow, instance_id, end),
-                         workflow, instance_id)
+        return self._run(f"record the run as {end.status}", lambda conn: shared.finish(
+            self._tx(conn), workflow, instance_id, end), workflow, instance_id)
 
     def mark_resumable(self, workflow: str, instance_id: str, now: float) -> str:
-        return self._run(
-            "mark the instance to resume",
-            lambda conn: shared.mark_resumable(self._tx(conn), workflow, instance_id, now),
-            workflow, instance_id)
+        return self._run("mark the instance to resume", lambda conn: shared.mark_resumable(
+            self._tx(conn), workflow, instance_id, now), workflow, instance_id)
 
     def resume_failure(self, workflow: str, instance_id: str, failed_at: str, now: float) -> bool:
-        return self._run(
-            "resume the failed instance",
-            lambda conn: shared.resume_failure(self._tx(conn), workflow, instance_id,
-                                               failed_at, now),
-            workflow, instance_id)
+        return self._run("resume the failed instance", lambda conn: shared.resume_failure(
+            self._tx(conn), workflow, instance_id, failed_at, now), workflow, instance_id)
 
     def fork_instance(
         self, workflow: str, instance_id: str, new_id: str, from_key: str | None, now: float
     ) -> bool:
-        return self._run(
-            "fork the instance",
-            lambda conn: forks_sql.fork(self._tx(conn), workflow, instance_id, new_id,
-                                        from_key, now),
-            workflow, instance_id)
+        return self._run("fork the instance", lambda conn: forks_sql.fork(
+            self._tx(conn), workflow, instance_id, new_id, from_key, now), workflow, instance_id)
 
     def place_signal(self, workflow: str, instance_id: str, key: str, seq: int) -> None:
         # One statement, which writes and answers alike if run again.
-        self._run("place the signal",
-                  lambda conn: signals.place(self._tx(conn), workflow, instance_id, key, seq),
-                  workflow, instance_id, key, transaction=False)
+        self._run("place the signal", lambda conn: signals.place(self._tx(conn), workflow,
+            instance_id, key, seq), workflow, instance_id, key, transaction=False)
 
     def deliver_signal(self, write: StepWrite, traceparent: str | None = None) -> None:
         self._run("deliver the signal",
@@ -209,8 +184,7 @@ class PostgresStore(OperatorReads):
         self, lease: float, now: float, declares: str | None = None
     ) -> float | None:
         sent = time.monotonic()  # the lease runs from no earlier than this
-        server = self._run(
-            "register the engine as an owner",
+        server = self._run("register the engine as an owner",
             lambda conn: owners_sql.register(self._tx(conn), lease, now, declares),
             transaction=False)
         self._lease, self._declares = lease, declares
@@ -220,8 +194,7 @@ class PostgresStore(OperatorReads):
     def heartbeat(self, now: float) -> float | None:
         sent = time.monotonic()
         server = self._run("renew the engine's lease",
-                           lambda conn: owners_sql.heartbeat(self._tx(conn), now),
-                           transaction=False)
+            lambda conn: owners_sql.heartbeat(self._tx(conn), now), transaction=False)
         if server is None:  # reaped while stalled: come back (its runs are lost already)
             return self.register_owner(self._lease, now, self._declares)
         self._db.renewed(sent, self._lease)
@@ -230,28 +203,22 @@ class PostgresStore(OperatorReads):
     def drop_owner(self) -> None:
         # Tried no longer than until the lease is known lost (Connections.run), so stop()
         # returns within the lease: an unreachable server leaves the row for the lease to expire.
-        self._run("remove the engine's owner row",
-                  lambda conn: owners_sql.drop(self._tx(conn)), transaction=False,
-                  past_lease=0.0)
+        self._run("remove the engine's owner row", lambda conn: owners_sql.drop(self._tx(conn)),
+            transaction=False, past_lease=0.0)
         self._db.renewed(None, self._lease)
 
     def look_around(self, workflows: list[str], now: float) -> Look:
-        return self._run(
-            "look at the store",
-            lambda conn: owners_sql.look_around(self._tx(conn), workflows, now),
-            transaction=False)
+        return self._run("look at the store",
+            lambda conn: owners_sql.look_around(self._tx(conn), workflows, now), transaction=False)
 
     def cancel(self, workflow: str, instance_id: str, *, now: float) -> Ended:
-        return self._run(
-            "cancel the instance",
-            lambda conn: cancel_sql.cancel(self._tx(conn), workflow, instance_id, now),
-            workflow, instance_id)
+        return self._run("cancel the instance", lambda conn: cancel_sql.cancel(
+            self._tx(conn), workflow, instance_id, now), workflow, instance_id)
 
     def time_out(self, clock: Callable[[], float], at: float) -> list[TimedOut]:
         # Most looks find none due: one read answers those, outside a transaction.
         if not self._run("look for timed-out instances",
-                         lambda conn: shared.any_timeout_due(self._tx(conn), clock()),
-                         transaction=False):
+                lambda conn: shared.any_timeout_due(self._tx(conn), clock()), transaction=False):
             return []
         return self._run("time out instances",
                          lambda conn: shared.time_out_due(self._tx(conn), clock, at))
@@ -259,31 +226,25 @@ class PostgresStore(OperatorReads):
     def claim_queued(
         self, queue: str, workflows: list[str], *, concurrency: int | None,
         per_process: int | None, rate: tuple[int, float] | None, clock: Callable[[], float],
-        at: float,
-        batch: int,
-        per_key: int | None = None,
+        at: float, batch: int, per_key: int | None = None,
     ) -> Claimed:
         if not workflows:
             return Claimed()
         # Most looks find nothing queued: one read answers those, outside a transaction.
         if not self._db.run("look at the queue",
-                            lambda conn: queue_sql.any_queued(self._tx(conn), queue),
-                            transaction=False):
+                lambda conn: queue_sql.any_queued(self._tx(conn), queue), transaction=False):
             return Claimed()
 
         def take(conn: Connection) -> Claimed:
-            return queue_sql.claim(
-                self._tx(conn), queue=queue, workflows=workflows, concurrency=concurrency,
-                per_process=per_process, rate=rate, clock=clock, at=at, batch=batch,
-                per_key=per_key)
+            return queue_sql.claim(self._tx(conn), queue=queue, workflows=workflows,
+                concurrency=concurrency, per_process=per_process, rate=rate, clock=clock, at=at,
+                batch=batch, per_key=per_key)
 
         return self._db.run("claim queued instances", take)
 
     def queued(self, queue: str, workflows: list[str]) -> int:
-        return self._db.run(
-            "count the queued instances",
-            lambda conn: queue_sql.queued(self._tx(conn), queue, workflows),
-            transaction=False)
+        return self._db.run("count the queued instances",
+            lambda conn: queue_sql.queued(self._tx(conn), queue, workflows), transaction=False)
 
     def set_queue_paused(self, queue: str, paused: bool, at: float) -> bool:
         what = f"{'pause' if paused else 'resume'} the queue {queue!r}"
@@ -295,20 +256,15 @@ class PostgresStore(OperatorReads):
             return []
         return self._db.run(
             "start the children", lambda conn: claims.start_children(self._tx(conn), waits, rows),
-            waits[0].workflow, waits[0].instance_id, waits[0].key,
-        )
+            waits[0].workflow, waits[0].instance_id, waits[0].key)
 
     def set_traceparent(self, workflow: str, instance_id: str, traceparent: str) -> None:
-        self._run("store the trace context",
-                  lambda conn: shared.set_traceparent(self._tx(conn), workflow, instance_id,
-                                                      traceparent),
-                  workflow, instance_id, transaction=False)
+        self._run("store the trace context", lambda conn: shared.set_traceparent(self._tx(conn),
+            workflow, instance_id, traceparent), workflow, instance_id, transaction=False)
 
     def declare_schedules(self, schedules: list[ScheduleRow], at: float) -> list[ScheduleRow]:
-        return self._run(
-            "declare the schedules",
-            lambda conn: schedules_sql.declare(self._tx(conn), schedules, at),
-        )
+        return self._run("declare the schedules",
+            lambda conn: schedules_sql.declare(self._tx(conn), schedules, at))
 
     def fire_ticks(self, name: str, last: str | None, firing: TickFiring) -> TicksFired:
         return self._run(f"fire the schedule {name!r}",
@@ -319,10 +275,9 @@ class PostgresStore(OperatorReads):
                          lambda conn: timers.next_deadline(self._tx(conn)), transaction=False)
 
     def get_instance(self, workflow: str, instance_id: str) -> InstanceRow | None:
-        return self._run(
-            "read the instance",
-            lambda conn: reads.get_instance(self._tx(conn), workflow, instance_id),
-            workflow, instance_id, transaction=False)
+        return self._run("read the instance",
+            lambda conn: reads.get_instance(self._tx(conn), workflow, instance_id), workflow,
+            instance_id, transaction=False)
 
     def list_instances(self, workflow: str) -> list[InstanceRow]:
         return self._run("list instances",
@@ -331,8 +286,7 @@ class PostgresStore(OperatorReads):
 
     def list_steps(self, workflow: str, instance_id: str) -> list[StepRecord]:
         return self._run(
-            "read the steps",
-            lambda conn: reads.list_steps(self._tx(conn), workflow, instance_id),
+            "read the steps", lambda conn: reads.list_steps(self._tx(conn), workflow, instance_id),
             workflow, instance_id, transaction=False)
 
     def read_rows(self, what: str, sql_text: str, params: dict[str, Any]) -> list[dict[str, Any]]:

@@ -67,17 +67,9 @@ class Attempts:
     """
 
     def __init__(
-        self,
-        *,
-        workflow: str,
-        instance_id: str,
-        store: RunStore,
-        run: RunControl,
-        clock: Clock,
-        sleep: Callable[[float], None] | None,
-        flight_lock: threading.Lock | None = None,
-        trace: RunTrace | None = None,
-        telemetry: Telemetry | None = None,
+        self, *, workflow: str, instance_id: str, store: RunStore, run: RunControl, clock: Clock,
+        sleep: Callable[[float], None] | None, flight_lock: threading.Lock | None = None,
+        trace: RunTrace | None = None, telemetry: Telemetry | None = None,
     ) -> None:
         #: The run's span (each executed attempt is a child span), and where metrics go.
         self.trace = trace or RunTrace()
@@ -111,17 +103,8 @@ class Attempts:
             raise RunCancelled()
 
     def execute(
-        self,
-        key: str,
-        seq: int,
-        stored: StoredStep | None,
-        *,
-        hint: Any,
-        policy: Retry | None,
-        timeout: float | None,
-        call: Callable[[], Any],
-        status: str | None,
-        note: Note,
+        self, key: str, seq: int, stored: StoredStep | None, *, hint: Any, policy: Retry | None,
+        timeout: float | None, call: Callable[[], Any], status: str | None, note: Note,
     ) -> Any:
         """Run ``call`` for ``key`` until it succeeds or its retries end; return its value. Each
         outcome is stored before the next attempt; the error that ends the retries is noted."""
@@ -149,8 +132,7 @@ class Attempts:
                 span.end()
                 self.telemetry.step_ended(
                     self.workflow, "timed_out" if isinstance(exc, StepTimeout) else "failed",
-                    self._clock.monotonic() - began,
-                )
+                    self._clock.monotonic() - began)
                 self.store.save_step(self.write(key, seq, "failed", status, error=exc,
                                                 started=started))
                 if policy is not None and policy.should_retry(attempt, exc):
@@ -209,9 +191,7 @@ class Attempts:
         done, _ = concurrent.futures.wait([previous], timeout=timeout)
         if not done:
             exc = StepTimeout(self.workflow, self.instance_id, key, timeout)
-            exc.args = (
-                f"{exc}; the attempt that timed out is still running, so no other starts",
-            )
+            exc.args = (f"{exc}; the attempt that timed out is still running, so no other starts",)
             note(key, exc, None)
             raise exc
 
@@ -246,11 +226,8 @@ class Attempts:
             except BaseException as exc:
                 future.set_exception(exc)
 
-        threading.Thread(
-            target=attempt,
-            name=f"memable-step {self.workflow}/{self.instance_id}/{key}",
-            daemon=True,
-        ).start()
+        threading.Thread(target=attempt,
+            name=f"memable-step {self.workflow}/{self.instance_id}/{key}", daemon=True).start()
         try:
             return future.result(timeout=seconds)
         except concurrent.futures.TimeoutError:
@@ -259,30 +236,16 @@ class Attempts:
             raise StepTimeout(self.workflow, self.instance_id, key, seconds) from None
 
     def write(
-        self,
-        key: str,
-        seq: int,
-        state: str,
-        status: str | None,
-        *,
-        result: tuple[str, str | None] | None = None,
-        error: BaseException | None = None,
+        self, key: str, seq: int, state: str, status: str | None, *,
+        result: tuple[str, str | None] | None = None, error: BaseException | None = None,
         started: float | None = None,
     ) -> StepWrite:
         """The row to store for ``key`` in ``state`` (kind "step"; evolve it for another)."""
         text, tag = result if result is not None else (None, None)
         return StepWrite(
-            workflow=self.workflow,
-            instance_id=self.instance_id,
-            key=key,
-            seq=seq,
-            kind="step",
+            workflow=self.workflow, instance_id=self.instance_id, key=key, seq=seq, kind="step",
             state=state,  # type: ignore[arg-type]
-            result=text,
-            result_type=tag,
-            status=status,
+            result=text, result_type=tag, status=status,
             error=None if error is None else f"{type(error).__name__}: {error}",
-            at=self._clock.wall(),
-            started=started,
-            traceback=None if error is None else traceback_of(error),
-        )
+            at=self._clock.wall(), started=started,
+            traceback=None if error is None else traceback_of(error))

@@ -25,16 +25,9 @@ NO_INPUT: Any = _NoInput()
 
 
 def new_instance(
-    workflow: Workflow,
-    input: Any,
-    instance_id: str | None,
-    queue: str | None,
-    priority: int,
-    queues: dict[str, QueueSpec],
-    *,
-    timeout: float | timedelta | None = None,
-    concurrency_key: str | None = None,
-    clock: Clock,
+    workflow: Workflow, input: Any, instance_id: str | None, queue: str | None, priority: int,
+    queues: dict[str, QueueSpec], *, timeout: float | timedelta | None = None,
+    concurrency_key: str | None = None, clock: Clock,
 ) -> tuple[InstanceRow, Any]:
     """The row of a new instance (running here, or queued) and its input as runs see it.
 
@@ -71,10 +64,8 @@ def new_instance(
         check_key(instance_id, name, instance_id)
     if input is NO_INPUT:
         if workflow.input_required:
-            raise TypeError(
-                f"workflow {name!r} takes an input and was invoked without one "
-                "(give its parameter a default to make it optional)"
-            )
+            raise TypeError(f"workflow {name!r} takes an input and was invoked without one "
+                "(give its parameter a default to make it optional)")
         input = None
     if input is not None and not workflow.takes_input:
         raise workflow.no_input(input)
@@ -87,20 +78,16 @@ def new_instance(
     deadline = None if seconds is None else check_deadline(
         created.timestamp() + seconds, "timeout", timeout)
     row = InstanceRow(
-        workflow=name, instance_id=instance_id,
-        status="running" if queue is None else "queued", message=None,
-        input=text, input_type=tag, output=None, output_type=None,
-        created_at=now, updated_at=now, completed_at=None, queue=queue,
-        priority=None if queue is None else priority,
-        queued_at=None if queue is None else now,
-        timeout=seconds, timeout_at=deadline, concurrency_key=concurrency_key,
-    )
+        workflow=name, instance_id=instance_id, status="running" if queue is None else "queued",
+        message=None, input=text, input_type=tag, output=None, output_type=None, created_at=now,
+        updated_at=now, completed_at=None, queue=queue,
+        priority=None if queue is None else priority, queued_at=None if queue is None else now,
+        timeout=seconds, timeout_at=deadline, concurrency_key=concurrency_key)
     return row, value
 
 
 def _check_concurrency_key(
-    key: object, queue: str | None, queues: dict[str, QueueSpec], workflow: str,
-    instance_id: str,
+    key: object, queue: str | None, queues: dict[str, QueueSpec], workflow: str, instance_id: str,
 ) -> None:
     """A concurrency key is a non-empty str, for a queue declared with ``per_key``."""
     if key is None:
@@ -110,7 +97,5 @@ def _check_concurrency_key(
         raise TypeError(f"concurrency_key {where} is a non-empty str, not {key!r}")
     if queue is None or queues[queue].per_key is None:
         has = "it has no queue" if queue is None else f"queue {queue!r} has no per_key"
-        raise ValueError(
-            f"concurrency_key {key!r} {where} needs a queue declared with per_key "
-            f"(engine.queue(name, per_key=n)); {has}"
-        )
+        raise ValueError(f"concurrency_key {key!r} {where} needs a queue declared with per_key "
+            f"(engine.queue(name, per_key=n)); {has}")

@@ -48,11 +48,8 @@ class Options:
     retention: float | None = attrs.field(default=None, converter=_retention)
 
     def __attrs_post_init__(self) -> None:
-        if (
-            isinstance(self.max_workers, bool)
-            or not isinstance(self.max_workers, int)
-            or self.max_workers < 1
-        ):
+        if (isinstance(self.max_workers, bool) or not isinstance(self.max_workers, int)
+                or self.max_workers < 1):
             raise ValueError(f"max_workers must be a positive int, not {self.max_workers!r}")
         if self.synchronous not in ("full", "normal"):
             raise ValueError(f"synchronous must be 'full' or 'normal', not {self.synchronous!r}")

@@ -59,16 +59,8 @@ class Runs:
     """
 
     def __init__(
-        self,
-        registry: Registry,
-        lock: threading.Lock,
-        store: RunStore,
-        telemetry: Telemetry,
-        children: Children,
-        *,
-        wake: Wake,
-        kick: Callable[[], None],
-        armed: Callable[[], None],
+        self, registry: Registry, lock: threading.Lock, store: RunStore, telemetry: Telemetry,
+        children: Children, *, wake: Wake, kick: Callable[[], None], armed: Callable[[], None],
     ) -> None:
         self._registry = registry  # the phase, the options (read under lock)
         self._lock = lock  # the registry's: Registry.lock says what it guards
@@ -93,8 +85,7 @@ class Runs:
     def open(self, max_workers: int) -> None:
         """Make the worker pool (the engine starts; the caller holds the lock)."""
         self._executor = ThreadPoolExecutor(
-            max_workers=max_workers, thread_name_prefix="memable-worker"
-        )
+            max_workers=max_workers, thread_name_prefix="memable-worker")
 
     @property
     def executor(self) -> ThreadPoolExecutor | None:
@@ -183,13 +174,8 @@ class Runs:
                 run.signalled.add(key)
 
     def start_run(
-        self,
-        workflow: Workflow,
-        instance_id: str,
-        fresh_input: tuple[Any] | None,
-        *,
-        claim: Claim = "resume",
-        traceparent: str | None = None,
+        self, workflow: Workflow, instance_id: str, fresh_input: tuple[Any] | None, *,
+        claim: Claim = "resume", traceparent: str | None = None,
     ) -> Watch:
         """Submit a run the user asked for, unless one is active; return its Watch (the engine
         accepting: a ``wake`` run only needs it started, and goes on while wait_all drains)."""
@@ -212,8 +198,7 @@ class Runs:
             run = self._register(workflow, instance_id, None, "resume", None, reason="resume")
         try:
             run.snapshot = self.store.begin_run(
-                workflow.name, instance_id, now=self.clock.wall(), claim="resume"
-            )
+                workflow.name, instance_id, now=self.clock.wall(), claim="resume")
         except BaseException:
             self._ended(run, None)  # nothing claimed: the caller gets the error
             raise
@@ -233,13 +218,8 @@ class Runs:
         return run.watch
 
     def submit_locked(
-        self,
-        workflow: Workflow,
-        instance_id: str,
-        fresh_input: tuple[Any] | None,
-        claim: Claim,
-        traceparent: str | None = None,
-        reason: RunReason | None = None,
+        self, workflow: Workflow, instance_id: str, fresh_input: tuple[Any] | None, claim: Claim,
+        traceparent: str | None = None, reason: RunReason | None = None,
     ) -> Watch:
         """Submit a run of the instance unless one is active; return its Watch (the caller
         holds the lock and has checked that the engine is started)."""
@@ -253,14 +233,8 @@ class Runs:
         return run.watch
 
     def _register(
-        self,
-        workflow: Workflow,
-        instance_id: str,
-        fresh_input: tuple[Any] | None,
-        claim: Claim,
-        snapshot: RunSnapshot | None,
-        *,
-        traceparent: str | None = None,
+        self, workflow: Workflow, instance_id: str, fresh_input: tuple[Any] | None, claim: Claim,
+        snapshot: RunSnapshot | None, *, traceparent: str | None = None,
         reason: RunReason | None = None,
     ) -> Run:
         # Caller holds the lock and knows no run of the instance is active.
@@ -317,10 +291,8 @@ class Runs:
                             extra=where(run.workflow.name, run.instance_id))
                 state = None  # watchers go on following the instance in the store
             except BaseException:  # the store failed while recording the end
-                log.exception(
-                    "run could not be recorded; it runs again from the store",
-                    extra=where(run.workflow.name, run.instance_id),
-                )
+                log.exception("run could not be recorded; it runs again from the store",
+                    extra=where(run.workflow.name, run.instance_id))
                 state = None  # watchers go on following the instance in the store
             run = self._ended(run, state)
 
@@ -339,10 +311,8 @@ class Runs:
                     follow.signalled = run.signalled
                 else:
                     release = True
-            elif (
-                run.rerun and (state is None or isinstance(state, Suspended))
-                and self._registry.phase == "started"
-            ):
+            elif (run.rerun and (state is None or isinstance(state, Suspended))
+                    and self._registry.phase == "started"):
                 # A signal or timer arrived while it ran: go on right away.
                 self.submit_locked(run.workflow, run.instance_id, None, "wake")
         if release:
@@ -365,8 +335,7 @@ class Runs:
             snapshot = run.snapshot
             if snapshot is None and not run.claimed:
                 snapshot = self.store.begin_run(
-                    name, instance_id, now=self.clock.wall(), claim=run.claim
-                )
+                    name, instance_id, now=self.clock.wall(), claim=run.claim)
                 if snapshot is not None:
                     _log_recovery(snapshot.instance)
             if snapshot is not None and snapshot.instance.status == "queued":
@@ -384,10 +353,8 @@ class Runs:
             run.watch.claimed()  # running and ours: Started, for whoever asks
             memo, stored_status = snapshot.steps, snapshot.instance.status_message
             try:
-                input_value = decode_for(
-                    name, instance_id, "input", snapshot.instance.input,
-                    snapshot.instance.input_type, workflow.input_hint,
-                )
+                input_value = decode_for(name, instance_id, "input", snapshot.instance.input,
+                    snapshot.instance.input_type, workflow.input_hint)
             except SerializationError as exc:
                 return self._fail(run, f"input failed: {type(exc).__name__}: {exc}")
         if run.fresh_input is None:
@@ -397,12 +364,10 @@ class Runs:
         else:
             traceparent, reason = run.traceparent, run.reason or "invoke"
         trace = self.telemetry.run(name, instance_id, traceparent, reason)
-        ctx = Context(
-            workflow=name, instance_id=instance_id, input=input_value, store=self.store,
+        ctx = Context(workflow=name, instance_id=instance_id, input=input_value, store=self.store,
             memo=memo, publish=run.watch.publish, run=run, options=self._registry.options,
-            flight_lock=self._lock, children=self.children,
-            stored_status=stored_status, trace=trace, telemetry=self.telemetry,
-        )
+            flight_lock=self._lock, children=self.children, stored_status=stored_status,
+            trace=trace, telemetry=self.telemetry)
         began = self.clock.monotonic()
         state: WorkflowState | None = None
         try:
@@ -455,11 +420,7 @@ class Runs:
         return self._finish(run, Completed(), status="completed", message=None, output=(text, tag))
 
     def _suspend(
-        self,
-        run: Run,
-        waiting: StepWrite,
-        message: str,
-        deadline: float | None,
+        self, run: Run, waiting: StepWrite, message: str, deadline: float | None,
         suspension: Suspension | None,
     ) -> WorkflowState | None:
         """Record the wait; if what it waits for is there already, go on in a new run."""
@@ -484,19 +445,12 @@ class Runs:
         return Suspended(message)
 
     def _finish(
-        self,
-        run: Run,
-        state: WorkflowState,
-        *,
-        status: StatusName,
-        message: str | None,
-        output: tuple[str, str | None] | None = None,
-        traceback: str | None = None,
+        self, run: Run, state: WorkflowState, *, status: StatusName, message: str | None,
+        output: tuple[str, str | None] | None = None, traceback: str | None = None,
     ) -> WorkflowState | None:
         """Record how the run ended; if the instance is no longer ours, report what is stored."""
-        ended = self.store.finish(run.workflow.name, run.instance_id, RunEnd(
-            status, self.clock.wall(), message, output, traceback=traceback,
-        ))
+        ended = self.store.finish(run.workflow.name, run.instance_id,
+            RunEnd(status, self.clock.wall(), message, output, traceback=traceback))
         if not ended.recorded:
             return stored_state(self.store, run)
         if ended.wake is not None:  # a child's end: its parent goes on
@@ -507,20 +461,15 @@ class Runs:
     def _fail(
         self, run: Run, message: str, step: str | None = None, exc: BaseException | None = None
     ) -> WorkflowState | None:
-        log.warning(
-            "failed: %s", message, extra=where(run.workflow.name, run.instance_id, step),
-            exc_info=None if exc is None else (type(exc), exc, exc.__traceback__),
-        )
-        return self._finish(
-            run, Failed(message), status="failed", message=message,
-            traceback=None if exc is None else traceback_of(exc),
-        )
+        log.warning("failed: %s", message, extra=where(run.workflow.name, run.instance_id, step),
+            exc_info=None if exc is None else (type(exc), exc, exc.__traceback__))
+        return self._finish(run, Failed(message), status="failed", message=message,
+            traceback=None if exc is None else traceback_of(exc))
 
 
 #: The outcome a run's span and metrics name, by the state it ended in.
 _OUTCOMES: dict[type[WorkflowState], str] = {
-    Completed: "completed", Failed: "failed", Cancelled: "cancelled", Suspended: "suspended",
-}
+    Completed: "completed", Failed: "failed", Cancelled: "cancelled", Suspended: "suspended"}
 
 
 def _woken_by(snapshot: RunSnapshot) -> RunReason:
@@ -552,8 +501,6 @@ def _log_recovery(row: InstanceRow) -> None:
     lost = row.lost_step
     # "host:pid died" or "host:pid stalled past its lease" (an older store: the id alone).
     name, _, how = (row.lost_by or f"{row.lost_owner} died").partition(" ")
-    log.warning(
-        "recovered the instance from engine %s, which %s%s", name, how,
+    log.warning("recovered the instance from engine %s, which %s%s", name, how,
         f"; step {lost!r} was in flight and runs again" if lost else "",
-        extra=where(row.workflow, row.instance_id, lost),
-    )
+        extra=where(row.workflow, row.instance_id, lost))

@@ -60,10 +60,7 @@ class SQLiteStore(OperatorReads):
     """A memable store in one SQLite file, or in memory when ``path`` is None."""
 
     def __init__(
-        self,
-        path: str | os.PathLike[str] | None,
-        synchronous: Synchronous,
-        *,
+        self, path: str | os.PathLike[str] | None, synchronous: Synchronous, *,
         create: bool = True,
     ) -> None:
         conn, db, where = open_store(path, synchronous, create=create)
@@ -87,28 +84,21 @@ class SQLiteStore(OperatorReads):
 
     @contextmanager
     def _using(
-        self,
-        what: str,
-        workflow: str | None = None,
-        instance_id: str | None = None,
+        self, what: str, workflow: str | None = None, instance_id: str | None = None,
         key: str | None = None,
     ) -> Iterator[sqlite3.Connection]:
         """Hold the connection; turn sqlite3 errors into StorageError naming the target."""
         with self._lock:
             if self._closed:
-                raise StorageError(
-                    f"cannot {what}: the store {self._where} is closed",
-                    workflow=workflow, instance_id=instance_id, key=key,
-                )
+                raise StorageError(f"cannot {what}: the store {self._where} is closed",
+                    workflow=workflow, instance_id=instance_id, key=key)
             try:
                 yield self._conn
             except sqlite3.Error as exc:
                 if self._conn.in_transaction:
                     self._conn.execute("ROLLBACK")
-                raise StorageError(
-                    f"cannot {what} in {self._where} ({exc})",
-                    workflow=workflow, instance_id=instance_id, key=key,
-                ) from exc
+                raise StorageError(f"cannot {what} in {self._where} ({exc})", workflow=workflow,
+                    instance_id=instance_id, key=key) from exc
 
     def create_instance(self, row: InstanceRow, start_at: float | None = None) -> bool:
         def insert(conn: sqlite3.Connection) -> bool:
@@ -154,10 +144,8 @@ class SQLiteStore(OperatorReads):
                 status = steps.check_run(SQLiteTransaction(self._conn, self.owner),
                                          workflow, instance_id)
             except sqlite3.Error as exc:
-                raise StorageError(
-                    f"cannot check the run in {self._where} ({exc})",
-                    workflow=workflow, instance_id=instance_id,
-                ) from exc
+                raise StorageError(f"cannot check the run in {self._where} ({exc})",
+                    workflow=workflow, instance_id=instance_id) from exc
             if checks is not None and status == "running":
                 checks.saw_running(workflow, instance_id)
         return status
@@ -197,8 +185,7 @@ class SQLiteStore(OperatorReads):
             return shared.finish(SQLiteTransaction(conn, self.owner), workflow, instance_id, end)
 
         return self._grouped(
-            f"record the run as {end.status}", workflow, instance_id, None, record
-        )
+            f"record the run as {end.status}", workflow, instance_id, None, record)
 
     def mark_resumable(self, workflow: str, instance_id: str, now: float) -> str:
         def mark(conn: sqlite3.Connection) -> str:
@@ -315,9 +302,7 @@ class SQLiteStore(OperatorReads):
     def claim_queued(
         self, queue: str, workflows: list[str], *, concurrency: int | None,
         per_process: int | None, rate: tuple[int, float] | None, clock: Callable[[], float],
-        at: float,
-        batch: int,
-        per_key: int | None = None,
+        at: float, batch: int, per_key: int | None = None,
     ) -> Claimed:
         if not workflows:
             return Claimed()
@@ -328,11 +313,9 @@ class SQLiteStore(OperatorReads):
 
         def take(conn: sqlite3.Connection) -> Claimed:
             # The clock is read under the write lock: claims record their starts in order.
-            claimed = queue_sql.claim(
-                SQLiteTransaction(conn, self.owner), queue=queue, workflows=workflows,
-                concurrency=concurrency, per_process=per_process, rate=rate, clock=clock,
-                at=at, batch=batch, per_key=per_key,
-            )
+            claimed = queue_sql.claim(SQLiteTransaction(conn, self.owner), queue=queue,
+                workflows=workflows, concurrency=concurrency, per_process=per_process, rate=rate,
+                clock=clock, at=at, batch=batch, per_key=per_key)
             for snapshot in claimed.snapshots:
                 if self._checks is not None:
                     self._checks.claimed(snapshot.instance.workflow, snapshot.instance.instance_id)
@@ -368,8 +351,7 @@ class SQLiteStore(OperatorReads):
             return created
 
         return self._commits.write(
-            "start the children", workflow, instance_id, waits[0].key, start
-        )
+            "start the children", workflow, instance_id, waits[0].key, start)
 
     def set_traceparent(self, workflow: str, instance_id: str, traceparent: str) -> None:
         def store(conn: sqlite3.Connection) -> None:
@@ -379,11 +361,8 @@ class SQLiteStore(OperatorReads):
         self._grouped("store the trace context", workflow, instance_id, None, store, single=True)
 
     def declare_schedules(self, schedules: list[ScheduleRow], at: float) -> list[ScheduleRow]:
-        return self._grouped(
-            "declare the schedules", None, None, None,
-            lambda conn: schedules_sql.declare(SQLiteTransaction(conn, self.owner), schedules,
-                                               at)
-        )
+        return self._grouped("declare the schedules", None, None, None,
+            lambda conn: schedules_sql.declare(SQLiteTransaction(conn, self.owner), schedules, at))
 
     def fire_ticks(self, name: str, last: str | None, firing: TickFiring) -> TicksFired:
         def fire(conn: sqlite3.Connection) -> TicksFired:

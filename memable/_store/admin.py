@@ -31,14 +31,9 @@ def store_signal(
     ``SignalRejected``; each writes nothing."""
     check_key(key, workflow, instance_id)
     text, tag, _ = store_form(workflow, instance_id, key, payload)
-    store.deliver_signal(
-        StepWrite(
-            workflow=workflow, instance_id=instance_id, key=key, seq=0, kind="signal",
-            state="completed", result=text, result_type=tag, status=None, error=None,
-            at=clock.wall(),
-        ),
-        traceparent,
-    )
+    store.deliver_signal(StepWrite(workflow=workflow, instance_id=instance_id, key=key, seq=0,
+        kind="signal", state="completed", result=text, result_type=tag, status=None, error=None,
+        at=clock.wall()), traceparent)
 
 
 def resume_instance(store: OperatorStore, workflow: str, instance_id: str, *, clock: Clock) -> str:

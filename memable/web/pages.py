@@ -32,17 +32,15 @@ def overview(store: OperatorStore, clock: Clock) -> dict[str, Any]:
     queues = [{
         "name": q["name"], "queued": q["queued"], "running": q["running"],
         "oldest_age": waited(q["oldest_queued_at"], now),
-        "consumers": q["engines"], "limits": limits_text(q["limits"]),
-        "paused": q["paused"], "paused_at": q["paused_at"],
-    } for q in list_queues(store, clock=clock)]
+        "consumers": q["engines"], "limits": limits_text(q["limits"]), "paused": q["paused"],
+        "paused_at": q["paused_at"]} for q in list_queues(store, clock=clock)]
     schedules, notes = list_schedules(store, clock=clock)
     return {
         "statuses": STATUSES,
         "workflows": [{"name": w, "counts": c, "total": sum(c.values())}
                       for w, c in sorted(counts.items())],
         "totals": totals, "total": sum(totals.values()),
-        "queues": queues, "schedules": schedules, "notes": notes,
-    }
+        "queues": queues, "schedules": schedules, "notes": notes}
 
 
 def when(iso: str | None) -> str:
@@ -130,9 +128,7 @@ def instances(store: OperatorStore, chosen: dict[str, str | None], page: int) ->
         "rows": [{
             "workflow": r.workflow, "instance_id": r.instance_id, "status": r.status,
             "message": r.message, "status_message": r.status_message,
-            "created_at": r.created_at, "updated_at": r.updated_at,
-        } for r in rows[:PAGE_SIZE]],
-    }
+            "created_at": r.created_at, "updated_at": r.updated_at} for r in rows[:PAGE_SIZE]]}
 
 
 def detail(store: OperatorStore, workflow: str, instance_id: str, clock: Clock) -> dict[str, Any]:
@@ -168,5 +164,4 @@ def bulk_resume(
     found = store.failed_instances(workflow, id_prefix=id_prefix, until=epoch_seconds(until),
                                    limit=BULK_LIMIT + 1)
     return {"workflow": workflow, "id": id_prefix, "until": until,
-            "count": min(len(found), BULK_LIMIT), "more": len(found) > BULK_LIMIT,
-            "limit": BULK_LIMIT}
+        "count": min(len(found), BULK_LIMIT), "more": len(found) > BULK_LIMIT, "limit": BULK_LIMIT}

@@ -29,15 +29,12 @@ RETURNING heartbeat
 HEARTBEAT = "UPDATE owners SET heartbeat = {now_epoch} WHERE id = :me RETURNING heartbeat"
 LOCAL_OWNERS = (
     "SELECT id, pid, host, boot_id, pid_ns, proc_start FROM owners "
-    "WHERE host = :host AND id <> :me"
-)
+    "WHERE host = :host AND id <> :me")
 DROP_OWNER = "DELETE FROM owners WHERE id = :me"
 RUNNING_MINE = (
-    "SELECT workflow, instance_id FROM instances WHERE status = 'running' AND owner = :me"
-)
+    "SELECT workflow, instance_id FROM instances WHERE status = 'running' AND owner = :me")
 CANCELLED_MINE = (
-    "SELECT workflow, instance_id FROM instances WHERE status = 'cancelled' AND owner = :me"
-)
+    "SELECT workflow, instance_id FROM instances WHERE status = 'cancelled' AND owner = :me")
 #: Running instances of the workflows ``{marks}`` names whose owner is not this
 #: engine and is free to claim (its lease ran out by the store's clock).
 _OWNER_FREE = OWNER_FREE.replace(":now", "{now_epoch}")
@@ -56,8 +53,7 @@ def register(tx: Transaction, lease: float, now: float, declares: str | None) ->
     [(heartbeat,)] = tx.execute(REGISTER, {
         "me": tx.owner, "host": me.host, "pid": me.pid, "lease": lease,
         "started_at": iso_utc(now), "boot_id": me.boot_id, "pid_ns": me.pid_ns,
-        "proc_start": me.started, "declares": declares, "now": now,
-    }).fetchall()
+        "proc_start": me.started, "declares": declares, "now": now}).fetchall()
     return float(heartbeat)
 
 
@@ -89,12 +85,9 @@ def look_around(tx: Transaction, workflows: list[str], now: float) -> Look:
     marks = ", ".join(f":w{i}" for i in range(len(workflows)))
     params: dict[str, Any] = {f"w{i}": w for i, w in enumerate(workflows)}
     params.update(me=tx.owner, now=now)
-    return Look(
-        ready=_pairs(tx.execute(LOOK_READY.replace("{marks}", marks), params)),
+    return Look(ready=_pairs(tx.execute(LOOK_READY.replace("{marks}", marks), params)),
         orphaned=_pairs(tx.execute(ORPHANED.replace("{marks}", marks), params)),
-        cancelled=_pairs(tx.execute(CANCELLED_MINE, {"me": tx.owner})),
-        mine=mine,
-    )
+        cancelled=_pairs(tx.execute(CANCELLED_MINE, {"me": tx.owner})), mine=mine)
 
 
 def _pairs(cursor: Cursor) -> list[tuple[str, str]]:

@@ -38,8 +38,7 @@ RESUME = "UPDATE queue_states SET paused = 0, paused_at = NULL WHERE queue = :qu
 COUNT_QUEUED = (
     "SELECT count(*) FROM instances WHERE status = 'queued' AND queue = :queue "
     "AND workflow IN ({workflows}) AND NOT EXISTS ("
-    "SELECT 1 FROM queue_states WHERE queue_states.queue = :queue AND paused = 1)"
-)
+    "SELECT 1 FROM queue_states WHERE queue_states.queue = :queue AND paused = 1)")
 # The slots taken (``HOLDS_SLOT``), counted as two index range reads (queue, status).
 RUNNING = f"""
 SELECT (SELECT count(*) FROM instances WHERE queue = :queue AND status = 'running')
@@ -47,8 +46,7 @@ SELECT (SELECT count(*) FROM instances WHERE queue = :queue AND status = 'runnin
 """
 RUNNING_MINE = (
     "SELECT count(*) FROM instances WHERE queue = :queue "
-    "AND status IN ('running', 'cancelled') AND owner = :me"
-)
+    "AND status IN ('running', 'cancelled') AND owner = :me")
 FORGET_STARTS = "DELETE FROM queue_starts WHERE queue = :queue AND at <= :since"
 STARTS = "SELECT at FROM queue_starts WHERE queue = :queue ORDER BY at"
 #: The next ones (up to ``:n``) of ``:queue`` a claim takes, in the queue's order, each
@@ -96,14 +94,12 @@ STARTED = "INSERT INTO queue_starts (queue, at) VALUES (:queue, :now)"
 #: cannot lock the rows it will count before it reads them. Named by the store's schema.
 LOCK_QUEUE = (
     "SELECT pg_advisory_xact_lock(hashtextextended("
-    "'memable-queue:' || current_schema() || ':' || :queue, 0))"
-)
+    "'memable-queue:' || current_schema() || ':' || :queue, 0))")
 #: Read once after a claim's lock: whether the queue is paused, and the clock the claim
 #: judges by (the engine's, ``:now``, on SQLite; the server's on PostgreSQL).
 _PAUSED_AND_NOW = (
     "SELECT EXISTS (SELECT 1 FROM queue_states WHERE queue = :queue AND paused = 1), "
-    "{now_epoch}"
-)
+    "{now_epoch}")
 
 
 def _listing(template: str, workflows: list[str]) -> tuple[str, dict[str, Any]]:
@@ -131,17 +127,9 @@ def any_queued(tx: Transaction, queue: str) -> bool:
 
 
 def claim(
-    tx: Transaction,
-    *,
-    queue: str,
-    workflows: list[str],
-    concurrency: int | None,
-    per_process: int | None,
-    rate: tuple[int, float] | None,
-    clock: Callable[[], float],
-    at: float,
-    batch: int,
-    per_key: int | None = None,
+    tx: Transaction, *, queue: str, workflows: list[str], concurrency: int | None,
+    per_process: int | None, rate: tuple[int, float] | None, clock: Callable[[], float], at: float,
+    batch: int, per_key: int | None = None,
 ) -> Claimed:
     """Claim up to ``batch`` queued instances of ``queue`` (of ``workflows``) for this engine,
     within its limits, each with its steps, at ``at`` (epoch seconds, UTC); none while paused.
@@ -202,8 +190,7 @@ def claim(
         before = len(taken)
         for workflow, instance_id, key in found:
             if key is not None and int(tx.execute(
-                KEY_HOLDS, {**where, "key": key, "now": now}
-            ).fetchone()[0]) >= per_key:
+                    KEY_HOLDS, {**where, "key": key, "now": now}).fetchone()[0]) >= per_key:
                 continue
             take((workflow, instance_id))
         if len(taken) == before:

@@ -33,16 +33,13 @@ ReadRows = Callable[[str, str, dict[str, Any]], list[dict[str, Any]]]
 
 SELECT_INSTANCE = (
     f"SELECT {', '.join(INSTANCE_COLUMNS)} FROM instances "
-    "WHERE workflow = :workflow AND instance_id = :instance_id"
-)
+    "WHERE workflow = :workflow AND instance_id = :instance_id")
 LIST_INSTANCES = (
     f"SELECT {', '.join(INSTANCE_COLUMNS)} FROM instances WHERE workflow = :workflow "
-    "ORDER BY created_at, instance_id"
-)
+    "ORDER BY created_at, instance_id")
 LIST_STEPS = (
     "SELECT * FROM steps WHERE workflow = :workflow AND instance_id = :instance_id "
-    "ORDER BY seq"
-)
+    "ORDER BY seq")
 
 
 def get_instance(tx: Transaction, workflow: str, instance_id: str) -> InstanceRow | None:
@@ -75,8 +72,7 @@ def _dicts(cursor: Cursor) -> list[dict[str, Any]]:
 
 
 _OWNER_COLUMNS = (
-    "id", "host", "pid", "heartbeat", "lease", "boot_id", "pid_ns", "proc_start", "declares",
-)
+    "id", "host", "pid", "heartbeat", "lease", "boot_id", "pid_ns", "proc_start", "declares")
 _INSTANCE = ", ".join(f"i.{c}" for c in INSTANCE_COLUMNS)
 _OWNER = ", ".join(f"o.{c} AS owner_{c}" for c in _OWNER_COLUMNS)
 
@@ -109,57 +105,39 @@ def list_view(
         if value is not None:
             where.append(f"i.{column} = :{column}")
             params[column] = value
-    rows = read(
-        "list instances",
+    rows = read("list instances",
         f"SELECT {_INSTANCE}, {_OWNER} FROM instances AS i "
         "LEFT JOIN owners AS o ON o.id = i.owner AND i.status = 'running' "
         + (f"WHERE {' AND '.join(where)} " if where else "")
-        + "ORDER BY i.created_at, i.workflow, i.instance_id",
-        params,
-    )
+        + "ORDER BY i.created_at, i.workflow, i.instance_id", params)
     return [(_instance(row), _owner(row)) for row in rows]
 
 
 def inspect(read: ReadRows, workflow: str, instance_id: str, now: float) -> InstanceView | None:
     """One instance with its owner, steps, timers, awaited signals, children and queue place."""
     where = {"workflow": workflow, "instance_id": instance_id}
-    found = read(
-        "read the instance",
+    found = read("read the instance",
         f"SELECT {_INSTANCE}, {_OWNER} FROM instances AS i "
         "LEFT JOIN owners AS o ON o.id = i.owner "
-        "WHERE i.workflow = :workflow AND i.instance_id = :instance_id",
-        where,
-    )
+        "WHERE i.workflow = :workflow AND i.instance_id = :instance_id", where)
     if not found:
         return None
-    steps = read(
-        "read the steps",
+    steps = read("read the steps",
         f"SELECT {', '.join(_STEP_VIEW_COLUMNS)} FROM steps WHERE workflow = :workflow "
-        "AND instance_id = :instance_id ORDER BY seq, key",
-        where,
-    )
-    timers = read(
-        "read the timers",
+        "AND instance_id = :instance_id ORDER BY seq, key", where)
+    timers = read("read the timers",
         "SELECT key, deadline FROM timers "
-        "WHERE workflow = :workflow AND instance_id = :instance_id ORDER BY deadline",
-        where,
-    )
-    children = read(
-        "read the children",
+        "WHERE workflow = :workflow AND instance_id = :instance_id ORDER BY deadline", where)
+    children = read("read the children",
         "SELECT workflow, instance_id, status FROM instances WHERE parent_workflow = :workflow "
-        "AND parent_id = :instance_id ORDER BY created_at, instance_id",
-        where,
-    )
+        "AND parent_id = :instance_id ORDER BY created_at, instance_id", where)
     instance = _instance(found[0])
     return InstanceView(
-        instance=instance,
-        owner=_owner(found[0]),
-        steps=[_step_view(step) for step in steps],
+        instance=instance, owner=_owner(found[0]), steps=[_step_view(step) for step in steps],
         timers=[(t["key"], float(t["deadline"])) for t in timers],
         awaiting=awaited_signals(read, workflow, instance_id),
         children=[(c["workflow"], c["instance_id"], c["status"]) for c in children],
-        queue=queue_look(read, instance, now) if instance.status == "queued" else None,
-    )
+        queue=queue_look(read, instance, now) if instance.status == "queued" else None)
 
 
 def queue_look(read: ReadRows, row: InstanceRow, now: float) -> QueueLook | None:
@@ -168,49 +146,35 @@ def queue_look(read: ReadRows, row: InstanceRow, now: float) -> QueueLook | None
         return None
     where = {"queue": row.queue, "priority": row.priority or 0,
              "queued_at": row.queued_at or "", "instance_id": row.instance_id}
-    ahead = read(
-        "count the instances ahead in the queue",
+    ahead = read("count the instances ahead in the queue",
         "SELECT count(*) AS n FROM instances WHERE queue = :queue AND status = 'queued' "
         "AND (priority < :priority OR (priority = :priority AND (queued_at < :queued_at "
-        "OR (queued_at = :queued_at AND instance_id < :instance_id))))",
-        where,
-    )
-    running = read(
-        "count the queue's running instances",
+        "OR (queued_at = :queued_at AND instance_id < :instance_id))))", where)
+    running = read("count the queue's running instances",
         f"SELECT owner, count(*) AS n FROM instances WHERE queue = :queue AND {HOLDS_SLOT} "
-        "GROUP BY owner",
-        {**where, "now": now},
-    )
+        "GROUP BY owner", {**where, "now": now})
     starts = read("read the queue's starts", STARTS, where)
     paused = read("read whether the queue is paused", PAUSED, where)
     key = row.concurrency_key
     key_running = None if key is None else int(read(
         "count the running instances of its concurrency key", KEY_HOLDS,
-        {**where, "key": key, "now": now},
-    )[0]["n"])
+        {**where, "key": key, "now": now})[0]["n"])
     return QueueLook(
-        position=int(ahead[0]["n"]) + 1,
-        running={str(r["owner"]): int(r["n"]) for r in running},
-        starts=[float(r["at"]) for r in starts],
-        live=live_owners(read, now),
-        now=now,
-        paused=bool(paused),
-        paused_at=paused[0]["paused_at"] if paused else None,
-        key_running=key_running,
-    )
+        position=int(ahead[0]["n"]) + 1, running={str(r["owner"]): int(r["n"]) for r in running},
+        starts=[float(r["at"]) for r in starts], live=live_owners(read, now), now=now,
+        paused=bool(paused), paused_at=paused[0]["paused_at"] if paused else None,
+        key_running=key_running)
 
 
 def awaited_signals(read: ReadRows, workflow: str, instance_id: str) -> list[str]:
     """The keys of the suspend points the instance waits on now (a finished instance awaits
     nothing, whatever rows its last run left waiting)."""
-    rows = read(
-        "read the awaited signals",
+    rows = read("read the awaited signals",
         "SELECT s.key FROM steps AS s JOIN instances AS i "
         "ON i.workflow = s.workflow AND i.instance_id = s.instance_id "
         "WHERE s.workflow = :workflow AND s.instance_id = :instance_id AND s.kind = 'signal' "
         "AND s.state = 'waiting' AND i.status IN ('running', 'suspended') ORDER BY s.seq",
-        {"workflow": workflow, "instance_id": instance_id},
-    )
+        {"workflow": workflow, "instance_id": instance_id})
     return [row["key"] for row in rows]
 
 
@@ -221,8 +185,7 @@ def _distinct(column: str) -> str:
         f"WITH RECURSIVE found(v) AS (SELECT min({column}) FROM instances "
         f"WHERE {column} IS NOT NULL UNION ALL SELECT (SELECT min({column}) FROM instances "
         f"WHERE {column} > found.v) FROM found WHERE found.v IS NOT NULL) "
-        f"SELECT v AS {column} FROM found WHERE v IS NOT NULL ORDER BY v"
-    )
+        f"SELECT v AS {column} FROM found WHERE v IS NOT NULL ORDER BY v")
 
 
 def workflows(read: ReadRows) -> list[str]:
@@ -244,11 +207,9 @@ def queue_stats(read: ReadRows, queue: str, now: float) -> tuple[int, int, str |
 
 def live_owners(read: ReadRows, now: float) -> list[OwnerRow]:
     """The owners whose lease has not run out at ``now``: the engines running."""
-    live = read(
-        "read the live owners",
+    live = read("read the live owners",
         f"SELECT {_OWNER} FROM owners AS o WHERE o.heartbeat + o.lease >= :now ORDER BY o.id",
-        {"now": now},
-    )
+        {"now": now})
     return [owner for owner in map(_owner, live) if owner is not None]
 
 
@@ -256,12 +217,9 @@ def status_counts(read: ReadRows) -> list[tuple[str, str, int]]:
     """(workflow, status, instances) for every pair the store holds, by workflow and status: one
     pass over the index on (workflow, status, created_at, instance_id), or over the table where
     PostgreSQL's planner prefers it (the one read here that grows with the store)."""
-    rows = read(
-        "count the instances by workflow and status",
+    rows = read("count the instances by workflow and status",
         "SELECT workflow, status, count(*) AS n FROM instances "
-        "GROUP BY workflow, status ORDER BY workflow, status",
-        {},
-    )
+        "GROUP BY workflow, status ORDER BY workflow, status", {})
     return [(row["workflow"], row["status"], int(row["n"])) for row in rows]
 
 
@@ -289,14 +247,11 @@ def instance_page(
     """One page of filtered instances, newest first: ``limit`` rows after the first ``offset``
     (an index walked backwards, stopping after ``offset + limit`` entries: no sort, no scan)."""
     where, params = _filter(workflow, status, id_prefix)
-    rows = read(
-        "list a page of instances",
+    rows = read("list a page of instances",
         f"SELECT {', '.join(INSTANCE_COLUMNS)} FROM instances "
         + (f"WHERE {' AND '.join(where)} " if where else "")
         + "ORDER BY created_at DESC, workflow DESC, instance_id DESC "
-        "LIMIT :limit OFFSET :offset",
-        {**params, "limit": limit, "offset": offset},
-    )
+        "LIMIT :limit OFFSET :offset", {**params, "limit": limit, "offset": offset})
     return [_instance(row) for row in rows]
 
 
@@ -316,13 +271,10 @@ def failed_instances(
             name = "since" if op == ">=" else "until"
             where.append(f"completed_at {op} :{name}")
             params[name] = iso_utc(bound)
-    rows = read(
-        "list failed instances",
+    rows = read("list failed instances",
         f"SELECT workflow, instance_id, completed_at FROM instances "
         f"WHERE {' AND '.join(where)} "
-        "ORDER BY completed_at, workflow, instance_id LIMIT :limit",
-        {**params, "limit": limit},
-    )
+        "ORDER BY completed_at, workflow, instance_id LIMIT :limit", {**params, "limit": limit})
     return [(row["workflow"], row["instance_id"], row["completed_at"]) for row in rows]
 
 

@@ -17,8 +17,7 @@ from ..transaction import Transaction
 #: The instance's row, owned by this engine, kept from a takeover until commit.
 OWNED_ROW = (
     "SELECT 1 FROM instances WHERE workflow = :workflow AND instance_id = :instance_id "
-    "AND owner = :me{for_share}"
-)
+    "AND owner = :me{for_share}")
 UPSERT_STEP = f"""
 INSERT INTO steps (workflow, instance_id, key, seq, kind, state, result, result_type,
                    status, error, attempts, completed_at, started_at, traceback)
@@ -33,12 +32,10 @@ ON CONFLICT (workflow, instance_id, key) DO UPDATE SET
 WHERE steps.state <> 'completed' AND steps.kind = excluded.kind
 """
 STORED_STEP_COLUMNS = (
-    "key", "seq", "kind", "state", "result", "result_type", "status", "attempts",
-)
+    "key", "seq", "kind", "state", "result", "result_type", "status", "attempts")
 SELECT_RUN_STEPS = (
     f"SELECT {', '.join(STORED_STEP_COLUMNS)} "
-    "FROM steps WHERE workflow = :workflow AND instance_id = :instance_id"
-)
+    "FROM steps WHERE workflow = :workflow AND instance_id = :instance_id")
 SELECT_STEP = SELECT_RUN_STEPS + " AND key = :key"
 
 
@@ -48,17 +45,14 @@ def stored_step(values: Any) -> StoredStep:
 
 CHECK_RUN = (
     "SELECT status, owner FROM instances WHERE workflow = :workflow "
-    "AND instance_id = :instance_id"
-)
+    "AND instance_id = :instance_id")
 _SET_STATUS = (
     "UPDATE instances SET status_message = :message WHERE workflow = :workflow "
-    "AND instance_id = :instance_id AND owner = :me"
-)
+    "AND instance_id = :instance_id AND owner = :me")
 _SET_IN_FLIGHT = (
     "UPDATE instances SET step_key = :key, step_started = :started WHERE "
     "workflow = :workflow AND instance_id = :instance_id AND owner = :me "
-    "AND status = 'running'"
-)
+    "AND status = 'running'")
 
 
 def save(tx: Transaction, write: StepWrite) -> None:
@@ -107,5 +101,4 @@ def record_in_flight(tx: Transaction, steps: list[tuple[str, str, str, float]]) 
     seconds, UTC) on its instance, while that is still this engine's and running."""
     tx.executemany(_SET_IN_FLIGHT, [
         {"workflow": w, "instance_id": i, "key": k, "started": iso_utc(t), "me": tx.owner}
-        for w, i, k, t in steps
-    ])
+        for w, i, k, t in steps])
