@@ -40,8 +40,7 @@ from ._running import running
 
 __all__ = [
     "FrozenClock", "advance", "engine", "memable_configure", "memable_options",
-    "memable_workflows", "running",
-]
+    "memable_workflows", "running"]
 
 _TimerId = tuple[str, str, str]  # (workflow, instance id, timer key)
 
@@ -126,8 +125,7 @@ def _delta(by: timedelta | float) -> timedelta:
         raise TypeError(f"advance takes a timedelta or seconds, not {type(by).__name__}")
     if delta < timedelta(0):
         raise ValueError(
-            f"advance moves the clock forward only, not by {delta.total_seconds():g} s"
-        )
+            f"advance moves the clock forward only, not by {delta.total_seconds():g} s")
     return delta
 
 
@@ -158,21 +156,15 @@ def _move(clock: FrozenClock, delta: timedelta) -> None:
 def _ticks(engine: Engine) -> set[str]:
     """The ids of the instances of the engine's schedules' ticks."""
     store = access.store(engine)
-    return {
-        row.instance_id
-        for name in access.schedules(engine)
-        for row, _ in store.list_view(None, None, schedule=name)
-    }
+    return {row.instance_id for name in access.schedules(engine)
+        for row, _ in store.list_view(None, None, schedule=name)}
 
 
 def _live_instances(engine: Engine) -> set[tuple[str, str]]:
     """(workflow, id) of every instance of the engine's workflows that is not finished."""
-    return {
-        (name, instance_id)
-        for name in access.workflows(engine)
+    return {(name, instance_id) for name in access.workflows(engine)
         for instance_id, metadata in engine.list_instances(name)
-        if not metadata.status.is_terminal
-    }
+        if not metadata.status.is_terminal}
 
 
 def _timers(engine: Engine, instances: set[tuple[str, str]]) -> dict[_TimerId, float]:

@@ -148,11 +148,8 @@ def _drain(engine: Engine, drain: threading.Thread, grace: float) -> int | None:
     if cancelled:
         log.warning("leaving %s: cancelled, its step still running", _names(cancelled))
     if others:
-        log.error(
-            "%s still in flight after the %gs grace period; exiting, the next engine "
-            "on the store recovers %s", _names(others), grace,
-            "it" if len(others) == 1 else "them",
-        )
+        log.error("%s still in flight after the %gs grace period; exiting, the next engine on "
+            "the store recovers %s", _names(others), grace, "it" if len(others) == 1 else "them")
         return 1
     return 0
 
@@ -170,5 +167,4 @@ def _is_cancelled(engine: Engine, workflow: str, instance_id: str) -> bool:
 def _names(runs: list[tuple[str, str, str | None, float | None]]) -> str:
     return ", ".join(
         f"{w}/{i}" + (f" [{key} since {iso_utc(since)}]" if key and since is not None else "")
-        for w, i, key, since in runs
-    )
+        for w, i, key, since in runs)

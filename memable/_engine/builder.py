@@ -166,8 +166,6 @@ class EngineBuilder(Generic[E]):
             check_target(self._path, self._schema)
         elif self._schema is not None:
             raise ValueError("schema is for a PostgreSQL URL, not an in-memory store")
-        store = open_store(
-            self._path, self._options.synchronous, schema=self._schema,
-            pool_size=self._options.max_workers + 3,
-        )
+        store = open_store(self._path, self._options.synchronous, schema=self._schema,
+            pool_size=self._options.max_workers + 3)
         return self._factory(store, self._options)

@@ -14,8 +14,7 @@ import attrs
 
 #: Why a run of an instance began.
 RunReason = Literal[
-    "invoke", "signal", "timer", "retry", "child", "recovery", "resume", "schedule"
-]
+    "invoke", "signal", "timer", "retry", "child", "recovery", "resume", "schedule"]
 
 
 @attrs.frozen

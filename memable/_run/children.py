@@ -106,17 +106,14 @@ class Children:
         rows = []
         for child_id, key, (text, tag), _ in children:
             with self._telemetry.producing(workflow.name, instance_id=child_id) as traceparent:
-                rows.append(InstanceRow(
-                    workflow=workflow.name, instance_id=child_id,
-                    status="running" if queue is None else "queued",
-                    message=None, input=text, input_type=tag, output=None, output_type=None,
-                    created_at=now, updated_at=now, completed_at=None,
-                    parent_workflow=parent.workflow, parent_id=parent.instance_id,
-                    parent_key=key, parent_group=group, queue=queue,
+                rows.append(InstanceRow(workflow=workflow.name, instance_id=child_id,
+                    status="running" if queue is None else "queued", message=None, input=text,
+                    input_type=tag, output=None, output_type=None, created_at=now, updated_at=now,
+                    completed_at=None, parent_workflow=parent.workflow,
+                    parent_id=parent.instance_id, parent_key=key, parent_group=group, queue=queue,
                     priority=None if queue is None else 0,
                     queued_at=None if queue is None else now, traceparent=traceparent,
-                    timeout=workflow.timeout, timeout_at=timeout_at,
-                ))
+                    timeout=workflow.timeout, timeout_at=timeout_at))
         def make() -> list[Made]:
             created = set(self._store.start_children(waits, rows))
             if queue is not None:  # they wait for slots; whichever engine consumes it runs them

@@ -65,16 +65,13 @@ class Claims:
         """Make the queue consumer (for ``queues``) and the threads; the caller holds the lock."""
         options = self._registry.options
         if queues:
-            self.consumer = QueueConsumer(
-                self._store, queues, sorted(self._registry.workflows), self.clock,
-                capacity=self._runs.capacity, run=self._run_claimed, telemetry=self._telemetry,
-                check_every=options.lease,
-            )
+            self.consumer = QueueConsumer(self._store, queues, sorted(self._registry.workflows),
+                self.clock, capacity=self._runs.capacity, run=self._run_claimed,
+                telemetry=self._telemetry, check_every=options.lease)
             self.dispatcher = Dispatcher(self._claim_queued, options.poll_interval, self.clock)
         # The thread must look often enough to renew the lease in time.
         self.background = BackgroundThread(
-            self.tick, min(options.poll_interval, options.lease / 3), self.clock
-        )
+            self.tick, min(options.poll_interval, options.lease / 3), self.clock)
 
     def registered(self, now: float, server: float | None) -> None:
         """The owner row was stored at ``now`` (the store's clock: ``server``): judge the clock."""
@@ -105,8 +102,7 @@ class Claims:
                 with self._lock:
                     if self._registry.phase == "started":
                         watches.append(self._runs.submit_locked(
-                            workflow, instance_id, fresh_input, "resume", traceparent, reason
-                        ))
+                            workflow, instance_id, fresh_input, "resume", traceparent, reason))
             return watches
         finally:
             with self._lock:

@@ -64,10 +64,8 @@ def first_to_raise(errors: Sequence[BaseException | None]) -> int | None:
         for i, exc in enumerate(errors):
             if isinstance(exc, kind):
                 return i
-    waits = [
-        (exc.deadline, i) for i, exc in enumerate(errors)
-        if isinstance(exc, (Suspension, EngineStopping)) and exc.deadline is not None
-    ]
+    waits = [(exc.deadline, i) for i, exc in enumerate(errors)
+        if isinstance(exc, (Suspension, EngineStopping)) and exc.deadline is not None]
     if waits:
         return min(waits)[1]
     return next((i for i, exc in enumerate(errors) if exc is not None), None)

@@ -21,11 +21,10 @@ from .._errors import EngineError
 
 #: What a forked child is told, and what to do instead.
 FORKED = (
-    "this engine was made before os.fork() and cannot be used in the child process; "
-    "make the engine in each child after the fork: under gunicorn, in a post_fork hook "
-    "or on first use in the worker, or run gunicorn without --preload "
-    "(see 'Web apps and forking servers' in the memable docs)"
-)
+    "this engine was made before os.fork() and cannot be used in the child process; make the "
+    "engine in each child after the fork: under gunicorn, in a post_fork hook or on first use in "
+    "the worker, or run gunicorn without --preload (see 'Web apps and forking servers' in the "
+    "memable docs)")
 
 # Guards of this process, so that a forked child can mark them.
 _guards: weakref.WeakSet[ForkGuard] = weakref.WeakSet()

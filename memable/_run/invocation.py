@@ -227,14 +227,10 @@ class Invocation:
             with watch.cond:
                 watch.cond.wait_for(
                     lambda seen=watch.ended, told=stored: (  # type: ignore[misc]
-                        watch.ended != seen or watch.active or watch.stored != told
-                    ),
-                    poll if left is None else min(left, poll),
-                )
-        raise TimeoutError(
-            f"run of workflow {watch.workflow!r}, instance "
-            f"{watch.instance_id!r} did not end within {timeout} s"
-        )
+                        watch.ended != seen or watch.active or watch.stored != told),
+                    poll if left is None else min(left, poll))
+        raise TimeoutError(f"run of workflow {watch.workflow!r}, instance "
+            f"{watch.instance_id!r} did not end within {timeout} s")
 
     def result(self, timeout: float | timedelta | None = None) -> Any:
         """Wait until the instance is terminal and return its output.
@@ -267,8 +263,7 @@ class Invocation:
             if state.is_terminal:
                 if isinstance(state, Completed):
                     return self._host._decode_output(
-                        row.workflow, row.instance_id, row.output, row.output_type
-                    )
+                        row.workflow, row.instance_id, row.output, row.output_type)
                 raise WorkflowFailed(watch.workflow, watch.instance_id, state)
             left = remaining()
             if left == 0.0:
@@ -278,14 +273,10 @@ class Invocation:
             with watch.cond:
                 watch.cond.wait_for(
                     lambda seen=ended, told=stored: (  # type: ignore[misc]
-                        watch.ended != seen or watch.stored != told
-                    ),
-                    poll if left is None else min(left, poll),
-                )
-        raise TimeoutError(
-            f"workflow {watch.workflow!r}, instance {watch.instance_id!r} "
-            f"is not terminal after {timeout} s"
-        )
+                        watch.ended != seen or watch.stored != told),
+                    poll if left is None else min(left, poll))
+        raise TimeoutError(f"workflow {watch.workflow!r}, instance {watch.instance_id!r} "
+            f"is not terminal after {timeout} s")
 
     def updates(self) -> Iterator[WorkflowState]:
         """Yield each live transition of the current run; the last is the state it ended in.

@@ -76,8 +76,7 @@ def release(store: RunStore, run: Run, clock: Clock) -> WorkflowState | None:
     assert waited is not None
     try:
         store.finish(run.workflow.name, run.instance_id, RunEnd(
-            "suspended", clock.wall(), waited.message, waiting_for=waited.key,
-        ))
+            "suspended", clock.wall(), waited.message, waiting_for=waited.key))
     except BaseException:
         log.exception("could not release the instance",
                       extra=where(run.workflow.name, run.instance_id))

@@ -48,8 +48,7 @@ class Runner:
         self.registry = Registry(options)
         self._lock = self.registry.lock  # shared by the parts; Registry.lock says what it guards
         self.children = Children(self.registry.workflows, store, self.submit, self._clock,
-                                 self.registry.queues, self.kick, self.telemetry,
-                                 self.start_made)
+                                 self.registry.queues, self.kick, self.telemetry, self.start_made)
         self.runs = Runs(self.registry, self._lock, store, self.telemetry, self.children,
                          wake=self.wake, kick=self.kick, armed=self.armed)
         #: Wake-ups, queue claims, the poll's look and recovery, the lease.
@@ -236,16 +235,16 @@ class Runner:
         return self.runs.signalling(workflow, instance_id, key)
 
     def start_run(
-        self, workflow: Workflow, instance_id: str, fresh_input: tuple[Any] | None,
-        *, claim: Claim = "resume", traceparent: str | None = None,
+        self, workflow: Workflow, instance_id: str, fresh_input: tuple[Any] | None, *,
+        claim: Claim = "resume", traceparent: str | None = None,
     ) -> Watch:
         """Submit a run the user asked for, unless one is active (``Runs.start_run``)."""
         return self.runs.start_run(workflow, instance_id, fresh_input, claim=claim,
                                    traceparent=traceparent)
 
     def submit(
-        self, workflow: Workflow, instance_id: str, fresh_input: tuple[Any] | None,
-        *, traceparent: str | None = None, reason: RunReason | None = None,
+        self, workflow: Workflow, instance_id: str, fresh_input: tuple[Any] | None, *,
+        traceparent: str | None = None, reason: RunReason | None = None,
     ) -> None:
         """Run an instance here while the engine is started (``Runs.submit``)."""
         self.runs.submit(workflow, instance_id, fresh_input, traceparent=traceparent,

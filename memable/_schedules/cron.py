@@ -66,10 +66,8 @@ class Cron:
             raise ValueError(f"cron {expr!r} is not an alias memable knows "
                              f"({', '.join(sorted(ALIASES))})")
         if len(fields.split()) != 5:
-            raise ValueError(
-                f"cron {expr!r} has {len(fields.split())} fields; a schedule takes 5 "
-                "(minute hour day month weekday) or an alias such as '@daily'"
-            )
+            raise ValueError(f"cron {expr!r} has {len(fields.split())} fields; a schedule takes 5 "
+                "(minute hour day month weekday) or an alias such as '@daily'")
         tz = _zone(zone)
         try:
             # Any fixed start checks it (a cron that fires at all repeats within 28

@@ -34,8 +34,7 @@ converter.register_structure_hook(Decimal, lambda value, _: Decimal(value))
 HOW_TO_STORE = (
     "to store it, make it an attrs class or a dataclass, or plain JSON types (dict, list, "
     "str, int, float, bool, None), and name its type with .returns(T) or an annotation "
-    "if it must come back as another"
-)
+    "if it must come back as another")
 
 #: Types JSON rebuilds exactly, so they need no tag.
 _NATIVE: frozenset[type] = frozenset({dict, list, str, int, float, bool, type(None)})
@@ -58,10 +57,8 @@ def _type_for_tag(tag: str) -> type:
     # Only imported modules: a tag read from a store must not import (run) arbitrary code.
     obj: Any = sys.modules.get(module_name)
     if obj is None:
-        raise TypeError(
-            f"class {tag} is stored, but module {module_name!r} is not imported; "
-            "import it, or give the type with an annotation or .returns()"
-        )
+        raise TypeError(f"class {tag} is stored, but module {module_name!r} is not imported; "
+            "import it, or give the type with an annotation or .returns()")
     for part in qualname.split("."):
         obj = getattr(obj, part)
     if not isinstance(obj, type):
@@ -162,25 +159,20 @@ def store_form(
             raise SerializationError(
                 f"cannot store a {type(value).__qualname__}: the function returned an "
                 "awaitable that nothing awaits, and memable runs plain synchronous functions; "
-                "await it inside one with asyncio.run() and return its value",
-                workflow=workflow, instance_id=instance_id, **_where(key),
-            ) from None
+                "await it inside one with asyncio.run() and return its value", workflow=workflow,
+                instance_id=instance_id, **_where(key)) from None
         raise SerializationError(
             f"cannot store a value of type {type(value).__qualname__} ({exc}); {HOW_TO_STORE}",
-            workflow=workflow, instance_id=instance_id, **_where(key),
-        ) from exc
+            workflow=workflow, instance_id=instance_id, **_where(key)) from exc
     try:
         rebuilt = decode(text, tag, hint)
         same = bool(rebuilt == value)
     except Exception as exc:
         same, rebuilt = False, exc
     if not same:
-        raise SerializationError(
-            f"a {type(value).__qualname__} would not come back equal "
-            f"(stored as {text[:60]}, rebuilt as {rebuilt!r:.60}); give its type "
-            "with a return annotation or .returns()",
-            workflow=workflow, instance_id=instance_id, **_where(key),
-        )
+        raise SerializationError(f"a {type(value).__qualname__} would not come back equal "
+            f"(stored as {text[:60]}, rebuilt as {rebuilt!r:.60}); give its type with a return "
+            "annotation or .returns()", workflow=workflow, instance_id=instance_id, **_where(key))
     return text, tag, rebuilt
 
 
@@ -193,15 +185,13 @@ def decode_for(
     except Exception as exc:
         raise SerializationError(
             f"stored value does not fit its type {hint or tag} ({type(exc).__name__}: {exc})",
-            workflow=workflow, instance_id=instance_id, **_where(key),
-        ) from exc
+            workflow=workflow, instance_id=instance_id, **_where(key)) from exc
 
 
 # Resolved annotations, weakly keyed to keep no closure alive. Written under _hints_lock.
 _hints_lock = threading.Lock()
 _hints_cache: weakref.WeakKeyDictionary[Callable[..., Any], dict[str, Any]] = (
-    weakref.WeakKeyDictionary()
-)
+    weakref.WeakKeyDictionary())
 
 
 def hints_of(fn: Callable[..., Any]) -> dict[str, Any]:

@@ -70,15 +70,11 @@ class Dialect:
 
 
 SQLITE = Dialect(
-    "sqlite", for_update="", for_share="", skip_locked="", share_skip_locked="",
-    now_epoch=":now",
-)
-POSTGRESQL = Dialect(
-    "postgresql", for_update=" FOR UPDATE", for_share=" FOR SHARE",
+    "sqlite", for_update="", for_share="", skip_locked="", share_skip_locked="", now_epoch=":now")
+POSTGRESQL = Dialect("postgresql", for_update=" FOR UPDATE", for_share=" FOR SHARE",
     skip_locked=" FOR UPDATE SKIP LOCKED", share_skip_locked=" FOR SHARE SKIP LOCKED",
-    now_epoch="extract(epoch FROM clock_timestamp())::double precision",
-    parameter="%%(%s)s", row_locks=True, array_parameters=True,
-)
+    now_epoch="extract(epoch FROM clock_timestamp())::double precision", parameter="%%(%s)s",
+    row_locks=True, array_parameters=True)
 
 
 class Cursor(Protocol):

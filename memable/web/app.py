@@ -37,10 +37,8 @@ try:
     from werkzeug.routing import Map, Rule
     from werkzeug.wrappers import Request, Response
 except ImportError as exc:  # pragma: no cover - the extra is missing
-    raise ImportError(
-        "the dashboard needs Werkzeug and Jinja2, in the extra 'web': pip install "
-        f"'memable-engine[web]' ({exc})"
-    ) from None
+    raise ImportError("the dashboard needs Werkzeug and Jinja2, in the extra 'web': pip install "
+        f"'memable-engine[web]' ({exc})") from None
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIEnvironment
@@ -109,9 +107,8 @@ class Dashboard:
         self._owned = owned
         self.loopback_only = loopback_only
         self._templates = jinja2.Environment(
-            loader=jinja2.PackageLoader("memable.web", "templates"),
-            autoescape=True, undefined=jinja2.StrictUndefined,
-        )
+            loader=jinja2.PackageLoader("memable.web", "templates"), autoescape=True,
+            undefined=jinja2.StrictUndefined)
         self._templates.filters["when"] = pages.when
         self._routes = Map([
             Rule("/", endpoint="overview", methods=["GET"]),
@@ -152,8 +149,7 @@ class Dashboard:
                 given = request.args.get("token")
                 if given is not None and request.method == "GET":
                     return page.take_token(given, self._token)
-                if not (guard.same(guard.bearer(request.headers.get("Authorization")),
-                                   self._token)
+                if not (guard.same(guard.bearer(request.headers.get("Authorization")), self._token)
                         or guard.same(request.cookies.get(guard.TOKEN_COOKIE), self._token)):
                     return page.error(401, "This dashboard needs its token: open it with "
                                       "?token=... once, or send Authorization: Bearer ...")
@@ -163,10 +159,9 @@ class Dashboard:
                     return page.error(403, _READ_ONLY)
                 if self.loopback_only and not guard.same_origin(
                         request.headers.get("Origin"), request.headers.get("Referer"), host):
-                    return page.error(403, "The action did not come from a page of this "
-                                      "dashboard (its Origin and Referer name another "
-                                      "site, or neither was sent): open the dashboard "
-                                      "and act from its page.")
+                    return page.error(403, "The action did not come from a page of this dashboard "
+                        "(its Origin and Referer name another site, or neither was sent): open "
+                        "the dashboard and act from its page.")
                 if not guard.same(request.form.get(guard.CSRF_FIELD),
                                   request.cookies.get(guard.CSRF_COOKIE)):
                     return page.error(403, "The form's CSRF token is missing or does not "
@@ -189,11 +184,9 @@ class Dashboard:
             response.set_cookie(guard.CSRF_COOKIE, csrf, httponly=True, samesite="Lax",
                                 path=request.script_root or "/")
         # Everything is the dashboard's own: no inline script, no other origin.
-        response.headers.setdefault(
-            "Content-Security-Policy",
+        response.headers.setdefault("Content-Security-Policy",
             "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; "
-            "frame-ancestors 'self'; form-action 'self'; base-uri 'none'",
-        )
+            "frame-ancestors 'self'; form-action 'self'; base-uri 'none'")
         response.headers.setdefault("X-Content-Type-Options", "nosniff")
         response.headers.setdefault("Referrer-Policy", "same-origin")
         response.headers.setdefault("Cache-Control", "no-store")
@@ -220,8 +213,7 @@ class _Page:
     def render(self, template: str, status: int = 200, **context: Any) -> Response:
         html = self.dashboard._templates.get_template(template).render(
             url=self.url, csrf=self.csrf, csrf_field=guard.CSRF_FIELD,
-            actions=self.dashboard.allow_actions, **context,
-        )
+            actions=self.dashboard.allow_actions, **context)
         return Response(html, status=status, content_type="text/html; charset=utf-8")
 
     def error(self, status: int, message: str) -> Response:
@@ -291,9 +283,8 @@ class _Page:
         try:
             payload = json.loads(form.get("payload") or "null")
         except ValueError as exc:
-            raise pages.BadRequest(f"the payload is not JSON ({exc}); nothing was sent: "
-                                   f"workflow {workflow!r}, instance {instance_id!r}, "
-                                   f"step {key!r}") from None
+            raise pages.BadRequest(f"the payload is not JSON ({exc}); nothing was sent: workflow "
+                f"{workflow!r}, instance {instance_id!r}, step {key!r}") from None
         admin.store_signal(self.store, workflow, instance_id, key, payload, clock=self.clock)
         return self.redirect(self._detail_url(workflow, instance_id, "signal"))
 
@@ -310,10 +301,8 @@ class _Page:
     def do_fork(self) -> Response:
         form = self.request.form
         workflow, instance_id = self._instance_args(form)
-        new_id, made = admin.fork_instance(
-            self.store, workflow, instance_id, form.get("from_key") or None,
-            form.get("new_id") or None, clock=self.clock,
-        )
+        new_id, made = admin.fork_instance(self.store, workflow, instance_id,
+            form.get("from_key") or None, form.get("new_id") or None, clock=self.clock)
         if not made:  # the form sent twice, or an id someone took: say so, fork nothing
             return self.error(409, f"an instance {new_id!r} of workflow {workflow!r} exists "
                               "already; nothing was forked (open it from the list)")
@@ -346,7 +335,6 @@ class _Page:
             return self.render("resume_failed.html", view=view)
         until = pages.confirmed_time(source.get("until"))
         resumed = admin.resume_failed(self.store, workflow, id_prefix=id_prefix,
-                                      until=epoch_seconds(until), limit=pages.BULK_LIMIT,
-                                      clock=self.clock)
+            until=epoch_seconds(until), limit=pages.BULK_LIMIT, clock=self.clock)
         return self.render("resumed.html", resumed=resumed, workflow=workflow,
                            id_prefix=id_prefix, until=until)
