@@ -38,8 +38,7 @@ def open_existing(target: str, schema: str | None = None) -> Store:
     if path is None:
         raise StorageError(
             f"{target!r} is a store in memory, seen only by the engine that opened it: "
-            "give the store's file or PostgreSQL URL"
-        )
+            "give the store's file or PostgreSQL URL")
     target = os.fspath(path)
     if not is_url(target):
         if schema is not None:
@@ -68,10 +67,8 @@ def list_instances(
     listed = []
     for row, owner in store.list_view(workflow, status, schedule):
         age = now - datetime.fromisoformat(row.created_at)
-        judged = (
-            _owner(row.owner, owner, now.timestamp())
-            if row.status == "running" and row.owner else None
-        )
+        judged = (_owner(row.owner, owner, now.timestamp())
+                  if row.status == "running" and row.owner else None)
         listed.append({
             "workflow": row.workflow, "instance_id": row.instance_id, "status": row.status,
             "message": row.message, "status_message": row.status_message,
@@ -103,12 +100,10 @@ def list_schedules(
         except ValueError as exc:  # a zone this machine does not know, say
             upcoming = None
             notes.append(f"schedule {row.name!r}: no next tick: {exc}")
-        listed.append({
-            "name": row.name, "cron": row.cron, "timezone": row.timezone,
+        listed.append({"name": row.name, "cron": row.cron, "timezone": row.timezone,
             "workflow": row.workflow, "last_tick": row.last_tick, "next_tick": upcoming,
             "since": row.since, "skipped": row.skipped, "missed": row.missed,
-            "declared": row.name in engines, "engines": engines.get(row.name, 0),
-        })
+            "declared": row.name in engines, "engines": engines.get(row.name, 0)})
     return listed, notes
 
 
@@ -133,14 +128,11 @@ def show_instance(
     if found is None:
         raise_unknown(store, workflow, instance_id)
     row = found.instance
-    view: dict[str, Any] = {
-        "workflow": row.workflow, "instance_id": row.instance_id, "status": row.status,
-        "message": row.message, "status_message": row.status_message,
+    view: dict[str, Any] = {"workflow": row.workflow, "instance_id": row.instance_id,
+        "status": row.status, "message": row.message, "status_message": row.status_message,
         "waiting_for": row.waiting_for, "input": _decoded(row.input),
-        "output": _decoded(row.output), "created_at": row.created_at,
-        "updated_at": row.updated_at, "completed_at": row.completed_at,
-        "traceback": row.traceback,
-    }
+        "output": _decoded(row.output), "created_at": row.created_at, "updated_at": row.updated_at,
+        "completed_at": row.completed_at, "traceback": row.traceback}
     steps = [attrs.asdict(step) for step in found.steps]
     for step in steps:
         start, end = step["started_at"], step["completed_at"]
@@ -151,31 +143,22 @@ def show_instance(
     running = row.status == "running"
     view["owner"] = _owner(row.owner, found.owner, now) if running and row.owner else None
     done = {s["key"] for s in steps if s["state"] == "completed" and s["kind"] == "step"}
-    view["in_flight"] = (
-        {"key": row.step_key, "since": row.step_started}
-        if running and row.step_key and row.step_key not in done else None
-    )
+    view["in_flight"] = ({"key": row.step_key, "since": row.step_started}
+                         if running and row.step_key and row.step_key not in done else None)
     view["timers"] = [{"key": key, "due": _due(deadline)} for key, deadline in found.timers]
     view["awaiting_signals"] = found.awaiting
-    view["parent"] = (
-        {"workflow": row.parent_workflow, "instance_id": row.parent_id}
-        if row.parent_workflow is not None else None
-    )
+    view["parent"] = ({"workflow": row.parent_workflow, "instance_id": row.parent_id}
+        if row.parent_workflow is not None else None)
     view["children"] = [
-        {"workflow": w, "instance_id": i, "status": status} for w, i, status in found.children
-    ]
-    view["queue"] = None if row.queue is None else {
-        "name": row.queue, "priority": row.priority, "concurrency_key": row.concurrency_key,
-        **(_waiting_in(row, found.queue) if found.queue is not None else {}),
-    }
+        {"workflow": w, "instance_id": i, "status": status} for w, i, status in found.children]
+    view["queue"] = None if row.queue is None else {"name": row.queue, "priority": row.priority,
+        "concurrency_key": row.concurrency_key,
+        **(_waiting_in(row, found.queue) if found.queue is not None else {})}
     view["timeout"] = None if row.timeout is None or row.timeout_at is None else {
         "seconds": row.timeout, "duration": duration_text(row.timeout),
-        "at": iso_utc(row.timeout_at),
-    }
-    view["recovered"] = None if not row.recoveries else {
-        "times": row.recoveries, "step_in_flight": row.lost_step, "lost_by": row.lost_by,
-        "executed": _executed(steps, row),
-    }
+        "at": iso_utc(row.timeout_at)}
+    view["recovered"] = None if not row.recoveries else {"times": row.recoveries,
+        "step_in_flight": row.lost_step, "lost_by": row.lost_by, "executed": _executed(steps, row)}
     view["cut"] = {} if full else _cut_large(view)
     return view
 
@@ -192,12 +175,9 @@ def _executed(steps: list[dict[str, Any]], row: InstanceRow) -> dict[str, Any] |
 def _waiting_in(row: InstanceRow, look: QueueLook) -> dict[str, Any]:
     """Where a queued instance stands and why it waits, judged by what the live engines declare."""
     queue, workflow = row.queue, row.workflow
-    consumers = [
-        (owner, declared, spec)
-        for owner in look.live
+    consumers = [(owner, declared, spec) for owner in look.live
         if (declared := Declarations.from_json(owner.declares)) is not None
-        for spec in declared.queues if spec.name == queue
-    ]
+        for spec in declared.queues if spec.name == queue]
     runners = [(o, spec) for o, declared, spec in consumers if workflow in declared.workflows]
     running = sum(look.running.values())
     if look.paused:
@@ -216,8 +196,7 @@ def _waiting_in(row: InstanceRow, look: QueueLook) -> dict[str, Any]:
 
 
 def _limit_reached(
-    look: QueueLook, runners: list[tuple[OwnerRow, QueueSpec]], running: int,
-    key: str | None,
+    look: QueueLook, runners: list[tuple[OwnerRow, QueueSpec]], running: int, key: str | None,
 ) -> str | None:
     """The queue's limit that keeps it (with concurrency key ``key``) from starting now."""
     spec = runners[0][1]  # declare a queue the same way everywhere
@@ -325,11 +304,9 @@ def _owner(owner_id: str, row: OwnerRow | None, now: float) -> dict[str, Any]:
         alive, judged_by = _liveness.pid_alive(row.pid, row.proc_start), "pid"
     else:
         alive, judged_by = now < lease_ends, "lease"
-    return {
-        "id": owner_id, "host": row.host, "pid": row.pid, "alive": alive,
+    return {"id": owner_id, "host": row.host, "pid": row.pid, "alive": alive,
         "judged_by": judged_by, "heartbeat": iso_utc(row.heartbeat),
-        "lease_ends": iso_utc(lease_ends),
-    }
+        "lease_ends": iso_utc(lease_ends)}
 
 
 CUT = 2000  # characters of a value's JSON text ``show`` prints before cutting it
@@ -365,9 +342,8 @@ def raise_unknown(store: OperatorStore, workflow: str, instance_id: str) -> NoRe
     why = "the store has no instance of this workflow"
     if instance_id:
         why = f"no stored instance ({why} at all)"
-    raise WorkflowNotFound(
-        workflow, why, did_you_mean(workflow, names), instance_id=instance_id or None
-    )
+    raise WorkflowNotFound(workflow, why, did_you_mean(workflow, names),
+        instance_id=instance_id or None)
 
 
 def did_you_mean(name: str, names: list[str]) -> str:

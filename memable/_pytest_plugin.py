@@ -15,12 +15,10 @@ from ._running import THREAD_TIMEOUT, THREAD_TIMEOUT_INI, running
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     """Declare the ini option ``memable_thread_timeout``."""
-    parser.addini(
-        THREAD_TIMEOUT_INI,
+    parser.addini(THREAD_TIMEOUT_INI,
         help="seconds the memable engine fixture waits at teardown for the threads of "
         f"timed-out steps to end before it reports them as leaked (default {THREAD_TIMEOUT:g})",
-        default=str(THREAD_TIMEOUT),
-    )
+        default=str(THREAD_TIMEOUT))
 
 
 @pytest.fixture
@@ -48,10 +46,8 @@ def memable_options() -> dict[str, Any]:
 
 @pytest.fixture
 def memable_engine(
-    request: pytest.FixtureRequest,
-    memable_workflows: Mapping[str, Callable[..., Any]],
-    memable_options: dict[str, Any],
-    memable_configure: Callable[[Engine], None] | None,
+    request: pytest.FixtureRequest, memable_workflows: Mapping[str, Callable[..., Any]],
+    memable_options: dict[str, Any], memable_configure: Callable[[Engine], None] | None,
 ) -> Iterator[Engine]:
     """A started in-memory ``Engine`` with ``memable_workflows``, built with ``memable_options``
     and set up by ``memable_configure``.
@@ -77,10 +73,7 @@ def engine(memable_engine: Engine) -> Engine:
     """Deprecated old name of ``memable_engine`` (one release); a project's ``engine`` wins."""
     warnings.warn(
         "the memable fixture 'engine' is now 'memable_engine'; the old name goes in the "
-        "next release",
-        DeprecationWarning,
-        stacklevel=2,
-    )
+        "next release", DeprecationWarning, stacklevel=2)
     return memable_engine
 
 
@@ -90,8 +83,7 @@ def _thread_timeout(config: pytest.Config) -> float:
         seconds = float(text)
     except ValueError:
         raise pytest.UsageError(
-            f"{THREAD_TIMEOUT_INI} must be a number of seconds, not {text!r}"
-        ) from None
+            f"{THREAD_TIMEOUT_INI} must be a number of seconds, not {text!r}") from None
     if not seconds >= 0:
         raise pytest.UsageError(f"{THREAD_TIMEOUT_INI} must not be negative, not {text!r}")
     return seconds

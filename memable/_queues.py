@@ -61,22 +61,13 @@ class QueueSpec:
 
     @classmethod
     def declare(
-        cls,
-        name: str,
-        *,
-        concurrency: int | None = None,
-        per_process: int | None = None,
-        rate: tuple[int, float | timedelta] | None = None,
-        per_key: int | None = None,
+        cls, name: str, *, concurrency: int | None = None, per_process: int | None = None,
+        rate: tuple[int, float | timedelta] | None = None, per_key: int | None = None,
     ) -> QueueSpec:
         """Check a declaration: a name, positive ints, a (positive int, positive duration)."""
-        return cls(
-            check_queue_name(name),
-            _positive_int(concurrency, "concurrency"),
-            _positive_int(per_process, "per_process"),
-            _rate(rate),
-            _positive_int(per_key, "per_key"),
-        )
+        return cls(check_queue_name(name), _positive_int(concurrency, "concurrency"),
+            _positive_int(per_process, "per_process"), _rate(rate),
+            _positive_int(per_key, "per_key"))
 
 
 def check_queue_name(name: object) -> str:

@@ -51,10 +51,8 @@ T = TypeVar("T")
 
 CLOCK = SYSTEM_CLOCK  # no engine here: dates, ages and liveness by the system's clocks
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-_SCHEMA = click.option(
-    "--schema", metavar="NAME",
-    help="PostgreSQL only: the schema that holds the store (default: memable).",
-)
+_SCHEMA = click.option("--schema", metavar="NAME",
+    help="PostgreSQL only: the schema that holds the store (default: memable).")
 
 
 def _instance(command: Callable[..., None]) -> Callable[..., None]:
@@ -84,8 +82,7 @@ def _store(target: str, schema: str | None) -> Iterator[Store]:
 
 
 def _act_on(
-    target: str, schema: str | None, workflow: str, instance_id: str,
-    act: Callable[[Store], T],
+    target: str, schema: str | None, workflow: str, instance_id: str, act: Callable[[Store], T],
 ) -> T:
     """``act(store)`` on an instance of the store ``target``; an unknown one: exit 2."""
     with _store(target, schema) as store:
@@ -111,8 +108,7 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     cells = [[str(h) for h in headers]] + [["-" if c is None else str(c) for c in r] for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
-    )
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells)
 
 
 def _json(value: Any) -> str:
@@ -303,10 +299,8 @@ def _owner_text(owner: dict[str, Any]) -> str:
     if owner["judged_by"] == "gone":
         return f"engine {owner['id']} (dead: its owner row is gone)"
     state = "alive" if owner["alive"] else "dead"
-    how = (
-        "its pid" if owner["judged_by"] == "pid"
-        else f"its lease, which {'ends' if owner['alive'] else 'ended'} {owner['lease_ends']}"
-    )
+    how = ("its pid" if owner["judged_by"] == "pid"
+        else f"its lease, which {'ends' if owner['alive'] else 'ended'} {owner['lease_ends']}")
     return f"{owner['host']} pid {owner['pid']} ({state}, judged by {how})"
 
 
@@ -323,10 +317,8 @@ def _show_text(view: dict[str, Any]) -> str:
             return value(place, data)
         return "-" if data is None else json.dumps(data, ensure_ascii=False)
 
-    lines = [
-        f"{view['workflow']}/{view['instance_id']}: {view['status']}"
-        + (f" ({value('message', view['message'])})" if view["message"] else ""),
-    ]
+    lines = [f"{view['workflow']}/{view['instance_id']}: {view['status']}" + (
+        f" ({value('message', view['message'])})" if view["message"] else "")]
     if view["status_message"]:
         lines.append(f"status     {value('status_message', view['status_message'])}")
     if view["parent"] is not None:
@@ -373,19 +365,16 @@ def _show_text(view: dict[str, Any]) -> str:
     ]
     cut_steps = sorted(p for p in cut if p.startswith("steps["))
     if cut_steps:
-        lines += ["", "cut (--full prints them all): " + ", ".join(
-            f"{p} ({cut[p]:,} characters)" for p in cut_steps
-        )]
+        lines += ["", "cut (--full prints them all): " + ", ".join(f"{p} ({cut[p]:,} characters)"
+            for p in cut_steps)]
     if view["timers"]:
-        lines += ["", "pending timers:", _table(["KEY", "DUE"], [
-            [t["key"], t["due"]] for t in view["timers"]
-        ])]
+        lines += ["", "pending timers:",
+            _table(["KEY", "DUE"], [[t["key"], t["due"]] for t in view["timers"]])]
     if view["awaiting_signals"]:
         lines += ["", "awaiting signals: " + ", ".join(view["awaiting_signals"])]
     if view["children"]:
-        lines += ["", "children:", _table(["WORKFLOW", "ID", "STATUS"], [
-            [c["workflow"], c["instance_id"], c["status"]] for c in view["children"]
-        ])]
+        lines += ["", "children:", _table(["WORKFLOW", "ID", "STATUS"],
+            [[c["workflow"], c["instance_id"], c["status"]] for c in view["children"]])]
     if view["traceback"]:
         lines += ["", "traceback:", value("traceback", view["traceback"].rstrip("\n"))]
     return "\n".join(lines)
@@ -430,10 +419,8 @@ def signal(
     click.echo(f"signal {key} stored for {workflow}/{instance_id}")
     if key not in awaited:
         waits = f" (it waits on {', '.join(map(repr, awaited))})" if awaited else ""
-        _note(
-            f"{workflow}/{instance_id} is not waiting on {key!r}{waits}; the value is kept "
-            f"for when the workflow reaches that key{_guess(key, awaited)}"
-        )
+        _note(f"{workflow}/{instance_id} is not waiting on {key!r}{waits}; the value is kept "
+              f"for when the workflow reaches that key{_guess(key, awaited)}")
 
 
 @main.command()
@@ -541,8 +528,7 @@ def fork(
     """Start a new instance of WORKFLOW with the input of ID and its completed steps before
     KEY copied: it re-runs KEY and what follows (in an engine that runs WORKFLOW)."""
     made_id, made = _act_on(db, schema, workflow, instance_id,
-                            lambda store: fork_instance(store, workflow, instance_id,
-                                                        from_key, new_id, clock=CLOCK))
+        lambda store: fork_instance(store, workflow, instance_id, from_key, new_id, clock=CLOCK))
     if not made:
         _fail(f"{workflow}/{made_id} exists: nothing was forked")
     click.echo(f"forked {workflow}/{instance_id} as {made_id}" + (

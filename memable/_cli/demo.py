@@ -127,10 +127,8 @@ def run_demo(path: str | os.PathLike[str], say: Callable[[str], None] = print) -
         say(f"  ended {resumed.wait()}; result {resumed.result()!r}")
         say("stored steps:")
         for step in engine.steps("checkout", inv.instance_id):
-            say(
-                f"  {step.key:<10} {step.state:<9} attempts={step.attempts} "
-                f"status={step.status!r} result={step.result!r}"
-            )
+            say(f"  {step.key:<10} {step.state:<9} attempts={step.attempts} "
+                f"status={step.status!r} result={step.result!r}")
     ok = shop.executions == ["fetch:v1", "charge:v1", "charge:v1"]
     say("the demo went as it should" if ok else "the demo did NOT go as it should")
     return 0 if ok else 1

@@ -133,10 +133,8 @@ class _QuietPool(logging.Filter):
     says it once per outage); other pools' records are left alone."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno >= logging.WARNING and (
-            getattr(_INSIDE, "quiet", False)
-            or threading.current_thread().name.startswith("memable-pool")
-        ):
+        if record.levelno >= logging.WARNING and (getattr(_INSIDE, "quiet", False)
+                or threading.current_thread().name.startswith("memable-pool")):
             record.levelno, record.levelname = logging.DEBUG, "DEBUG"
             # The logger let it through as a WARNING; as a DEBUG, it may not.
             return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
@@ -190,13 +188,10 @@ class Connections:
         self._lease_until: float | None = None
         self._down_since: float | None = None
         # reconnect_timeout 0: waiting operations ask for the next connect (see run).
-        self._pool = psycopg_pool.ConnectionPool(
-            url, kwargs=self._kwargs, connection_class=Connection,
-            min_size=1, max_size=max(2, pool_size),
-            open=False, name=f"memable-pool-{next(_POOLS)}", timeout=timeout,
-            configure=self._configure, reconnect_timeout=0.0,
-            reconnect_failed=lambda pool: self._went_down(None),
-        )
+        self._pool = psycopg_pool.ConnectionPool(url, kwargs=self._kwargs,
+            connection_class=Connection, min_size=1, max_size=max(2, pool_size), open=False,
+            name=f"memable-pool-{next(_POOLS)}", timeout=timeout, configure=self._configure,
+            reconnect_timeout=0.0, reconnect_failed=lambda pool: self._went_down(None))
         self._pool.open(wait=True, timeout=timeout)
         self._closing = threading.Event()  # set by close(): retries stop and fail
         # Each thread's own: ``active`` inside session(), and the connection it holds.
@@ -297,14 +292,8 @@ class Connections:
             self._pool.putconn(conn)
 
     def run(
-        self,
-        what: str,
-        fn: Callable[[Connection], T],
-        workflow: str | None = None,
-        instance_id: str | None = None,
-        key: str | None = None,
-        *,
-        transaction: bool = True,
+        self, what: str, fn: Callable[[Connection], T], workflow: str | None = None,
+        instance_id: str | None = None, key: str | None = None, *, transaction: bool = True,
         past_lease: float = OUTAGE_WAIT,
     ) -> T:
         """Run ``fn`` on a pooled connection (in a transaction unless told not to), retrying.
@@ -350,8 +339,7 @@ class Connections:
                         raise StorageError(
                             f"cannot {what} in {self.where} ({self._redact(exc.cause)}): "
                             "whether it was stored is not known",
-                            workflow=workflow, instance_id=instance_id, key=key,
-                        ) from None
+                            workflow=workflow, instance_id=instance_id, key=key) from None
                 except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
                     if isinstance(exc, psycopg.OperationalError):
                         self._give_back()
@@ -365,12 +353,9 @@ class Connections:
                                 f"cannot {what} of {workflow}/{instance_id} in "
                                 f"{self.where}: unreachable until this "
                                 "engine's lease ran out (the run stops; the instance runs "
-                                "again once the store answers)"
-                            ) from None
-                        raise StorageError(
-                            f"cannot {what} in {self.where} ({self._redact(exc)})",
-                            workflow=workflow, instance_id=instance_id, key=key,
-                        ) from None
+                                "again once the store answers)") from None
+                        raise StorageError(f"cannot {what} in {self.where} ({self._redact(exc)})",
+                            workflow=workflow, instance_id=instance_id, key=key) from None
                 self._closing.wait(delay)
                 delay = min(delay * 2, OUTAGE_WAIT)
         finally:
@@ -378,9 +363,7 @@ class Connections:
 
     @staticmethod
     def _attempt(
-        conn: Connection,
-        fn: Callable[[Connection], T],
-        transaction: bool,
+        conn: Connection, fn: Callable[[Connection], T], transaction: bool,
         lost_commit: _LostCommit | None,
     ) -> T:
         """One try of an operation on ``conn``; a lost commit's outcome decided first."""

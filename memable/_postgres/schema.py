@@ -262,16 +262,13 @@ def prepare(conn: Any, schema: str, where: str, *, create: bool) -> None:
     """Create or migrate the store's tables under an advisory lock; check its version.
     ``create=False``: a schema without a store is refused, nothing created."""
     with conn.transaction():
-        conn.execute(
-            "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"memable:{schema}",)
-        )
-        exists = conn.execute(
-            "SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)
-        ).fetchone()
+        conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+            (f"memable:{schema}",))
+        exists = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s",
+            (schema,)).fetchone()
         has_version = exists and conn.execute(
             "SELECT 1 FROM pg_tables WHERE schemaname = %s AND tablename = 'schema_version'",
-            (schema,),
-        ).fetchone()
+            (schema,)).fetchone()
         if not has_version:
             if not create:
                 raise StorageError(f"{where} has no memable store in schema {schema!r}")
@@ -284,8 +281,7 @@ def prepare(conn: Any, schema: str, where: str, *, create: bool) -> None:
         if version > SCHEMA_VERSION:
             raise StorageError(
                 f"{where} schema {schema!r} has memable schema version {version}, newer than "
-                f"this memable understands ({SCHEMA_VERSION}); upgrade memable to open it"
-            )
+                f"this memable understands ({SCHEMA_VERSION}); upgrade memable to open it")
         if version < SCHEMA_VERSION:  # migrate
             conn.execute(_V2)
             conn.execute(_V3)

@@ -74,11 +74,9 @@ class Context:
         self._retry: Retry | None = options.retry
         self._clock = options.clock
         #: Runs the attempts of each executed step and stores their outcomes.
-        self.attempts = Attempts(
-            workflow=workflow, instance_id=instance_id, store=store, run=run or NoRun(),
-            clock=options.clock, sleep=options.sleep, flight_lock=flight_lock,
-            trace=trace, telemetry=telemetry,
-        )
+        self.attempts = Attempts(workflow=workflow, instance_id=instance_id, store=store,
+            run=run or NoRun(), clock=options.clock, sleep=options.sleep, flight_lock=flight_lock,
+            trace=trace, telemetry=telemetry)
         self._seen: set[str] = set()
         self._next_seq = max((s.seq for s in memo.values() if s.seq != UNREACHED), default=-1) + 1
         self._replaying = bool(memo)
@@ -181,10 +179,7 @@ class Context:
         return Step(self, check_key(key, self._workflow, self._instance_id))
 
     def suspend(
-        self,
-        key: str,
-        status: str | None = None,
-        returns: Any = None,
+        self, key: str, status: str | None = None, returns: Any = None,
         timeout: float | timedelta | None = None,
     ) -> Any:
         """Return the payload signalled to ``key``; until there is one, suspend the instance.
@@ -493,8 +488,7 @@ class Context:
         if is_async(fn):
             exc = async_refusal(
                 f"the function of step {key!r} (workflow {self._workflow!r}, instance "
-                f"{self._instance_id!r})", fn,
-            )
+                f"{self._instance_id!r})", fn)
             self._note(key, exc, None)
             raise exc
 
@@ -511,11 +505,9 @@ class Context:
             return self._replayed(key, stored, hint)
         self._end_replay()
         seq = stored.seq if stored is not None else self._take_seq()
-        return self.attempts.execute(
-            key, seq, stored, hint=hint, policy=self._policy(step),
+        return self.attempts.execute(key, seq, stored, hint=hint, policy=self._policy(step),
             timeout=step.timeout_seconds, call=functools.partial(fn, *args, **kwargs),
-            status=self._status, note=self._note,
-        )
+            status=self._status, note=self._note)
 
     def _map_step(
         self, step: Step, fn: Callable[[T], Any], items: Iterable[T], max_concurrency: int
@@ -550,11 +542,9 @@ class Context:
             def note(key: str, exc: BaseException, attempts: int | None) -> None:
                 notes[i] = (key, exc, attempts)  # this item's thread alone writes notes[i]
 
-            return lambda: self.attempts.execute(
-                keys[i], seqs[i], stored[i], hint=hint, policy=policy,
-                timeout=step.timeout_seconds, call=functools.partial(fn, items[i]),
-                status=status, note=note,
-            )
+            return lambda: self.attempts.execute(keys[i], seqs[i], stored[i], hint=hint,
+                policy=policy, timeout=step.timeout_seconds, call=functools.partial(fn, items[i]),
+                status=status, note=note)
 
         name = f"memable-map {self._workflow}/{self._instance_id}/{step.key}"
         outcomes = run_items([item(i) for i in pending], max_concurrency, name)
@@ -590,10 +580,8 @@ class Context:
         if stored.status is not None:
             self._status = stored.status  # restored silently, like the replayed set_status
         try:
-            return decode_for(
-                self._workflow, self._instance_id, key, stored.result or "null",
-                stored.result_type, hint,
-            )
+            return decode_for(self._workflow, self._instance_id, key, stored.result or "null",
+                stored.result_type, hint)
         except EngineError as exc:
             self._failure = (key, exc, None)
             raise

@@ -196,8 +196,7 @@ class Scheduler:
                 "schedule %r: %s%d tick%s missed while no engine fired %s (catch_up=%r); "
                 "ran %d", spec.name, "at least " if ticks.at_least else "", ticks.missed,
                 "" if ticks.missed == 1 else "s", "it" if ticks.missed == 1 else "them",
-                spec.catch_up, len(ticks.run),
-            )
+                spec.catch_up, len(ticks.run))
         telemetry = self._runner.telemetry
         telemetry.ticks(spec.name, "fired", len(fired.created))
         telemetry.ticks(spec.name, "skipped", fired.skipped)

@@ -48,10 +48,8 @@ class _Pending:
 
     def failed(self, why: str, cause: BaseException) -> None:
         """Mark the write failed (not committed)."""
-        self.error = StorageError(
-            f"cannot {self.what} in {why}", workflow=self.workflow,
-            instance_id=self.instance_id, key=self.key,
-        )
+        self.error = StorageError(f"cannot {self.what} in {why}", workflow=self.workflow,
+            instance_id=self.instance_id, key=self.key)
         self.error.__cause__ = cause
 
 
@@ -65,11 +63,8 @@ class GroupCommit:
     """The writers of one connection, committed in groups; see the module docstring."""
 
     def __init__(
-        self,
-        lock: threading.Lock,
-        where: str,
-        connection: Callable[[], sqlite3.Connection | None],
-        watch: RunChecks | None = None,
+        self, lock: threading.Lock, where: str,
+        connection: Callable[[], sqlite3.Connection | None], watch: RunChecks | None = None,
     ) -> None:
         # ``lock``: the store's connection lock, under which ``connection()`` (None once
         # closed) and ``watch`` are used.
@@ -86,14 +81,8 @@ class GroupCommit:
         self.on_queue: Callable[[int], None] | None = None
 
     def write(
-        self,
-        what: str,
-        workflow: str | None,
-        instance_id: str | None,
-        key: str | None,
-        body: Callable[[sqlite3.Connection], T],
-        *,
-        single: bool = False,
+        self, what: str, workflow: str | None, instance_id: str | None, key: str | None,
+        body: Callable[[sqlite3.Connection], T], *, single: bool = False,
     ) -> T:
         """Run ``body`` in a write transaction shared with concurrent writers (``single``: the
         body runs one statement)."""
@@ -149,8 +138,7 @@ class GroupCommit:
                     conn.execute("ROLLBACK")
                 why = f"{self._where} ({exc})" if isinstance(exc, sqlite3.Error) else (
                     f"{self._where}: the transaction was interrupted "
-                    f"({type(exc).__name__}) and rolled back"
-                )
+                    f"({type(exc).__name__}) and rolled back")
                 for item in batch:
                     item.result = None
                     item.failed(why, exc)

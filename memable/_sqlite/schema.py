@@ -24,16 +24,13 @@ INCREMENTAL = 2  # the ``PRAGMA auto_vacuum`` that returns freed pages (retentio
 INCREMENTAL_VACUUM_SINCE = 12  # an older file is switched once, on migration
 RETURN_PAGES = 2000  # most free pages a purge batch returns (~8 MB of 4 KiB, some 0.1 s)
 
-_LATER_INSTANCE_COLUMNS = (
-    "waiting_for", "owner", "status_message", "step_key", "step_started", "traceback",
-    "parent_workflow", "parent_id", "parent_key", "parent_group", "children_pending",
+_LATER_INSTANCE_COLUMNS = ("waiting_for", "owner", "status_message", "step_key", "step_started",
+    "traceback", "parent_workflow", "parent_id", "parent_key", "parent_group", "children_pending",
     "queue", "priority", "queued_at", "recoveries", "lost_owner", "lost_step", "schedule",
-    "traceparent", "run_reason", "timeout", "timeout_at", "concurrency_key", "lost_by",
-)
+    "traceparent", "run_reason", "timeout", "timeout_at", "concurrency_key", "lost_by")
 #: Columns every store has had since version 1: what a file must show before we migrate it.
 V1_INSTANCE_COLUMNS = {
-    c: t for c, t in INSTANCE_COLUMNS.items() if c not in _LATER_INSTANCE_COLUMNS
-}
+    c: t for c, t in INSTANCE_COLUMNS.items() if c not in _LATER_INSTANCE_COLUMNS}
 STEP_COLUMNS: dict[str, type] = {
     "workflow": str,
     "instance_id": str,
@@ -68,51 +65,38 @@ OWNER_COLUMNS: dict[str, type] = {
     "proc_start": str,
     "declares": str,  # v9: ``_queues.Declarations`` JSON
 }
-V3_OWNER_COLUMNS = {
-    c: t for c, t in OWNER_COLUMNS.items()
-    if c not in ("boot_id", "pid_ns", "proc_start", "declares")
-}
+V3_OWNER_COLUMNS = {c: t for c, t in OWNER_COLUMNS.items()
+                    if c not in ("boot_id", "pid_ns", "proc_start", "declares")}
 
 
 def migrate_to_1(db: sqlite_utils.Database) -> None:
     """Instances and their steps."""
     db["instances"].create(  # type: ignore[union-attr]
-        V1_INSTANCE_COLUMNS,
-        pk=("workflow", "instance_id"),
-        not_null={"status", "input", "created_at", "updated_at"},
-    )
+        V1_INSTANCE_COLUMNS, pk=("workflow", "instance_id"),
+        not_null={"status", "input", "created_at", "updated_at"})
     db["instances"].create_index(  # type: ignore[union-attr]
-        ["workflow", "created_at"], index_name="instances_by_workflow"
-    )
+        ["workflow", "created_at"], index_name="instances_by_workflow")
     db["steps"].create(  # type: ignore[union-attr]
-        V1_STEP_COLUMNS,
-        pk=("workflow", "instance_id", "key"),
-        not_null={"seq", "kind", "state", "attempts"},
-    )
+        V1_STEP_COLUMNS, pk=("workflow", "instance_id", "key"),
+        not_null={"seq", "kind", "state", "attempts"})
 
 
 def migrate_to_2(db: sqlite_utils.Database) -> None:
     """Timers, and the key a suspended instance waits on."""
     db["instances"].add_column("waiting_for", str)  # type: ignore[union-attr]
     db["instances"].create_index(  # type: ignore[union-attr]
-        ["status"], index_name="instances_by_status"
-    )
+        ["status"], index_name="instances_by_status")
     db["timers"].create(  # type: ignore[union-attr]
-        TIMER_COLUMNS,
-        pk=("workflow", "instance_id", "key"),
-        not_null={"deadline"},
-    )
+        TIMER_COLUMNS, pk=("workflow", "instance_id", "key"), not_null={"deadline"})
     db["timers"].create_index(  # type: ignore[union-attr]
-        ["deadline"], index_name="timers_by_deadline"
-    )
+        ["deadline"], index_name="timers_by_deadline")
 
 
 def migrate_to_3(db: sqlite_utils.Database) -> None:
     """Owners with leases, and the owner of each running instance."""
     db["instances"].add_column("owner", str)  # type: ignore[union-attr]
     db["owners"].create(  # type: ignore[union-attr]
-        V3_OWNER_COLUMNS, pk="id", not_null={"host", "pid", "heartbeat", "lease"}
-    )
+        V3_OWNER_COLUMNS, pk="id", not_null={"host", "pid", "heartbeat", "lease"})
 
 
 def migrate_to_4(db: sqlite_utils.Database) -> None:
@@ -139,8 +123,7 @@ def migrate_to_7(db: sqlite_utils.Database) -> None:
         db["instances"].add_column(column, str)  # type: ignore[union-attr]
     db["instances"].add_column("children_pending", int)  # type: ignore[union-attr]
     db["instances"].create_index(  # type: ignore[union-attr]
-        ["parent_workflow", "parent_id"], index_name="instances_by_parent"
-    )
+        ["parent_workflow", "parent_id"], index_name="instances_by_parent")
 
 
 def migrate_to_8(db: sqlite_utils.Database) -> None:
@@ -149,14 +132,11 @@ def migrate_to_8(db: sqlite_utils.Database) -> None:
     db["instances"].add_column("priority", int)  # type: ignore[union-attr]
     db["instances"].add_column("queued_at", str)  # type: ignore[union-attr]
     db["instances"].create_index(  # type: ignore[union-attr]
-        ["queue", "status", "priority", "queued_at"], index_name="instances_by_queue"
-    )
+        ["queue", "status", "priority", "queued_at"], index_name="instances_by_queue")
     db["queue_starts"].create(  # type: ignore[union-attr]
-        {"queue": str, "at": float}, not_null={"queue", "at"}
-    )
+        {"queue": str, "at": float}, not_null={"queue", "at"})
     db["queue_starts"].create_index(  # type: ignore[union-attr]
-        ["queue", "at"], index_name="queue_starts_by_queue"
-    )
+        ["queue", "at"], index_name="queue_starts_by_queue")
 
 
 def migrate_to_9(db: sqlite_utils.Database) -> None:
@@ -171,14 +151,12 @@ def migrate_to_10(db: sqlite_utils.Database) -> None:
     """Schedules, and the schedule whose tick an instance is."""
     db["instances"].add_column("schedule", str)  # type: ignore[union-attr]
     db["instances"].create_index(  # type: ignore[union-attr]
-        ["schedule", "status"], index_name="instances_by_schedule"
-    )
+        ["schedule", "status"], index_name="instances_by_schedule")
     db["schedules"].create(  # type: ignore[union-attr]
         {"name": str, "cron": str, "timezone": str, "workflow": str, "last_tick": str,
          "since": str, "skipped": int, "missed": int},
         pk="name", not_null={"cron", "timezone", "workflow", "skipped", "missed"},
-        defaults={"skipped": 0, "missed": 0},
-    )
+        defaults={"skipped": 0, "missed": 0})
 
 
 def migrate_to_11(db: sqlite_utils.Database) -> None:
@@ -202,13 +180,11 @@ def migrate_to_12(db: sqlite_utils.Database) -> None:
     db.execute("DROP INDEX IF EXISTS instances_by_workflow")
     # Retention's batches (and ``resume_failed``) read only what they take.
     db["instances"].create_index(  # type: ignore[union-attr]
-        ["status", "completed_at"], index_name="instances_by_completed"
-    )
+        ["status", "completed_at"], index_name="instances_by_completed")
     # A queue without a row was never paused.
     db["queue_states"].create(  # type: ignore[union-attr]
-        {"queue": str, "paused": int, "paused_at": str},
-        pk="queue", not_null={"paused"}, defaults={"paused": 0},
-    )
+        {"queue": str, "paused": int, "paused_at": str}, pk="queue", not_null={"paused"},
+        defaults={"paused": 0})
 
 
 def migrate_to_13(db: sqlite_utils.Database) -> None:
@@ -231,23 +207,10 @@ def migrate_to_15(db: sqlite_utils.Database) -> None:
 
 
 #: Migration to version N is MIGRATIONS[N - 1]; all run in the opening transaction.
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
-    migrate_to_1,
-    migrate_to_2,
-    migrate_to_3,
-    migrate_to_4,
-    migrate_to_5,
-    migrate_to_6,
-    migrate_to_7,
-    migrate_to_8,
-    migrate_to_9,
-    migrate_to_10,
-    migrate_to_11,
-    migrate_to_12,
-    migrate_to_13,
-    migrate_to_14,
-    migrate_to_15,
-]
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [migrate_to_1, migrate_to_2,
+    migrate_to_3, migrate_to_4, migrate_to_5, migrate_to_6, migrate_to_7, migrate_to_8,
+    migrate_to_9, migrate_to_10, migrate_to_11, migrate_to_12, migrate_to_13, migrate_to_14,
+    migrate_to_15]
 
 
 def open_store(
@@ -257,9 +220,8 @@ def open_store(
     ``create=False`` (tools): an empty database is refused, untouched."""
     where = ":memory:" if path is None else os.fspath(path)
     try:
-        conn = sqlite3.connect(
-            where, timeout=BUSY_TIMEOUT, isolation_level=None, check_same_thread=False
-        )
+        conn = sqlite3.connect(where, timeout=BUSY_TIMEOUT, isolation_level=None,
+            check_same_thread=False)
     except sqlite3.Error as exc:
         raise StorageError(f"cannot open {where} ({exc})") from exc
     db = sqlite_utils.Database(conn)
@@ -279,33 +241,24 @@ def _retry_while_busy(action: Callable[[], None]) -> None:
             return action()
         except sqlite3.Error as exc:
             busy = isinstance(exc, sqlite3.OperationalError) and (
-                "locked" in str(exc) or "busy" in str(exc)
-            )
+                "locked" in str(exc) or "busy" in str(exc))
             if not busy or time.monotonic() > deadline:
                 raise StorageError(f"cannot prepare the store ({exc})") from exc
             time.sleep(0.01)
 
 
 def _prepare(
-    conn: sqlite3.Connection,
-    db: sqlite_utils.Database,
-    where: str,
-    file_backed: bool,
-    synchronous: Synchronous,
-    create: bool,
+    conn: sqlite3.Connection, db: sqlite_utils.Database, where: str, file_backed: bool,
+    synchronous: Synchronous, create: bool,
 ) -> None:
     # Read-only checks first: a file that is not ours must be left byte for byte.
     version, tables = _inspect(conn, where)
     if version > SCHEMA_VERSION:
-        raise StorageError(
-            f"{where} has schema version {version}, newer than this memable "
-            f"understands ({SCHEMA_VERSION}); upgrade memable to open it"
-        )
+        raise StorageError(f"{where} has schema version {version}, newer than this memable "
+                           f"understands ({SCHEMA_VERSION}); upgrade memable to open it")
     if version == 0 and tables:
-        raise StorageError(
-            f"{where} is not a memable store (it has tables "
-            f"{', '.join(sorted(tables))} and no memable schema version)"
-        )
+        raise StorageError(f"{where} is not a memable store (it has tables "
+                           f"{', '.join(sorted(tables))} and no memable schema version)")
     if version == 0 and not create:
         raise StorageError(f"{where} is not a memable store (no memable schema version)")
     if version > 0:
@@ -341,10 +294,8 @@ def _check_columns(db: sqlite_utils.Database, where: str, tables: set[str]) -> N
     for table, columns in (("instances", V1_INSTANCE_COLUMNS), ("steps", V1_STEP_COLUMNS)):
         have = {c.name for c in db[table].columns} if table in tables else set()
         if not set(columns) <= have:
-            raise StorageError(
-                f"{where} is not a memable store (table {table!r} is missing "
-                f"or lacks columns {', '.join(sorted(set(columns) - have))})"
-            )
+            raise StorageError(f"{where} is not a memable store (table {table!r} is missing "
+                               f"or lacks columns {', '.join(sorted(set(columns) - have))})")
 
 
 def _migrate(conn: sqlite3.Connection, db: sqlite_utils.Database) -> int:
@@ -383,8 +334,7 @@ def switch_to_incremental_vacuum(conn: sqlite3.Connection, where: str) -> bool:
         log.warning(
             "could not switch %s to incremental auto-vacuum (%s): purged instances' "
             "pages stay in the file for reuse; to return them, stop the engines and run "
-            "sqlite3 %s 'PRAGMA auto_vacuum = INCREMENTAL; VACUUM'", where, exc, where,
-        )
+            "sqlite3 %s 'PRAGMA auto_vacuum = INCREMENTAL; VACUUM'", where, exc, where)
         return False
     log.info("switched %s to incremental auto-vacuum (VACUUM took %.1f s)",
              where, time.monotonic() - began)

@@ -67,13 +67,9 @@ def current() -> Identity:
     """This process's identity (read afresh: a forked child is another process)."""
     pid = os.getpid()
     fields = _stat_fields(pid)
-    return Identity(
-        host=socket.gethostname(),
-        pid=pid,
-        boot_id=_read("/proc/sys/kernel/random/boot_id"),
-        pid_ns=_pid_ns(),
-        started=None if fields is None else fields[19],
-    )
+    return Identity(host=socket.gethostname(), pid=pid,
+        boot_id=_read("/proc/sys/kernel/random/boot_id"), pid_ns=_pid_ns(),
+        started=None if fields is None else fields[19])
 
 
 def same_pid_space(me: Identity, host: str, boot_id: str | None, pid_ns: str | None) -> bool:
@@ -103,7 +99,5 @@ def dead_here(me: Identity, owners: list[tuple[str, int, str, str | None, str | 
               ) -> list[str]:
     """The ids of the owners (id, pid, host, boot_id, pid_ns, proc_start) that are in this
     process's PID namespace and whose process is gone."""
-    return [
-        owner_id for owner_id, pid, host, boot_id, pid_ns, started in owners
-        if same_pid_space(me, host, boot_id, pid_ns) and not pid_alive(pid, started)
-    ]
+    return [owner_id for owner_id, pid, host, boot_id, pid_ns, started in owners
+        if same_pid_space(me, host, boot_id, pid_ns) and not pid_alive(pid, started)]

@@ -323,12 +323,8 @@ def metadata_of(row: InstanceRow) -> WorkflowMetadata:
         created_at=datetime.fromisoformat(row.created_at),
         updated_at=datetime.fromisoformat(row.updated_at),
         completed_at=datetime.fromisoformat(row.completed_at) if row.completed_at else None,
-        parent=(
-            None if row.parent_workflow is None or row.parent_id is None
-            else (row.parent_workflow, row.parent_id)
-        ),
-        status_message=row.status_message,
-    )
+        parent=(None if row.parent_workflow is None or row.parent_id is None
+                else (row.parent_workflow, row.parent_id)), status_message=row.status_message)
 
 
 ROWS = cattrs.Converter()
@@ -351,13 +347,9 @@ def fired_now(waiting: StepWrite) -> StepWrite:
 
 def step_params(write: StepWrite, owner: str) -> dict[str, Any]:
     """The named parameters of UPSERT_STEP and INSERT_WAITING for ``write`` by ``owner``."""
-    return {
-        "workflow": write.workflow, "instance_id": write.instance_id, "key": write.key,
-        "seq": write.seq, "kind": write.kind, "state": write.state,
-        "result": write.result, "result_type": write.result_type,
-        "status": write.status, "error": write.error,
+    return {"workflow": write.workflow, "instance_id": write.instance_id, "key": write.key,
+        "seq": write.seq, "kind": write.kind, "state": write.state, "result": write.result,
+        "result_type": write.result_type, "status": write.status, "error": write.error,
         "completed_at": iso_utc(write.at) if write.state == "completed" else None,
         "started_at": None if write.started is None else iso_utc(write.started),
-        "traceback": write.traceback,
-        "me": owner,
-    }
+        "traceback": write.traceback, "me": owner}

@@ -44,10 +44,8 @@ def exposition(
 ) -> str:
     """The text of a scrape: ``counts`` (workflow, status, n), ``queues`` (name, queued,
     running, oldest age in seconds, paused 1 or 0)."""
-    lines = [
-        "# HELP memable_instances Instances in the store, by workflow and status.",
-        "# TYPE memable_instances gauge",
-    ]
+    lines = ["# HELP memable_instances Instances in the store, by workflow and status.",
+        "# TYPE memable_instances gauge"]
     lines += [f'memable_instances{{workflow="{label(w)}",status="{label(s)}"}} {n}'
               for w, s, n in counts]
     for index, (name, help_text) in enumerate((

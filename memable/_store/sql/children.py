@@ -73,13 +73,8 @@ def refuse_taken(
 
 
 def settle_parent(
-    tx: Transaction,
-    parent: tuple[Any, Any, Any, Any],
-    *,
-    status: str,
-    message: str | None,
-    output: tuple[str, str | None] | None,
-    at: float,
+    tx: Transaction, parent: tuple[Any, Any, Any, Any], *, status: str, message: str | None,
+    output: tuple[str, str | None] | None, at: float,
 ) -> tuple[str, str] | None:
     """Write a child's end (at ``at``: epoch seconds, UTC) into its parent's step; the parent
     this made ready (told by a ``"signal"``), if any. The parent's row is locked first: a
@@ -96,11 +91,10 @@ def settle_parent(
         return None
     text, tag = output if output is not None else (None, None)
     done = status == "completed"
-    tx.execute(SETTLE_PARENT_STEP, {
-        **where, "state": "completed" if done else "failed", "result": text if done else None,
-        "result_type": tag if done else None, "completed_at": iso_utc(at) if done else None,
-        "error": None if done else (message or status),
-    })
+    tx.execute(SETTLE_PARENT_STEP, {**where, "state": "completed" if done else "failed",
+        "result": text if done else None, "result_type": tag if done else None,
+        "completed_at": iso_utc(at) if done else None,
+        "error": None if done else (message or status)})
     if before[0] != "waiting":
         return None
     if parent_group is not None:

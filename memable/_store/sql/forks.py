@@ -45,8 +45,7 @@ COPY_ALL_STEPS = _COPY_STEPS
 
 
 def fork(
-    tx: Transaction, workflow: str, instance_id: str, new_id: str, from_key: str | None,
-    at: float,
+    tx: Transaction, workflow: str, instance_id: str, new_id: str, from_key: str | None, at: float,
 ) -> bool:
     """Create ``new_id`` as a fork of the instance from ``from_key`` (None: after every
     completed step) at ``at`` (epoch seconds, UTC), and tell the engines; False if ``new_id``

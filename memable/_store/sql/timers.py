@@ -91,11 +91,9 @@ def fire(
     if not due:
         return []
     if tx.dialect.row_locks:
-        rows = tx.execute(FIRE_DUE, {
-            "now": max(row[3] for row in due), "at": iso_utc(at),
-            "workflows": [row[0] for row in due],
-            "ids": [row[1] for row in due], "keys": [row[2] for row in due],
-        }).fetchall()
+        rows = tx.execute(FIRE_DUE, {"now": max(row[3] for row in due), "at": iso_utc(at),
+            "workflows": [row[0] for row in due], "ids": [row[1] for row in due],
+            "keys": [row[2] for row in due]}).fetchall()
         return [(w, i, k, float(d)) for w, i, k, d in rows]
     return [row for row in due if fire_key(tx, *row[:3], at, due_by=row[3])]
 
