@@ -344,7 +344,6 @@ def test_an_operation_after_an_outage_past_the_lease_gets_a_connection(
     gets a connection, though each new one takes 0.2 s to open (a loaded server): it
     used to try once, for 0.05 s, and fail ("couldn't get a connection")."""
     from memable._postgres.store import PostgresStore
-    from memable._store.rows import InstanceRow
 
     store = PostgresStore(_through(proxy), "full", schema=pg_schema)
     try:
@@ -352,11 +351,7 @@ def test_an_operation_after_an_outage_past_the_lease_gets_a_connection(
         proxy.drop()  # every connection goes...
         proxy.connect_delay = 0.2
         proxy.heal()  # ...and the server is back, slow to connect to
-        now = "2026-12-07T00:00:00+00:00"
-        row = InstanceRow(workflow="wf", instance_id="i", status="running", message=None,
-                          input="null", input_type=None, output=None, output_type=None,
-                          created_at=now, updated_at=now, completed_at=None)
-        assert store.create_instance(row) is True
+        _running_instance(store)  # (it asserts the creation went through)
     finally:
         store.close()
 
@@ -470,20 +465,28 @@ class _LosingPool:
         return getattr(self._pool, name)
 
 
+def _running_instance(store: Any) -> Any:
+    """A running instance ("wf", "i") created on ``store``, and so its own; its row."""
+    from memable._store.rows import InstanceRow
+
+    now = "2026-12-07T00:00:00+00:00"
+    row = InstanceRow(workflow="wf", instance_id="i", status="running", message=None,
+                      input="null", input_type=None, output=None, output_type=None,
+                      created_at=now, updated_at=now, completed_at=None)
+    assert store.create_instance(row) is True
+    return row
+
+
 def test_a_failed_attempt_whose_answer_is_lost_counts_once(pg_schema: str) -> None:
     """The connection goes as the answer to the write of a failed attempt would come,
     after the server stored it: the attempt counts once (run again as one statement, the
     write counted it twice)."""
     from memable._postgres.store import PostgresStore
-    from memable._store.rows import InstanceRow, StepWrite
+    from memable._store.rows import StepWrite
 
     store = PostgresStore(POSTGRES_URL, "full", schema=pg_schema)
     try:
-        now = "2026-12-07T00:00:00+00:00"
-        row = InstanceRow(workflow="wf", instance_id="i", status="running", message=None,
-                          input="null", input_type=None, output=None, output_type=None,
-                          created_at=now, updated_at=now, completed_at=None)
-        assert store.create_instance(row) is True
+        _running_instance(store)
         plan = {"left": 1, "after": True}
         store._db._pool = _LosingPool(store._db._pool, plan)  # type: ignore[assignment]
         store.save_step(StepWrite(
@@ -535,15 +538,11 @@ def test_a_suspension_that_goes_on_commits_with_its_reads_and_runs_again_if_that
     answer lost, whether or not the server committed, the suspension runs again and
     answers alike: ready, the timer fired (completed) once, with the same snapshot."""
     from memable._postgres.store import PostgresStore
-    from memable._store.rows import InstanceRow, StepWrite
+    from memable._store.rows import StepWrite
 
     store = PostgresStore(POSTGRES_URL, "full", schema=pg_schema)
     try:
-        now = "2026-12-07T00:00:00+00:00"
-        row = InstanceRow(workflow="wf", instance_id="i", status="running", message=None,
-                          input="null", input_type=None, output=None, output_type=None,
-                          created_at=now, updated_at=now, completed_at=None)
-        assert store.create_instance(row) is True
+        row = _running_instance(store)
         plan = {"left": 0, "after": after}
         store._db._pool = _LosingPool(store._db._pool, plan)  # type: ignore[assignment]
 
