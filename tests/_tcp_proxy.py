@@ -124,6 +124,10 @@ class Proxy:
     def close(self) -> None:
         self._closing.set()
         self._open.set()
+        # Closing a listening socket does not wake a thread blocked in its accept();
+        # shutting it down does (accept() fails with EINVAL).
+        with contextlib.suppress(OSError):
+            self._server.shutdown(socket.SHUT_RDWR)
         with self._lock:
             sockets, threads = list(self._sockets), list(self._threads)
         for sock in sockets:
@@ -131,6 +135,8 @@ class Proxy:
                 sock.close()
         for thread in threads:
             thread.join(10)
+        alive = [thread.name for thread in threads if thread.is_alive()]
+        assert not alive, f"the proxy's threads outlived close(): {alive}"
 
 
 def _reset(sock: socket.socket) -> None:

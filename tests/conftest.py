@@ -168,21 +168,26 @@ def engine(make_engine: Callable[..., Engine]) -> Engine:
 
 
 # Hypothesis profiles, registered at import time: the plugin loads the one named by
-# --hypothesis-profile in pytest_configure, after this file is imported. Each step of
-# tests/test_stateful.py may start a process: 15 examples took it 8.5 minutes alone on
-# this VM's 2 cores (`pytest tests/test_stateful.py --durations=1`), too close to the
-# hang limit under `-n 4`; "default" runs 8; "long" runs it for an hour or more.
+# --hypothesis-profile in pytest_configure, after this file is imported. Hypothesis
+# loads its built-in "ci" profile instead of "default" when the environment has CI set,
+# as .ci/run does; that profile's 100 examples of 50 steps took tests/test_stateful.py
+# 180-500 s on this VM's 2 cores (`CI=true pytest tests/test_stateful.py
+# --hypothesis-show-statistics`), the longest test of each env. So both profiles run the
+# suite's budget: 25 examples of 30 steps, about 40 s. "ci" keeps Hypothesis's choices
+# for CI (the same examples every run, no database, the failing example printed);
+# "long" runs it for an hour or more.
 _STATEFUL_HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large]
-settings.register_profile(
-    "default",
-    max_examples=8,
-    stateful_step_count=15,
+_SUITE = settings(
+    max_examples=25,
+    stateful_step_count=30,
     deadline=None,
     suppress_health_check=_STATEFUL_HEALTH,
     # No shrinking in the suite: a failure is reported as found, so a run that
     # fails still ends in minutes (each step may start real processes).
     phases=[Phase.explicit, Phase.reuse, Phase.generate],
 )
+settings.register_profile("default", _SUITE)
+settings.register_profile("ci", _SUITE, derandomize=True, database=None, print_blob=True)
 settings.register_profile(
     "long",
     max_examples=400,
@@ -198,11 +203,11 @@ settings.register_profile(
 #: of the collection, so that under ``pytest -n`` they start first, each on a worker of
 #: its own, instead of forming the run's tail. Order only: each still runs as it would.
 SLOWEST_FIRST = (
-    "tests/test_benchmarks.py::test_quick_benchmark_checks_its_results_and_exits_zero",
-    "tests/test_stateful.py",
     "tests/test_schedule_processes.py::test_ticks_missed_while_the_engine_is_stopped",
-    "tests/test_postgres_faults.py::test_four_processes_on_one_database_and_a_kill",
+    "tests/test_stateful.py",
     "tests/test_schedule_processes.py::test_three_engines_run_each_tick_once",
+    "tests/test_benchmarks.py::test_quick_benchmark_checks_its_results_and_exits_zero",
+    "tests/test_postgres_faults.py::test_four_processes_on_one_database_and_a_kill",
     "tests/test_postgres.py::test_twenty_processes_opening_a_new_schema_at_once",
     "tests/test_processes.py::test_sigkill_inside_a_step_loses_no_completed_step",
     "tests/test_processes.py::test_processes_creating_one_new_file_at_once_all_open_it",

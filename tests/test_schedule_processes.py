@@ -125,10 +125,10 @@ def test_three_engines_run_each_tick_once_though_one_is_killed(
     t0 = time.time()
     for _ in range(3):
         children.append(Child(target, schema, log, t0, 60.0, "all"))
-    until_logged(log, 8)
+    until_logged(log, 5)
     children[0].proc.send_signal(signal.SIGKILL)
     children[0].proc.wait(TIMEOUT)
-    until_logged(log, 20)
+    until_logged(log, 12)
     for child in children[1:]:
         child.stop()
     reader, store = build(**opened)
