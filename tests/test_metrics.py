@@ -142,18 +142,25 @@ def test_a_timer_judged_due_after_the_clock_moved_reports_the_lag_since_its_dead
     by the one before it (the timer thread met this under CI)."""
     engine = make_engine(poll_interval=60)
     engine.register("wf", lambda ctx: ctx.timer("t", 60))
+    store: Any = store_of(engine)
+    fire, caller = store.fire_due_timers, threading.current_thread()
+    fired = threading.Event()  # set once this thread's firing returned
+
+    def moved_then_fired(*args: Any) -> Any:
+        if threading.current_thread() is not caller:
+            # The timer thread's looks find nothing due until this thread fired: the
+            # firing measured is the one that read the time before the clock moved.
+            return fire(*args) if fired.is_set() else []
+        clock.tick(90)
+        try:
+            return fire(*args)
+        finally:
+            fired.set()
+
+    store.fire_due_timers = moved_then_fired  # (before any look of the timer thread)
     with freeze_time(T0) as clock, engine:
         inv = engine.invoke("wf", instance_id="w")
         assert inv.wait(TIMEOUT) == Suspended("timer t")
-        store: Any = store_of(engine)
-        fire, caller = store.fire_due_timers, threading.current_thread()
-
-        def moved_then_fired(*args: Any) -> Any:
-            if threading.current_thread() is caller:  # (not the timer thread's looks)
-                clock.tick(90)
-            return fire(*args)
-
-        store.fire_due_timers = moved_then_fired
         assert engine.fire_due_timers() == 1
         inv.result(TIMEOUT)
         metrics = collected(reader)

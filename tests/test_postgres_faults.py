@@ -530,6 +530,45 @@ def test_a_queue_claim_takes_what_it_found_in_one_round_trip(pg_schema: str) -> 
 
 
 @pytest.mark.parametrize("after", [True, False], ids=["committed", "not-committed"])
+def test_a_run_end_without_a_parent_commits_in_its_one_round_trip_and_runs_again_if_lost(
+    pg_schema: str, after: bool
+) -> None:
+    """A run that read its row without a parent ends in one text: the BEGIN, the end, the
+    NOTIFY its queue's consumers wait for and the COMMIT. Its answer lost after the server
+    committed, the end runs again and finds it recorded (``recorded=False``: the runner
+    then reads the stored state, the one it recorded); lost before, it records it then.
+    Either way the store holds the end once."""
+    from memable._postgres.store import PostgresStore
+    from memable._store.rows import RunEnd
+
+    store = PostgresStore(POSTGRES_URL, "full", schema=pg_schema)
+    try:
+        row = attrs.evolve(_running_instance(store), queue="q")
+        plan = {"left": 0, "after": after}
+        store._db._pool = _LosingPool(store._db._pool, plan)  # type: ignore[assignment]
+
+        def end(read: Any) -> RunEnd:
+            return RunEnd("completed", 1796601600.0, output=("7", None), read=read)
+
+        assert store.finish("wf", "i", end(row)).recorded
+        [text] = plan["sent"]
+        assert text.startswith("BEGIN;")
+        assert text.endswith("; COMMIT")
+        assert "pg_notify" in text
+        assert store.create_instance(attrs.evolve(row, instance_id="j")) is True
+        plan.update(left=1, sent=[])
+        ended = store.finish("wf", "j", end(attrs.evolve(row, instance_id="j")))
+        assert plan["left"] == 0  # the answer was lost once
+        assert ended.recorded is not after
+        for instance_id in ("i", "j"):
+            stored = store.get_instance("wf", instance_id)
+            assert stored is not None
+            assert (stored.status, stored.output, stored.owner) == ("completed", "7", None)
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("after", [True, False], ids=["committed", "not-committed"])
 def test_a_suspension_that_goes_on_commits_with_its_reads_and_runs_again_if_that_is_lost(
     pg_schema: str, after: bool
 ) -> None:

@@ -15,6 +15,8 @@ from . import batch
 from .connections import Opening
 from .listener import payload
 
+#: A notice to the engines watching the store (``Transaction.notify``).
+_NOTIFY = "SELECT pg_notify(%(channel)s, %(payload)s)"
 #: What ``relax_commit`` sends with the ``COMMIT``: its flush is not waited for.
 _RELAXED = "SELECT set_config('synchronous_commit', 'off', true)"
 
@@ -22,7 +24,7 @@ _RELAXED = "SELECT set_config('synchronous_commit', 'off', true)"
 class PostgresTransaction:
     """A body's view of a transaction open on ``conn`` for ``owner``, notifying on ``channel``."""
 
-    __slots__ = ("_channel", "_conn", "_opening", "owner")
+    __slots__ = ("_channel", "_conn", "_opening", "_pending", "_sent", "owner")
     dialect: Dialect = POSTGRESQL
 
     def __init__(self, conn: psycopg.Connection[Any], owner: str, channel: str) -> None:
@@ -31,12 +33,21 @@ class PostgresTransaction:
         self._channel = channel
         # The store's own operation's transaction (None: each statement is one).
         self._opening: Opening | None = getattr(conn, "opening", None)
+        # Without one: notices asked for before the first statement, which go in its text
+        # (its transaction), and whether a statement went (a notice after goes alone).
+        self._pending: list[batch.Statement] = []
+        self._sent = False
 
     def execute(self, template: str, params: Mapping[str, Any] | None = None) -> Cursor:
         opening = self._opening
         if opening is None:  # one statement (in a transaction of its own)
-            return batch.send(self._conn, [(POSTGRESQL.spell(template), params or {})])[0]
+            return self._alone([(POSTGRESQL.spell(template), params or {})])[-1]
         return opening.execute(self._conn, POSTGRESQL.spell(template), params or {})
+
+    def _alone(self, statements: list[batch.Statement]) -> list[batch.Read]:
+        """Send ``statements`` as one text, after the notices that wait for them."""
+        pending, self._pending, self._sent = self._pending, [], True
+        return batch.send(self._conn, [*pending, *statements])[len(pending):]
 
     def execute_each(
         self, *statements: tuple[str, Mapping[str, Any]], last: bool = False
@@ -44,7 +55,7 @@ class PostgresTransaction:
         spelled: list[batch.Statement] = [
             (POSTGRESQL.spell(template), params) for template, params in statements]
         if self._opening is None:
-            return [batch.send(self._conn, [statement])[0].rows for statement in spelled]
+            return [self._alone([statement])[0].rows for statement in spelled]
         return self._opening.execute_each(self._conn, spelled, last=last)
 
     def write(self, template: str, params: Mapping[str, Any]) -> None:
@@ -68,11 +79,13 @@ class PostgresTransaction:
 
     def notify(self, kind: str, workflow: str | None, instance_id: str | None) -> None:
         text = payload(kind, self.owner, workflow, instance_id or "")
-        notify = ("SELECT pg_notify(%s, %s)", (self._channel, text))
-        if self._opening is None:
-            self._conn.execute(*notify)
-        else:
+        notify = (_NOTIFY, {"channel": self._channel, "payload": text})
+        if self._opening is not None:
             self._opening.at_commit.append(notify)
+        elif self._sent:  # after the statement, in a transaction of its own
+            batch.send(self._conn, [notify])
+        else:  # in the text (the transaction) of the statement to come
+            self._pending.append(notify)
 
     def relax_commit(self) -> None:
         if self._opening is not None:

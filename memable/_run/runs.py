@@ -449,8 +449,9 @@ class Runs:
         output: tuple[str, str | None] | None = None, traceback: str | None = None,
     ) -> WorkflowState | None:
         """Record how the run ended; if the instance is no longer ours, report what is stored."""
+        read = None if run.snapshot is None else run.snapshot.instance
         ended = self.store.finish(run.workflow.name, run.instance_id,
-            RunEnd(status, self.clock.wall(), message, output, traceback=traceback))
+            RunEnd(status, self.clock.wall(), message, output, traceback=traceback, read=read))
         if not ended.recorded:
             return stored_state(self.store, run)
         if ended.wake is not None:  # a child's end: its parent goes on

@@ -256,6 +256,10 @@ class RunEnd:
     output: tuple[str, str | None] | None = None  # stored text and type tag
     waiting_for: str | None = None
     traceback: str | None = None
+    #: The instance's row as the run read it (None: it read none, as a run of an instance made
+    #: here). Its parent and queue never change: read without a parent, the end has none to
+    #: settle, and commits in the round trip that records it.
+    read: InstanceRow | None = None
 
 
 @attrs.frozen

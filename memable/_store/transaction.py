@@ -115,7 +115,8 @@ class Transaction(Protocol):
 
         ``last``: the body's last statements, which the store may commit with in that round
         trip; a lost commit answer then runs the whole body again, so only for a body whose
-        second run answers as the first (it changes no owner or status)."""
+        second run answers as the first (it changes no owner or status), or whose caller
+        reads the store when the second says the first did nothing (``finish``)."""
 
     def write(self, template: str, params: Mapping[str, Any]) -> None:
         """Run one statement whose result the body does not read, in this transaction. The
@@ -129,7 +130,9 @@ class Transaction(Protocol):
     def notify(self, kind: str, workflow: str | None, instance_id: str | None) -> None:
         """Tell the engines watching this store of ``kind`` of change (``"signal"``,
         ``"cancel"``, ``"timer"``, ``"queued"``) to one instance (a ``"queued"`` one may
-        name a queue: workflow None, the queue's name), once this transaction commits."""
+        name a queue: workflow None, the queue's name), once this transaction commits. In an
+        operation of single statements (no transaction), a notice asked before the first goes
+        with it, in its transaction; one asked after a statement goes alone."""
 
     def relax_commit(self) -> None:
         """Commit without waiting for the flush to disk (where the store can), for a write a

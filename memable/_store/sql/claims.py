@@ -93,6 +93,10 @@ def create(tx: Transaction, row: InstanceRow, start_at: float | None = None,
     """Create the instance ``row``; False, and nothing written, if its id is taken. Without
     ``start_at`` it may run as one statement, retried with ``token`` (``insert_instance``);
     with it (epoch seconds), the instance waits on a timer step at ``START_KEY``."""
+    if start_at is None and row.status != "running":
+        # It waits for a slot: tell the queue's consumers. Asked before the insert, the
+        # notice goes with it (one round trip); an id taken makes it a look that finds none.
+        tx.notify("queued", row.workflow, row.instance_id)
     if not insert_instance(tx, row, token):
         return False
     if start_at is not None:
@@ -100,8 +104,6 @@ def create(tx: Transaction, row: InstanceRow, start_at: float | None = None,
         tx.execute(INSERT_START_STEP, params)
         tx.execute(INSERT_START_TIMER, params)
         tx.notify("timer", row.workflow, row.instance_id)
-    elif row.status != "running":  # it waits for a slot: tell the queue's consumers
-        tx.notify("queued", row.workflow, row.instance_id)
     return True
 
 

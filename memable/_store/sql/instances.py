@@ -175,8 +175,18 @@ def finish_params(workflow: str, instance_id: str, owner: str, end: RunEnd) -> d
 def finish(tx: Transaction, workflow: str, instance_id: str, end: RunEnd) -> Ended:
     """Record the end of this engine's run (if still its own and running; cancelled: only
     let go) and settle its parent's step. The row is locked before its parent's, against a
-    cascading cancel's order: one is retried. Not idempotent: it runs as a transaction."""
+    cascading cancel's order: one is retried. Not idempotent: it runs as a transaction.
+
+    An instance the run read without a parent (``end.read``) ends in one round trip, the
+    ``COMMIT`` with it (``execute_each(last=True)``). Its answer lost, the body runs again:
+    if the first committed, the second finds the run's end recorded already and answers
+    ``recorded=False``, and the runner reads the stored state, the one it recorded."""
     params = finish_params(workflow, instance_id, tx.owner, end)
+    if end.read is not None and end.read.parent_id is None:
+        if end.read.queue is not None:  # a slot comes free (or none was held: a look)
+            tx.notify("queued", workflow, instance_id)
+        found_rows, _ = tx.execute_each((FINISH, params), (RELEASE, params), last=True)
+        return Ended(recorded=bool(found_rows))
     found = tx.execute(FINISH, params).fetchone()
     if found is None:  # cancelled meanwhile: let go of it all the same
         released = tx.execute(RELEASE, params).fetchall()
