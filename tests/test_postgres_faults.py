@@ -501,6 +501,43 @@ def test_a_failed_attempt_whose_answer_is_lost_counts_once(pg_schema: str) -> No
         store.close()
 
 
+def test_a_queued_creation_and_its_notice_are_one_text_and_one_transaction(
+    pg_schema: str,
+) -> None:
+    """An instance created queued tells the queue's consumers in the text of its insert, so
+    the notice commits with the row (one implicit transaction) in one round trip; a listener
+    hears it once the row is there. An id taken writes nothing (the notice is a look that
+    finds nothing new)."""
+    import psycopg
+
+    from memable._postgres.store import PostgresStore
+    from memable._store.rows import InstanceRow
+
+    store = PostgresStore(POSTGRES_URL, "full", schema=pg_schema)
+    try:
+        plan = {"left": 0, "after": True}
+        store._db._pool = _LosingPool(store._db._pool, plan)  # type: ignore[assignment]
+        now = "2026-12-08T00:00:00+00:00"
+        row = InstanceRow(workflow="wf", instance_id="q0", status="queued", message=None,
+                          input="null", input_type=None, output=None, output_type=None,
+                          created_at=now, updated_at=now, completed_at=None, queue="q",
+                          priority=0, queued_at=now)
+        with psycopg.connect(POSTGRES_URL, autocommit=True) as listener:
+            listener.execute(f'LISTEN "{store.channel}"')
+            assert store.create_instance(row) is True
+            [text] = plan["sent"]
+            assert text.index("pg_notify") < text.index("INSERT INTO instances")
+            [notice] = listener.notifies(timeout=10, stop_after=1)
+            assert "q0" in notice.payload
+            assert store.get_instance("wf", "q0") is not None
+            assert store.create_instance(attrs.evolve(row, message="again")) is False
+        stored = store.get_instance("wf", "q0")
+        assert stored is not None
+        assert stored.message is None
+    finally:
+        store.close()
+
+
 def test_a_queue_claim_takes_what_it_found_in_one_round_trip(pg_schema: str) -> None:
     """A claim of eight queued instances is five round trips, however many it takes: the
     lock with the pause and the clock, the slots held, the next ones, their takes with
