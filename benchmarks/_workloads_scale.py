@@ -112,9 +112,9 @@ def _select(p: dict[str, Any], path: Path, sql: str) -> list[tuple[Any, ...]]:
 def _present(p: dict[str, Any], path: Path) -> tuple[set[tuple[str, str]], Counter[Any]]:
     """(workflow, id) of every instance in the store, and how many steps each has."""
     instances = {(w, i) for w, i in _select(p, path, "SELECT workflow, instance_id "
-                                                     "FROM instances")}
+                                                     "FROM memable_instances")}
     steps: Counter[Any] = Counter({(w, i): int(n) for w, i, n in _select(
-        p, path, "SELECT workflow, instance_id, COUNT(*) FROM steps "
+        p, path, "SELECT workflow, instance_id, COUNT(*) FROM memable_steps "
                  "GROUP BY workflow, instance_id")})
     return instances, steps
 

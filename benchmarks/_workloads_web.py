@@ -181,8 +181,10 @@ def _fill(p: dict[str, Any], path: Path, n: int, now: datetime
         rows.append(row)
         steps.extend(step_rows)
     owner, schedules = _extras(now)
-    tables = [("instances", list(INSTANCE_COLUMNS), rows), ("steps", list(STEP_COLUMNS), steps),
-              ("owners", list(owner), [owner]), ("schedules", list(schedules[0]), schedules)]
+    tables = [("memable_instances", list(INSTANCE_COLUMNS), rows),
+              ("memable_steps", list(STEP_COLUMNS), steps),
+              ("memable_owners", list(owner), [owner]),
+              ("memable_schedules", list(schedules[0]), schedules)]
     if p.get("store"):
         import psycopg
 
@@ -196,7 +198,8 @@ def _fill(p: dict[str, Any], path: Path, n: int, now: datetime
                                                  for v in values[at:at + BATCH]])
             conn.commit()
             conn.autocommit = True
-            conn.execute("ANALYZE instances; ANALYZE steps")  # what autovacuum does next
+            # What autovacuum does next.
+            conn.execute("ANALYZE memable_instances; ANALYZE memable_steps")
     else:
         import sqlite3
 

@@ -84,7 +84,7 @@ def _loop_per_upsert(directory: Path, synchronous: Synchronous) -> float:
     conn, _, _ = open_store(directory / "loop.db", synchronous)
     try:
         conn.execute(
-            "INSERT INTO instances (workflow, instance_id, status, input, created_at, "
+            "INSERT INTO memable_instances (workflow, instance_id, status, input, created_at, "
             "updated_at, owner) VALUES ('w', 'i', 'running', 'null', ?, ?, 'me')",
             (AT, AT),
         )

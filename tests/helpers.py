@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
+import sqlite_utils
 from click.testing import CliRunner, Result
 
 from memable import Context, Engine, Invocation, StepError, WorkflowFailed, WorkflowState
@@ -23,6 +25,7 @@ from memable._cli.commands import main
 from memable._engine.builder import EngineBuilder
 from memable._run.options import Options
 from memable._run.runner import Runner
+from memable._sqlite.schema import MIGRATIONS
 from memable._sqlite.store import SQLiteStore
 from memable._store.protocol import Store
 
@@ -121,7 +124,8 @@ def dump(engine: Engine) -> list[str]:
             return list(store._conn.iterdump())
     return [
         f"{table}: {row!r}"
-        for table in ("instances", "steps", "timers", "owners", "schema_version")
+        for table in ("memable_instances", "memable_steps", "memable_timers", "memable_owners",
+                      "memable_schema")
         for row in sorted(query(engine, f"SELECT * FROM {table}"), key=repr)
     ]
 
@@ -495,3 +499,19 @@ def flaky_once(calls: list[str], key: str, value: object, message: str) -> Calla
         return value
 
     return fn
+
+
+def earlier_sqlite_store(conn: sqlite3.Connection, version: int,
+                         fill: Callable[[], None] = lambda: None) -> None:
+    """Make on ``conn`` (autocommit) the store an earlier memable (schema ``version``, 15 or
+    before) made: today's migrations up to ``version``, ``fill`` run on them (it writes
+    ``memable_*``), then the tables unprefixed and the version in ``PRAGMA user_version``."""
+    assert version <= 15
+    for migrate in MIGRATIONS[:version]:
+        migrate(sqlite_utils.Database(conn))
+    fill()
+    ours = conn.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'memable%'")
+    for (name,) in ours.fetchall():
+        conn.execute(f"ALTER TABLE {name} RENAME TO {name.removeprefix('memable_')}")
+    conn.execute(f"PRAGMA user_version = {version}")

@@ -52,7 +52,8 @@ def timer_rows(engine: Engine, instance_id: str) -> list[tuple[str, float]]:
     return [
         (key, deadline)
         for key, deadline in query(
-            engine, "SELECT key, deadline FROM timers WHERE instance_id = ?", (instance_id,)
+            engine, "SELECT key, deadline FROM memable_timers WHERE instance_id = ?",
+            (instance_id,),
         )
     ]
 
@@ -61,7 +62,7 @@ def step_rows(engine: Engine, name: str, instance_id: str) -> int:
     """How many rows the steps table holds for an instance, read on the engine's own
     connection (private on purpose: engine.steps() refuses an instance whose row is gone)."""
     [(count,)] = query(
-        engine, "SELECT COUNT(*) FROM steps WHERE workflow = ? AND instance_id = ?",
+        engine, "SELECT COUNT(*) FROM memable_steps WHERE workflow = ? AND instance_id = ?",
         (name, instance_id),
     )
     return int(count)
@@ -402,8 +403,9 @@ def test_a_cancel_from_another_engine_arms_no_timer_and_stops_the_next_step(
             release.set()
             assert inv.wait(timeout=10) == Cancelled()
     with closing(sqlite3.connect(db)) as reader:
-        timers = reader.execute("SELECT key FROM timers").fetchall()
-        steps = reader.execute("SELECT instance_id, key, state FROM steps ORDER BY 1").fetchall()
+        timers = reader.execute("SELECT key FROM memable_timers").fetchall()
+        steps = reader.execute(
+            "SELECT instance_id, key, state FROM memable_steps ORDER BY 1").fetchall()
     other.close()
     engine.close()
     assert timers == []
@@ -628,7 +630,7 @@ def test_purge_of_more_than_a_batch_takes_them_all_in_one_call(
         engine.wait_all()
         assert engine.purge(older_than=0) == 1203
         assert engine.list_instances("done") == []
-        assert query(engine, "SELECT count(*) FROM steps") == [(0,)]
+        assert query(engine, "SELECT count(*) FROM memable_steps") == [(0,)]
 
 
 # ---------------------------------------------------------------------- dead owners
@@ -636,7 +638,7 @@ def test_purge_of_more_than_a_batch_takes_them_all_in_one_call(
 
 def _dead_owner_reaped(engine: Engine, pid: int) -> bool:
     """Whether the owner row of the killed engine (process ``pid``) is gone."""
-    return query(engine, "SELECT count(*) FROM owners WHERE pid = ?", (pid,)) == [(0,)]
+    return query(engine, "SELECT count(*) FROM memable_owners WHERE pid = ?", (pid,)) == [(0,)]
 
 
 def test_a_family_cancelled_while_its_engine_is_dead_is_purged(
@@ -659,8 +661,8 @@ def test_a_family_cancelled_while_its_engine_is_dead_is_purged(
         assert proc.stdout is not None
         assert proc.stdout.readline() == "children started\n"
         # The child's run has claimed it too: both are the doomed engine's.
-        until(lambda: query(engine, "SELECT count(*) FROM instances WHERE owner IS NOT NULL "
-                                    "AND status = 'running'") == [(2,)])
+        until(lambda: query(engine, "SELECT count(*) FROM memable_instances "
+                                    "WHERE owner IS NOT NULL AND status = 'running'") == [(2,)])
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=60)
@@ -670,7 +672,7 @@ def test_a_family_cancelled_while_its_engine_is_dead_is_purged(
         until(lambda: _dead_owner_reaped(engine, proc.pid))  # its first look reaps it
         engine.cancel("parent", "p")
         assert metadata(engine, "child", "p/kid").status == MetadataStatus.Cancelled()
-        assert query(engine, "SELECT count(*) FROM instances WHERE owner IS NOT NULL") == [
+        assert query(engine, "SELECT count(*) FROM memable_instances WHERE owner IS NOT NULL") == [
             (2,)]
         assert engine.purge(older_than=0) == 2
         assert engine.get_metadata("parent", "p") is None
@@ -689,12 +691,12 @@ def test_an_instance_timed_out_while_its_engine_is_dead_is_purged(
     engine = open_shared(poll_interval=0.05)
     with killed_in_a_step(shared_store["target"], tmp_path / "log") as pid:
         # Its workflow timeout passed long ago (as if invoked with timeout=5).
-        write(engine, "UPDATE instances SET timeout = 5, timeout_at = 1 "
+        write(engine, "UPDATE memable_instances SET timeout = 5, timeout_at = 1 "
               "WHERE instance_id = 'crash'")
     with engine:
         until(lambda: _dead_owner_reaped(engine, pid))
         until(lambda: metadata(engine, "ten", "crash").status == MetadataStatus.Cancelled())
-        assert query(engine, "SELECT message, owner IS NOT NULL FROM instances") == [
+        assert query(engine, "SELECT message, owner IS NOT NULL FROM memable_instances") == [
             ("timed out after 5s", True)]
         assert engine.purge(older_than=0) == 1
         assert engine.get_metadata("ten", "crash") is None

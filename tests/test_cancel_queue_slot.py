@@ -246,13 +246,14 @@ def test_the_slot_of_a_cancelled_run_whose_owner_died_comes_free(
             assert claims.look_now() == []
             assert _status(engine, "job", "b") == MetadataStatus.Queued()
             if where == "elsewhere":
-                write(engine, "UPDATE owners SET host = 'elsewhere.invalid' WHERE id <> ?",
+                write(engine, "UPDATE memable_owners SET host = 'elsewhere.invalid' WHERE id <> ?",
                       (store_of(engine).owner,))
             os.kill(child.pid, signal.SIGKILL)
             child.wait(timeout=60)
             assert b.result(TIMEOUT + CHILD_LEASE) == "done"
             assert _status(engine, "hold", "a") == MetadataStatus.Cancelled()
-            [(owner,)] = query(engine, "SELECT owner FROM instances WHERE instance_id = 'a'")
+            [(owner,)] = query(engine,
+                               "SELECT owner FROM memable_instances WHERE instance_id = 'a'")
             assert owner is not None  # the dead run never let go: its owner's death freed B
         finally:
             if child.poll() is None:
@@ -338,11 +339,12 @@ def test_a_cancelled_run_whose_end_failed_frees_its_slot_at_the_next_look(
                 gate.set()  # the run stops at its step boundary; its end fails
                 until(lambda: not access.in_flight(engine), 30)
                 # Nothing can let go of it while the store is blocked: it holds the slot.
-                assert query(reader, "SELECT status, owner IS NOT NULL FROM instances") == [
-                    ("cancelled", 1)]
+                assert query(
+                    reader, "SELECT status, owner IS NOT NULL FROM memable_instances"
+                ) == [("cancelled", 1)]
                 unblock()
                 assert engine.invoke("held", 2, instance_id="b").result(TIMEOUT) == 2
-                assert query(reader, "SELECT owner FROM instances WHERE instance_id = 'a'"
+                assert query(reader, "SELECT owner FROM memable_instances WHERE instance_id = 'a'"
                              ) == [(None,)]
         finally:
             gate.set()

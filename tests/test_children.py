@@ -393,7 +393,7 @@ def test_a_child_ending_while_its_parent_records_its_wait_is_counted(
                 "AND query LIKE %s", ("%EXECUTE memable_%('parent', 'p'%",),
             ).fetchone()
             suspended = conn.execute(
-                f'SELECT count(*) FROM "{pg_schema}".instances WHERE instance_id = %s '
+                f'SELECT count(*) FROM "{pg_schema}".memable_instances WHERE instance_id = %s '
                 "AND status = 'suspended'", ("p",),
             ).fetchone()
         return bool(blocked and blocked[0]) or bool(suspended and suspended[0])

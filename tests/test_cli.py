@@ -244,7 +244,7 @@ def shown(store: Store, workflow: str, instance_id: str) -> dict[str, Any]:
 def timer_rows(path: Path, instance_id: str) -> int:
     with closing(sqlite3.connect(path)) as conn:
         [(count,)] = conn.execute(
-            "SELECT COUNT(*) FROM timers WHERE instance_id = ?", (instance_id,)
+            "SELECT COUNT(*) FROM memable_timers WHERE instance_id = ?", (instance_id,)
         ).fetchall()
     return int(count)
 
@@ -252,7 +252,7 @@ def timer_rows(path: Path, instance_id: str) -> int:
 def step_rows(path: Path) -> set[str]:
     """The instances that have rows in the steps table."""
     with closing(sqlite3.connect(path)) as conn:
-        return {i for (i,) in conn.execute("SELECT DISTINCT instance_id FROM steps")}
+        return {i for (i,) in conn.execute("SELECT DISTINCT instance_id FROM memable_steps")}
 
 
 # ---------------------------------------------------------------------- list

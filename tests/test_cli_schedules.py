@@ -262,7 +262,8 @@ def test_a_next_tick_that_cannot_be_computed_is_a_dash_and_a_note(
     with freeze_time("2026-06-01 09:59:00"):
         engine.start()
         engine.stop()
-    write(engine, "UPDATE schedules SET timezone = ? WHERE name = ?", ("Mars/Olympus", "hourly"))
+    write(engine, "UPDATE memable_schedules SET timezone = ? WHERE name = ?",
+          ("Mars/Olympus", "hourly"))
     result = run(shared_store, "schedules")
     assert result.exit_code == 0, result.output
     assert result.stderr.startswith(

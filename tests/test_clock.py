@@ -70,21 +70,21 @@ def test_what_an_engine_stores_is_dated_by_its_clock(
         engine.pause_queue("q")
         engine.invoke("one", instance_id="queued", queue="q")
 
-        [owner] = _times(engine, "SELECT started_at FROM owners")
+        [owner] = _times(engine, "SELECT started_at FROM memable_owners")
         assert owner["started_at"] == fixed
         rows = {r["instance_id"]: r for r in _times(
             engine, "SELECT instance_id, created_at, updated_at, completed_at, queued_at "
-                    "FROM instances")}
+                    "FROM memable_instances")}
         for instance_id in ("o", "w"):
             times = rows[instance_id]
             assert (times["created_at"], times["updated_at"], times["completed_at"]) == (
                 fixed, fixed, fixed), instance_id
         assert (rows["queued"]["created_at"], rows["queued"]["queued_at"]) == (fixed, fixed)
-        steps = _times(engine, "SELECT instance_id, key, started_at, completed_at FROM steps "
-                               "ORDER BY instance_id, key")
+        steps = _times(engine, "SELECT instance_id, key, started_at, completed_at "
+                               "FROM memable_steps ORDER BY instance_id, key")
         assert {(s["instance_id"], s["key"]): (s["started_at"], s["completed_at"])
                 for s in steps} == {("o", "a"): (fixed, fixed), ("w", "go:v1"): (None, fixed)}
-        [paused] = _times(engine, "SELECT paused_at FROM queue_states")
+        [paused] = _times(engine, "SELECT paused_at FROM memable_queue_states")
         assert paused["paused_at"] == fixed
 
         # The next hour's tick: its instance is dated by the clock too.
@@ -117,7 +117,7 @@ def test_an_owner_row_records_its_start_in_utc(store_target: dict[str, Any]) -> 
         engine = build(**store_target, poll_interval=60).engine
         try:
             with engine:
-                [owner] = _times(engine, "SELECT started_at FROM owners")
+                [owner] = _times(engine, "SELECT started_at FROM memable_owners")
         finally:
             engine.close()
     finally:

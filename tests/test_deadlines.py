@@ -51,7 +51,7 @@ def _rows(engine: Engine, name: str, instance_id: str) -> list[tuple[str, str, s
 
 
 def _timers(engine: Engine) -> list[tuple[Any, ...]]:
-    return query(engine, "SELECT instance_id, key FROM timers")
+    return query(engine, "SELECT instance_id, key FROM memable_timers")
 
 
 def _approval(ctx: Context) -> str:
@@ -322,7 +322,7 @@ def _waiting_on_a_lock(schema: str) -> bool:
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
             "AND wait_event_type = 'Lock' AND query LIKE %s",
             # The signal's first statement after its instance's lock: its deadline's drop.
-            ("%DELETE FROM timers WHERE workflow%",),
+            ("%DELETE FROM memable_timers WHERE workflow%",),
         ).fetchone()
     return bool(found and found[0])
 
@@ -437,7 +437,8 @@ def test_fire_due_timers_judges_what_it_read_by_a_reading_taken_after(
     reads = 1
     with traced(engine) as statements:
         def clock() -> float:
-            read = sum("FROM timers WHERE deadline <=" in statement for statement in statements)
+            read = sum("FROM memable_timers WHERE deadline <=" in statement
+                       for statement in statements)
             return deadline + 86400 if read < reads else deadline - 1
 
         assert store.fire_due_timers(clock, T0.timestamp()) == []

@@ -177,7 +177,7 @@ def _signalled_early(worker: Engine, signaller: Engine) -> None:
 
 
 def _steps(engine: Engine, instance_id: str) -> list[tuple[Any, ...]]:
-    return query(engine, "SELECT key, state FROM steps WHERE instance_id = ? ORDER BY seq",
+    return query(engine, "SELECT key, state FROM memable_steps WHERE instance_id = ? ORDER BY seq",
                  (instance_id,))
 
 

@@ -44,14 +44,15 @@ def query(db: Path, sql: str, *params: object) -> list[tuple[object, ...]]:
 def stored_steps(db: Path, instance_id: str) -> dict[str, object]:
     """Each completed step of the instance and its stored value (decoded JSON)."""
     rows = query(
-        db, "SELECT key, result FROM steps WHERE instance_id = ? AND state = 'completed'",
+        db, "SELECT key, result FROM memable_steps WHERE instance_id = ? AND state = 'completed'",
         instance_id,
     )
     return {str(key): json.loads(str(result)) for key, result in rows}
 
 
 def instance_row(db: Path, instance_id: str) -> tuple[object, ...]:
-    (row,) = query(db, "SELECT status, owner FROM instances WHERE instance_id = ?", instance_id)
+    (row,) = query(db, "SELECT status, owner FROM memable_instances WHERE instance_id = ?",
+                   instance_id)
     return row
 
 
@@ -291,7 +292,7 @@ def test_an_owner_in_another_pid_namespace_is_not_judged_by_its_pid(tmp_path: Pa
     argv = [unshare, "--pid", "--fork", "--mount-proc", "--kill-child",
             sys.executable, CHILD, "at-pid", str(pid), *hold_argv(db, log, "p", 30.0)[2:]]
     with holding(*argv) as a:
-        (owner,) = query(db, "SELECT id FROM owners WHERE pid = ?", pid)
+        (owner,) = query(db, "SELECT id FROM memable_owners WHERE pid = ?", pid)
         assert instance_row(db, "p") == ("running", owner[0])
         with takeover_engine(db, log) as engine_b:
             # B must NOT finish "p"; the bounded wait is unavoidable when
@@ -299,7 +300,7 @@ def test_an_owner_in_another_pid_namespace_is_not_judged_by_its_pid(tmp_path: Pa
             # returns early (failing) if B recovers and completes "p".
             with pytest.raises(TimeoutError):
                 engine_b.invocation("held", "p").result(timeout=1.5)
-            assert query(db, "SELECT id FROM owners WHERE pid = ?", pid) == [owner]
+            assert query(db, "SELECT id FROM memable_owners WHERE pid = ?", pid) == [owner]
             assert instance_row(db, "p") == ("running", owner[0])
             assert lines(log) == ["s1 A", "s2 A"]
             a.release()

@@ -49,11 +49,12 @@ def executed(output: str) -> list[str]:
 
 
 def stored(tmp_path: Path, table: str) -> list[dict[str, Any]]:
-    """Every row of a table of the store, read on a connection of our own."""
+    """Every row of the store's table ``memable_{table}``, read on a connection of our own."""
     conn = sqlite3.connect(tmp_path / "workflows.db")
     try:
         conn.row_factory = sqlite3.Row
-        return [dict(row) for row in conn.execute(f"SELECT * FROM {table} ORDER BY 1, 2, 3")]
+        rows = conn.execute(f"SELECT * FROM memable_{table} ORDER BY 1, 2, 3")
+        return [dict(row) for row in rows]
     finally:
         conn.close()
 

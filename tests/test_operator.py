@@ -234,7 +234,7 @@ def test_show_of_a_timer_past_the_calendar_does_not_crash(tmp_path: Path) -> Non
         engine.invoke("cool", instance_id="c").wait(timeout=WAIT)
     engine.close()
     with closing(sqlite3.connect(db)) as conn, conn:
-        conn.execute("UPDATE timers SET deadline = 1e12")
+        conn.execute("UPDATE memable_timers SET deadline = 1e12")
     [timer] = shown(db, "cool", "c")["timers"]
     assert timer == {
         "key": "cool-off:v1", "due": "1000000000000.0 s after 1970-01-01 (past the calendar)",

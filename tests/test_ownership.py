@@ -156,7 +156,7 @@ def test_a_step_write_to_a_key_completed_meanwhile_leaves_it(
 def _owner_row(path: Path, owner: str) -> tuple[Any, ...] | None:
     with closing(sqlite3.connect(path)) as reader:
         return reader.execute(  # type: ignore[no-any-return]
-            "SELECT heartbeat, lease, started_at FROM owners WHERE id = ?", (owner,)
+            "SELECT heartbeat, lease, started_at FROM memable_owners WHERE id = ?", (owner,)
         ).fetchone()
 
 
@@ -170,7 +170,7 @@ def test_a_heartbeat_renews_the_lease_and_brings_back_a_reaped_owner(tmp_path: P
     store.heartbeat(1010.0)
     assert _owner_row(db, store.owner) == (1010.0, 30.0, first[2])
     with closing(sqlite3.connect(db)) as writer, writer:
-        writer.execute("DELETE FROM owners WHERE id = ?", (store.owner,))
+        writer.execute("DELETE FROM memable_owners WHERE id = ?", (store.owner,))
     store.heartbeat(5000.0)
     again = _owner_row(db, store.owner)
     assert again is not None
@@ -231,12 +231,13 @@ def test_an_owner_elsewhere_is_judged_by_its_lease(tmp_path: Path, lease: str) -
     heartbeat = 1000.0 if lease == "expired" else time.time()
     with closing(sqlite3.connect(db)) as conn, conn:  # as if it ran on another host
         conn.execute(
-            "INSERT INTO owners (id, host, pid, heartbeat, lease, started_at) "
+            "INSERT INTO memable_owners (id, host, pid, heartbeat, lease, started_at) "
             "VALUES ('ghost', 'another-host', 4242, ?, 600.0, '2026-01-01')",
             (heartbeat,),
         )
-        conn.execute("UPDATE instances SET status = 'running', owner = 'ghost', output = NULL")
-        conn.execute("DELETE FROM steps WHERE key = 'b'")
+        conn.execute(
+            "UPDATE memable_instances SET status = 'running', owner = 'ghost', output = NULL")
+        conn.execute("DELETE FROM memable_steps WHERE key = 'b'")
     second, store = build(db, poll_interval=0.05)
     second.register("wf", wf)
     looks = threading.Semaphore(0)
@@ -254,7 +255,7 @@ def test_an_owner_elsewhere_is_judged_by_its_lease(tmp_path: Path, lease: str) -
         else:
             for _ in range(3):  # three looks at the store, each after the last
                 assert looks.acquire(timeout=10)
-        owner = store.read_rows("owner", "SELECT owner FROM instances", {})
+        owner = store.read_rows("owner", "SELECT owner FROM memable_instances", {})
     second.close()
     if lease == "expired":
         assert ran == ["a", "b", "b"]
@@ -296,7 +297,7 @@ def test_the_invocation_of_a_run_that_lost_its_instance_follows_the_engine_that_
     with a, b:
         inv = a.invoke("wf", instance_id="x")
         assert in_a.wait(10)
-        write(a, "UPDATE owners SET heartbeat = 0 WHERE id = ?", (a_store.owner,))
+        write(a, "UPDATE memable_owners SET heartbeat = 0 WHERE id = ?", (a_store.owner,))
         assert in_b.wait(10)
         waited: list[Any] = []
         waiter = threading.Thread(target=lambda: waited.append(inv.wait(timeout=20)))

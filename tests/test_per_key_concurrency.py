@@ -171,7 +171,7 @@ def test_a_cancelled_run_holds_its_keys_slot_until_it_has_stopped(
         second = _invoke(engine, "a-2", "a")
         assert _invoke(engine, "b-1", "b").result(TIMEOUT) == 0
         looks.twice_more()
-        assert query(engine, "SELECT status FROM instances WHERE instance_id = 'a-1'") == [
+        assert query(engine, "SELECT status FROM memable_instances WHERE instance_id = 'a-1'") == [
             ("cancelled",)]
         assert second.state == Queued()
         held.release.set()
@@ -242,7 +242,7 @@ def test_a_key_on_a_queue_without_per_key_is_refused_and_nothing_stored(
         for bad in ("", 5):
             with pytest.raises(TypeError, match=r"concurrency_key .* non-empty str"):
                 _invoke(engine, "x-3", bad)  # type: ignore[arg-type]
-        assert query(engine, "SELECT count(*) FROM instances") == [(0,)]
+        assert query(engine, "SELECT count(*) FROM memable_instances") == [(0,)]
 
 
 @pytest.mark.parametrize("per_key", [0, -1, 1.5, True, "2"])

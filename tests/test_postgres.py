@@ -142,27 +142,34 @@ def test_a_newer_schema_version_is_refused_and_left_as_it_was(pg_schema: str) ->
     ``StorageError`` at open and its version row is left unchanged."""
     Engine.open(POSTGRES_URL, schema=pg_schema).close()
     with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
-        conn.execute(f'UPDATE "{pg_schema}".schema_version SET version = %s',
+        conn.execute(f'UPDATE "{pg_schema}".memable_schema SET version = %s',
                      (SCHEMA_VERSION + 1,))
     with pytest.raises(StorageError, match="newer than this memable understands"):
         Engine.open(POSTGRES_URL, schema=pg_schema)
     with psycopg.connect(POSTGRES_URL) as conn:
-        rows = conn.execute(f'SELECT version FROM "{pg_schema}".schema_version').fetchall()
+        rows = conn.execute(f'SELECT version FROM "{pg_schema}".memable_schema').fetchall()
     assert rows == [(SCHEMA_VERSION + 1,)]
 
 
 def test_a_version_1_schema_is_migrated_in_place_and_keeps_its_rows(pg_schema: str) -> None:
-    """A store made before child workflows (version 1) gains the parent columns when
+    """A store made before child workflows (version 1: unprefixed tables, the version in
+    ``schema_version``) has its tables renamed ``memable_*`` and gains the parent columns when
     opened; its instances stay as they were."""
     engine = Engine.open(POSTGRES_URL, schema=pg_schema)
     engine.register("one", _one_step)
     with engine:
         assert engine.invoke("one", 1, instance_id="old").result(timeout=10) == 2
     with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+        conn.execute(f'SET search_path TO "{pg_schema}"')
         for column in ("parent_workflow", "parent_id", "parent_key", "parent_group",
                        "children_pending"):
-            conn.execute(f'ALTER TABLE "{pg_schema}".instances DROP COLUMN {column}')
-        conn.execute(f'UPDATE "{pg_schema}".schema_version SET version = 1')
+            conn.execute(f"ALTER TABLE memable_instances DROP COLUMN {column}")
+        for table in ("queue_starts", "schedules", "queue_states"):  # made by later versions
+            conn.execute(f"DROP TABLE memable_{table}")
+        for table in ("instances", "steps", "timers", "owners"):
+            conn.execute(f"ALTER TABLE memable_{table} RENAME TO {table}")
+        conn.execute("ALTER TABLE memable_schema RENAME TO schema_version")
+        conn.execute("UPDATE schema_version SET version = 1")
     engine = Engine.open(POSTGRES_URL, schema=pg_schema)
     engine.register("one", _one_step)
     engine.register("parent", lambda ctx: ctx.child("kid", "one", 2))
@@ -170,8 +177,13 @@ def test_a_version_1_schema_is_migrated_in_place_and_keeps_its_rows(pg_schema: s
         assert engine.invocation("one", "old").result(timeout=10) == 2
         assert engine.invoke("parent", instance_id="new").result(timeout=10) == 4
     with psycopg.connect(POSTGRES_URL) as conn:
-        rows = conn.execute(f'SELECT version FROM "{pg_schema}".schema_version').fetchall()
+        rows = conn.execute(f'SELECT version FROM "{pg_schema}".memable_schema').fetchall()
+        tables = conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = %s",
+                              (pg_schema,)).fetchall()
     assert rows == [(SCHEMA_VERSION,)]
+    assert sorted(name for (name,) in tables) == [
+        "memable_instances", "memable_owners", "memable_queue_starts", "memable_queue_states",
+        "memable_schedules", "memable_schema", "memable_steps", "memable_timers"]
 
 
 def test_the_password_is_in_no_repr_and_connections_name_themselves(pg_schema: str) -> None:
@@ -229,7 +241,7 @@ def test_twenty_processes_opening_a_new_schema_at_once_migrate_it_once(
     results = [(p.returncode, out, err) for p, (out, err) in zip(procs, outcomes, strict=True)]
     assert results == [(0, "opened\n", "")] * 20
     with psycopg.connect(POSTGRES_URL) as conn:
-        versions = conn.execute(f'SELECT version FROM "{pg_schema}".schema_version').fetchall()
+        versions = conn.execute(f'SELECT version FROM "{pg_schema}".memable_schema').fetchall()
     assert versions == [(SCHEMA_VERSION,)]
     engine = Engine.open(POSTGRES_URL, schema=pg_schema)
     engine.register("double", _one_step)
@@ -273,7 +285,7 @@ def test_a_wake_up_or_recovery_skips_an_instance_another_transaction_holds(
 
     try:
         with psycopg.connect(POSTGRES_URL, options=f"-c search_path={pg_schema}") as holder:
-            holder.execute("SELECT 1 FROM instances WHERE instance_id = 'w' FOR UPDATE")
+            holder.execute("SELECT 1 FROM memable_instances WHERE instance_id = 'w' FOR UPDATE")
             waker = threading.Thread(target=wake, name="test-wake")
             waker.start()
             waker.join(10)  # the lock is ours until this block ends: a waiting claim hangs
@@ -490,7 +502,7 @@ def test_placing_a_signal_waits_for_a_takeover_under_way_and_then_is_refused(
                           None, None, 1796601600.0, 1796601600.0)  # at, started: now
         store.deliver_signal(write)
         with psycopg.connect(POSTGRES_URL, options=f"-c search_path={pg_schema}") as other:
-            other.execute("UPDATE instances SET owner = 'another' WHERE instance_id = 'i'")
+            other.execute("UPDATE memable_instances SET owner = 'another' WHERE instance_id = 'i'")
             outcome: list[BaseException | None] = []
 
             def place() -> None:
@@ -506,7 +518,8 @@ def test_placing_a_signal_waits_for_a_takeover_under_way_and_then_is_refused(
                 deadline = time.monotonic() + 30
                 while watcher.execute(
                     "SELECT 1 FROM pg_stat_activity WHERE application_name = 'memable' "
-                    "AND wait_event_type = 'Lock' AND query LIKE '%%UPDATE steps SET seq%%'"
+                    "AND wait_event_type = 'Lock' "
+                    "AND query LIKE '%%UPDATE memable_steps SET seq%%'"
                 ).fetchone() is None:
                     assert not outcome, f"the placement did not wait: {outcome}"
                     assert time.monotonic() < deadline, "the placement never waited"
@@ -540,7 +553,7 @@ def test_a_creation_racing_another_for_its_id_answers_by_what_committed(
     try:
         with psycopg.connect(POSTGRES_URL) as holder:  # a transaction of its own
             holder.execute(
-                f'INSERT INTO "{pg_schema}".instances (workflow, instance_id, status, '
+                f'INSERT INTO "{pg_schema}".memable_instances (workflow, instance_id, status, '
                 "input, created_at, updated_at, created_by) VALUES ('wf', 'i', 'running', "
                 "'null', %s, %s, 'another call')", (now, now))
             blocker = holder.execute("SELECT pg_backend_pid()").fetchone()
@@ -565,7 +578,8 @@ def test_a_creation_racing_another_for_its_id_answers_by_what_committed(
         assert answers == [other == "rolls back"]
         with psycopg.connect(POSTGRES_URL) as conn:
             found = conn.execute(
-                f'SELECT created_by IS NULL OR created_by <> %s FROM "{pg_schema}".instances',
+                "SELECT created_by IS NULL OR created_by <> %s "
+                f'FROM "{pg_schema}".memable_instances',
                 ("another call",)).fetchall()
         assert found == [(other == "rolls back",)]
     finally:

@@ -60,7 +60,7 @@ def _stored(server: PgServer, schema: str, sql: str, params: tuple[Any, ...]) ->
 
 def _status(server: PgServer, schema: str, workflow: str, instance_id: str) -> str | None:
     rows = _stored(server, schema,
-                   "SELECT status FROM instances WHERE workflow = %s AND instance_id = %s",
+                   "SELECT status FROM memable_instances WHERE workflow = %s AND instance_id = %s",
                    (workflow, instance_id))
     return None if not rows else str(rows[0][0])
 
@@ -152,7 +152,7 @@ def test_invoke_a_step_signal_an_end_and_cancel_are_not_undone_by_a_server_crash
             gates["first"].set()
             assert entered["second"].wait(WAIT)
             _crash_and_restart(server)
-            steps = _stored(server, schema, "SELECT key, state FROM steps WHERE "
+            steps = _stored(server, schema, "SELECT key, state FROM memable_steps WHERE "
                             "instance_id = 'one' ORDER BY seq", ())
             assert steps == [("first", "completed")]
             gates["second"].set()
@@ -161,7 +161,7 @@ def test_invoke_a_step_signal_an_end_and_cancel_are_not_undone_by_a_server_crash
             engine.signal("wf", "one", "go", "yes")
             assert entered["after"].wait(WAIT)
             _crash_and_restart(server)
-            go = _stored(server, schema, "SELECT state, result FROM steps WHERE "
+            go = _stored(server, schema, "SELECT state, result FROM memable_steps WHERE "
                          "instance_id = 'one' AND key = 'go'", ())
             assert go == [("completed", '"yes"')]
             gates["after"].set()
@@ -208,7 +208,7 @@ def test_a_claim_a_run_acts_on_is_not_undone_by_a_server_crash(server: PgServer)
         return ctx.step("first").run(lambda: gate("woken"))
 
     def stored(instance_id: str) -> tuple[Any, ...]:
-        rows = _stored(server, schema, "SELECT status, owner FROM instances "
+        rows = _stored(server, schema, "SELECT status, owner FROM memable_instances "
                        "WHERE instance_id = %s", (instance_id,))
         return tuple(rows[0])
 

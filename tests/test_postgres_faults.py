@@ -104,8 +104,8 @@ def test_a_partitioned_engine_loses_its_instance_and_its_late_writes_are_refused
     assert ran == [("a", "s1"), ("a", "s2"), ("b", "s2"), ("b", "s3")]
     reader = build(POSTGRES_URL, schema=pg_schema).engine
     try:
-        rows = query(reader, "SELECT key, state, result, attempts FROM steps ORDER BY seq")
-        status = query(reader, "SELECT status, owner FROM instances")
+        rows = query(reader, "SELECT key, state, result, attempts FROM memable_steps ORDER BY seq")
+        status = query(reader, "SELECT status, owner FROM memable_instances")
     finally:
         reader.close()
     assert rows == [
@@ -172,7 +172,7 @@ def test_connections_killed_by_the_server_mid_workload_lose_nothing(
     assert calls == {(n, k): 1 for n in range(40) for k in range(5)}
     reader = build(POSTGRES_URL, schema=pg_schema).engine
     try:
-        stored = query(reader, "SELECT count(*), min(attempts), max(attempts) FROM steps")
+        stored = query(reader, "SELECT count(*), min(attempts), max(attempts) FROM memable_steps")
     finally:
         reader.close()
     assert stored == [(200, 1, 1)]
@@ -245,14 +245,14 @@ def test_four_processes_on_one_database_and_a_kill_lose_nothing(
     assert sum(count - 1 for count in runs.values()) <= 8
     reader = build(POSTGRES_URL, schema=pg_schema).engine
     try:
-        assert query(reader, "SELECT status, count(*) FROM instances GROUP BY 1") == [
+        assert query(reader, "SELECT status, count(*) FROM memable_instances GROUP BY 1") == [
             ("completed", 400)
         ]
-        assert query(reader, "SELECT kind, state, count(*) FROM steps GROUP BY 1, 2 "
+        assert query(reader, "SELECT kind, state, count(*) FROM memable_steps GROUP BY 1, 2 "
                      "ORDER BY 1") == [
             ("signal", "completed", 400), ("step", "completed", 800), ("timer", "completed", 400)
         ]
-        assert query(reader, "SELECT count(*) FROM timers") == [(0,)]
+        assert query(reader, "SELECT count(*) FROM memable_timers") == [(0,)]
     finally:
         reader.close()
 
@@ -324,7 +324,8 @@ def test_an_outage_shorter_than_the_lease_costs_no_run(
     assert ran == {(f"i{n}", key): 1 for n in range(3) for key in ("s1", "s2", "s3")}
     reader = build(POSTGRES_URL, schema=pg_schema).engine
     try:
-        assert query(reader, "SELECT count(*) FROM instances WHERE recoveries > 0") == [(0,)]
+        assert query(
+            reader, "SELECT count(*) FROM memable_instances WHERE recoveries > 0") == [(0,)]
     finally:
         reader.close()
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
@@ -434,7 +435,7 @@ class _CommitLost:
 
     def _lost(self, sql: str, run: Callable[[], Any]) -> Any:
         self._plan.setdefault("sent", []).append(sql)
-        prefix = self._plan.get("one", "INSERT INTO steps")
+        prefix = self._plan.get("one", "INSERT INTO memable_steps")
         one_statement = (isinstance(sql, str) and getattr(self, "opening", None) is None
                          and any(statement.lstrip().startswith(prefix)
                                  for statement in statements_of(sql, self._conn)))
@@ -532,7 +533,7 @@ def test_a_queued_creation_and_its_notice_are_one_text_and_one_transaction(
             listener.execute(f'LISTEN "{store.channel}"')
             assert store.create_instance(row) is True
             [text] = plan["sent"]
-            assert text.index("pg_notify") < text.index("INSERT INTO instances")
+            assert text.index("pg_notify") < text.index("INSERT INTO memable_instances")
             [notice] = listener.notifies(timeout=10, stop_after=1)
             assert "q0" in notice.payload
             assert store.get_instance("wf", "q0") is not None
@@ -666,7 +667,7 @@ def test_a_creation_whose_answer_is_lost_answers_as_made(
 
     store = PostgresStore(POSTGRES_URL, "full", schema=pg_schema)
     try:
-        plan = {"left": 1, "after": after, "one": "INSERT INTO instances"}
+        plan = {"left": 1, "after": after, "one": "INSERT INTO memable_instances"}
         store._db._pool = _LosingPool(store._db._pool, plan)  # type: ignore[assignment]
         row = _queued_row("i")
         assert store.create_instance(row, start_at) is True
@@ -674,7 +675,8 @@ def test_a_creation_whose_answer_is_lost_answers_as_made(
         assert store.create_instance(row, start_at) is False
         with psycopg.connect(POSTGRES_URL) as conn:
             rows = conn.execute(
-                f'SELECT count(*) FROM "{pg_schema}".instances WHERE instance_id = %s', ("i",)
+                f'SELECT count(*) FROM "{pg_schema}".memable_instances WHERE instance_id = %s',
+                ("i",),
             ).fetchone()
         assert rows == (1,)
     finally:

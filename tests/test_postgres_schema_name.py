@@ -150,7 +150,7 @@ def test_a_url_that_sets_a_search_path_does_not_move_the_store(
         assert engine.invoke("wf", 3, instance_id="u").result(timeout=30) == 6
     with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
         row = conn.execute(
-            f"SELECT status FROM {quote_ident(schema)}.instances WHERE instance_id = 'u'"
+            f"SELECT status FROM {quote_ident(schema)}.memable_instances WHERE instance_id = 'u'"
         ).fetchone()
     assert row == ("completed",)
 
@@ -179,7 +179,7 @@ def test_ab_and_a_backslash_name_are_two_stores_even_below_the_name_check(
         assert path == (quote_ident(odd),)
         found = below.run(
             "read the instances",
-            lambda conn: conn.execute("SELECT instance_id FROM instances").fetchall(),
+            lambda conn: conn.execute("SELECT instance_id FROM memable_instances").fetchall(),
             transaction=False,
         )
         assert found == []  # not ab's instance
@@ -192,7 +192,7 @@ def test_ab_and_a_backslash_name_are_two_stores_even_below_the_name_check(
             (plain, odd),
         ).fetchall()
         ab_rows = conn.execute(
-            f"SELECT instance_id FROM {quote_ident(plain)}.instances"
+            f"SELECT instance_id FROM {quote_ident(plain)}.memable_instances"
         ).fetchall()
     assert sorted(tables) == sorted([(plain, 8), (odd, 8)])
     assert ab_rows == [("in-ab",)]

@@ -79,14 +79,15 @@ def test_several_processes_on_one_file_run_everything_exactly_once(
     assert len(executions) == processes * 100 * 3
     assert set(executions.values()) == {1}
     with closing(sqlite3.connect(db)) as conn:
-        statuses = conn.execute("SELECT status, COUNT(*) FROM instances GROUP BY status")
+        statuses = conn.execute("SELECT status, COUNT(*) FROM memable_instances GROUP BY status")
         assert statuses.fetchall() == [("completed", processes * 100)]
         timers = conn.execute(
-            "SELECT state, attempts, COUNT(*) FROM steps WHERE kind = 'timer' GROUP BY 1, 2"
+            "SELECT state, attempts, COUNT(*) FROM memable_steps WHERE kind = 'timer' "
+            "GROUP BY 1, 2"
         )
         assert timers.fetchall() == [("completed", 1, processes * 100)]
-        assert conn.execute("SELECT COUNT(*) FROM timers").fetchone() == (0,)
-        assert conn.execute("SELECT COUNT(*) FROM owners").fetchone() == (0,)
+        assert conn.execute("SELECT COUNT(*) FROM memable_timers").fetchone() == (0,)
+        assert conn.execute("SELECT COUNT(*) FROM memable_owners").fetchone() == (0,)
     assert integrity(db) == "ok"
 
 

@@ -539,7 +539,7 @@ def test_a_worker_process_starts_nothing_of_a_paused_queue_until_resumed(
         assert pids == {worker.pid}
         assert _states(web, "job", ids) == ["queued"] * 5
         assert not log.exists()
-        [(running,)] = query(web, "SELECT count(*) FROM instances WHERE queue = 'jobs' "
+        [(running,)] = query(web, "SELECT count(*) FROM memable_instances WHERE queue = 'jobs' "
                              "AND status <> 'queued'")
         assert running == 0
 

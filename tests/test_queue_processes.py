@@ -60,12 +60,12 @@ def test_four_processes_never_pass_the_queues_limits_and_run_everything_once(
         ]
         pause, deadline = threading.Event(), time.monotonic() + 120
         while done < INSTANCES and time.monotonic() < deadline:
-            [(running,)] = query(web, "SELECT count(*) FROM instances WHERE queue = 'jobs' "
-                                 "AND status = 'running'")
+            [(running,)] = query(web, "SELECT count(*) FROM memable_instances "
+                                 "WHERE queue = 'jobs' AND status = 'running'")
             most_running = max(most_running, int(running))
-            for at, n in query(web, "SELECT at, count(*) FROM queue_starts GROUP BY at"):
+            for at, n in query(web, "SELECT at, count(*) FROM memable_queue_starts GROUP BY at"):
                 starts[at] = max(starts.get(at, 0), n)
-            [(completed,)] = query(web, "SELECT count(*) FROM instances "
+            [(completed,)] = query(web, "SELECT count(*) FROM memable_instances "
                                    "WHERE status = 'completed'")
             done = int(completed)
             pause.wait(0.02)  # a sample every 20 ms: each start stays stored for a second

@@ -27,8 +27,8 @@ TIMEOUT = 10.0
 
 
 def _running(engine: Engine, queue: str) -> int:
-    rows = query(engine, "SELECT count(*) FROM instances WHERE queue = ? AND status = 'running'",
-                 (queue,))
+    rows = query(engine, "SELECT count(*) FROM memable_instances "
+                 "WHERE queue = ? AND status = 'running'", (queue,))
     return int(rows[0][0])
 
 
@@ -266,7 +266,7 @@ def test_a_rate_limit_spaces_the_starts(make_engine: Callable[..., Engine]) -> N
     stop = threading.Event()
 
     def sample_once() -> None:
-        for at, n in query(engine, "SELECT at, count(*) FROM queue_starts GROUP BY at"):
+        for at, n in query(engine, "SELECT at, count(*) FROM memable_queue_starts GROUP BY at"):
             seen[at] = max(seen.get(at, 0), n)
 
     def sample() -> None:  # the store keeps a start for a window: look more often
@@ -416,7 +416,7 @@ def test_a_queue_without_a_rate_keeps_no_starts(make_engine: Callable[..., Engin
     engine.register("job", lambda ctx, n: n, queue="q")
     with engine:
         assert [engine.invoke("job", i).result(TIMEOUT) for i in range(5)] == list(range(5))
-        assert query(engine, "SELECT count(*) FROM queue_starts") == [(0,)]
+        assert query(engine, "SELECT count(*) FROM memable_queue_starts") == [(0,)]
 
 
 def _unconsumed(caplog: pytest.LogCaptureFixture) -> list[str]:

@@ -222,14 +222,15 @@ def test_a_recovery_counts_only_the_attempt_whose_end_was_never_stored(
     with caplog.at_level(logging.WARNING, logger="memable"), engine:
         for instance_id in ("stored", "lost"):
             engine.invoke("wf", instance_id=instance_id).wait(timeout=WAIT)
-            [(started,)] = query(engine, "SELECT started_at FROM steps WHERE instance_id = ?",
+            [(started,)] = query(engine,
+                                 "SELECT started_at FROM memable_steps WHERE instance_id = ?",
                                  (instance_id,))
             # The ghost's heartbeat named s1 in flight: the attempt stored ("stored"), or
             # a later one it never stored ("lost").
             later = datetime.fromisoformat(started) + timedelta(seconds=1)
             in_flight = started if instance_id == "stored" else later.isoformat()
-            write(engine, "UPDATE instances SET status = 'running', owner = ?, step_key = 's1', "
-                  "step_started = ?, completed_at = NULL WHERE instance_id = ?",
+            write(engine, "UPDATE memable_instances SET status = 'running', owner = ?, "
+                  "step_key = 's1', step_started = ?, completed_at = NULL WHERE instance_id = ?",
                   (ghost, in_flight, instance_id))
         for instance_id in ("stored", "lost"):
             until(lambda i=instance_id: engine.invocation("wf", i).state == Completed(), WAIT)
@@ -275,7 +276,7 @@ def test_a_recovery_counts_a_lost_step_after_a_signal_not_reached_yet(
             assert blocked.wait(WAIT)
             first.signal("wf", "i", "approve", "yes")  # stored before the run reaches it
             # The ghost had s1 in flight when it died; the second engine recovers it.
-            write(first, "UPDATE instances SET owner = ?, step_key = 's1', "
+            write(first, "UPDATE memable_instances SET owner = ?, step_key = 's1', "
                   "step_started = ? WHERE instance_id = 'i'",
                   (ghost, datetime.now().isoformat()))
             with second:

@@ -22,13 +22,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import sqlite_utils
-from helpers import FailsThenWaits, build, query, runner_of, store_of, until, write
+from helpers import (
+    FailsThenWaits,
+    build,
+    earlier_sqlite_store,
+    query,
+    runner_of,
+    store_of,
+    until,
+    write,
+)
 
 from memable import ChildFailed, Context, Engine, MetadataStatus, WorkflowFailed
 from memable._background.retention import Purger
 from memable._postgres.transaction import PostgresTransaction
-from memable._sqlite.schema import MIGRATIONS, SCHEMA_VERSION, switch_to_incremental_vacuum
+from memable._sqlite.schema import SCHEMA_VERSION, switch_to_incremental_vacuum
 from memable._sqlite.store import SQLiteStore
 from memable._states import Cancelled, Completed, Failed, Suspended
 from memable._store.admin import PURGE_BATCH as BATCH
@@ -92,7 +100,7 @@ def ids(engine: Engine, workflow: str) -> set[str]:
 def backdate(engine: Engine, *instance_ids: str) -> None:
     """Make the instances look finished long ago (whatever their status)."""
     for instance_id in instance_ids:
-        write(engine, "UPDATE instances SET completed_at = ? WHERE instance_id = ?",
+        write(engine, "UPDATE memable_instances SET completed_at = ? WHERE instance_id = ?",
               (OLD, instance_id))
 
 
@@ -108,10 +116,10 @@ def _finished_rows(workflow: str, n: int, steps: int, size: int, prefix: str
 
 
 INSERT_INSTANCES = (
-    "INSERT INTO instances (workflow, instance_id, status, input, output, created_at, "
+    "INSERT INTO memable_instances (workflow, instance_id, status, input, output, created_at, "
     "updated_at, completed_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
 INSERT_STEPS = (
-    "INSERT INTO steps (workflow, instance_id, key, seq, kind, state, result, attempts, "
+    "INSERT INTO memable_steps (workflow, instance_id, key, seq, kind, state, result, attempts, "
     "completed_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
 
 
@@ -208,7 +216,7 @@ def test_retention_purges_only_finished_instances_older_than_it(
         # Even with an old completed_at, a suspended instance is not finished.
         backdate(engine, "d-old", "f-old", "c-old", "w-old")
         # A stray timer of a finished instance goes with it.
-        write(engine, "INSERT INTO timers (workflow, instance_id, key, deadline) "
+        write(engine, "INSERT INTO memable_timers (workflow, instance_id, key, deadline) "
               "VALUES ('done', 'd-old', 'stray', 1e12)")
 
         assert batches.another_round() == [(BATCH, 3)]
@@ -216,9 +224,9 @@ def test_retention_purges_only_finished_instances_older_than_it(
         assert ids(engine, "done") == {"d-new"}
         assert ids(engine, "fails") == set()
         assert ids(engine, "waits") == {"w-old"}
-        assert query(engine, "SELECT DISTINCT instance_id FROM steps ORDER BY 1") == [
+        assert query(engine, "SELECT DISTINCT instance_id FROM memable_steps ORDER BY 1") == [
             ("d-new",), ("w-old",)]
-        assert query(engine, "SELECT instance_id FROM timers") == []
+        assert query(engine, "SELECT instance_id FROM memable_timers") == []
         assert purger(engine).purged == 3
         # The one left waiting goes on as if nothing happened.
         assert engine.signal("waits", "w-old", "go", "now").result(10) == "now"
@@ -488,7 +496,8 @@ def test_postgres_a_parent_waits_for_a_purge_that_judged_by_it(
     try:
         with engine:
             start()
-            hold = PurgeHold(monkeypatch, lambda text: text.startswith("DELETE FROM timers"),
+            hold = PurgeHold(monkeypatch,
+                             lambda text: text.startswith("DELETE FROM memable_timers"),
                              lambda: engine.signal("parent", "p", "retry", None))
             assert engine.purge(older_than=0) == 1
             assert hold.held.is_set()
@@ -549,7 +558,7 @@ def test_a_purge_goes_in_batches_of_at_most_500(make_engine: Callable[..., Engin
         assert batches.calls == [(BATCH, 500), (BATCH, 500), (BATCH, 234)]
         assert BATCH == 500
         assert ids(engine, "wf") == set()
-        assert query(engine, "SELECT count(*) FROM steps") == [(0,)]
+        assert query(engine, "SELECT count(*) FROM memable_steps") == [(0,)]
         assert purger(engine).purged == 1234
 
 
@@ -628,7 +637,8 @@ def test_a_one_off_purge_lets_another_engine_write_between_its_batches(
             assert under_way.wait(30)
             inv = other.invoke("work", 1, instance_id="during")
             store_of(other).heartbeat(time.time())
-            [(left,)] = query(other, "SELECT count(*) FROM instances WHERE workflow = 'old'")
+            [(left,)] = query(
+                other, "SELECT count(*) FROM memable_instances WHERE workflow = 'old'")
             old_left.append(int(left))
             assert inv.result(30) == 2
         except BaseException as exc:  # pragma: no cover - reported below
@@ -748,11 +758,7 @@ def test_an_older_file_without_auto_vacuum_is_switched_when_migrated(
     path = tmp_path / "v11.db"
     with closing(sqlite3.connect(path, isolation_level=None)) as conn:
         conn.execute("PRAGMA journal_mode = WAL")
-        db = sqlite_utils.Database(conn)
-        for migrate in MIGRATIONS[:11]:
-            migrate(db)
-        conn.execute("PRAGMA user_version = 11")
-        insert_finished(conn, "wf", 2000, size=1000)
+        earlier_sqlite_store(conn, 11, lambda: insert_finished(conn, "wf", 2000, size=1000))
     assert _auto_vacuum(path) == 0
     _, before = _file_bytes(path)
 
@@ -777,7 +783,7 @@ def test_an_older_file_without_auto_vacuum_is_switched_when_migrated(
 
 def _sqlite_version(path: Path) -> int:
     with closing(sqlite3.connect(path)) as conn:
-        return int(conn.execute("PRAGMA user_version").fetchone()[0])
+        return int(conn.execute("SELECT version FROM memable_schema").fetchone()[0])
 
 
 def test_a_switch_that_cannot_run_leaves_the_store_as_it_was(
@@ -787,9 +793,9 @@ def test_a_switch_that_cannot_run_leaves_the_store_as_it_was(
     WARNING saying how to switch it by hand."""
     path = tmp_path / "busy.db"
     with closing(sqlite3.connect(path, isolation_level=None)) as conn:
-        conn.execute("CREATE TABLE t (a)")
+        conn.execute("CREATE TABLE memable_t (a)")
         conn.execute("BEGIN")
-        conn.execute("INSERT INTO t VALUES (1)")
+        conn.execute("INSERT INTO memable_t VALUES (1)")
         assert switch_to_incremental_vacuum(conn, str(path)) is False
         conn.execute("COMMIT")
     assert _auto_vacuum(path) == 0

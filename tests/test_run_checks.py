@@ -35,7 +35,7 @@ WAIT = 60.0
 
 
 def reads(statements: list[str]) -> int:
-    return sum(s.startswith("SELECT status, owner FROM instances") for s in statements)
+    return sum(s.startswith("SELECT status, owner FROM memable_instances") for s in statements)
 
 
 def start(store: SQLiteStore, instance_id: str) -> None:
@@ -100,14 +100,14 @@ def test_a_file_store_reads_again_only_after_another_commit(tmp_path: Path) -> N
         assert store.check_run("wf", "x") == "running"
         assert store.check_run("wf", "z") == "running"
         assert reads(seen) == 1
-        other.execute("UPDATE instances SET status_message = 'elsewhere'")
+        other.execute("UPDATE memable_instances SET status_message = 'elsewhere'")
         assert store.check_run("wf", "x") == "running"
         assert reads(seen) == 2
         other.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        other.execute("UPDATE instances SET status_message = 'after a checkpoint'")
+        other.execute("UPDATE memable_instances SET status_message = 'after a checkpoint'")
         assert store.check_run("wf", "x") == "running"
         assert reads(seen) == 3
-        other.execute("UPDATE instances SET status = 'cancelled'")
+        other.execute("UPDATE memable_instances SET status = 'cancelled'")
         assert store.check_run("wf", "x") == "cancelled"
     store.close()
 
@@ -136,9 +136,9 @@ def test_any_write_of_the_store_that_changes_a_status_is_read_at_the_next_check(
     write declared what it may change; one that declared "none" and cancelled went unseen,
     and the run went on.)"""
     for change, expected in [
-        ("UPDATE instances SET status = 'cancelled' WHERE instance_id = 'x'", "cancelled"),
-        ("UPDATE instances SET owner = 'another' WHERE instance_id = 'x'", LostInstance),
-        ("DELETE FROM instances WHERE instance_id = 'x'", LostInstance),
+        ("UPDATE memable_instances SET status = 'cancelled' WHERE instance_id = 'x'", "cancelled"),
+        ("UPDATE memable_instances SET owner = 'another' WHERE instance_id = 'x'", LostInstance),
+        ("DELETE FROM memable_instances WHERE instance_id = 'x'", LostInstance),
     ]:
         store = running_store(None if where == "memory" else tmp_path / f"db{len(change)}")
         with traced_sqlite(store) as seen:
@@ -263,7 +263,7 @@ def test_the_counter_wraps_around_at_32_bits() -> None:
     counter.word.value = 0xFFFFFFFF
     conn = sqlite3.connect(":memory:")
     conn.execute("CREATE TABLE t (x)")
-    conn.execute("CREATE TABLE instances (workflow, instance_id, status, owner)")
+    conn.execute("CREATE TABLE memable_instances (workflow, instance_id, status, owner)")
     checks = sqlite_watch.RunChecks(conn, counter)  # type: ignore[arg-type]
     assert not checks.known_running("wf", "x")
     checks.saw_running("wf", "x")

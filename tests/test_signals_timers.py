@@ -817,14 +817,14 @@ def test_a_suspend_point_reached_after_a_takeover_writes_nothing(tmp_path: Path)
 
     def take_over(waiting: Any, *rest: Any) -> None:
         with closing(sqlite3.connect(db)) as other, other:
-            other.execute("UPDATE instances SET owner = 'another-engine'")
+            other.execute("UPDATE memable_instances SET owner = 'another-engine'")
 
     _before(store, "suspend", take_over)
     with engine:  # leaving waits for the run here to end
         engine.invoke("wf", instance_id="x")
     with closing(sqlite3.connect(db)) as reader:
-        rows = reader.execute("SELECT key FROM steps").fetchall()
-        owner = reader.execute("SELECT status, owner FROM instances").fetchall()
+        rows = reader.execute("SELECT key FROM memable_steps").fetchall()
+        owner = reader.execute("SELECT status, owner FROM memable_instances").fetchall()
     engine.close()
     assert rows == []
     assert owner == [("running", "another-engine")]
@@ -893,7 +893,7 @@ def test_a_run_that_reaches_its_timer_after_the_deadline_but_before_it_fired_goe
     engine.register("wf", lambda ctx: ctx.timer("t", 3600) or "woke")
 
     def deadlines() -> list[float]:
-        rows = store_of(engine).read_rows("timers", "SELECT deadline FROM timers", {})
+        rows = store_of(engine).read_rows("timers", "SELECT deadline FROM memable_timers", {})
         return [row["deadline"] for row in rows]
 
     with engine:
@@ -1323,7 +1323,7 @@ def test_a_fired_timer_records_when_it_completed(tmp_path: Path) -> None:
         assert inv.result(timeout=10) == "fired"
     engine.close()
     with closing(sqlite3.connect(tmp_path / "db")) as reader:
-        sql = "SELECT state, completed_at FROM steps WHERE key = 't:v1'"
+        sql = "SELECT state, completed_at FROM memable_steps WHERE key = 't:v1'"
         rows = reader.execute(sql).fetchall()
     [(state, completed_at)] = rows
     assert state == "completed"

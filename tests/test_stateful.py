@@ -188,13 +188,13 @@ class StoreMachine(RuleBasedStateMachine):
             inv.wait(timeout=SETTLE)
         self.started.clear()
         deadline = time.monotonic() + SETTLE
-        running = "SELECT instance_id FROM instances WHERE status = 'running'"
+        running = "SELECT instance_id FROM memable_instances WHERE status = 'running'"
         while busy := [i for i in self.models if not self.at_rest(i)] + self.read_store(running):
             if time.monotonic() > deadline:
                 rows = self.read_store(
-                    "SELECT instance_id, status, message, owner FROM instances"
+                    "SELECT instance_id, status, message, owner FROM memable_instances"
                 )
-                owners = self.read_store("SELECT id, pid, heartbeat FROM owners")
+                owners = self.read_store("SELECT id, pid, heartbeat FROM memable_owners")
                 raise AssertionError(
                     f"not at rest after {SETTLE} s: {busy}\ninstances: {rows}\n"
                     f"owners: {owners} (now {time.time():.3f})"
@@ -466,7 +466,8 @@ class StoreMachine(RuleBasedStateMachine):
         """A killed owner (a zombie too) is dead at once: its running instances are
         taken well before its lease (CHILD_LEASE) could expire."""
         held = (
-            "SELECT i.instance_id FROM instances i JOIN owners o ON o.id = i.owner "
+            "SELECT i.instance_id FROM memable_instances i "
+            "JOIN memable_owners o ON o.id = i.owner "
             f"WHERE i.status = 'running' AND o.pid = {pid}"
         )
         deadline = time.monotonic() + RECOVER_WITHIN

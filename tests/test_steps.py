@@ -77,7 +77,7 @@ def test_a_stored_step_keeps_when_its_execution_started(tmp_path: Path) -> None:
         assert engine.invoke("wf").result(timeout=10) == 1
     engine.close()
     with closing(sqlite3.connect(tmp_path / "db")) as reader:
-        [(started_at,)] = reader.execute("SELECT started_at FROM steps").fetchall()
+        [(started_at,)] = reader.execute("SELECT started_at FROM memable_steps").fetchall()
     assert started_at is not None
 
 

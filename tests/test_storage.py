@@ -1,4 +1,6 @@
-"""Storage: WAL, one transaction per step, one read per run, schema version, refusals."""
+"""Storage: WAL, one transaction per step, one read per run, schema version, refusals.
+
+A file that also holds the application's tables: ``test_shared_file``."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from typing import Any
 import attrs
 import pytest
 import sqlite_utils
-from helpers import traced
+from helpers import earlier_sqlite_store, traced
 
 from memable import (
     Completed,
@@ -26,7 +28,7 @@ from memable import (
     Suspended,
 )
 from memable._engine import access
-from memable._sqlite.schema import SCHEMA_VERSION, migrate_to_1
+from memable._sqlite.schema import SCHEMA_VERSION
 from memable._sqlite.store import SQLiteStore
 from memable._store.protocol import StepWrite
 
@@ -38,10 +40,11 @@ from memable._store.protocol import StepWrite
 
 # A write of steps, perhaps after a WITH clause (PostgreSQL's fenced upsert).
 _STEPS_WRITE = re.compile(
-    r"^\s*(WITH\b.*?)?\b(INSERT|REPLACE|UPDATE|DELETE)\b[^;]*?\b[\[\"`]?steps\b", re.I | re.S
+    r"^\s*(WITH\b.*?)?\b(INSERT|REPLACE|UPDATE|DELETE)\b[^;]*?\b[\[\"`]?memable_steps\b",
+    re.I | re.S,
 )
 # A read of steps.
-_STEPS_READ = re.compile(r"^\s*SELECT\b.*\bFROM\s+[\[\"`]?steps\b", re.I | re.S)
+_STEPS_READ = re.compile(r"^\s*SELECT\b.*\bFROM\s+[\[\"`]?memable_steps\b", re.I | re.S)
 _WRITE = re.compile(r"^\s*(WITH\b.*?)?\b(INSERT|REPLACE|UPDATE|DELETE)\b", re.I | re.S)
 
 
@@ -83,12 +86,14 @@ def _transactions(statements: list[str]) -> list[list[str]]:
 
 
 def test_file_store_uses_wal_and_schema_version(tmp_path: Path) -> None:
-    """A file store is in WAL mode and carries the schema version in ``user_version``."""
+    """A file store is in WAL mode and carries the schema version in ``memable_schema``, not
+    in ``user_version`` (the application's)."""
     path = tmp_path / "wal.db"
     engine = Engine.open(path)
     try:
         assert _sqlite(path, "PRAGMA journal_mode") == [("wal",)]
-        assert _sqlite(path, "PRAGMA user_version") == [(SCHEMA_VERSION,)]
+        assert _sqlite(path, "SELECT version FROM memable_schema") == [(SCHEMA_VERSION,)]
+        assert _sqlite(path, "PRAGMA user_version") == [(0,)]
         assert SCHEMA_VERSION >= 1
     finally:
         engine.close()
@@ -158,7 +163,8 @@ def test_a_step_is_committed_before_run_returns(tmp_path: Path) -> None:
             observed.append(
                 _sqlite(
                     path,
-                    "SELECT key, state, result FROM steps WHERE instance_id = ? ORDER BY seq",
+                    "SELECT key, state, result FROM memable_steps WHERE instance_id = ? "
+                    "ORDER BY seq",
                     (ctx.instance_id,),
                 )
             )
@@ -254,31 +260,13 @@ def _text_file(path: Path) -> None:
     path.write_text("name,total\norder-1,9.5\n", encoding="utf-8")
 
 
-def _other_sqlite(path: Path) -> None:
-    with closing(sqlite3.connect(path)) as conn:
-        conn.execute("CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT)")
-        conn.execute("INSERT INTO notes (body) VALUES ('keep me')")
-        conn.commit()
-
-
 def _newer_memable(path: Path) -> None:
     engine = Engine.open(path)
     engine.register("wf", lambda ctx: ctx.step("s").run(lambda: 1))
     with engine:
         engine.invoke("wf", instance_id="w-1").wait()
     with closing(sqlite3.connect(path)) as conn:
-        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
-
-
-def _versioned_without_tables(path: Path) -> None:
-    with closing(sqlite3.connect(path)) as conn:
-        conn.execute("PRAGMA user_version = 1")
-
-
-def _versioned_with_other_tables(path: Path) -> None:
-    with closing(sqlite3.connect(path)) as conn:
-        conn.execute("CREATE TABLE steps (id INTEGER PRIMARY KEY)")
-        conn.execute("PRAGMA user_version = 1")
+        conn.execute("UPDATE memable_schema SET version = ?", (SCHEMA_VERSION + 1,))
         conn.commit()
 
 
@@ -286,18 +274,14 @@ def _versioned_with_other_tables(path: Path) -> None:
     ("prepare", "phrase"),
     [
         pytest.param(_text_file, "not a SQLite database", id="text-file"),
-        pytest.param(_other_sqlite, "not a memable store", id="other-sqlite"),
         pytest.param(_newer_memable, "newer", id="newer-schema"),
-        pytest.param(_versioned_without_tables, "not a memable store", id="version-no-tables"),
-        pytest.param(
-            _versioned_with_other_tables, "not a memable store", id="version-foreign-tables"
-        ),
     ],
 )
 def test_a_foreign_or_newer_file_is_refused_and_left_unchanged(
     tmp_path: Path, prepare: Callable[[Path], None], phrase: str
 ) -> None:
-    """A file that is not a memable store, or is newer, raises StorageError and stays unchanged."""
+    """A file that is not SQLite, or a store of a newer version, raises StorageError and stays
+    unchanged."""
     path = tmp_path / "store.db"
     prepare(path)
     before = path.read_bytes()
@@ -364,10 +348,11 @@ def test_tables_are_readable_with_plain_sqlite(tmp_path: Path) -> None:
         assert engine.invoke("price", Order(5, 1.5), instance_id="p-1").result() == Order(5, 2.5)
     after = datetime.now(timezone.utc)
 
-    [(key, result, completed_at)] = _sqlite(path, "SELECT key, result, completed_at FROM steps")
+    [(key, result, completed_at)] = _sqlite(
+        path, "SELECT key, result, completed_at FROM memable_steps")
     assert (key, json.loads(result)) == ("price", {"id": 5, "total": 2.5})
     [(input_text, output_text, *stamps)] = _sqlite(
-        path, "SELECT input, output, created_at, updated_at, completed_at FROM instances"
+        path, "SELECT input, output, created_at, updated_at, completed_at FROM memable_instances"
     )
     assert json.loads(input_text) == {"id": 5, "total": 1.5}
     assert json.loads(output_text) == {"id": 5, "total": 2.5}
@@ -402,18 +387,18 @@ def test_reading_a_closed_engine_raises_storage_error(
 
 
 def test_a_version_1_store_is_migrated_and_keeps_its_rows(tmp_path: Path) -> None:
-    """A store written at schema version 1 opens at the current version with its rows."""
+    """A store written at schema version 1 (unprefixed tables, ``user_version`` 1) opens at
+    the current version with its rows, its tables renamed and ``user_version`` back to 0."""
     path = tmp_path / "v1.db"
-    with closing(sqlite3.connect(path)) as conn:
-        db = sqlite_utils.Database(conn)
-        migrate_to_1(db)
-        conn.execute("PRAGMA user_version = 1")
-        now = "2026-01-01T00:00:00+00:00"
-        db["instances"].insert(  # type: ignore[union-attr]
-            {"workflow": "wf", "instance_id": "old", "status": "completed", "input": "null",
-             "output": '"kept"', "created_at": now, "updated_at": now, "completed_at": now}
-        )
-        conn.commit()
+    now = "2026-01-01T00:00:00+00:00"
+    with closing(sqlite3.connect(path, isolation_level=None)) as conn:
+
+        def fill() -> None:
+            sqlite_utils.Database(conn)["memable_instances"].insert(  # type: ignore[union-attr]
+                {"workflow": "wf", "instance_id": "old", "status": "completed", "input": "null",
+                 "output": '"kept"', "created_at": now, "updated_at": now, "completed_at": now})
+
+        earlier_sqlite_store(conn, 1, fill)
     engine = Engine.open(path)
     engine.register("wf", lambda ctx: "new")
     try:
@@ -422,9 +407,13 @@ def test_a_version_1_store_is_migrated_and_keeps_its_rows(tmp_path: Path) -> Non
             assert engine.invoke("wf").result(timeout=10) == "new"
     finally:
         engine.close()
-    assert _sqlite(path, "PRAGMA user_version") == [(SCHEMA_VERSION,)]
-    tables = {row[0] for row in _sqlite(path, "SELECT name FROM sqlite_master")}
-    assert {"instances", "steps", "timers"} <= tables
+    assert _sqlite(path, "PRAGMA user_version") == [(0,)]
+    assert _sqlite(path, "SELECT version FROM memable_schema") == [(SCHEMA_VERSION,)]
+    tables = {name for (name,) in _sqlite(path, "SELECT name FROM sqlite_master "
+                                                "WHERE type = 'table'")}
+    assert tables == {"memable_instances", "memable_steps", "memable_timers", "memable_owners",
+                      "memable_queue_starts", "memable_schedules", "memable_queue_states",
+                      "memable_schema"}
 
 
 @pytest.mark.parametrize("where", ["memory", "file"])

@@ -335,7 +335,7 @@ def test_a_run_that_takes_over_a_dead_engines_instance_says_recovery(
     with first:
         first.invoke("wf", instance_id="w")
         assert entered.acquire(timeout=TIMEOUT)
-        write(first, "DELETE FROM owners WHERE id = ?", (store_of(first).owner,))
+        write(first, "DELETE FROM memable_owners WHERE id = ?", (store_of(first).owner,))
         with second:
             assert entered.acquire(timeout=TIMEOUT)  # b runs step s again
             gate.set()

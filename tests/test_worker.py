@@ -287,7 +287,7 @@ def test_sigterm_does_not_wait_for_a_cancelled_instance_nor_promise_its_recovery
 
 def _owners(db: Path) -> list[tuple[object, ...]]:
     with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
-        return conn.execute("SELECT id FROM owners").fetchall()
+        return conn.execute("SELECT id FROM memable_owners").fetchall()
 
 
 @pytest.mark.parametrize(
@@ -323,7 +323,7 @@ def test_retention_given_to_the_worker_purges_what_finished_longer_ago(
         for instance_id in ("old", "new"):
             assert engine.invoke("approve", instance_id=instance_id).result(WAIT) == "done"
     with closing(sqlite3.connect(db)) as conn, conn:
-        conn.execute("UPDATE instances SET completed_at = '2001-01-01T00:00:00+00:00' "
+        conn.execute("UPDATE memable_instances SET completed_at = '2001-01-01T00:00:00+00:00' "
                      "WHERE instance_id = 'old'")
 
     worker = Worker(app_dir, "--retention", "1d")
@@ -331,7 +331,7 @@ def test_retention_given_to_the_worker_purges_what_finished_longer_ago(
     worker.wait_for(r"retention: purged 1 finished instance completed before")
     assert worker.stop(signal.SIGTERM) == 0
     with closing(sqlite3.connect(db)) as conn:
-        assert conn.execute("SELECT instance_id FROM instances").fetchall() == [("new",)]
+        assert conn.execute("SELECT instance_id FROM memable_instances").fetchall() == [("new",)]
 
 
 @pytest.mark.parametrize("age", ["0d", "soon", "-1h"])

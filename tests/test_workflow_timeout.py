@@ -357,7 +357,8 @@ def test_a_stale_read_never_times_an_instance_out_twice(tmp_path: Path,
             assert [(t.instance_id, t.message) for t in first] == [("a", "timed out after 1s")]
             row = other.get_instance("waits_for_approval", "a")
             monkeypatch.setattr(instances_sql, "DUE_TIMEOUTS",
-                                "SELECT workflow, instance_id FROM instances WHERE :now > 0")
+                                "SELECT workflow, instance_id FROM memable_instances "
+                                "WHERE :now > 0")
             later = now + timedelta(seconds=5)
             assert other.time_out(later.timestamp, later.timestamp()) == []
             assert other.get_instance("waits_for_approval", "a") == row

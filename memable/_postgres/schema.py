@@ -3,8 +3,9 @@
 The target is a libpq URL, named in messages by ``describe`` (never the password). Opening
 connects at once (failing within the connect timeout), creates the schema and tables if
 missing, and migrates an older store, all under a transaction-scoped advisory lock, so many
-processes opening one new database run one migration between them. The version lives in
-``schema_version``; a newer one is refused."""
+processes opening one new database run one migration between them. Every table is named
+``memable_*``; the version lives in ``memable_schema`` (before version 11, unprefixed tables and
+``schema_version``: renamed by the migration); a newer one is refused."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from .._store.sql.instances import CONCURRENCY_KEY_INDEX, TIMEOUTS_INDEX
 
 #: The schema version this code writes. Older versions created PL/pgSQL functions
 #: (``memable_claim``, ...); a store keeps them, unused.
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 CONNECT_TIMEOUT = 10  # seconds, unless the URL's ``connect_timeout`` says
 SCHEMES = ("postgresql://", "postgres://")
 #: What a schema name may be: an identifier that needs no quoting but for its case.
@@ -26,61 +27,63 @@ _SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 
 #: Version 2 (SQLite 7): child instances know their parent; a parent counts its children.
 _V2 = """
-ALTER TABLE instances ADD COLUMN IF NOT EXISTS parent_workflow text,
+ALTER TABLE memable_instances ADD COLUMN IF NOT EXISTS parent_workflow text,
     ADD COLUMN IF NOT EXISTS parent_id text, ADD COLUMN IF NOT EXISTS parent_key text,
     ADD COLUMN IF NOT EXISTS parent_group text,
     ADD COLUMN IF NOT EXISTS children_pending integer;
-CREATE INDEX IF NOT EXISTS instances_by_parent ON instances (parent_workflow, parent_id)
+CREATE INDEX IF NOT EXISTS instances_by_parent ON memable_instances (parent_workflow, parent_id)
     WHERE parent_id IS NOT NULL;
 """
 #: Version 3 (SQLite 8): queues.
 _V3 = """
-ALTER TABLE instances ADD COLUMN IF NOT EXISTS queue text,
+ALTER TABLE memable_instances ADD COLUMN IF NOT EXISTS queue text,
     ADD COLUMN IF NOT EXISTS priority integer, ADD COLUMN IF NOT EXISTS queued_at text;
-CREATE INDEX IF NOT EXISTS instances_by_queue ON instances (queue, status, priority, queued_at)
-    WHERE queue IS NOT NULL;
-CREATE TABLE IF NOT EXISTS queue_starts (queue text NOT NULL, at double precision NOT NULL);
-CREATE INDEX IF NOT EXISTS queue_starts_by_queue ON queue_starts (queue, at);
+CREATE INDEX IF NOT EXISTS instances_by_queue
+    ON memable_instances (queue, status, priority, queued_at) WHERE queue IS NOT NULL;
+CREATE TABLE IF NOT EXISTS memable_queue_starts (
+    queue text NOT NULL, at double precision NOT NULL);
+CREATE INDEX IF NOT EXISTS queue_starts_by_queue ON memable_queue_starts (queue, at);
 """
 #: Version 4 (SQLite 9): recoveries; what each engine declares it runs.
 _V4 = """
-ALTER TABLE instances ADD COLUMN IF NOT EXISTS recoveries integer,
+ALTER TABLE memable_instances ADD COLUMN IF NOT EXISTS recoveries integer,
     ADD COLUMN IF NOT EXISTS lost_owner text, ADD COLUMN IF NOT EXISTS lost_step text;
-ALTER TABLE owners ADD COLUMN IF NOT EXISTS declares text;
+ALTER TABLE memable_owners ADD COLUMN IF NOT EXISTS declares text;
 """
 #: Version 5 (SQLite 10): schedules.
 _V5 = """
-ALTER TABLE instances ADD COLUMN IF NOT EXISTS schedule text;
-CREATE INDEX IF NOT EXISTS instances_by_schedule ON instances (schedule, status)
+ALTER TABLE memable_instances ADD COLUMN IF NOT EXISTS schedule text;
+CREATE INDEX IF NOT EXISTS instances_by_schedule ON memable_instances (schedule, status)
     WHERE schedule IS NOT NULL;
-CREATE TABLE IF NOT EXISTS schedules (
+CREATE TABLE IF NOT EXISTS memable_schedules (
     name text PRIMARY KEY, cron text NOT NULL, timezone text NOT NULL, workflow text NOT NULL,
     last_tick text, since text, skipped integer NOT NULL DEFAULT 0,
     missed integer NOT NULL DEFAULT 0);
 """
 #: Version 6 (SQLite 11): trace context, and why an instance was claimed.
 _V6 = """
-ALTER TABLE instances ADD COLUMN IF NOT EXISTS traceparent text,
+ALTER TABLE memable_instances ADD COLUMN IF NOT EXISTS traceparent text,
     ADD COLUMN IF NOT EXISTS run_reason text;
 """
 #: Version 7 (SQLite 12): indexes in a page's whole order, retention's index, queue states.
 _V7 = """
-CREATE INDEX IF NOT EXISTS instances_by_time ON instances (created_at, workflow, instance_id);
+CREATE INDEX IF NOT EXISTS instances_by_time
+    ON memable_instances (created_at, workflow, instance_id);
 CREATE INDEX IF NOT EXISTS instances_by_status_time
-    ON instances (status, created_at, workflow, instance_id);
+    ON memable_instances (status, created_at, workflow, instance_id);
 CREATE INDEX IF NOT EXISTS instances_by_workflow_time
-    ON instances (workflow, created_at, instance_id);
+    ON memable_instances (workflow, created_at, instance_id);
 CREATE INDEX IF NOT EXISTS instances_by_workflow_status
-    ON instances (workflow, status, created_at, instance_id);
+    ON memable_instances (workflow, status, created_at, instance_id);
 DROP INDEX IF EXISTS instances_by_status;
 DROP INDEX IF EXISTS instances_by_workflow;
-CREATE INDEX IF NOT EXISTS instances_by_completed ON instances (status, completed_at);
-CREATE TABLE IF NOT EXISTS queue_states (
+CREATE INDEX IF NOT EXISTS instances_by_completed ON memable_instances (status, completed_at);
+CREATE TABLE IF NOT EXISTS memable_queue_states (
     queue text PRIMARY KEY, paused integer NOT NULL DEFAULT 0, paused_at text);
 """
 #: Version 8 (SQLite 13): workflow timeouts and per-key concurrency.
 _V8 = f"""
-ALTER TABLE instances ADD COLUMN IF NOT EXISTS timeout double precision,
+ALTER TABLE memable_instances ADD COLUMN IF NOT EXISTS timeout double precision,
     ADD COLUMN IF NOT EXISTS timeout_at double precision,
     ADD COLUMN IF NOT EXISTS concurrency_key text;
 {TIMEOUTS_INDEX};
@@ -88,15 +91,19 @@ ALTER TABLE instances ADD COLUMN IF NOT EXISTS timeout double precision,
 """
 #: Version 9 (SQLite 14): whom the last recovery took an instance from.
 _V9 = """
-ALTER TABLE instances ADD COLUMN IF NOT EXISTS lost_by text;
+ALTER TABLE memable_instances ADD COLUMN IF NOT EXISTS lost_by text;
 """
 #: Version 10 (SQLite 15): the creating call's token, by which a creation retried after its
 #: answer was lost recognises its row.
 _V10 = """
-ALTER TABLE instances ADD COLUMN IF NOT EXISTS created_by text;
+ALTER TABLE memable_instances ADD COLUMN IF NOT EXISTS created_by text;
 """
+#: Version 11 (SQLite 16): every table ``memable_*``, the schema version's too (a store in a
+#: schema the application shares). Run first on an older store: each table since its version.
+_V11 = {"instances": 1, "steps": 1, "timers": 1, "owners": 1, "schema_version": 1,
+        "queue_starts": 3, "schedules": 5, "queue_states": 7}
 _TABLES = f"""
-CREATE TABLE IF NOT EXISTS instances (
+CREATE TABLE IF NOT EXISTS memable_instances (
     workflow text NOT NULL, instance_id text NOT NULL, status text NOT NULL, message text,
     input text NOT NULL, input_type text, output text, output_type text,
     created_at text NOT NULL, updated_at text NOT NULL, completed_at text,
@@ -105,23 +112,24 @@ CREATE TABLE IF NOT EXISTS instances (
     PRIMARY KEY (workflow, instance_id));
 {_V2}
 {_V3}
-CREATE INDEX IF NOT EXISTS instances_by_owner ON instances (owner) WHERE owner IS NOT NULL;
-CREATE TABLE IF NOT EXISTS steps (
+CREATE INDEX IF NOT EXISTS instances_by_owner ON memable_instances (owner)
+    WHERE owner IS NOT NULL;
+CREATE TABLE IF NOT EXISTS memable_steps (
     workflow text NOT NULL, instance_id text NOT NULL, key text NOT NULL,
     seq integer NOT NULL, kind text NOT NULL, state text NOT NULL, result text,
     result_type text, status text, error text, attempts integer NOT NULL,
     completed_at text, started_at text, traceback text,
     PRIMARY KEY (workflow, instance_id, key));
-CREATE TABLE IF NOT EXISTS timers (
+CREATE TABLE IF NOT EXISTS memable_timers (
     workflow text NOT NULL, instance_id text NOT NULL, key text NOT NULL,
     deadline double precision NOT NULL,
     PRIMARY KEY (workflow, instance_id, key));
-CREATE INDEX IF NOT EXISTS timers_by_deadline ON timers (deadline);
-CREATE TABLE IF NOT EXISTS owners (
+CREATE INDEX IF NOT EXISTS timers_by_deadline ON memable_timers (deadline);
+CREATE TABLE IF NOT EXISTS memable_owners (
     id text PRIMARY KEY, host text NOT NULL, pid integer NOT NULL,
     heartbeat double precision NOT NULL, lease double precision NOT NULL,
     started_at text, boot_id text, pid_ns text, proc_start text);
-CREATE TABLE IF NOT EXISTS schema_version (version integer NOT NULL);
+CREATE TABLE IF NOT EXISTS memable_schema (version integer NOT NULL);
 {_V4}
 {_V5}
 {_V6}
@@ -264,32 +272,30 @@ def prepare(conn: Any, schema: str, where: str, *, create: bool) -> None:
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
             (f"memable:{schema}",))
-        exists = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s",
-            (schema,)).fetchone()
-        has_version = exists and conn.execute(
-            "SELECT 1 FROM pg_tables WHERE schemaname = %s AND tablename = 'schema_version'",
-            (schema,)).fetchone()
-        if not has_version:
+        first = [table for table, since in _V11.items() if since == 1]  # version 1's tables
+        found = {name for (name,) in conn.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = %s AND tablename = ANY(%s)",
+            (schema, ["memable_schema", *first]))}
+        old = "memable_schema" not in found and set(first) <= found
+        if "memable_schema" not in found and not old:
             if not create:
                 raise StorageError(f"{where} has no memable store in schema {schema!r}")
             conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(schema)}")
             conn.execute(_TABLES)
-            conn.execute("INSERT INTO schema_version (version) VALUES (%s)", (SCHEMA_VERSION,))
+            conn.execute("INSERT INTO memable_schema (version) VALUES (%s)", (SCHEMA_VERSION,))
             return
-        row = conn.execute("SELECT max(version) FROM schema_version").fetchone()
+        row = conn.execute(
+            f"SELECT max(version) FROM {'schema_version' if old else 'memable_schema'}").fetchone()
         version = int(row[0] or 0)
         if version > SCHEMA_VERSION:
             raise StorageError(
                 f"{where} schema {schema!r} has memable schema version {version}, newer than "
                 f"this memable understands ({SCHEMA_VERSION}); upgrade memable to open it")
         if version < SCHEMA_VERSION:  # migrate
-            conn.execute(_V2)
-            conn.execute(_V3)
-            conn.execute(_V4)
-            conn.execute(_V5)
-            conn.execute(_V6)
-            conn.execute(_V7)
-            conn.execute(_V8)
-            conn.execute(_V9)
-            conn.execute(_V10)
-            conn.execute("UPDATE schema_version SET version = %s", (SCHEMA_VERSION,))
+            for table, since in _V11.items() if old else ():
+                if version >= since:
+                    new = "memable_schema" if table == "schema_version" else f"memable_{table}"
+                    conn.execute(f"ALTER TABLE {table} RENAME TO {new}")
+            for sql in (_V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10):
+                conn.execute(sql)
+            conn.execute("UPDATE memable_schema SET version = %s", (SCHEMA_VERSION,))

@@ -3,8 +3,8 @@
 The connection is in driver autocommit mode (``isolation_level=None``); every write goes through
 ``group_commit.GroupCommit`` and returns after its commit (a busy database makes it wait, busy
 timeout, rather than fail half way). Each write of a run checks, in the same statement or
-transaction, that the instance is still its own (``instances.owner``); SQLite serialises writers
-database-wide, so no other writer comes between the check and the write."""
+transaction, that the instance is still its own (``memable_instances.owner``); SQLite serialises
+writers database-wide, so no other writer comes between the check and the write."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ process's POSIX locks on it, and SQLite holds locks on ``-shm``.
 
 >>> import sqlite3
 >>> conn = sqlite3.connect(":memory:")
->>> _ = conn.execute("CREATE TABLE instances (workflow, instance_id, status, owner)")
+>>> _ = conn.execute("CREATE TABLE memable_instances (workflow, instance_id, status, owner)")
 >>> checks = RunChecks(conn, counter=None)
 >>> checks.known_running("wf", "a")
 False
@@ -47,10 +47,10 @@ _WALINDEX_VERSION = 3007000
 #: ``TEMP`` triggers: tell the connection's ``RunChecks`` of an instance's status, owner, deletion.
 _TRIGGERS = """
 CREATE TEMP TRIGGER IF NOT EXISTS memable_status_changed
-AFTER UPDATE OF status, owner ON main.instances
+AFTER UPDATE OF status, owner ON main.memable_instances
 BEGIN SELECT memable_changed(NEW.workflow, NEW.instance_id); END;
 CREATE TEMP TRIGGER IF NOT EXISTS memable_instance_deleted
-AFTER DELETE ON main.instances
+AFTER DELETE ON main.memable_instances
 BEGIN SELECT memable_changed(OLD.workflow, OLD.instance_id); END;
 """
 

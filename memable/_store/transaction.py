@@ -6,10 +6,10 @@ Parameters are ``:name``; words the dialects spell differently are ``{word}`` (`
 A body refuses its write by raising an ``EngineError`` or a control exception
 (``LostInstance``, ``RunCancelled``), which undoes every statement it ran.
 
->>> SQLITE.spell("SELECT 1 FROM instances WHERE owner = :me{for_update}")
-'SELECT 1 FROM instances WHERE owner = :me'
->>> POSTGRESQL.spell("SELECT 1 FROM instances WHERE owner = :me{for_update}")
-'SELECT 1 FROM instances WHERE owner = %(me)s FOR UPDATE'
+>>> SQLITE.spell("SELECT 1 FROM memable_instances WHERE owner = :me{for_update}")
+'SELECT 1 FROM memable_instances WHERE owner = :me'
+>>> POSTGRESQL.spell("SELECT 1 FROM memable_instances WHERE owner = :me{for_update}")
+'SELECT 1 FROM memable_instances WHERE owner = %(me)s FOR UPDATE'
 """
 
 from __future__ import annotations
@@ -142,6 +142,6 @@ class Transaction(Protocol):
 
 #: A row's status and owner, the locked read every decision about an instance starts from.
 LOCK_INSTANCE = (
-    "SELECT status, owner FROM instances WHERE workflow = :workflow "
+    "SELECT status, owner FROM memable_instances WHERE workflow = :workflow "
     "AND instance_id = :instance_id{for_update}"
 )

@@ -9,11 +9,12 @@ from ..transaction import Transaction
 from . import children
 
 #: One instance cancelled: it ends, waits for nothing more.
-CANCEL = ("UPDATE instances SET status = 'cancelled', message = NULL, waiting_for = NULL, "
+CANCEL = ("UPDATE memable_instances SET status = 'cancelled', message = NULL, waiting_for = NULL, "
           "children_pending = NULL, updated_at = :at, completed_at = :at "
           "WHERE workflow = :workflow AND instance_id = :instance_id")
 #: A cancelled instance's timers: none of them fires any more.
-DROP_TIMERS = "DELETE FROM timers WHERE workflow = :workflow AND instance_id = :instance_id"
+DROP_TIMERS = ("DELETE FROM memable_timers WHERE workflow = :workflow "
+               "AND instance_id = :instance_id")
 
 
 def cancel(tx: Transaction, workflow: str, instance_id: str, now: float) -> Ended:

@@ -14,48 +14,48 @@ from ..transaction import Transaction
 
 #: A child instance: its parent's columns, read before the parent's row is locked.
 PARENT_OF = (
-    "SELECT parent_workflow, parent_id, parent_key, parent_group FROM instances "
+    "SELECT parent_workflow, parent_id, parent_key, parent_group FROM memable_instances "
     "WHERE workflow = :workflow AND instance_id = :instance_id"
 )
 PARENT_STEP = (
-    "SELECT state FROM steps WHERE workflow = :parent_workflow "
+    "SELECT state FROM memable_steps WHERE workflow = :parent_workflow "
     "AND instance_id = :parent_id AND key = :parent_key AND kind = 'child'"
 )
 #: The child's end, written into its parent's step: its output, or its failure
 #: (``result`` NULL: the parent has not been told yet; see ``TOLD``).
 SETTLE_PARENT_STEP = """
-UPDATE steps SET state = :state, result = :result, result_type = :result_type,
+UPDATE memable_steps SET state = :state, result = :result, result_type = :result_type,
     error = :error, attempts = attempts + 1, completed_at = :completed_at
 WHERE workflow = :parent_workflow AND instance_id = :parent_id AND key = :parent_key
 AND kind = 'child' AND state <> 'completed'
 """
 TOLD = "told"  # a failed child step's result once the parent raised ChildFailed for it
 COUNT_DOWN = """
-UPDATE instances SET children_pending = children_pending - 1
+UPDATE memable_instances SET children_pending = children_pending - 1
 WHERE workflow = :parent_workflow AND instance_id = :parent_id AND status = 'suspended'
 AND waiting_for = :parent_group AND children_pending > 0
 RETURNING children_pending
 """
 WAITS_ON_KEY = """
-SELECT 1 FROM instances WHERE workflow = :parent_workflow AND instance_id = :parent_id
+SELECT 1 FROM memable_instances WHERE workflow = :parent_workflow AND instance_id = :parent_id
 AND status = 'suspended' AND waiting_for = :parent_key
 """
 #: The instance and every descendant of it that has not ended (for a cascading cancel).
 DESCENDANTS = """
 WITH RECURSIVE family(workflow, instance_id) AS (
-    SELECT workflow, instance_id FROM instances
+    SELECT workflow, instance_id FROM memable_instances
     WHERE parent_workflow = :workflow AND parent_id = :instance_id
     UNION
-    SELECT i.workflow, i.instance_id FROM instances AS i JOIN family AS f
+    SELECT i.workflow, i.instance_id FROM memable_instances AS i JOIN family AS f
     ON i.parent_workflow = f.workflow AND i.parent_id = f.instance_id)
-SELECT i.workflow, i.instance_id FROM instances AS i JOIN family AS f
+SELECT i.workflow, i.instance_id FROM memable_instances AS i JOIN family AS f
 ON i.workflow = f.workflow AND i.instance_id = f.instance_id
 WHERE i.status NOT IN ('completed', 'failed', 'cancelled')
 """
 #: The children of a group still waited for: keys starting ``:prefix`` (``"{group}["``, ``:n``
 #: characters), compared as characters (no collation, no LIKE pattern).
 PENDING_IN_GROUP = """
-SELECT count(*) FROM steps WHERE workflow = :workflow AND instance_id = :instance_id
+SELECT count(*) FROM memable_steps WHERE workflow = :workflow AND instance_id = :instance_id
 AND kind = 'child' AND state = 'waiting' AND substr(key, 1, :n) = :prefix
 """
 

@@ -35,7 +35,8 @@ _OWNER_NAME = f"""CASE WHEN substr(owner, length(owner) - {OWNER_SUFFIX}, 1) = '
     THEN substr(owner, 1, length(owner) - {OWNER_SUFFIX + 1}) ELSE owner END"""
 # How it was lost: an owner whose row is gone was reaped by its host's engine (died); one
 # whose row is there let its lease run out (stalled; whether it died is not known here).
-_HOW_LOST = """CASE WHEN EXISTS (SELECT 1 FROM owners WHERE owners.id = instances.owner)
+_HOW_LOST = """CASE WHEN EXISTS (SELECT 1 FROM memable_owners
+    WHERE memable_owners.id = memable_instances.owner)
     THEN ' stalled past its lease' ELSE ' died' END"""
 # What a claim writes: running and owned, or a queue's instance queued and nobody's (a queued
 # or recovered one keeps its place). A recovery sets ``lost_owner`` (other claims clear it),
@@ -47,10 +48,11 @@ CLAIM_SET = f"""status = CASE WHEN queue IS NULL THEN 'running' ELSE 'queued' EN
     recoveries = CASE WHEN {_RECOVERED} THEN COALESCE(recoveries, 0) + 1 ELSE recoveries END,
     lost_owner = CASE WHEN {_RECOVERED} THEN owner END,
     lost_by = CASE WHEN {_RECOVERED} THEN {_OWNER_NAME} || {_HOW_LOST} ELSE lost_by END,
-    lost_step = CASE WHEN {_RECOVERED} THEN (SELECT instances.step_key WHERE NOT EXISTS (
-        SELECT 1 FROM steps AS done WHERE done.workflow = instances.workflow
-        AND done.instance_id = instances.instance_id AND done.key = instances.step_key
-        AND (done.state = 'completed' OR done.started_at >= instances.step_started)))
+    lost_step = CASE WHEN {_RECOVERED} THEN (SELECT memable_instances.step_key WHERE NOT EXISTS (
+        SELECT 1 FROM memable_steps AS done WHERE done.workflow = memable_instances.workflow
+        AND done.instance_id = memable_instances.instance_id
+        AND done.key = memable_instances.step_key
+        AND (done.state = 'completed' OR done.started_at >= memable_instances.step_started)))
         ELSE lost_step END,
     message = NULL, waiting_for = NULL, updated_at = :at, completed_at = NULL,
     traceback = NULL, step_key = NULL, step_started = NULL, children_pending = NULL,
@@ -59,13 +61,13 @@ CLAIM_SET = f"""status = CASE WHEN queue IS NULL THEN 'running' ELSE 'queued' EN
 #: key never stored gets a failed row naming the lost owner (after every step reached, before
 #: ``UNREACHED``); a completed row, or one of another kind, is left as it is.
 COUNT_LOST = f"""
-INSERT INTO steps (workflow, instance_id, key, seq, kind, state, error, attempts)
+INSERT INTO memable_steps (workflow, instance_id, key, seq, kind, state, error, attempts)
 SELECT :workflow, :instance_id, :key, COALESCE(MAX(seq), -1) + 1, 'step', 'failed',
     'engine ' || :lost_by || ' during this attempt', 1
-FROM steps WHERE workflow = :workflow AND instance_id = :instance_id AND seq < {UNREACHED}
+FROM memable_steps WHERE workflow = :workflow AND instance_id = :instance_id AND seq < {UNREACHED}
 ON CONFLICT (workflow, instance_id, key) DO UPDATE SET
-    attempts = steps.attempts + 1, error = excluded.error
-WHERE steps.state <> 'completed' AND steps.kind = 'step'
+    attempts = memable_steps.attempts + 1, error = excluded.error
+WHERE memable_steps.state <> 'completed' AND memable_steps.kind = 'step'
 """
 #: ``OWNER_FREE`` by the store's clock.
 _OWNER_FREE = OWNER_FREE.replace(":now", "{now_epoch}")
@@ -76,11 +78,11 @@ _CLAIMABLE: dict[Claim, str] = {
     "recover": f"status = 'running' AND {_OWNER_FREE}",
 }
 #: The instance's row, locked, unless another transaction holds it (SQLite: writers take turns).
-_UNLESS_HELD = ("(workflow, instance_id) IN (SELECT workflow, instance_id FROM instances "
+_UNLESS_HELD = ("(workflow, instance_id) IN (SELECT workflow, instance_id FROM memable_instances "
                 "WHERE workflow = :workflow AND instance_id = :instance_id{skip_locked})")
 #: The claim itself: the instance's row as it writes it, if it may take it.
 _TAKE: dict[Claim, str] = {
-    claim: f"UPDATE instances SET {CLAIM_SET} WHERE workflow = :workflow "
+    claim: f"UPDATE memable_instances SET {CLAIM_SET} WHERE workflow = :workflow "
     f"AND instance_id = :instance_id AND {claimable} "
     + ("" if claim == "resume" else f"AND {_UNLESS_HELD} ")
     + f"RETURNING {', '.join(INSTANCE_COLUMNS)}"

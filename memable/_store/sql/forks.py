@@ -15,29 +15,29 @@ from ..transaction import Transaction
 
 #: The source's row, share-locked: a purge's ``SKIP LOCKED`` passes it over.
 SOURCE = (
-    "SELECT 1 FROM instances WHERE workflow = :workflow AND instance_id = :instance_id"
+    "SELECT 1 FROM memable_instances WHERE workflow = :workflow AND instance_id = :instance_id"
     "{for_share}"
 )
 KEYS = (
-    "SELECT key, seq FROM steps WHERE workflow = :workflow AND instance_id = :instance_id "
+    "SELECT key, seq FROM memable_steps WHERE workflow = :workflow AND instance_id = :instance_id "
     "ORDER BY seq, key"
 )
 #: Its workflow timeout (the source's) counts from the fork's creation.
 INSERT_FORK = """
-INSERT INTO instances (workflow, instance_id, status, message, input, input_type,
+INSERT INTO memable_instances (workflow, instance_id, status, message, input, input_type,
     created_at, updated_at, children_pending, queue, priority, concurrency_key,
     timeout, timeout_at)
 SELECT workflow, :new_id, 'suspended', :message, input, input_type, :at, :at, 0,
     queue, priority, concurrency_key, timeout, :created + timeout
-FROM instances WHERE workflow = :workflow AND instance_id = :instance_id
+FROM memable_instances WHERE workflow = :workflow AND instance_id = :instance_id
 ON CONFLICT DO NOTHING
 """
 _COPY_STEPS = """
-INSERT INTO steps (workflow, instance_id, key, seq, kind, state, result, result_type,
+INSERT INTO memable_steps (workflow, instance_id, key, seq, kind, state, result, result_type,
     status, error, attempts, completed_at, started_at, traceback)
 SELECT workflow, :new_id, key, seq, kind, state, result, result_type, status, error,
     attempts, completed_at, started_at, traceback
-FROM steps WHERE workflow = :workflow AND instance_id = :instance_id
+FROM memable_steps WHERE workflow = :workflow AND instance_id = :instance_id
 AND state = 'completed'
 """
 COPY_STEPS_BEFORE = _COPY_STEPS + "AND seq < :seq"

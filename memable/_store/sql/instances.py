@@ -44,16 +44,16 @@ INSTANCE_COLUMNS: dict[str, type] = {
 _COLUMNS = ", ".join(INSTANCE_COLUMNS)
 #: A new instance's row unless its id is taken, with the creating call's token
 #: (``created_by``: SQLite schema 15, PostgreSQL 10), by which a retried call knows its row.
-INSERT_INSTANCE = (f"INSERT INTO instances ({_COLUMNS}, created_by) "
+INSERT_INSTANCE = (f"INSERT INTO memable_instances ({_COLUMNS}, created_by) "
                    f"VALUES ({', '.join(f':{name}' for name in INSTANCE_COLUMNS)}, :created_by) "
                    "ON CONFLICT DO NOTHING")
 #: The instance, if the call of the token ``created_by`` created it.
-CREATED_BY = ("SELECT 1 FROM instances WHERE workflow = :workflow AND instance_id = :instance_id "
-              "AND created_by = :created_by")
+CREATED_BY = ("SELECT 1 FROM memable_instances WHERE workflow = :workflow "
+              "AND instance_id = :instance_id AND created_by = :created_by")
 _ARRAY_OF = {str: "text[]", int: "integer[]", float: "double precision[]"}
 #: New instances' rows from one array per column (``array_parameters``); the ids created.
 INSERT_INSTANCES = (
-    f"INSERT INTO instances ({_COLUMNS}) SELECT * FROM unnest("
+    f"INSERT INTO memable_instances ({_COLUMNS}) SELECT * FROM unnest("
     f"{', '.join(f':{name}::{_ARRAY_OF[kind]}' for name, kind in INSTANCE_COLUMNS.items())}"
     ") ON CONFLICT DO NOTHING RETURNING instance_id"
 )
@@ -93,9 +93,9 @@ def _as(kind: type, value: Any) -> Any:
 
 # An instance is free to claim when nobody runs it, or its owner's lease ran out.
 OWNER_FREE = """(
-    instances.owner IS NULL OR instances.owner = :me OR NOT EXISTS (
-        SELECT 1 FROM owners WHERE owners.id = instances.owner
-        AND owners.heartbeat + owners.lease >= :now))"""
+    memable_instances.owner IS NULL OR memable_instances.owner = :me OR NOT EXISTS (
+        SELECT 1 FROM memable_owners WHERE memable_owners.id = memable_instances.owner
+        AND memable_owners.heartbeat + memable_owners.lease >= :now))"""
 
 #: The instance is this engine's, its row kept from a takeover until commit.
 OWNED = f"EXISTS ({OWNED_ROW})"
@@ -103,43 +103,47 @@ OWNED = f"EXISTS ({OWNED_ROW})"
 # A suspend point or timer reached, or a retry backoff (the failed row turns waiting,
 # ``result`` the attempt number); never replaces a row of another kind.
 INSERT_WAITING = f"""
-INSERT INTO steps (workflow, instance_id, key, seq, kind, state, result, status, attempts)
+INSERT INTO memable_steps (workflow, instance_id, key, seq, kind, state, result, status, attempts)
 SELECT :workflow, :instance_id, :key, :seq, :kind, 'waiting', :result, :status, 0
 WHERE {OWNED}
 ON CONFLICT (workflow, instance_id, key) DO UPDATE SET
     state = 'waiting', result = excluded.result
-WHERE steps.state = 'failed' AND steps.kind = excluded.kind
+WHERE memable_steps.state = 'failed' AND memable_steps.kind = excluded.kind
 """
 
 #: A key whose wait is over (as ``memable._store.rows.settled`` says).
-SETTLED = ("(steps.state IN ('completed', 'timed_out') "
-           "OR (steps.kind = 'child' AND steps.state = 'failed'))")
+SETTLED = ("(memable_steps.state IN ('completed', 'timed_out') "
+           "OR (memable_steps.kind = 'child' AND memable_steps.state = 'failed'))")
 #: The awaited key's row (``steps``) is settled, or a retry backoff whose timer is gone.
 _AWAITED_DONE = f"""({SETTLED} OR (
-    steps.kind = 'step' AND NOT EXISTS (SELECT 1 FROM timers
-    WHERE timers.workflow = steps.workflow AND timers.instance_id = steps.instance_id
-    AND timers.key = steps.key)))"""
+    memable_steps.kind = 'step' AND NOT EXISTS (SELECT 1 FROM memable_timers
+    WHERE memable_timers.workflow = memable_steps.workflow
+    AND memable_timers.instance_id = memable_steps.instance_id
+    AND memable_timers.key = memable_steps.key)))"""
 # Suspended instances (of the ``marks`` workflows) whose awaited key or children group ended.
 LOOK_READY = f"""
-SELECT instances.workflow, instances.instance_id FROM instances JOIN steps
-ON steps.workflow = instances.workflow AND steps.instance_id = instances.instance_id
-AND steps.key = instances.waiting_for
-WHERE instances.status = 'suspended' AND {_AWAITED_DONE}
-AND instances.workflow IN ({{marks}})
+SELECT memable_instances.workflow, memable_instances.instance_id
+FROM memable_instances JOIN memable_steps ON memable_steps.workflow = memable_instances.workflow
+AND memable_steps.instance_id = memable_instances.instance_id
+AND memable_steps.key = memable_instances.waiting_for
+WHERE memable_instances.status = 'suspended' AND {_AWAITED_DONE}
+AND memable_instances.workflow IN ({{marks}})
 UNION
-SELECT workflow, instance_id FROM instances
+SELECT workflow, instance_id FROM memable_instances
 WHERE status = 'suspended' AND children_pending = 0 AND workflow IN ({{marks}})
 """
 #: What a wake-up claims: a suspended instance ``LOOK_READY`` finds ready, and no other (a
 #: signal or timer wakes its instance whatever key it waits on: one still waiting stays).
-WAKE = f"""instances.status = 'suspended' AND (instances.children_pending = 0 OR EXISTS (
-    SELECT 1 FROM steps WHERE steps.workflow = instances.workflow
-    AND steps.instance_id = instances.instance_id AND steps.key = instances.waiting_for
+WAKE = f"""memable_instances.status = 'suspended' AND (
+    memable_instances.children_pending = 0 OR EXISTS (
+    SELECT 1 FROM memable_steps WHERE memable_steps.workflow = memable_instances.workflow
+    AND memable_steps.instance_id = memable_instances.instance_id
+    AND memable_steps.key = memable_instances.waiting_for
     AND {_AWAITED_DONE}))"""
 #: The end of a run, if still this engine's and running; returns the parent and queue. A
 #: run released at a wait it may go past (the engine stopped) is left ready, for the poll.
 FINISH = """
-UPDATE instances SET status = :status, message = :message, output = :output,
+UPDATE memable_instances SET status = :status, message = :message, output = :output,
     output_type = :output_type, waiting_for = :waiting_for, owner = NULL, updated_at = :at,
     completed_at = :completed_at, traceback = :traceback, step_key = NULL, step_started = NULL,
     children_pending = CASE WHEN :status = 'suspended' THEN 0 END
@@ -149,7 +153,7 @@ RETURNING parent_workflow, parent_id, parent_key, parent_group, queue
 """
 #: A run that stopped on a cancel lets go of its instance (and of its queue's slot).
 RELEASE = """
-UPDATE instances SET owner = NULL
+UPDATE memable_instances SET owner = NULL
 WHERE workflow = :workflow AND instance_id = :instance_id AND owner = :me
 RETURNING queue
 """
@@ -204,12 +208,12 @@ def finish(tx: Transaction, workflow: str, instance_id: str, end: RunEnd) -> End
 
 #: The trace context a signal or a resume leaves for the instance's next run.
 SET_TRACEPARENT = """
-UPDATE instances SET traceparent = :traceparent
+UPDATE memable_instances SET traceparent = :traceparent
 WHERE workflow = :workflow AND instance_id = :instance_id
 """
 # ``memable resume``: ready for the next poll of an engine that runs it.
 _RESUME = """
-UPDATE instances SET status = 'suspended', message = 'resumed from the command line',
+UPDATE memable_instances SET status = 'suspended', message = 'resumed from the command line',
     waiting_for = NULL, children_pending = 0, owner = NULL, completed_at = NULL,
     traceback = NULL, updated_at = :at
 WHERE workflow = :workflow AND instance_id = :instance_id
@@ -218,12 +222,14 @@ MARK_RESUMABLE = _RESUME + "AND status IN ('failed', 'suspended', 'completed')"
 #: A failed child whose parent has ended (or is gone) or raised ``ChildFailed`` for it (its
 #: step holds ``TOLD``): resumed alone, it would settle a step with an outcome the parent
 #: never saw, and a replay of the parent diverge.
-HANDLED_CHILD = f"""(instances.parent_id IS NOT NULL AND (
-    NOT EXISTS (SELECT 1 FROM instances AS p WHERE p.workflow = instances.parent_workflow
-        AND p.instance_id = instances.parent_id
+HANDLED_CHILD = f"""(memable_instances.parent_id IS NOT NULL AND (
+    NOT EXISTS (SELECT 1 FROM memable_instances AS p
+        WHERE p.workflow = memable_instances.parent_workflow
+        AND p.instance_id = memable_instances.parent_id
         AND p.status NOT IN ('completed', 'failed', 'cancelled'))
-    OR EXISTS (SELECT 1 FROM steps AS s WHERE s.workflow = instances.parent_workflow
-        AND s.instance_id = instances.parent_id AND s.key = instances.parent_key
+    OR EXISTS (SELECT 1 FROM memable_steps AS s
+        WHERE s.workflow = memable_instances.parent_workflow
+        AND s.instance_id = memable_instances.parent_id AND s.key = memable_instances.parent_key
         AND s.kind = 'child' AND s.state = 'failed' AND s.result = '{TOLD}')))"""
 #: A bulk resume's one instance: only the failure it counted, and no handled child.
 RESUME_FAILURE = (
@@ -268,36 +274,39 @@ def set_traceparent(tx: Transaction, workflow: str, instance_id: str, traceparen
 #: A delayed start's (``invoke(start_at=)``) timer step's key, at seq -1 (before every step).
 START_KEY = "_start"
 #: A delayed start's timer step and its timer, written with the instance.
-INSERT_START_STEP = ("INSERT INTO steps (workflow, instance_id, key, seq, kind, state, attempts) "
+INSERT_START_STEP = ("INSERT INTO memable_steps "
+                     "(workflow, instance_id, key, seq, kind, state, attempts) "
                      "VALUES (:workflow, :instance_id, '_start', -1, 'timer', 'waiting', 0)")
-INSERT_START_TIMER = ("INSERT INTO timers (workflow, instance_id, key, deadline) "
+INSERT_START_TIMER = ("INSERT INTO memable_timers (workflow, instance_id, key, deadline) "
                       "VALUES (:workflow, :instance_id, '_start', :deadline)")
 
 #: The statuses of an instance that a workflow timeout still cancels (it has not ended).
 TIMES_OUT = "status IN ('running', 'suspended', 'queued')"
 #: Armed workflow timeouts (queries repeat its terms, so either database uses this index).
-TIMEOUTS_INDEX = ("CREATE INDEX IF NOT EXISTS instances_by_timeout ON instances (timeout_at) "
+TIMEOUTS_INDEX = ("CREATE INDEX IF NOT EXISTS instances_by_timeout "
+                  f"ON memable_instances (timeout_at) "
                   f"WHERE timeout_at IS NOT NULL AND {TIMES_OUT}")
 #: A queue's instances by their concurrency key, for its ``per_key`` count.
 CONCURRENCY_KEY_INDEX = (
     "CREATE INDEX IF NOT EXISTS instances_by_concurrency_key "
-    "ON instances (queue, concurrency_key, status) WHERE concurrency_key IS NOT NULL"
+    "ON memable_instances (queue, concurrency_key, status) WHERE concurrency_key IS NOT NULL"
 )
 #: The earliest deadline of a workflow timeout still armed (NULL: none).
 NEXT_TIMEOUT = (
-    f"SELECT min(timeout_at) FROM instances WHERE timeout_at IS NOT NULL AND {TIMES_OUT}"
+    f"SELECT min(timeout_at) FROM memable_instances WHERE timeout_at IS NOT NULL AND {TIMES_OUT}"
 )
 #: Instances whose workflow timeout passed by ``:now`` (epoch seconds), not ended yet.
-DUE_TIMEOUTS = ("SELECT workflow, instance_id FROM instances "
+DUE_TIMEOUTS = ("SELECT workflow, instance_id FROM memable_instances "
                 f"WHERE timeout_at IS NOT NULL AND {TIMES_OUT} AND timeout_at <= :now "
                 "ORDER BY timeout_at LIMIT 100")
 #: The timeout of an instance still due at ``:now``, read in the transaction cancelling it.
 STILL_DUE = (
-    "SELECT timeout FROM instances WHERE workflow = :workflow AND instance_id = :instance_id "
-    f"AND timeout_at IS NOT NULL AND {TIMES_OUT} AND timeout_at <= :now"
+    "SELECT timeout FROM memable_instances WHERE workflow = :workflow "
+    f"AND instance_id = :instance_id AND timeout_at IS NOT NULL AND {TIMES_OUT} "
+    "AND timeout_at <= :now"
 )
 #: What a timed-out instance (cancelled in the same transaction) says it ended by.
-SET_TIMED_OUT = ("UPDATE instances SET message = :message, status_message = :message "
+SET_TIMED_OUT = ("UPDATE memable_instances SET message = :message, status_message = :message "
                  "WHERE workflow = :workflow AND instance_id = :instance_id")
 
 

@@ -17,8 +17,8 @@ from .instances import LOOK_READY, OWNER_FREE
 #: Record the owner ``:me`` alive for ``:lease`` seconds from the store's clock (a row it
 #: had is renewed: its lease, what it declares); the clock it was written at.
 REGISTER = """
-INSERT INTO owners (id, host, pid, heartbeat, lease, started_at, boot_id, pid_ns, proc_start,
-                    declares)
+INSERT INTO memable_owners (id, host, pid, heartbeat, lease, started_at, boot_id, pid_ns,
+                            proc_start, declares)
 VALUES (:me, :host, :pid, {now_epoch}, :lease, :started_at, :boot_id, :pid_ns, :proc_start,
         :declares)
 ON CONFLICT (id) DO UPDATE SET heartbeat = excluded.heartbeat, lease = excluded.lease,
@@ -26,20 +26,20 @@ ON CONFLICT (id) DO UPDATE SET heartbeat = excluded.heartbeat, lease = excluded.
 RETURNING heartbeat
 """
 #: Renew the lease of ``:me``; the clock it was renewed at, no row if its row was reaped.
-HEARTBEAT = "UPDATE owners SET heartbeat = {now_epoch} WHERE id = :me RETURNING heartbeat"
+HEARTBEAT = "UPDATE memable_owners SET heartbeat = {now_epoch} WHERE id = :me RETURNING heartbeat"
 LOCAL_OWNERS = (
-    "SELECT id, pid, host, boot_id, pid_ns, proc_start FROM owners "
+    "SELECT id, pid, host, boot_id, pid_ns, proc_start FROM memable_owners "
     "WHERE host = :host AND id <> :me")
-DROP_OWNER = "DELETE FROM owners WHERE id = :me"
+DROP_OWNER = "DELETE FROM memable_owners WHERE id = :me"
 RUNNING_MINE = (
-    "SELECT workflow, instance_id FROM instances WHERE status = 'running' AND owner = :me")
-CANCELLED_MINE = (
-    "SELECT workflow, instance_id FROM instances WHERE status = 'cancelled' AND owner = :me")
+    "SELECT workflow, instance_id FROM memable_instances WHERE status = 'running' AND owner = :me")
+CANCELLED_MINE = ("SELECT workflow, instance_id FROM memable_instances "
+                  "WHERE status = 'cancelled' AND owner = :me")
 #: Running instances of the workflows ``{marks}`` names whose owner is not this
 #: engine and is free to claim (its lease ran out by the store's clock).
 _OWNER_FREE = OWNER_FREE.replace(":now", "{now_epoch}")
 ORPHANED = f"""
-SELECT workflow, instance_id FROM instances WHERE status = 'running'
+SELECT workflow, instance_id FROM memable_instances WHERE status = 'running'
 AND (owner IS NULL OR owner <> :me) AND {_OWNER_FREE} AND workflow IN ({{marks}})
 """
 

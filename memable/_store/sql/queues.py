@@ -19,40 +19,41 @@ from .steps import SELECT_RUN_STEPS, stored_step
 # the run's end clears it) holds its slot, unless that owner is dead (its lease ran
 # out by ``:now``, or its row was reaped): nobody else clears that owner.
 _CANCELLED_HOLDING = """status = 'cancelled' AND EXISTS (
-    SELECT 1 FROM owners WHERE owners.id = instances.owner
-    AND owners.heartbeat + owners.lease >= :now)"""
+    SELECT 1 FROM memable_owners WHERE memable_owners.id = memable_instances.owner
+    AND memable_owners.heartbeat + memable_owners.lease >= :now)"""
 #: Which of a queue's instances hold a slot, judged at ``:now`` (what ``RUNNING``
 #: counts; for ``memable show``'s "why it waits").
 HOLDS_SLOT = f"(status = 'running' OR ({_CANCELLED_HOLDING}))"
-ANY_QUEUED = "SELECT 1 FROM instances WHERE status = 'queued' AND queue = :queue LIMIT 1"
-PAUSED = "SELECT paused_at FROM queue_states WHERE queue = :queue AND paused = 1"
-PAUSED_ALL = "SELECT queue, paused_at FROM queue_states WHERE paused = 1 ORDER BY queue"
+ANY_QUEUED = "SELECT 1 FROM memable_instances WHERE status = 'queued' AND queue = :queue LIMIT 1"
+PAUSED = "SELECT paused_at FROM memable_queue_states WHERE queue = :queue AND paused = 1"
+PAUSED_ALL = "SELECT queue, paused_at FROM memable_queue_states WHERE paused = 1 ORDER BY queue"
 #: Pause ``:queue`` at ``:at``; a row written (rowcount 1) only if it was not paused.
 PAUSE = """
-INSERT INTO queue_states (queue, paused, paused_at) VALUES (:queue, 1, :at)
+INSERT INTO memable_queue_states (queue, paused, paused_at) VALUES (:queue, 1, :at)
 ON CONFLICT (queue) DO UPDATE SET paused = 1, paused_at = excluded.paused_at
-WHERE queue_states.paused <> 1
+WHERE memable_queue_states.paused <> 1
 """
 #: Resume ``:queue``; a row written (rowcount 1) only if it was paused.
-RESUME = "UPDATE queue_states SET paused = 0, paused_at = NULL WHERE queue = :queue AND paused = 1"
+RESUME = ("UPDATE memable_queue_states SET paused = 0, paused_at = NULL "
+          "WHERE queue = :queue AND paused = 1")
 COUNT_QUEUED = (
-    "SELECT count(*) FROM instances WHERE status = 'queued' AND queue = :queue "
+    "SELECT count(*) FROM memable_instances WHERE status = 'queued' AND queue = :queue "
     "AND workflow IN ({workflows}) AND NOT EXISTS ("
-    "SELECT 1 FROM queue_states WHERE queue_states.queue = :queue AND paused = 1)")
+    "SELECT 1 FROM memable_queue_states WHERE memable_queue_states.queue = :queue AND paused = 1)")
 # The slots taken (``HOLDS_SLOT``), counted as two index range reads (queue, status).
 RUNNING = f"""
-SELECT (SELECT count(*) FROM instances WHERE queue = :queue AND status = 'running')
-    + (SELECT count(*) FROM instances WHERE queue = :queue AND {_CANCELLED_HOLDING})
+SELECT (SELECT count(*) FROM memable_instances WHERE queue = :queue AND status = 'running')
+    + (SELECT count(*) FROM memable_instances WHERE queue = :queue AND {_CANCELLED_HOLDING})
 """
 RUNNING_MINE = (
-    "SELECT count(*) FROM instances WHERE queue = :queue "
+    "SELECT count(*) FROM memable_instances WHERE queue = :queue "
     "AND status IN ('running', 'cancelled') AND owner = :me")
-FORGET_STARTS = "DELETE FROM queue_starts WHERE queue = :queue AND at <= :since"
-STARTS = "SELECT at FROM queue_starts WHERE queue = :queue ORDER BY at"
+FORGET_STARTS = "DELETE FROM memable_queue_starts WHERE queue = :queue AND at <= :since"
+STARTS = "SELECT at FROM memable_queue_starts WHERE queue = :queue ORDER BY at"
 #: The next ones (up to ``:n``) of ``:queue`` a claim takes, in the queue's order, each
 #: locked as it is read, passing over those another transaction holds.
 NEXT = """
-SELECT workflow, instance_id FROM instances
+SELECT workflow, instance_id FROM memable_instances
 WHERE queue = :queue AND status = 'queued' AND workflow IN ({workflows})
 ORDER BY priority, queued_at, instance_id LIMIT :n{skip_locked}
 """
@@ -61,14 +62,14 @@ ORDER BY priority, queued_at, instance_id LIMIT :n{skip_locked}
 # without one are never at a limit (and a NULL never reaches ``NOT IN``).
 SATURATED_KEYS = f"""
 SELECT concurrency_key FROM (
-    SELECT concurrency_key FROM instances WHERE queue = :queue AND status = 'running'
+    SELECT concurrency_key FROM memable_instances WHERE queue = :queue AND status = 'running'
     UNION ALL
-    SELECT concurrency_key FROM instances WHERE queue = :queue AND {_CANCELLED_HOLDING}
+    SELECT concurrency_key FROM memable_instances WHERE queue = :queue AND {_CANCELLED_HOLDING}
 ) AS held GROUP BY concurrency_key HAVING count(concurrency_key) >= :per_key
 """
 #: ``NEXT`` under a per-key limit: with each one's key, and none of a key at its limit.
 NEXT_KEYED = f"""
-SELECT workflow, instance_id, concurrency_key FROM instances
+SELECT workflow, instance_id, concurrency_key FROM memable_instances
 WHERE queue = :queue AND status = 'queued' AND workflow IN ({{workflows}})
 AND (concurrency_key IS NULL OR concurrency_key NOT IN ({SATURATED_KEYS}))
 ORDER BY priority, queued_at, instance_id LIMIT :n{{skip_locked}}
@@ -76,19 +77,19 @@ ORDER BY priority, queued_at, instance_id LIMIT :n{{skip_locked}}
 #: How many of ``:queue``'s instances with the concurrency key ``:key`` hold a slot
 #: (``HOLDS_SLOT`` at ``:now``; each an index range read of (queue, key, status)).
 KEY_HOLDS = f"""
-SELECT (SELECT count(*) FROM instances
+SELECT (SELECT count(*) FROM memable_instances
         WHERE queue = :queue AND concurrency_key = :key AND status = 'running')
-    + (SELECT count(*) FROM instances
+    + (SELECT count(*) FROM memable_instances
        WHERE queue = :queue AND concurrency_key = :key AND {_CANCELLED_HOLDING}) AS n
 """
 TAKE = f"""
-UPDATE instances SET status = 'running', owner = :me, updated_at = :at, message = NULL,
+UPDATE memable_instances SET status = 'running', owner = :me, updated_at = :at, message = NULL,
     waiting_for = NULL, completed_at = NULL, traceback = NULL, step_key = NULL,
     step_started = NULL, children_pending = NULL
 WHERE workflow = :workflow AND instance_id = :instance_id AND status = 'queued'
 RETURNING {', '.join(INSTANCE_COLUMNS)}
 """
-STARTED = "INSERT INTO queue_starts (queue, at) VALUES (:queue, :now)"
+STARTED = "INSERT INTO memable_queue_starts (queue, at) VALUES (:queue, :now)"
 #: One claimer (or pauser) of ``:queue`` at a time, across every engine on the server,
 #: until the transaction ends: where the database locks rows (PostgreSQL), a claim
 #: cannot lock the rows it will count before it reads them. Named by the store's schema.
@@ -98,7 +99,7 @@ LOCK_QUEUE = (
 #: Read once after a claim's lock: whether the queue is paused, and the clock the claim
 #: judges by (the engine's, ``:now``, on SQLite; the server's on PostgreSQL).
 _PAUSED_AND_NOW = (
-    "SELECT EXISTS (SELECT 1 FROM queue_states WHERE queue = :queue AND paused = 1), "
+    "SELECT EXISTS (SELECT 1 FROM memable_queue_states WHERE queue = :queue AND paused = 1), "
     "{now_epoch}")
 
 
@@ -228,8 +229,9 @@ def set_paused(tx: Transaction, queue: str, paused: bool, at: float) -> bool:
 #: What the queue gauges show of ``:queue``: its runnable instances, those holding a slot at
 #: ``:now`` (counted as a claim counts them, ``RUNNING``), and when the oldest became runnable.
 STATS = f"""
-SELECT (SELECT count(*) FROM instances WHERE queue = :queue AND status = 'queued') AS queued,
+SELECT (SELECT count(*) FROM memable_instances WHERE queue = :queue AND status = 'queued')
+    AS queued,
     ({RUNNING}) AS running,
-    (SELECT min(queued_at) FROM instances WHERE queue = :queue AND status = 'queued')
+    (SELECT min(queued_at) FROM memable_instances WHERE queue = :queue AND status = 'queued')
     AS oldest
 """

@@ -32,13 +32,13 @@ from .queues import STATS as QUEUE_STATS
 ReadRows = Callable[[str, str, dict[str, Any]], list[dict[str, Any]]]
 
 SELECT_INSTANCE = (
-    f"SELECT {', '.join(INSTANCE_COLUMNS)} FROM instances "
+    f"SELECT {', '.join(INSTANCE_COLUMNS)} FROM memable_instances "
     "WHERE workflow = :workflow AND instance_id = :instance_id")
 LIST_INSTANCES = (
-    f"SELECT {', '.join(INSTANCE_COLUMNS)} FROM instances WHERE workflow = :workflow "
+    f"SELECT {', '.join(INSTANCE_COLUMNS)} FROM memable_instances WHERE workflow = :workflow "
     "ORDER BY created_at, instance_id")
 LIST_STEPS = (
-    "SELECT * FROM steps WHERE workflow = :workflow AND instance_id = :instance_id "
+    "SELECT * FROM memable_steps WHERE workflow = :workflow AND instance_id = :instance_id "
     "ORDER BY seq")
 
 
@@ -106,8 +106,8 @@ def list_view(
             where.append(f"i.{column} = :{column}")
             params[column] = value
     rows = read("list instances",
-        f"SELECT {_INSTANCE}, {_OWNER} FROM instances AS i "
-        "LEFT JOIN owners AS o ON o.id = i.owner AND i.status = 'running' "
+        f"SELECT {_INSTANCE}, {_OWNER} FROM memable_instances AS i "
+        "LEFT JOIN memable_owners AS o ON o.id = i.owner AND i.status = 'running' "
         + (f"WHERE {' AND '.join(where)} " if where else "")
         + "ORDER BY i.created_at, i.workflow, i.instance_id", params)
     return [(_instance(row), _owner(row)) for row in rows]
@@ -117,20 +117,21 @@ def inspect(read: ReadRows, workflow: str, instance_id: str, now: float) -> Inst
     """One instance with its owner, steps, timers, awaited signals, children and queue place."""
     where = {"workflow": workflow, "instance_id": instance_id}
     found = read("read the instance",
-        f"SELECT {_INSTANCE}, {_OWNER} FROM instances AS i "
-        "LEFT JOIN owners AS o ON o.id = i.owner "
+        f"SELECT {_INSTANCE}, {_OWNER} FROM memable_instances AS i "
+        "LEFT JOIN memable_owners AS o ON o.id = i.owner "
         "WHERE i.workflow = :workflow AND i.instance_id = :instance_id", where)
     if not found:
         return None
     steps = read("read the steps",
-        f"SELECT {', '.join(_STEP_VIEW_COLUMNS)} FROM steps WHERE workflow = :workflow "
+        f"SELECT {', '.join(_STEP_VIEW_COLUMNS)} FROM memable_steps WHERE workflow = :workflow "
         "AND instance_id = :instance_id ORDER BY seq, key", where)
     timers = read("read the timers",
-        "SELECT key, deadline FROM timers "
+        "SELECT key, deadline FROM memable_timers "
         "WHERE workflow = :workflow AND instance_id = :instance_id ORDER BY deadline", where)
     children = read("read the children",
-        "SELECT workflow, instance_id, status FROM instances WHERE parent_workflow = :workflow "
-        "AND parent_id = :instance_id ORDER BY created_at, instance_id", where)
+        "SELECT workflow, instance_id, status FROM memable_instances "
+        "WHERE parent_workflow = :workflow AND parent_id = :instance_id "
+        "ORDER BY created_at, instance_id", where)
     instance = _instance(found[0])
     return InstanceView(
         instance=instance, owner=_owner(found[0]), steps=[_step_view(step) for step in steps],
@@ -147,12 +148,12 @@ def queue_look(read: ReadRows, row: InstanceRow, now: float) -> QueueLook | None
     where = {"queue": row.queue, "priority": row.priority or 0,
              "queued_at": row.queued_at or "", "instance_id": row.instance_id}
     ahead = read("count the instances ahead in the queue",
-        "SELECT count(*) AS n FROM instances WHERE queue = :queue AND status = 'queued' "
+        "SELECT count(*) AS n FROM memable_instances WHERE queue = :queue AND status = 'queued' "
         "AND (priority < :priority OR (priority = :priority AND (queued_at < :queued_at "
         "OR (queued_at = :queued_at AND instance_id < :instance_id))))", where)
     running = read("count the queue's running instances",
-        f"SELECT owner, count(*) AS n FROM instances WHERE queue = :queue AND {HOLDS_SLOT} "
-        "GROUP BY owner", {**where, "now": now})
+        "SELECT owner, count(*) AS n FROM memable_instances "
+        f"WHERE queue = :queue AND {HOLDS_SLOT} GROUP BY owner", {**where, "now": now})
     starts = read("read the queue's starts", STARTS, where)
     paused = read("read whether the queue is paused", PAUSED, where)
     key = row.concurrency_key
@@ -170,7 +171,7 @@ def awaited_signals(read: ReadRows, workflow: str, instance_id: str) -> list[str
     """The keys of the suspend points the instance waits on now (a finished instance awaits
     nothing, whatever rows its last run left waiting)."""
     rows = read("read the awaited signals",
-        "SELECT s.key FROM steps AS s JOIN instances AS i "
+        "SELECT s.key FROM memable_steps AS s JOIN memable_instances AS i "
         "ON i.workflow = s.workflow AND i.instance_id = s.instance_id "
         "WHERE s.workflow = :workflow AND s.instance_id = :instance_id AND s.kind = 'signal' "
         "AND s.state = 'waiting' AND i.status IN ('running', 'suspended') ORDER BY s.seq",
@@ -182,8 +183,9 @@ def _distinct(column: str) -> str:
     """The distinct non-null values of ``column`` of instances, in order, as a walk through an
     index (one short read per value), where ``SELECT DISTINCT`` reads every entry."""
     return (
-        f"WITH RECURSIVE found(v) AS (SELECT min({column}) FROM instances "
-        f"WHERE {column} IS NOT NULL UNION ALL SELECT (SELECT min({column}) FROM instances "
+        f"WITH RECURSIVE found(v) AS (SELECT min({column}) FROM memable_instances "
+        f"WHERE {column} IS NOT NULL UNION ALL "
+        f"SELECT (SELECT min({column}) FROM memable_instances "
         f"WHERE {column} > found.v) FROM found WHERE found.v IS NOT NULL) "
         f"SELECT v AS {column} FROM found WHERE v IS NOT NULL ORDER BY v")
 
@@ -208,7 +210,8 @@ def queue_stats(read: ReadRows, queue: str, now: float) -> tuple[int, int, str |
 def live_owners(read: ReadRows, now: float) -> list[OwnerRow]:
     """The owners whose lease has not run out at ``now``: the engines running."""
     live = read("read the live owners",
-        f"SELECT {_OWNER} FROM owners AS o WHERE o.heartbeat + o.lease >= :now ORDER BY o.id",
+        f"SELECT {_OWNER} FROM memable_owners AS o "
+        "WHERE o.heartbeat + o.lease >= :now ORDER BY o.id",
         {"now": now})
     return [owner for owner in map(_owner, live) if owner is not None]
 
@@ -218,7 +221,7 @@ def status_counts(read: ReadRows) -> list[tuple[str, str, int]]:
     pass over the index on (workflow, status, created_at, instance_id), or over the table where
     PostgreSQL's planner prefers it (the one read here that grows with the store)."""
     rows = read("count the instances by workflow and status",
-        "SELECT workflow, status, count(*) AS n FROM instances "
+        "SELECT workflow, status, count(*) AS n FROM memable_instances "
         "GROUP BY workflow, status ORDER BY workflow, status", {})
     return [(row["workflow"], row["status"], int(row["n"])) for row in rows]
 
@@ -248,7 +251,7 @@ def instance_page(
     (an index walked backwards, stopping after ``offset + limit`` entries: no sort, no scan)."""
     where, params = _filter(workflow, status, id_prefix)
     rows = read("list a page of instances",
-        f"SELECT {', '.join(INSTANCE_COLUMNS)} FROM instances "
+        f"SELECT {', '.join(INSTANCE_COLUMNS)} FROM memable_instances "
         + (f"WHERE {' AND '.join(where)} " if where else "")
         + "ORDER BY created_at DESC, workflow DESC, instance_id DESC "
         "LIMIT :limit OFFSET :offset", {**params, "limit": limit, "offset": offset})
@@ -272,7 +275,7 @@ def failed_instances(
             where.append(f"completed_at {op} :{name}")
             params[name] = iso_utc(bound)
     rows = read("list failed instances",
-        f"SELECT workflow, instance_id, completed_at FROM instances "
+        f"SELECT workflow, instance_id, completed_at FROM memable_instances "
         f"WHERE {' AND '.join(where)} "
         "ORDER BY completed_at, workflow, instance_id LIMIT :limit", {**params, "limit": limit})
     return [(row["workflow"], row["instance_id"], row["completed_at"]) for row in rows]

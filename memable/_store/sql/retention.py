@@ -30,7 +30,7 @@ def _in_a_run(row: str) -> str:
     ended (a run of a dead owner is recovered) or its owner's lease holds by the store's
     clock (a cancelled run still storing its step)."""
     return (f"({row}.owner IS NOT NULL AND ({row}.status NOT IN {_TERMINAL} OR EXISTS ("
-            f"SELECT 1 FROM owners AS o WHERE o.id = {row}.owner "
+            f"SELECT 1 FROM memable_owners AS o WHERE o.id = {row}.owner "
             f"AND o.heartbeat + o.lease >= {{now_epoch}})))")
 
 
@@ -39,18 +39,18 @@ def purgeable(only: str = "") -> str:
     their parents' keys; leases judged by the store's clock (``{now_epoch}``: SQLite's
     ``:now``, the engine's wall clock; PostgreSQL's server clock), ``only`` more terms."""
     return f"""
-SELECT i.workflow, i.instance_id, i.parent_workflow, i.parent_id FROM instances AS i
+SELECT i.workflow, i.instance_id, i.parent_workflow, i.parent_id FROM memable_instances AS i
 WHERE i.completed_at < :before AND i.status IN {_TERMINAL} AND NOT {_in_a_run("i")}
 {only}
 AND NOT EXISTS (
-    SELECT 1 FROM instances AS c
+    SELECT 1 FROM memable_instances AS c
     WHERE c.parent_workflow = i.workflow AND c.parent_id = i.instance_id
     AND (c.status NOT IN {_TERMINAL} OR {_in_a_run("c")}))
 AND NOT (i.parent_id IS NOT NULL AND EXISTS (
-    SELECT 1 FROM instances AS p
+    SELECT 1 FROM memable_instances AS p
     WHERE p.workflow = i.parent_workflow AND p.instance_id = i.parent_id
     AND ({_in_a_run("p")} OR (p.status NOT IN {_TERMINAL} AND EXISTS (
-        SELECT 1 FROM steps AS s
+        SELECT 1 FROM memable_steps AS s
         WHERE s.workflow = p.workflow AND s.instance_id = p.instance_id
         AND s.key = i.parent_key AND s.kind = 'child' AND s.state = 'waiting')))))
 LIMIT :limit
@@ -62,14 +62,14 @@ LIMIT :limit
 CHOOSE = purgeable() + "{skip_locked}"
 #: The children of some of one workflow's instances (``{ids}``), with their parents.
 CHILDREN = (
-    "SELECT c.workflow, c.instance_id, c.parent_workflow, c.parent_id FROM instances AS c "
+    "SELECT c.workflow, c.instance_id, c.parent_workflow, c.parent_id FROM memable_instances AS c "
     "WHERE c.parent_workflow = :workflow AND c.parent_id IN ({ids})"
 )
 #: The parents of some of one workflow's instances (``{ids}``).
 PARENTS = (
-    "SELECT p.workflow, p.instance_id FROM instances AS p "
+    "SELECT p.workflow, p.instance_id FROM memable_instances AS p "
     "WHERE (p.workflow, p.instance_id) IN (SELECT i.parent_workflow, i.parent_id "
-    "FROM instances AS i WHERE i.workflow = :workflow AND i.instance_id IN ({ids}))"
+    "FROM memable_instances AS i WHERE i.workflow = :workflow AND i.instance_id IN ({ids}))"
 )
 #: Most ids one statement names (SQLite's oldest limit is 999 parameters a statement).
 _CHUNK = 500
@@ -95,24 +95,24 @@ def purge_batch(tx: Transaction, before: float, limit: int, now: float) -> int:
     >>> from memable._sqlite.transaction import SQLiteTransaction
     >>> conn = sqlite3.connect(":memory:")
     >>> conn.executescript(
-    ...     "CREATE TABLE instances (workflow, instance_id, status, owner, completed_at,"
+    ...     "CREATE TABLE memable_instances (workflow, instance_id, status, owner, completed_at,"
     ...     " parent_workflow, parent_id, parent_key);"
-    ...     "CREATE TABLE owners (id, heartbeat, lease);"
-    ...     "CREATE TABLE steps (workflow, instance_id, key, kind, state);"
-    ...     "CREATE TABLE timers (workflow, instance_id, key);"
-    ...     "INSERT INTO instances VALUES ('wf', 'old', 'completed', NULL, '2026-01-01',"
+    ...     "CREATE TABLE memable_owners (id, heartbeat, lease);"
+    ...     "CREATE TABLE memable_steps (workflow, instance_id, key, kind, state);"
+    ...     "CREATE TABLE memable_timers (workflow, instance_id, key);"
+    ...     "INSERT INTO memable_instances VALUES ('wf', 'old', 'completed', NULL, '2026-01-01',"
     ...     " NULL, NULL, NULL), ('wf', 'new', 'completed', NULL, '2026-03-01', NULL, NULL,"
     ...     " NULL), ('wf', 'held', 'failed', NULL, '2026-01-01', NULL, NULL, NULL),"
     ...     " ('wf', 'held/c', 'running', 'e1', NULL, 'wf', 'held', 'c'),"
     ...     " ('wf', 'dead', 'cancelled', 'e2', '2026-01-01', NULL, NULL, NULL);"
-    ...     "INSERT INTO owners VALUES ('e1', 100.0, 30.0), ('e2', 10.0, 30.0);"
-    ...     "INSERT INTO steps VALUES ('wf', 'old', 'a', 'step', 'completed'),"
+    ...     "INSERT INTO memable_owners VALUES ('e1', 100.0, 30.0), ('e2', 10.0, 30.0);"
+    ...     "INSERT INTO memable_steps VALUES ('wf', 'old', 'a', 'step', 'completed'),"
     ...     " ('wf', 'new', 'a', 'step', 'completed');") and None
     >>> purge_batch(SQLiteTransaction(conn, "me"), 1769904000.0, 500, now=110.0)  # 2026-02-01
     2
-    >>> conn.execute("SELECT instance_id FROM instances ORDER BY 1").fetchall()
+    >>> conn.execute("SELECT instance_id FROM memable_instances ORDER BY 1").fetchall()
     [('held',), ('held/c',), ('new',)]
-    >>> conn.execute("SELECT instance_id FROM steps").fetchall()
+    >>> conn.execute("SELECT instance_id FROM memable_steps").fetchall()
     [('new',)]
     >>> conn.close()
     """
@@ -123,13 +123,10 @@ def purge_batch(tx: Transaction, before: float, limit: int, now: float) -> int:
     deleted = 0
     for workflow, ids in _by_workflow(chosen):
         where, marks = _where(workflow, ids)
-        tx.execute(f"DELETE FROM timers WHERE workflow = :workflow AND instance_id IN ({marks})",
-                   where)
-        tx.execute(f"DELETE FROM steps WHERE workflow = :workflow AND instance_id IN ({marks})",
-                   where)
-        deleted += int(tx.execute(
-            f"DELETE FROM instances WHERE workflow = :workflow AND instance_id IN ({marks})",
-            where).rowcount)
+        for table in ("memable_timers", "memable_steps", "memable_instances"):  # instances last
+            gone = tx.execute(f"DELETE FROM {table} WHERE workflow = :workflow "
+                              f"AND instance_id IN ({marks})", where).rowcount
+        deleted += int(gone)
     return deleted
 
 

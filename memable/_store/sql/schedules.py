@@ -11,30 +11,31 @@ from .instances import insert_instance
 SCHEDULE_COLUMNS = ("name", "cron", "timezone", "workflow", "last_tick", "since", "skipped",
                     "missed")
 COLUMNS = ", ".join(SCHEDULE_COLUMNS)
-SELECT = f"SELECT {COLUMNS} FROM schedules WHERE name = :name"
-SELECT_ALL = f"SELECT {COLUMNS} FROM schedules ORDER BY name"
+SELECT = f"SELECT {COLUMNS} FROM memable_schedules WHERE name = :name"
+SELECT_ALL = f"SELECT {COLUMNS} FROM memable_schedules ORDER BY name"
 #: A schedule seen for the first time counts its ticks from now.
 INSERT = """
-INSERT INTO schedules (name, cron, timezone, workflow, last_tick, since, skipped, missed)
+INSERT INTO memable_schedules (name, cron, timezone, workflow, last_tick, since, skipped, missed)
 VALUES (:name, :cron, :timezone, :workflow, NULL, :at, 0, 0)
 ON CONFLICT (name) DO NOTHING
 """
 #: A declaration whose cron or zone differs wins, from now: no catch-up across a change.
 RESTART = """
-UPDATE schedules SET cron = :cron, timezone = :timezone, workflow = :workflow, since = :at
+UPDATE memable_schedules SET cron = :cron, timezone = :timezone, workflow = :workflow, since = :at
 WHERE name = :name AND (cron <> :cron OR timezone <> :timezone)
 """
-WORKFLOW = "UPDATE schedules SET workflow = :workflow WHERE name = :name"
+WORKFLOW = "UPDATE memable_schedules SET workflow = :workflow WHERE name = :name"
 #: Compare and set, in the transaction creating the tick's instance: of the engines firing
 #: one tick, one writes it (while the newest tick is still the one it planned from).
 ADVANCE = """
-UPDATE schedules SET last_tick = :tick, missed = missed + :missed, skipped = skipped + :skipped
+UPDATE memable_schedules
+SET last_tick = :tick, missed = missed + :missed, skipped = skipped + :skipped
 WHERE name = :name AND COALESCE(last_tick, '') = COALESCE(:last, '')
 """
-DECLARED = "SELECT cron, timezone FROM schedules WHERE name = :name"
+DECLARED = "SELECT cron, timezone FROM memable_schedules WHERE name = :name"
 #: An earlier tick's instance of the schedule that has not ended.
 RUNNING = """
-SELECT 1 FROM instances WHERE schedule = :name
+SELECT 1 FROM memable_instances WHERE schedule = :name
 AND status NOT IN ('completed', 'failed', 'cancelled') LIMIT 1
 """
 

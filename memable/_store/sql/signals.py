@@ -13,7 +13,7 @@ from .steps import SELECT_STEP, stored_step
 
 #: The signal's value, completing its key (a waiting suspend point's row, or a new one).
 _STORE = """
-INSERT INTO steps (workflow, instance_id, key, seq, kind, state, result, result_type,
+INSERT INTO memable_steps (workflow, instance_id, key, seq, kind, state, result, result_type,
                    attempts, completed_at)
 VALUES (:workflow, :instance_id, :key, :seq, 'signal', 'completed', :result, :result_type,
         1, :at)
@@ -23,7 +23,7 @@ ON CONFLICT (workflow, instance_id, key) DO UPDATE SET state = 'completed',
 """
 #: An early signal placed where the run reached its key (by the owner; idempotent).
 PLACE_SIGNAL = f"""
-UPDATE steps SET seq = :seq
+UPDATE memable_steps SET seq = :seq
 WHERE workflow = :workflow AND instance_id = :instance_id AND key = :key AND kind = 'signal'
 AND {OWNED}
 """

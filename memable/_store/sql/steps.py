@@ -16,26 +16,26 @@ from ..transaction import Transaction
 
 #: The instance's row, owned by this engine, kept from a takeover until commit.
 OWNED_ROW = (
-    "SELECT 1 FROM instances WHERE workflow = :workflow AND instance_id = :instance_id "
+    "SELECT 1 FROM memable_instances WHERE workflow = :workflow AND instance_id = :instance_id "
     "AND owner = :me{for_share}")
 UPSERT_STEP = f"""
-INSERT INTO steps (workflow, instance_id, key, seq, kind, state, result, result_type,
+INSERT INTO memable_steps (workflow, instance_id, key, seq, kind, state, result, result_type,
                    status, error, attempts, completed_at, started_at, traceback)
 SELECT :workflow, :instance_id, :key, :seq, :kind, :state, :result, :result_type,
        :status, :error, 1, :completed_at, :started_at, :traceback
 FROM ({OWNED_ROW}) AS owned WHERE true
 ON CONFLICT (workflow, instance_id, key) DO UPDATE SET
     state = excluded.state, result = excluded.result, result_type = excluded.result_type,
-    status = excluded.status, error = excluded.error, attempts = steps.attempts + 1,
+    status = excluded.status, error = excluded.error, attempts = memable_steps.attempts + 1,
     completed_at = excluded.completed_at, started_at = excluded.started_at,
     traceback = excluded.traceback
-WHERE steps.state <> 'completed' AND steps.kind = excluded.kind
+WHERE memable_steps.state <> 'completed' AND memable_steps.kind = excluded.kind
 """
 STORED_STEP_COLUMNS = (
     "key", "seq", "kind", "state", "result", "result_type", "status", "attempts")
 SELECT_RUN_STEPS = (
     f"SELECT {', '.join(STORED_STEP_COLUMNS)} "
-    "FROM steps WHERE workflow = :workflow AND instance_id = :instance_id")
+    "FROM memable_steps WHERE workflow = :workflow AND instance_id = :instance_id")
 SELECT_STEP = SELECT_RUN_STEPS + " AND key = :key"
 
 
@@ -44,13 +44,13 @@ def stored_step(values: Any) -> StoredStep:
     return by_name(StoredStep, STORED_STEP_COLUMNS, values)
 
 CHECK_RUN = (
-    "SELECT status, owner FROM instances WHERE workflow = :workflow "
+    "SELECT status, owner FROM memable_instances WHERE workflow = :workflow "
     "AND instance_id = :instance_id")
 _SET_STATUS = (
-    "UPDATE instances SET status_message = :message WHERE workflow = :workflow "
+    "UPDATE memable_instances SET status_message = :message WHERE workflow = :workflow "
     "AND instance_id = :instance_id AND owner = :me")
 _SET_IN_FLIGHT = (
-    "UPDATE instances SET step_key = :key, step_started = :started WHERE "
+    "UPDATE memable_instances SET step_key = :key, step_started = :started WHERE "
     "workflow = :workflow AND instance_id = :instance_id AND owner = :me "
     "AND status = 'running'")
 

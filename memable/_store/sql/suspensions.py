@@ -12,11 +12,11 @@ from .children import PENDING_IN_GROUP
 from .instances import INSERT_WAITING, INSTANCE_COLUMNS
 from .steps import SELECT_RUN_STEPS, SELECT_STEP, UPSERT_STEP, stored_step
 
-_SELECT_INSTANCE = (f"SELECT {', '.join(INSTANCE_COLUMNS)} FROM instances "
+_SELECT_INSTANCE = (f"SELECT {', '.join(INSTANCE_COLUMNS)} FROM memable_instances "
                     "WHERE workflow = :workflow AND instance_id = :instance_id")
 #: The instance suspended on its key (a group: its children pending), nobody's: if still ours.
 _SUSPENDED = """
-UPDATE instances SET status = 'suspended', message = :message, waiting_for = :key,
+UPDATE memable_instances SET status = 'suspended', message = :message, waiting_for = :key,
     children_pending = :pending, owner = NULL, updated_at = :at
 WHERE workflow = :workflow AND instance_id = :instance_id AND owner = :me
 AND status = 'running'

@@ -21,35 +21,36 @@ FIRE_KEY = """state = CASE kind WHEN 'timer' THEN 'completed' ELSE 'timed_out' E
 FIRE_KEY_WHERE = "state NOT IN ('completed', 'timed_out') AND kind IN ('timer', 'signal')"
 
 _KEY = "workflow = :workflow AND instance_id = :instance_id AND key = :key"
-ARMED = f"SELECT deadline FROM timers WHERE {_KEY}"
+ARMED = f"SELECT deadline FROM memable_timers WHERE {_KEY}"
 ARM = (
-    "INSERT INTO timers (workflow, instance_id, key, deadline) "
+    "INSERT INTO memable_timers (workflow, instance_id, key, deadline) "
     "VALUES (:workflow, :instance_id, :key, :deadline)"
 )
-DROP = f"DELETE FROM timers WHERE {_KEY}"
+DROP = f"DELETE FROM memable_timers WHERE {_KEY}"
 _DROP_DUE = DROP + " AND deadline <= :now"
-_FIRE = f"UPDATE steps SET {FIRE_KEY.format(at=':at')} WHERE {_KEY} AND {FIRE_KEY_WHERE}"
+_FIRE = f"UPDATE memable_steps SET {FIRE_KEY.format(at=':at')} WHERE {_KEY} AND {FIRE_KEY_WHERE}"
 DUE_TIMERS = (
-    "SELECT workflow, instance_id, key, deadline FROM timers WHERE deadline <= :now "
+    "SELECT workflow, instance_id, key, deadline FROM memable_timers WHERE deadline <= :now "
     "ORDER BY deadline LIMIT 500"
 )
 # PostgreSQL: claims and fires those of the rows ``DUE_TIMERS`` read (the arrays) still due,
 # skipping rows another transaction holds.
 FIRE_DUE = f"""
 WITH due AS (
-    DELETE FROM timers WHERE (workflow, instance_id, key) IN (
-        SELECT workflow, instance_id, key FROM timers WHERE deadline <= :now
+    DELETE FROM memable_timers WHERE (workflow, instance_id, key) IN (
+        SELECT workflow, instance_id, key FROM memable_timers WHERE deadline <= :now
         AND (workflow, instance_id, key) IN (
             SELECT * FROM unnest(:workflows::text[], :ids::text[], :keys::text[]))
         ORDER BY deadline LIMIT 500{{skip_locked}})
     RETURNING workflow, instance_id, key, deadline),
 fired AS (
-    UPDATE steps SET {FIRE_KEY.format(at=":at")}
-    FROM due WHERE steps.workflow = due.workflow AND steps.instance_id = due.instance_id
-    AND steps.key = due.key AND {FIRE_KEY_WHERE})
+    UPDATE memable_steps SET {FIRE_KEY.format(at=":at")}
+    FROM due WHERE memable_steps.workflow = due.workflow
+    AND memable_steps.instance_id = due.instance_id
+    AND memable_steps.key = due.key AND {FIRE_KEY_WHERE})
 SELECT workflow, instance_id, key, deadline FROM due
 """
-_NEXT_DEADLINE = f"SELECT (SELECT MIN(deadline) FROM timers), ({NEXT_TIMEOUT})"
+_NEXT_DEADLINE = f"SELECT (SELECT MIN(deadline) FROM memable_timers), ({NEXT_TIMEOUT})"
 
 
 def arm(tx: Transaction, workflow: str, instance_id: str, key: str, deadline: float) -> None:
