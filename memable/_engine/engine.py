@@ -124,8 +124,9 @@ class Engine:
         enqueues); ``retention`` of finished instances (None: for ever; see
         ``EngineBuilder.retention``); ``schema``, PostgreSQL only (``"memable"``).
 
-        Raise ``StorageError`` if the file is not a memable store or has a newer schema (left as
-        it was), or the server does not answer within its connect timeout (10 s by default).
+        Raise ``StorageError`` if the file is not SQLite or has a newer memable schema (left as
+        it was; a file with other tables gets memable's beside them), or the server does not
+        answer within its connect timeout (10 s by default).
 
         >>> import os, tempfile
         >>> from memable import Engine
