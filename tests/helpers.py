@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -238,14 +238,14 @@ class _TracedPool:
 
 
 @contextmanager
-def traced_sqlite(store: SQLiteStore) -> Iterator[list[str]]:
-    """The statements a SQLite store's connection runs meanwhile.
+def traced_sqlite(store: SQLiteStore, statements: list[str] | None = None) -> Iterator[list[str]]:
+    """The statements a SQLite store's connection runs meanwhile (into ``statements``).
 
     The callback is set and cleared under the store's lock: ``sqlite3_trace_v2``
     waits for the connection's mutex while the caller holds the interpreter lock, and
     a thread of the engine inside a statement holds that mutex while its trace
     callback waits for the interpreter lock (a deadlock, seen hanging CI)."""
-    statements: list[str] = []
+    statements = [] if statements is None else statements
     with store._lock:
         store._conn.set_trace_callback(statements.append)
     try:
@@ -255,16 +255,33 @@ def traced_sqlite(store: SQLiteStore) -> Iterator[list[str]]:
             store._conn.set_trace_callback(None)
 
 
+class _OfThread(list[str]):
+    """A list that keeps what one thread appends (the engine's other threads' are dropped)."""
+
+    def __init__(self, thread: threading.Thread) -> None:
+        super().__init__()
+        self._thread = thread
+
+    def append(self, item: str) -> None:
+        if threading.current_thread() is self._thread:
+            super().append(item)
+
+    def extend(self, items: Iterable[str]) -> None:  # (a transaction's, at its end)
+        if threading.current_thread() is self._thread:
+            super().extend(items)
+
+
 @contextmanager
-def traced(engine: Engine) -> Iterator[list[str]]:
+def traced(engine: Engine, thread: threading.Thread | None = None) -> Iterator[list[str]]:
     """The statements the engine's store sends meanwhile (PostgreSQL: with BEGIN and
-    COMMIT around each transaction; a statement outside one commits on its own)."""
+    COMMIT around each transaction; a statement outside one commits on its own); with
+    ``thread``, only those that thread sends (not a poll's or a heartbeat's)."""
     store = store_of(engine)
+    statements: list[str] = [] if thread is None else _OfThread(thread)
     if isinstance(store, SQLiteStore):
-        with traced_sqlite(store) as statements:
+        with traced_sqlite(store, statements):
             yield statements
         return
-    statements: list[str] = []
     pool = store._db._pool  # type: ignore[attr-defined]
     store._db._pool = _TracedPool(pool, statements)  # type: ignore[attr-defined]
     try:
