@@ -28,6 +28,7 @@ from memable._run.runner import Runner
 from memable._sqlite.schema import MIGRATIONS
 from memable._sqlite.store import SQLiteStore
 from memable._store.protocol import Store
+from memable._store.rows import InstanceRow
 
 PROCS = str(Path(__file__).with_name("_procs.py"))
 
@@ -75,6 +76,14 @@ def build(
     builder = EngineBuilder(path=target, memory=target is None, schema=schema,
                             options=Options(**options), factory=_built)
     return builder.build()
+
+
+def queued_row(instance_id: str, at: str = "2026-12-08T00:00:00+00:00") -> InstanceRow:
+    """The row of an instance ("wf", ``instance_id``) created queued on queue "q" at ``at``."""
+    return InstanceRow(workflow="wf", instance_id=instance_id, status="queued", message=None,
+                       input="null", input_type=None, output=None, output_type=None,
+                       created_at=at, updated_at=at, completed_at=None, queue="q", priority=0,
+                       queued_at=at)
 
 
 def store_of(engine: Engine) -> Store:

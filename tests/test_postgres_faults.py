@@ -25,7 +25,7 @@ import psycopg
 import pytest
 from _tcp_proxy import Proxy
 from conftest import POSTGRES_URL
-from helpers import build, query, statements_of, store_of
+from helpers import build, query, queued_row, statements_of, store_of
 
 from memable import Context, Engine
 from memable._postgres.schema import parse
@@ -478,17 +478,6 @@ def _running_instance(store: Any) -> Any:
     return row
 
 
-def _queued_row(instance_id: str) -> Any:
-    """The row of an instance ("wf", ``instance_id``) created queued on queue "q"."""
-    from memable._store.rows import InstanceRow
-
-    now = "2026-12-07T00:00:00+00:00"
-    return InstanceRow(workflow="wf", instance_id=instance_id, status="queued", message=None,
-                       input="null", input_type=None, output=None, output_type=None,
-                       created_at=now, updated_at=now, completed_at=None, queue="q",
-                       priority=0, queued_at=now)
-
-
 def test_a_failed_attempt_whose_answer_is_lost_counts_once(pg_schema: str) -> None:
     """The connection goes as the answer to the write of a failed attempt would come,
     after the server stored it: the attempt counts once (run again as one statement, the
@@ -528,7 +517,7 @@ def test_a_queued_creation_and_its_notice_are_one_text_and_one_transaction(
     try:
         plan = {"left": 0, "after": True}
         store._db._pool = _LosingPool(store._db._pool, plan)  # type: ignore[assignment]
-        row = _queued_row("q0")
+        row = queued_row("q0")
         with psycopg.connect(POSTGRES_URL, autocommit=True) as listener:
             listener.execute(f'LISTEN "{store.channel}"')
             assert store.create_instance(row) is True
@@ -554,7 +543,7 @@ def test_a_queue_claim_takes_what_it_found_in_one_round_trip(pg_schema: str) -> 
     store = PostgresStore(POSTGRES_URL, "full", schema=pg_schema)
     try:
         for i in range(8):
-            assert store.create_instance(_queued_row(f"q{i}")) is True
+            assert store.create_instance(queued_row(f"q{i}")) is True
         plan = {"left": 0, "after": True}
         store._db._pool = _LosingPool(store._db._pool, plan)  # type: ignore[assignment]
         claimed = store.claim_queued("q", ["wf"], concurrency=8, per_process=None, rate=None,
@@ -669,7 +658,7 @@ def test_a_creation_whose_answer_is_lost_answers_as_made(
     try:
         plan = {"left": 1, "after": after, "one": "INSERT INTO memable_instances"}
         store._db._pool = _LosingPool(store._db._pool, plan)  # type: ignore[assignment]
-        row = _queued_row("i")
+        row = queued_row("i")
         assert store.create_instance(row, start_at) is True
         assert plan["left"] == 0  # the answer was lost once
         assert store.create_instance(row, start_at) is False

@@ -10,7 +10,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from helpers import Looks, build, query, runner_of, store_of, until
+from helpers import Looks, build, query, queued_row, runner_of, store_of, until
 
 from memable import (
     AlreadyStarted,
@@ -386,15 +386,10 @@ def test_a_file_store_reads_the_rate_clock_under_its_write_lock(tmp_path: Any) -
     import time
 
     from memable._sqlite.store import SQLiteStore
-    from memable._store.protocol import InstanceRow
 
     store = SQLiteStore(tmp_path / "db", "full")
     try:
-        store.create_instance(InstanceRow(
-            workflow="wf", instance_id="i", status="queued", message=None, input="null",
-            input_type=None, output=None, output_type=None, created_at="t", updated_at="t",
-            completed_at=None, queue="q", priority=0, queued_at="t",
-        ))
+        store.create_instance(queued_row("i", at="t"))
         locked: list[bool] = []
 
         def clock() -> float:

@@ -22,7 +22,7 @@ from contextlib import closing
 from pathlib import Path
 
 import pytest
-from helpers import traced_sqlite
+from helpers import queued_row, traced_sqlite
 
 from memable import Cancelled, Context, Engine
 from memable._clock import SYSTEM_CLOCK, iso_utc
@@ -53,10 +53,7 @@ def queue(store: SQLiteStore, instance_id: str) -> None:
     """Store ``wf/<instance_id>`` queued on ``q`` and claim it through the queue."""
     wall = SYSTEM_CLOCK.wall()
     now = iso_utc(wall)
-    store.create_instance(InstanceRow(
-        workflow="wf", instance_id=instance_id, status="queued", message=None, input="null",
-        input_type=None, output=None, output_type=None, created_at=now, updated_at=now,
-        completed_at=None, queue="q", priority=0, queued_at=now))
+    store.create_instance(queued_row(instance_id, at=now))
     claimed = store.claim_queued("q", ["wf"], concurrency=None, per_process=None, rate=None,
                                  clock=time.time, at=wall, batch=8)
     assert [s.instance.instance_id for s in claimed.snapshots] == [instance_id]

@@ -14,22 +14,14 @@ import time
 from collections.abc import Callable
 
 import pytest
-from helpers import store_of
+from helpers import queued_row, store_of
 
 from memable import Engine
 from memable._store.protocol import Store
-from memable._store.rows import InstanceRow, RunEnd, RunSnapshot
+from memable._store.rows import RunEnd, RunSnapshot
 
 #: Whether the run read its row (its end then commits in the round trip that records it).
 READ = pytest.mark.parametrize("read", [True, False], ids=["read-its-row", "read-nothing"])
-
-
-def _queued(instance_id: str) -> InstanceRow:
-    now = "2026-12-08T00:00:00+00:00"
-    return InstanceRow(workflow="wf", instance_id=instance_id, status="queued", message=None,
-                       input="null", input_type=None, output=None, output_type=None,
-                       created_at=now, updated_at=now, completed_at=None, queue="q",
-                       priority=0, queued_at=now)
 
 
 def _claim(store: Store) -> list[RunSnapshot]:
@@ -53,7 +45,7 @@ def test_the_end_of_a_cancelled_run_lets_go_of_its_slot(
     store = store_of(open_shared())
     store.register_owner(60.0, time.time())
     for instance_id in ("a", "b"):
-        assert store.create_instance(_queued(instance_id)) is True
+        assert store.create_instance(queued_row(instance_id)) is True
     [a] = _claim(store)
     store.cancel("wf", "a", now=time.time())
     assert _claim(store) == []  # the cancelled run of a live engine holds the slot
@@ -72,7 +64,7 @@ def test_the_end_of_a_run_taken_over_writes_nothing(
     engine recovers it (back in its queue, in its place) and claims it. The first run's end
     is not recorded and changes nothing: the instance stays running, the other engine's."""
     first, other = store_of(open_shared()), store_of(open_shared())
-    assert first.create_instance(_queued("a")) is True
+    assert first.create_instance(queued_row("a")) is True
     [a] = _claim(first)
     recovered = other.begin_run("wf", "a", now=time.time(), claim="recover")
     assert recovered is not None
